@@ -1,0 +1,38 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+BACKEND ?=
+PYTEST_ARGS ?=
+
+.PHONY: test lint typecheck pytest demo bench servers venv clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[all,dev]'
+	touch $@
+
+# Installs the database and etcd servers the tests start (Debian packages).
+servers:
+	bash scripts/ensure-servers.sh
+
+lint: venv
+	$(BIN)/ruff check aioelect tests examples bench
+	$(BIN)/mypy --strict aioelect
+
+pytest: venv servers
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test: venv servers lint pytest
+
+demo: venv servers
+	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
+
+bench: venv servers
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

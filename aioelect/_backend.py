@@ -1,0 +1,130 @@
+"""The small internal protocol each backend implements.
+
+A backend knows only its server: how to campaign until it holds leadership,
+how to watch a held leadership for loss, how to release it, who leads now.
+It knows nothing about the caller's tasks, work scopes or self-fencing: those
+are written once in :mod:`aioelect._elector` and hold for every backend.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import ClassVar
+
+import anyio
+
+from ._log import ElectionLog
+
+__all__ = ["Backend", "Backoff", "Confirm", "Hold", "monotonic"]
+
+#: Called by a backend with the monotonic time at which a confirmation that
+#: succeeded was *sent*: the server cannot have handed leadership on before it.
+Confirm = Callable[[float], None]
+
+
+class Hold(abc.ABC):
+    """One leadership held on one backend."""
+
+    #: Fencing token of this leadership, or None when the backend has none.
+    token: int | None = None
+    #: Monotonic time at which the campaign step that won was sent.
+    acquired_at: float = 0.0
+
+    @abc.abstractmethod
+    async def monitor(self, confirm: Confirm) -> str:
+        """Run until leadership is lost and return why.
+
+        Calls ``confirm`` after every successful confirmation. Never returns
+        while leadership is held; is cancelled when it ends for other reasons.
+        """
+
+    @abc.abstractmethod
+    async def release(self) -> None:
+        """Give leadership up. Idempotent; a connection already gone is not an error."""
+
+
+class Backend(abc.ABC):
+    """What a backend must be able to do."""
+
+    #: Short name used in logs, metrics and reprs ("mysql", "etcd", ...).
+    kind: ClassVar[str]
+    #: How often the default :meth:`observe` polls :meth:`leader`.
+    observe_interval: float = 1.0
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.log = ElectionLog(self.kind, name, "-")
+
+    @property
+    def renew_deadline(self) -> float | None:
+        """Seconds a leader may go without a successful confirmation.
+
+        Must end before the server can hand leadership to someone else; None
+        for a backend whose leadership cannot be taken away (local).
+        """
+        return None
+
+    def describe_timing(self) -> str:
+        """The derived tolerances, logged once when campaigning starts."""
+        return "no timing"
+
+    @abc.abstractmethod
+    async def campaign(self, identity: str) -> Hold:
+        """Return once ``identity`` holds leadership.
+
+        Transient server errors are retried (logged, with backoff); permanent
+        ones raise :class:`~aioelect.ElectionError`. Cancellation leaves
+        nothing behind: no lock, no key, no connection.
+        """
+
+    @abc.abstractmethod
+    async def leader(self) -> str | None:
+        """The current leader's identity as the server sees it, or None."""
+
+    async def observe(self) -> AsyncIterator[str | None]:
+        """Yield the leader's identity now and at each change (None: no leader).
+
+        The default polls :meth:`leader` every :attr:`observe_interval`;
+        backends that can watch override it.
+        """
+        last: object = object()
+        while True:
+            current = await self.leader()
+            if current != last:
+                last = current
+                yield current
+            await anyio.sleep(self.observe_interval)
+
+    async def aclose(self) -> None:  # noqa: B027 - most backends hold nothing between campaigns
+        """Free every resource the backend holds outside a campaign or hold."""
+
+
+def monotonic() -> float:
+    """The clock every deadline in aioelect is measured on."""
+    return time.monotonic()
+
+
+class Backoff:
+    """Exponential backoff with jitter for retrying transient server errors."""
+
+    def __init__(self, first: float = 0.1, maximum: float = 5.0) -> None:
+        self.first = first
+        self.maximum = maximum
+        self.attempt = 0
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+    def next_delay(self) -> float:
+        delay = min(self.maximum, self.first * (2**self.attempt))
+        self.attempt += 1
+        return float(delay * random.uniform(0.5, 1.0))
+
+    async def sleep(self) -> float:
+        """Sleep for the next delay and return it."""
+        delay = self.next_delay()
+        await anyio.sleep(delay)
+        return delay

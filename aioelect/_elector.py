@@ -1,0 +1,442 @@
+"""The contract users see, written once above every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import os
+import re
+import secrets
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+
+from ._backend import Backend, Hold, monotonic
+from ._errors import ElectionError, LeadershipLost
+from ._log import ElectionLog
+
+__all__ = ["Elector", "Leadership", "leadership", "default_identity", "validate_identity"]
+
+T = TypeVar("T")
+
+_IDENTITY_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
+#: Upper bound on a backend release, so that closing never hangs on a dead server.
+RELEASE_TIMEOUT = 5.0
+
+
+def default_identity() -> str:
+    """``hostname:pid:`` and a short random suffix: unique per elector."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def validate_identity(identity: str) -> str:
+    """Return ``identity`` if it is 1 to 128 printable ASCII characters, else raise ValueError."""
+    if not isinstance(identity, str) or not _IDENTITY_RE.match(identity):
+        raise ValueError("identity must be 1 to 128 printable ASCII characters, not starting with a space")
+    return identity
+
+
+class _State(enum.Enum):
+    IDLE = "idle"
+    CAMPAIGNING = "campaigning"
+    LEADING = "leading"
+    CLOSED = "closed"
+
+
+@dataclass(eq=False)
+class _Work:
+    """Leader work that must stop before leadership is released."""
+
+    scope: anyio.CancelScope
+    task: asyncio.Task[Any] | None
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Leadership:
+    """A held leadership, as returned by :meth:`Elector.acquire`.
+
+    Guarantees:
+
+    * ``held`` is False as soon as leadership may have passed to someone else:
+      after a detected loss, after our release, and after the backend's renew
+      deadline has gone by without a successful confirmation (measured on the
+      monotonic clock, so even before the background keeper has run).
+    * Leadership is released when the task that acquired it finishes, when
+      :meth:`release` is called, or when the elector is closed, whichever is
+      first. Work registered through :func:`leadership` or
+      :meth:`Elector.run` has stopped before the backend lets go.
+    * On loss, ``lost`` becomes True and :meth:`wait_lost` returns first; the
+      registered work is then cancelled and awaited (at most ``stop_timeout``
+      seconds), and only then is the backend told to release.
+    """
+
+    def __init__(self, elector: Elector, hold: Hold, log: ElectionLog) -> None:
+        self._elector = elector
+        self._hold = hold
+        self._log = log
+        self._deadline = elector._backend.renew_deadline
+        self._confirmed_at = hold.acquired_at or monotonic()
+        self._lost_reason: str | None = None
+        self._lost = anyio.Event()
+        self._release_requested = anyio.Event()
+        self._released = False
+        self._done = anyio.Event()
+        self._work: list[_Work] = []
+        self._keeper: asyncio.Task[None] | None = None
+        self._owner: asyncio.Task[Any] | None = None
+        self._releaser: asyncio.Task[Any] | None = None
+        self.identity: str = elector.identity
+        self.token: int | None = hold.token
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else ("lost" if self.lost else "released")
+        return (
+            f"<Leadership {self._elector.backend}:{self._elector.name} "
+            f"identity={self.identity!r} token={self.token} {state}>"
+        )
+
+    @property
+    def lost(self) -> bool:
+        """True once leadership ended for a reason other than our own release."""
+        if self._lost_reason is not None:
+            return True
+        return not self._released and self._deadline_passed()
+
+    @property
+    def lost_reason(self) -> str | None:
+        """Why leadership was lost, or None."""
+        if self._lost_reason is None and self.lost:
+            return "renew deadline exceeded"
+        return self._lost_reason
+
+    @property
+    def held(self) -> bool:
+        """True while we may act as leader: neither lost, released, nor past the renew deadline."""
+        return not self._released and self._lost_reason is None and not self._deadline_passed()
+
+    def check(self) -> None:
+        """Raise :class:`LeadershipLost` unless leadership is :attr:`held`.
+
+        Call it right before an action only the leader may take.
+        """
+        if not self.held:
+            raise LeadershipLost(self.lost_reason or "released")
+
+    async def wait_lost(self) -> None:
+        """Return when leadership is lost (never returns after a plain release)."""
+        await self._lost.wait()
+
+    async def release(self) -> None:
+        """Stop registered leader work, then release leadership. Idempotent.
+
+        Returns once the backend has let go (or gave up trying after a bounded
+        time: a connection that is gone has released the lock by itself).
+        Cancelling the caller does not interrupt the release.
+        """
+        if not self._release_requested.is_set():
+            self._releaser = asyncio.current_task()
+            self._release_requested.set()
+        with anyio.CancelScope(shield=True):
+            await self._done.wait()
+
+    def _deadline_passed(self) -> bool:
+        return self._deadline is not None and monotonic() - self._confirmed_at >= self._deadline
+
+    def _confirm(self, sent_at: float) -> None:
+        if sent_at > self._confirmed_at:
+            self._confirmed_at = sent_at
+        self._log.debug("confirmed")
+
+    # --- binding to the caller -------------------------------------------------
+
+    def _start(self, owner: asyncio.Task[Any] | None) -> None:
+        self._owner = owner
+        if owner is not None:
+            owner.add_done_callback(self._owner_done)
+        self._keeper = asyncio.get_running_loop().create_task(self._keep(), name=f"aioelect-keeper-{self.identity}")
+        self._keeper.add_done_callback(self._keeper_done)
+
+    def _owner_done(self, _task: asyncio.Task[Any]) -> None:
+        self._release_requested.set()
+
+    def _keeper_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error("leadership keeper failed", exc_info=task.exception())
+        # Whatever happened, nobody may wait forever on a finished keeper.
+        self._released = True
+        self._done.set()
+
+    @contextlib.contextmanager
+    def _guard(self) -> Any:
+        """Run the body as leader work: cancelled on loss, awaited before release."""
+        work = _Work(anyio.CancelScope(), asyncio.current_task())
+        self._work.append(work)
+        try:
+            with work.scope:
+                if not self.held:
+                    work.scope.cancel()
+                yield work.scope
+        finally:
+            self._work.remove(work)
+            work.done.set()
+
+    # --- the keeper --------------------------------------------------------------
+
+    async def _keep(self) -> None:
+        try:
+            reason = await self._watch()
+            if reason is not None:
+                self._lost_reason = reason
+                self._lost.set()
+                self._log.warning("leadership lost (%s); token=%s", reason, self.token)
+            await self._stop_work()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._release_backend()
+
+    async def _watch(self) -> str | None:
+        """Wait for a loss (return its reason) or a release request (return None)."""
+        outcome: list[str | None] = []
+
+        async def until_lost(tg: anyio.abc.TaskGroup) -> None:
+            try:
+                reason = await self._hold.monitor(self._confirm)
+            except Exception as exc:  # a backend fault is a loss, never a crash
+                reason = f"monitor failed: {exc!r}"
+            outcome.append(reason)
+            tg.cancel_scope.cancel()
+
+        async def until_deadline(tg: anyio.abc.TaskGroup) -> None:
+            if self._deadline is None:
+                await anyio.sleep_forever()
+            assert self._deadline is not None
+            # Confirmations move the deadline, so sleep to it again until it holds.
+            while (left := self._confirmed_at + self._deadline - monotonic()) > 0:  # noqa: ASYNC110
+                await anyio.sleep(left)
+            outcome.append(f"renew deadline of {self._deadline:g}s exceeded without confirmation")
+            tg.cancel_scope.cancel()
+
+        async def until_released(tg: anyio.abc.TaskGroup) -> None:
+            await self._release_requested.wait()
+            outcome.append(None)
+            tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            for watcher in (until_lost, until_deadline, until_released):
+                tg.start_soon(watcher, tg)
+        return outcome[0] if outcome else None
+
+    async def _stop_work(self) -> None:
+        # A task that called release() from inside its own work cannot wait for itself.
+        pending = [w for w in self._work if w.task is not self._releaser]
+        for work in pending:
+            work.scope.cancel()
+        timeout = self._elector._stop_timeout
+        with anyio.move_on_after(timeout) as scope:
+            for work in pending:
+                await work.done.wait()
+        if scope.cancelled_caught:
+            self._log.error("leader work did not stop within %gs; releasing anyway", timeout)
+
+    async def _release_backend(self) -> None:
+        if self._owner is not None:
+            self._owner.remove_done_callback(self._owner_done)
+        with anyio.move_on_after(RELEASE_TIMEOUT) as scope:
+            try:
+                await self._hold.release()
+            except Exception as exc:
+                self._log.warning("release failed (%r); the server drops the lock with the connection", exc)
+        if scope.cancelled_caught:
+            self._log.warning("release timed out after %gs", RELEASE_TIMEOUT)
+        self._released = True
+        if self._lost_reason is None:
+            self._log.info("leadership released; token=%s", self.token)
+        self._elector._ended(self)
+        self._done.set()
+
+
+class Elector:
+    """One candidate in one election.
+
+    Guarantees, for every backend:
+
+    * :meth:`acquire` returns only once this candidate leads; cancelling it
+      leaves no lock, key, connection or task behind.
+    * One campaign or leadership at a time per elector; after a release the
+      same elector may campaign again.
+    * Leadership is released when the acquiring task finishes, on
+      :meth:`Leadership.release`, or on :meth:`aclose`; release is idempotent.
+    * Loss is detected in the background and self-fencing applies (see
+      :class:`Leadership`).
+
+    Subclasses only choose a backend; construct them, not this class.
+    """
+
+    def __init__(self, backend: Backend, *, identity: str | None = None, stop_timeout: float = 5.0) -> None:
+        if not stop_timeout > 0:
+            raise ValueError("stop_timeout must be > 0")
+        self._backend = backend
+        self._identity = validate_identity(identity) if identity is not None else default_identity()
+        self._stop_timeout = float(stop_timeout)
+        self._state = _State.IDLE
+        self._leadership: Leadership | None = None
+        self._campaign_scope: anyio.CancelScope | None = None
+        self._log = ElectionLog(backend.kind, backend.name, self._identity)
+        backend.log = self._log
+        self._timing_logged = False
+
+    def __repr__(self) -> str:
+        return (
+            f"<{type(self).__name__} backend={self.backend} name={self.name!r} "
+            f"identity={self._identity!r} state={self._state.value}>"
+        )
+
+    @property
+    def backend(self) -> str:
+        """The backend's short name: ``mysql``, ``etcd``, ``local``..."""
+        return self._backend.kind
+
+    @property
+    def name(self) -> str:
+        """The election's name (lock name or key prefix)."""
+        return self._backend.name
+
+    @property
+    def identity(self) -> str:
+        """This candidate's identity, as :meth:`leader` reports it to others."""
+        return self._identity
+
+    @identity.setter
+    def identity(self, value: str) -> None:
+        if self._state is not _State.IDLE:
+            raise ElectionError("identity can only change while the elector is idle")
+        self._identity = validate_identity(value)
+        self._log.rebind(identity=value)
+
+    @property
+    def leading(self) -> bool:
+        """True while this elector holds a leadership that is :attr:`Leadership.held`."""
+        return self._leadership is not None and self._leadership.held
+
+    async def acquire(self) -> Leadership:
+        """Campaign and return once this candidate is the leader.
+
+        Raises :class:`ElectionError` if this elector is already campaigning,
+        leading or closed, or for a permanent backend error. Transient server
+        errors are retried with backoff while campaigning.
+        """
+        if self._state is not _State.IDLE:
+            raise ElectionError(f"acquire() on an elector that is {self._state.value}")
+        if not self._timing_logged:
+            self._timing_logged = True
+            self._log.info("campaigning; %s", self._backend.describe_timing())
+        self._state = _State.CAMPAIGNING
+        started = monotonic()
+        try:
+            with anyio.CancelScope() as scope:
+                self._campaign_scope = scope
+                hold = await self._backend.campaign(self._identity)
+            if scope.cancelled_caught:
+                raise ElectionError("elector closed while campaigning")
+        except BaseException:
+            if self._state is _State.CAMPAIGNING:
+                self._state = _State.IDLE
+            raise
+        finally:
+            self._campaign_scope = None
+        if self._state is _State.CLOSED:  # closed as the campaign won: give it back
+            with anyio.CancelScope(shield=True):
+                await hold.release()
+            raise ElectionError("elector closed while campaigning")
+        lead = Leadership(self, hold, self._log)
+        self._leadership = lead
+        self._state = _State.LEADING
+        lead._start(asyncio.current_task())
+        self._log.info("leadership acquired after %.3fs; token=%s", monotonic() - started, lead.token)
+        return lead
+
+    def _ended(self, lead: Leadership) -> None:
+        if self._leadership is lead:
+            self._leadership = None
+            if self._state is _State.LEADING:
+                self._state = _State.IDLE
+
+    async def leader(self) -> str | None:
+        """The current leader's identity as the backend sees it, or None.
+
+        Works from any candidate, leader or follower. Raises
+        :class:`BackendUnavailable` when the server cannot be reached.
+        """
+        return await self._backend.leader()
+
+    async def observe(self) -> AsyncIterator[str | None]:
+        """Yield the leader's identity now and at every change (None: no leader)."""
+        async for current in self._backend.observe():
+            yield current
+
+    async def run(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run ``await work(*args)`` only while leader, and return its result.
+
+        Campaigns first; if leadership is lost, ``work`` is cancelled, the loss
+        is logged, and the elector campaigns again and starts ``work`` afresh.
+        When ``work`` returns, leadership is released and its result returned.
+        """
+        while True:
+            try:
+                async with leadership(self):
+                    return await work(*args)
+            except LeadershipLost as exc:
+                self._log.warning("work cancelled (%s); campaigning again", exc.reason)
+
+    async def aclose(self) -> None:
+        """Release any leadership, stop any campaign, and free every resource. Idempotent."""
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        if self._campaign_scope is not None:
+            self._campaign_scope.cancel()
+        if self._leadership is not None:
+            await self._leadership.release()
+        with anyio.CancelScope(shield=True):
+            await self._backend.aclose()
+
+    async def __aenter__(self) -> Elector:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+@contextlib.asynccontextmanager
+async def leadership(elector: Elector | None = None, **options: Any) -> AsyncIterator[Leadership]:
+    """Run the body only as leader.
+
+    ``async with leadership(elector) as lead:`` campaigns, runs the body as
+    leader, and releases leadership when the body ends. If leadership is lost
+    the body is cancelled and :class:`LeadershipLost` is raised from the
+    ``async with``. With no elector, one is built with :func:`aioelect.from_env`
+    (``options`` are passed to it) and closed afterwards.
+    """
+    owned = elector is None
+    if elector is None:
+        from ._factory import from_env
+
+        elector = from_env(**options)
+    elif options:
+        raise TypeError("leadership() takes options only when it builds the elector")
+    try:
+        lead = await elector.acquire()
+        try:
+            with lead._guard():
+                yield lead
+            if lead.lost:
+                raise LeadershipLost(lead.lost_reason or "lost")
+        finally:
+            await lead.release()
+    finally:
+        if owned:
+            await elector.aclose()

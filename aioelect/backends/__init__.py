@@ -1,0 +1,1 @@
+"""One module per backend, each behind the :class:`aioelect.Elector` contract."""

@@ -1,0 +1,481 @@
+"""MySQL / MariaDB backend: a named ``GET_LOCK`` held on a dedicated connection.
+
+The lock lives exactly as long as the connection that took it, so:
+
+* each elector opens its own connection (never pooled) and never lets the
+  driver reconnect it silently: a new session does not hold the lock;
+* the leader confirms on that connection, every ``check_interval``, that the
+  lock is still held by its own ``CONNECTION_ID()``; a failed, slow or
+  negative check is a loss;
+* the connection's ``wait_timeout`` is set to ``lease``, so the server itself
+  drops a leader that has gone silent (frozen, cut off) after ``lease``
+  seconds, and a follower takes over;
+* followers wait inside ``GET_LOCK(name, poll_interval)``, so they wake the
+  moment the lock is freed instead of at their next poll.
+"""
+
+from __future__ import annotations
+
+import ssl as _ssl
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from .._backend import Backend, Backoff, Confirm, Hold, monotonic
+from .._config import parse_dsn, positive, validate_name
+from .._elector import Elector
+from .._errors import BackendUnavailable, ElectionError
+
+try:
+    import aiomysql
+    import pymysql
+except ImportError as exc:  # pragma: no cover - depends on the extra
+    raise ImportError("the MySQL backend needs aiomysql: pip install 'aioelect[mysql]'") from exc
+
+__all__ = ["MySQLElector", "FENCING_TABLE", "FENCING_DDL"]
+
+#: The table that keeps fencing tokens and the holders' identities.
+FENCING_TABLE = "aioelect_leaders"
+FENCING_DDL = f"""CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (
+  name VARCHAR(64) NOT NULL PRIMARY KEY,
+  token BIGINT UNSIGNED NOT NULL,
+  holder VARCHAR(128) NOT NULL,
+  connection_id BIGINT UNSIGNED NOT NULL,
+  acquired_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE=InnoDB"""
+
+# Server and client error codes that no retry can fix.
+_PERMANENT = {
+    1044,  # access denied to database
+    1045,  # access denied (wrong user or password)
+    1049,  # unknown database
+    1142,  # command denied (e.g. CREATE on the fencing table)
+    1227,  # missing privilege
+    1251,  # client does not support the auth protocol
+    1698,  # access denied (auth plugin)
+    2059,  # auth plugin cannot be loaded
+    3159,  # secure transport required
+    4151,  # account locked
+}
+_NO_SUCH_TABLE = 1146
+_UNKNOWN_VARIABLE = 1193
+_MAX_NAME = 64
+
+
+def _code(exc: BaseException) -> int | None:
+    if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
+        return exc.args[0]
+    return None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    code = _code(exc)
+    if code is not None and len(exc.args) > 1:
+        return f"({code}) {exc.args[1]}"
+    return repr(exc)
+
+
+def _permanent(exc: BaseException) -> bool:
+    return _code(exc) in _PERMANENT or isinstance(exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError))
+
+
+class _Connection:
+    """One aiomysql connection that is never reconnected and never left half-read.
+
+    A query that is cancelled or times out leaves the protocol in an unknown
+    state, so the connection is closed rather than reused.
+    """
+
+    def __init__(self, raw: aiomysql.Connection, connection_id: int) -> None:
+        self.raw = raw
+        self.id = connection_id
+        self.broken = False
+
+    async def scalar(self, sql: str, args: Sequence[Any] = (), *, timeout: float) -> Any:  # noqa: ASYNC109
+        if self.broken:
+            raise pymysql.err.OperationalError(2006, "lock connection is closed")
+        try:
+            with anyio.fail_after(timeout):
+                async with self.raw.cursor() as cursor:
+                    await cursor.execute(sql, args)
+                    row = await cursor.fetchone()
+        except BaseException as exc:
+            # A server-side SQL error leaves the protocol clean; anything else may not.
+            code = _code(exc)
+            if code is None or code >= 2000:
+                self.close()
+            raise
+        return None if row is None else row[0]
+
+    def close(self) -> None:
+        self.broken = True
+        self.raw.close()
+
+
+class _MySQLHold(Hold):
+    def __init__(self, backend: _MySQLBackend, conn: _Connection, token: int | None, acquired_at: float) -> None:
+        self._backend = backend
+        self._conn = conn
+        self.token = token
+        self.acquired_at = acquired_at
+
+    async def monitor(self, confirm: Confirm) -> str:
+        b = self._backend
+        while True:
+            await anyio.sleep(b.check_interval)
+            sent = monotonic()
+            try:
+                mine = await self._conn.scalar(
+                    "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (b.name,), timeout=b.check_timeout
+                )
+            except TimeoutError:
+                return f"lock check did not complete within {b.check_timeout:g}s"
+            except Exception as exc:
+                return f"lock connection failed: {_describe(exc)}"
+            if mine != 1:
+                return "lock is no longer held by our connection"
+            confirm(sent)
+
+    async def release(self) -> None:
+        conn = self._conn
+        if conn.broken:
+            return
+        try:
+            await conn.scalar("SELECT RELEASE_LOCK(%s)", (self._backend.name,), timeout=self._backend.check_timeout)
+        except Exception as exc:
+            self._backend.log.debug("RELEASE_LOCK failed (%s); closing drops the lock", _describe(exc))
+        finally:
+            conn.close()
+
+
+class _MySQLBackend(Backend):
+    kind = "mysql"
+
+    def __init__(
+        self,
+        *,
+        connect_args: dict[str, Any],
+        name: str,
+        poll_interval: float,
+        check_interval: float,
+        check_timeout: float,
+        lease: int,
+        renew_deadline: float,
+        connect_timeout: float,
+        fencing: bool,
+        allow_unsafe_topology: bool,
+    ) -> None:
+        super().__init__(name)
+        self._connect_args = connect_args
+        self.poll_interval = poll_interval
+        self.observe_interval = poll_interval
+        self.check_interval = check_interval
+        self.check_timeout = check_timeout
+        self.lease = lease
+        self._renew_deadline = renew_deadline
+        self.connect_timeout = connect_timeout
+        self.fencing = fencing
+        self.allow_unsafe_topology = allow_unsafe_topology
+        self._topology_checked = False
+        self._fencing_ready = False
+        self._info: _Connection | None = None
+        self._info_lock = anyio.Lock()
+
+    @property
+    def renew_deadline(self) -> float:
+        return self._renew_deadline
+
+    def describe_timing(self) -> str:
+        return (
+            f"poll_interval={self.poll_interval:g}s check_interval={self.check_interval:g}s "
+            f"check_timeout={self.check_timeout:g}s renew_deadline={self._renew_deadline:g}s "
+            f"lease={self.lease}s: a deposed leader stops within "
+            f"{self.check_interval + self.check_timeout:g}s, a frozen one is replaced after about "
+            f"{self.lease}s and fences itself after {self._renew_deadline:g}s"
+        )
+
+    # --- connections -------------------------------------------------------------
+
+    async def _connect(self) -> _Connection:
+        """A new dedicated connection with ``wait_timeout = lease``, topology checked."""
+        try:
+            with anyio.fail_after(self.connect_timeout + 1):
+                raw = await aiomysql.connect(
+                    connect_timeout=self.connect_timeout, autocommit=True, **self._connect_args
+                )
+        except TimeoutError:
+            raise pymysql.err.OperationalError(2003, f"connect timed out after {self.connect_timeout:g}s") from None
+        conn = _Connection(raw, 0)
+        try:
+            conn.id = await conn.scalar("SELECT CONNECTION_ID()", timeout=self.check_timeout)
+            await conn.scalar("SET SESSION wait_timeout = %s", (self.lease,), timeout=self.check_timeout)
+            if not self._topology_checked:
+                await self._check_topology(conn)
+                self._topology_checked = True
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def _check_topology(self, conn: _Connection) -> None:
+        """Refuse servers on which GET_LOCK is not cluster-wide, unless allowed."""
+        problems = []
+        try:
+            if await conn.scalar("SELECT @@global.wsrep_on", timeout=self.check_timeout) == 1:
+                problems.append("Galera replication is on (wsrep_on=ON)")
+        except pymysql.err.MySQLError as exc:
+            if _code(exc) != _UNKNOWN_VARIABLE:
+                raise
+        try:
+            members = await conn.scalar(
+                "SELECT COUNT(*) FROM performance_schema.replication_group_members WHERE MEMBER_STATE = 'ONLINE'",
+                timeout=self.check_timeout,
+            )
+            if members:
+                problems.append("Group Replication is running")
+        except pymysql.err.MySQLError:
+            pass  # no such table: not a Group Replication member
+        if problems and not self.allow_unsafe_topology:
+            raise ElectionError(
+                "GET_LOCK is local to one server and not shared across cluster nodes: "
+                + "; ".join(problems)
+                + ". Point every candidate at the same single node, or pass allow_unsafe_topology=True."
+            )
+        if problems:
+            self.log.warning("unsafe topology allowed: %s", "; ".join(problems))
+
+    async def _kill(self, connection_id: int) -> None:
+        """End a server thread still waiting in GET_LOCK for a client that gave up.
+
+        Without this, the server would keep waiting (up to ``poll_interval``)
+        and could even take the lock for a connection nobody reads.
+        """
+        with anyio.move_on_after(self.connect_timeout + self.check_timeout, shield=True):
+            try:
+                conn = await self._connect_plain()
+                try:
+                    await conn.scalar("KILL %s", (connection_id,), timeout=self.check_timeout)
+                finally:
+                    conn.close()
+            except Exception as exc:
+                self.log.debug("could not end waiting thread %s (%s)", connection_id, _describe(exc))
+
+    async def _connect_plain(self) -> _Connection:
+        with anyio.fail_after(self.connect_timeout + 1):
+            raw = await aiomysql.connect(connect_timeout=self.connect_timeout, autocommit=True, **self._connect_args)
+        return _Connection(raw, 0)
+
+    # --- campaign ----------------------------------------------------------------
+
+    async def campaign(self, identity: str) -> Hold:
+        backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
+        while True:
+            conn: _Connection | None = None
+            waiting = False
+            try:
+                conn = await self._connect()
+                while True:
+                    sent = monotonic()
+                    waiting = True
+                    got = await conn.scalar(
+                        "SELECT GET_LOCK(%s, %s)",
+                        (self.name, self.poll_interval),
+                        timeout=self.poll_interval + self.check_timeout,
+                    )
+                    waiting = False
+                    if got == 1:
+                        token = await self._fence(conn, identity) if self.fencing else None
+                        hold = _MySQLHold(self, conn, token, sent)
+                        conn = None
+                        return hold
+                    if got is None:
+                        raise pymysql.err.OperationalError(2013, "GET_LOCK was interrupted")
+                    backoff.reset()
+                    self.log.debug("lock busy; waiting again")
+            except Exception as exc:
+                if _permanent(exc):
+                    raise ElectionError(f"MySQL refused the campaign: {_describe(exc)}") from None
+                if isinstance(exc, ElectionError):
+                    raise
+                delay = backoff.next_delay()
+                self.log.warning("campaign interrupted (%s); retrying in %.2fs", _describe(exc), delay)
+                if conn is not None:
+                    conn.close()
+                    conn = None
+                await anyio.sleep(delay)
+            finally:
+                if conn is not None:
+                    conn.close()
+                    if waiting:
+                        await self._kill(conn.id)
+
+    async def _fence(self, conn: _Connection, identity: str) -> int:
+        """Bump and return this name's token; only a lock holder ever writes it."""
+        if not self._fencing_ready:
+            with warnings.catch_warnings():  # "table already exists" is expected
+                warnings.simplefilter("ignore")
+                await conn.scalar(FENCING_DDL, timeout=self.check_timeout * 5)
+            self._fencing_ready = True
+        await conn.scalar(
+            f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
+            "VALUES (%s, 1, %s, CONNECTION_ID()) ON DUPLICATE KEY UPDATE token = token + 1, "
+            "holder = VALUES(holder), connection_id = VALUES(connection_id), acquired_at = CURRENT_TIMESTAMP(6)",
+            (self.name, identity),
+            timeout=self.check_timeout,
+        )
+        token = await conn.scalar(
+            f"SELECT token FROM {FENCING_TABLE} WHERE name = %s", (self.name,), timeout=self.check_timeout
+        )
+        return int(token)
+
+    # --- who leads -----------------------------------------------------------------
+
+    async def leader(self) -> str | None:
+        async with self._info_lock:
+            for attempt in range(2):
+                try:
+                    if self._info is None or self._info.broken:
+                        self._info = await self._connect_plain()
+                    return await self._leader_on(self._info)
+                except Exception as exc:
+                    if _permanent(exc):
+                        raise ElectionError(f"MySQL refused the query: {_describe(exc)}") from None
+                    if self._info is not None:
+                        self._info.close()
+                        self._info = None
+                    if attempt:
+                        raise BackendUnavailable(f"MySQL at {self._where()} is unreachable: {_describe(exc)}") from None
+        raise AssertionError("unreachable")
+
+    async def _leader_on(self, conn: _Connection) -> str | None:
+        holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self.name,), timeout=self.check_timeout)
+        if holder is None:
+            return None
+        try:
+            identity = await conn.scalar(
+                f"SELECT holder FROM {FENCING_TABLE} WHERE name = %s AND connection_id = %s",
+                (self.name, holder),
+                timeout=self.check_timeout,
+            )
+        except pymysql.err.MySQLError as exc:
+            if _code(exc) not in (_NO_SUCH_TABLE, 1046):  # 1046: no database selected
+                raise
+            identity = None
+        if identity is not None:
+            return str(identity)
+        host = await conn.scalar(
+            "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,), timeout=self.check_timeout
+        )
+        return f"connection {holder}" + (f" from {host}" if host else "")
+
+    def _where(self) -> str:
+        return f"{self._connect_args.get('host')}:{self._connect_args.get('port')}"
+
+    async def aclose(self) -> None:
+        if self._info is not None:
+            self._info.close()
+            self._info = None
+
+
+class MySQLElector(Elector):
+    """A candidate in a MySQL/MariaDB ``GET_LOCK`` election.
+
+    Guarantees (beyond :class:`~aioelect.Elector`'s):
+
+    * mutual exclusion as long as every candidate talks to the same server
+      (``GET_LOCK`` is per server: not across replicas, Galera or Group
+      Replication nodes, which are refused unless ``allow_unsafe_topology``);
+    * a follower takes over within milliseconds of a release or of the
+      leader's connection closing, and polls at most once per ``poll_interval``;
+    * a leader whose lock or connection is gone stops within ``check_interval``
+      plus ``check_timeout``; one that cannot confirm for ``renew_deadline``
+      seconds fences itself; the server drops a silent leader after ``lease``
+      seconds;
+    * with ``fencing=True`` each leadership gets a token that increases across
+      all leaders of ``name`` and across server restarts (table
+      ``aioelect_leaders``, created if missing), and :meth:`leader` reports
+      identities; without it, :meth:`leader` reports the holder's connection.
+
+    ``dsn`` is ``mysql://user:password@host:port/database``; keyword arguments
+    override its parts. ``ssl`` takes an :class:`ssl.SSLContext`.
+    """
+
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        database: str | None = None,
+        name: str = "aioelect/leader",
+        poll_interval: float = 2.0,
+        identity: str | None = None,
+        connect_timeout: float = 5.0,
+        check_interval: float = 1.0,
+        check_timeout: float = 2.0,
+        lease: int = 10,
+        renew_deadline: float | None = None,
+        fencing: bool = False,
+        allow_unsafe_topology: bool = False,
+        ssl: _ssl.SSLContext | None = None,
+        stop_timeout: float = 5.0,
+    ) -> None:
+        parsed = parse_dsn(dsn, "mysql", "mariadb") if dsn is not None else None
+        host = host or (parsed.host if parsed else None)
+        if not host:
+            raise ValueError("MySQLElector needs a dsn or a host")
+        port = port if port is not None else (parsed.port if parsed and parsed.port else 3306)
+        if not isinstance(port, int) or not 0 < port < 65536:
+            raise ValueError(f"port must be an integer from 1 to 65535, not {port!r}")
+        database = database if database is not None else (parsed.database if parsed else None)
+        if fencing and not database:
+            raise ValueError("fencing=True needs a database for the aioelect_leaders table")
+        poll_interval = positive("poll_interval", poll_interval, maximum=3600)
+        check_interval = positive("check_interval", check_interval)
+        check_timeout = positive("check_timeout", check_timeout)
+        connect_timeout = positive("connect_timeout", connect_timeout)
+        if isinstance(lease, bool) or not float(positive("lease", lease)).is_integer():
+            raise ValueError(f"lease must be a whole number of seconds (it becomes wait_timeout), not {lease!r}")
+        lease = int(lease)
+        if lease < 2:
+            raise ValueError("lease must be at least 2 seconds")
+        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else lease * 0.7
+        if deadline >= lease:
+            raise ValueError(
+                f"renew_deadline ({deadline:g}s) must be shorter than lease ({lease}s): "
+                "a leader must stop before the server can hand the lock to someone else"
+            )
+        if check_interval + check_timeout > deadline:
+            raise ValueError(
+                f"check_interval + check_timeout ({check_interval + check_timeout:g}s) must not exceed "
+                f"renew_deadline ({deadline:g}s): otherwise a healthy leader would fence itself"
+            )
+        connect_args: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "user": user if user is not None else (parsed.user if parsed and parsed.user else "root"),
+            "password": password if password is not None else (parsed.password if parsed and parsed.password else ""),
+        }
+        if database:
+            connect_args["db"] = database
+        if ssl is not None:
+            connect_args["ssl"] = ssl
+        backend = _MySQLBackend(
+            connect_args=connect_args,
+            name=validate_name(name, max_length=_MAX_NAME),
+            poll_interval=poll_interval,
+            check_interval=check_interval,
+            check_timeout=check_timeout,
+            lease=lease,
+            renew_deadline=deadline,
+            connect_timeout=connect_timeout,
+            fencing=fencing,
+            allow_unsafe_topology=allow_unsafe_topology,
+        )
+        super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
