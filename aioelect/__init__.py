@@ -14,23 +14,32 @@ from ._factory import from_env, new
 from .backends.local import LocalElector
 
 if TYPE_CHECKING:
+    from .backends.etcd import EtcdElector
+    from .backends.file import FileElector
     from .backends.mysql import MySQLElector
+    from .backends.postgres import PostgresElector
 
 __all__ = [
     "BackendUnavailable",
     "ElectionError",
     "Elector",
+    "EtcdElector",
+    "FileElector",
     "Leadership",
     "LeadershipLost",
     "LocalElector",
     "MySQLElector",
+    "PostgresElector",
     "from_env",
     "leadership",
     "new",
 ]
 
 _LAZY = {
+    "EtcdElector": "aioelect.backends.etcd",
+    "FileElector": "aioelect.backends.file",
     "MySQLElector": "aioelect.backends.mysql",
+    "PostgresElector": "aioelect.backends.postgres",
 }
 
 

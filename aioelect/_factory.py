@@ -17,10 +17,16 @@ def new(
     *,
     etcd: str | Sequence[str] | None = None,
     mysql: str | None = None,
+    postgres: str | None = None,
+    file: str | None = None,
     name: str | None = None,
     **options: Any,
 ) -> Elector:
-    """Build an elector: etcd endpoints given -> etcd; else a MySQL DSN -> MySQL; else local.
+    """Build an elector, choosing the first backend configured.
+
+    The original priority: etcd endpoints -> etcd; else a MySQL DSN -> MySQL;
+    else a PostgreSQL DSN -> PostgreSQL; else a lock file path -> file; else
+    local.
 
     ``options`` go to the chosen elector's constructor (``identity``,
     ``poll_interval``, ``ttl``...); an option the chosen backend does not
@@ -34,14 +40,23 @@ def new(
         from .backends.mysql import MySQLElector
 
         return MySQLElector(mysql, name=name or DEFAULT_NAME, **options)
+    if postgres:
+        from .backends.postgres import PostgresElector
+
+        return PostgresElector(postgres, name=name or DEFAULT_NAME, **options)
+    if file:
+        from .backends.file import FileElector
+
+        return FileElector(file, name=name or DEFAULT_NAME, **options)
     from .backends.local import LocalElector
 
     return LocalElector(name=name or DEFAULT_NAME, **options)
 
 
 def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Elector:
-    """Build an elector with :func:`new` from ``AIOELECT_ETCD_ENDPOINTS``,
-    ``AIOELECT_MYSQL_DSN`` and ``AIOELECT_NAME`` (empty means unset).
+    """Build an elector with :func:`new` from ``AIOELECT_ETCD_ENDPOINTS``
+    (comma separated), ``AIOELECT_MYSQL_DSN``, ``AIOELECT_POSTGRES_DSN``,
+    ``AIOELECT_FILE`` and ``AIOELECT_NAME`` (empty means unset).
 
     ``options`` override the environment.
     """
@@ -49,6 +64,8 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     settings: dict[str, Any] = {
         "etcd": env.get("AIOELECT_ETCD_ENDPOINTS") or None,
         "mysql": env.get("AIOELECT_MYSQL_DSN") or None,
+        "postgres": env.get("AIOELECT_POSTGRES_DSN") or None,
+        "file": env.get("AIOELECT_FILE") or None,
         "name": env.get("AIOELECT_NAME") or None,
     }
     settings.update(options)
