@@ -1,0 +1,85 @@
+"""One description per backend, so the contract suite runs against each of them.
+
+A new backend adds one ``BackendCase`` builder here and inherits every
+contract test.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from aioelect import Elector
+
+
+@dataclass
+class BackendCase:
+    kind: str
+    #: Builds a candidate: make(name, identity=..., **backend options).
+    make: Callable[..., Elector]
+    #: True when candidates exclude each other (local does not).
+    exclusive: bool = True
+    #: How many server-side resources (connections, keys, leases) remain; None: cannot tell.
+    leftovers: Callable[[], Awaitable[int]] | None = None
+    #: Takes leadership away from the current leader from outside (KILL, revoke...).
+    depose: Callable[[Elector], Awaitable[None]] | None = None
+    #: A generous bound for takeover after a release, in seconds.
+    takeover_bound: float = 1.0
+
+
+def unique_name(prefix: str = "t") -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def local_case(request: pytest.FixtureRequest) -> BackendCase:
+    from aioelect import LocalElector
+
+    def make(name: str, **kw: Any) -> Elector:
+        return LocalElector(name=name, **kw)
+
+    return BackendCase("local", make, exclusive=False)
+
+
+def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
+    from aioelect import MySQLElector
+    from aioelect.testing import MariaDBServer
+
+    dsn: str = request.getfixturevalue("mysql_dsn")
+    server: MariaDBServer | None = None
+    try:
+        server = request.getfixturevalue("mariadb")
+    except pytest.skip.Exception:
+        server = None  # an external server from AIOELECT_MYSQL_DSN
+
+    def make(name: str, **kw: Any) -> Elector:
+        kw.setdefault("fencing", True)
+        kw.setdefault("check_interval", 0.2)
+        kw.setdefault("check_timeout", 1.0)
+        kw.setdefault("lease", 4)
+        return MySQLElector(dsn, name=name, **kw)
+
+    leftovers = None
+    depose = None
+    if server is not None:
+        srv = server
+
+        async def leftovers_() -> int:
+            return len(srv.connection_ids())
+
+        async def depose_(elector: Elector) -> None:
+            holder = srv.query("SELECT IS_USED_LOCK(%s)", (elector.name,), database="")[0][0]
+            assert holder is not None, "nobody holds the lock"
+            srv.query(f"KILL {int(holder)}", database="")
+
+        leftovers, depose = leftovers_, depose_
+    return BackendCase("mysql", make, leftovers=leftovers, depose=depose)
+
+
+CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {
+    "local": local_case,
+    "mysql": mysql_case,
+}

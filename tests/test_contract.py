@@ -1,0 +1,271 @@
+"""The Elector contract, run against every backend (see tests/backends.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import anyio
+import pytest
+
+from aioelect import ElectionError, Elector, Leadership, LeadershipLost, leadership
+
+from .backends import CASES, BackendCase, unique_name
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> BackendCase:
+    return CASES[request.param](request)
+
+
+def exclusive(case: BackendCase) -> None:
+    if not case.exclusive:
+        pytest.skip(f"{case.kind} candidates do not exclude each other by design")
+
+
+async def wait_until(predicate: object, timeout: float = 10.0) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():  # type: ignore[operator]
+            await asyncio.sleep(0.01)
+
+
+async def test_acquire_release_reacquire(case: BackendCase) -> None:
+    name = unique_name()
+    async with case.make(name, identity="cand-a") as elector:
+        for _ in range(3):
+            lead = await elector.acquire()
+            assert lead.held and not lead.lost
+            assert await elector.leader() == "cand-a"
+            await lead.release()
+            await lead.release()
+            assert not lead.held and not lead.lost
+
+
+async def test_acquire_while_busy_raises(case: BackendCase) -> None:
+    async with case.make(unique_name()) as elector:
+        lead = await elector.acquire()
+        with pytest.raises(ElectionError):
+            await elector.acquire()
+        await lead.release()
+
+
+async def test_follower_sees_leader_and_takes_over_after_release(case: BackendCase) -> None:
+    exclusive(case)
+    name = unique_name()
+    async with case.make(name, identity="first") as a, case.make(name, identity="second") as b:
+        lead_a = await a.acquire()
+        assert await b.leader() == "first"
+        got: list[tuple[Leadership, float]] = []
+        done = asyncio.Event()
+
+        async def follow() -> None:
+            lead = await b.acquire()
+            got.append((lead, time.monotonic()))
+            done.set()
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.3)
+        assert not got, "the follower must wait while the leader holds"
+        released = time.monotonic()
+        await lead_a.release()
+        with anyio.fail_after(10):
+            await done.wait()
+        lead_b, at = got[0]
+        assert at - released < case.takeover_bound
+        assert lead_b.held
+        assert await a.leader() == "second"
+        if lead_a.token is not None and lead_b.token is not None:
+            assert lead_b.token > lead_a.token
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await wait_until(lambda: not lead_b.held)
+
+
+async def test_takeover_after_leader_task_cancelled(case: BackendCase) -> None:
+    exclusive(case)
+    name = unique_name()
+    async with case.make(name) as a, case.make(name) as b:
+        acquired = asyncio.Event()
+
+        async def lead_forever() -> None:
+            await a.acquire()
+            acquired.set()
+            await asyncio.sleep(3600)
+
+        leader_task = asyncio.create_task(lead_forever())
+        await acquired.wait()
+        follower = asyncio.create_task(b.acquire())
+        await asyncio.sleep(0.2)
+        assert not follower.done()
+        leader_task.cancel()
+        with anyio.fail_after(10):
+            lead_b = await follower
+        # follower's task has finished, so its leadership is released in turn.
+        await wait_until(lambda: not lead_b.held)
+
+
+async def test_cancelled_campaign_leaves_nothing(case: BackendCase) -> None:
+    exclusive(case)
+    name = unique_name()
+    async with case.make(name) as a:
+        lead = await a.acquire()
+        before = await case.leftovers() if case.leftovers else None
+        for _ in range(3):
+            async with case.make(name) as b:
+                task = asyncio.create_task(b.acquire())
+                await asyncio.sleep(0.3)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                # The cancelled elector is reusable and idle.
+                assert not b.leading
+        if case.leftovers is not None:
+            assert before is not None
+            await wait_until_async(case.leftovers, before)
+        # Nobody else sneaked in as leader.
+        assert lead.held
+        await lead.release()
+
+
+async def wait_until_async(count: object, expected: int, timeout: float = 5.0) -> None:
+    last = None
+    with anyio.move_on_after(timeout):
+        while (last := await count()) != expected:  # type: ignore[operator]
+            await asyncio.sleep(0.05)
+    assert last == expected, f"{last} server-side resources remain, expected {expected}"
+
+
+async def test_nothing_left_after_close(case: BackendCase) -> None:
+    if case.leftovers is None:
+        pytest.skip("cannot count server-side resources for this backend")
+    name = unique_name()
+    baseline = await case.leftovers()
+    for _ in range(3):
+        async with case.make(name) as elector:
+            lead = await elector.acquire()
+            await elector.leader()
+            await lead.release()
+            await elector.acquire()
+    await wait_until_async(case.leftovers, baseline)
+
+
+async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
+    exclusive(case)
+    name = unique_name()
+    electors = [case.make(name, identity=f"cand-{i}") for i in range(10)]
+    intervals: list[tuple[float, float, str]] = []
+    rounds = 30
+
+    async def candidate(elector: Elector) -> None:
+        while len(intervals) < rounds:
+            async with leadership(elector) as lead:
+                start = time.monotonic()
+                await asyncio.sleep(0.005)
+                assert lead.held
+                intervals.append((start, time.monotonic(), elector.identity))
+
+    try:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for elector in electors:
+                    tg.start_soon(candidate, elector)
+    finally:
+        for elector in electors:
+            await elector.aclose()
+    intervals.sort()
+    for (_, end, who), (start, _, nxt) in zip(intervals, intervals[1:]):
+        assert start >= end, f"{who} and {nxt} led at the same time"
+    assert len({who for *_, who in intervals}) > 1, "leadership never changed hands"
+
+
+async def test_leadership_scope_cancelled_and_raises_on_loss(case: BackendCase) -> None:
+    if case.depose is None:
+        pytest.skip(f"{case.kind} leadership cannot be taken away from outside")
+    name = unique_name()
+    async with case.make(name) as elector:
+        reached_end = False
+        with pytest.raises(LeadershipLost) as info:
+            async with leadership(elector) as lead:
+                await case.depose(elector)
+                deposed = time.monotonic()
+                await asyncio.sleep(30)
+                reached_end = True
+        assert not reached_end
+        assert time.monotonic() - deposed < 5
+        assert lead.lost and not lead.held and info.value.reason
+        # The elector may campaign again.
+        again = await elector.acquire()
+        assert again.held
+        await again.release()
+
+
+async def test_wait_lost_returns_on_loss_not_on_release(case: BackendCase) -> None:
+    if case.depose is None:
+        pytest.skip(f"{case.kind} leadership cannot be taken away from outside")
+    async with case.make(unique_name()) as elector:
+        lead = await elector.acquire()
+        with anyio.move_on_after(0.3) as scope:
+            await lead.wait_lost()
+        assert scope.cancelled_caught
+        await case.depose(elector)
+        with anyio.fail_after(5):
+            await lead.wait_lost()
+        assert lead.lost and lead.lost_reason
+
+
+async def test_run_campaigns_again_after_loss(case: BackendCase) -> None:
+    if case.depose is None:
+        pytest.skip(f"{case.kind} leadership cannot be taken away from outside")
+    async with case.make(unique_name()) as elector:
+        starts = 0
+
+        async def work() -> str:
+            nonlocal starts
+            starts += 1
+            if starts == 1:
+                await case.depose(elector)
+                await asyncio.sleep(30)
+            return "finished"
+
+        with anyio.fail_after(20):
+            assert await elector.run(work) == "finished"
+        assert starts == 2
+        assert not elector.leading
+
+
+async def test_aclose_while_campaigning_stops_the_campaign(case: BackendCase) -> None:
+    exclusive(case)
+    name = unique_name()
+    async with case.make(name) as a:
+        lead = await a.acquire()
+        b = case.make(name)
+        task = asyncio.create_task(b.acquire())
+        await asyncio.sleep(0.2)
+        await b.aclose()
+        with anyio.fail_after(5), pytest.raises(ElectionError, match="closed"):
+            await task
+        assert lead.held
+        await lead.release()
+
+
+async def test_observe_from_follower(case: BackendCase) -> None:
+    exclusive(case)
+    name = unique_name()
+    async with case.make(name, identity="obs-a") as a, case.make(name, identity="watcher") as w:
+        seen: list[str | None] = []
+
+        async def watch() -> None:
+            async for current in w.observe():
+                seen.append(current)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await wait_until(lambda: seen == [None])
+            lead = await a.acquire()
+            await wait_until(lambda: seen[-1:] == ["obs-a"])
+            await lead.release()
+            await wait_until(lambda: seen[-1:] == [None])
+            tg.cancel_scope.cancel()
+        assert seen == [None, "obs-a", None]
