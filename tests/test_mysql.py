@@ -1,0 +1,244 @@
+"""What is the MySQL backend's own: GET_LOCK names, options, errors, polling cost, server faults."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import anyio
+import pytest
+
+from aioelect import BackendUnavailable, ElectionError, LeadershipLost, MySQLElector, leadership
+from aioelect.testing import MariaDBServer, free_port
+
+from .backends import unique_name
+
+pytestmark = pytest.mark.usefixtures("mariadb")
+
+
+def status(server: MariaDBServer, variable: str) -> int:
+    return int(server.query("SHOW GLOBAL STATUS LIKE %s", (variable,), database="")[0][1])
+
+
+# --- construction ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"name": "x" * 65}, "at most 64"),
+        ({"name": ""}, "name"),
+        ({"poll_interval": 0}, "poll_interval"),
+        ({"poll_interval": float("nan")}, "poll_interval"),
+        ({"check_interval": -1}, "check_interval"),
+        ({"lease": 2.5}, "whole number"),
+        ({"lease": 1}, "at least 2"),
+        ({"lease": 5, "renew_deadline": 5}, "shorter than lease"),
+        ({"lease": 5, "check_interval": 2, "check_timeout": 2, "renew_deadline": 3}, "must not exceed"),
+        ({"connect_timeout": 0}, "connect_timeout"),
+        ({"port": 0}, "port"),
+        ({"identity": "two\nlines"}, "identity"),
+    ],
+)
+def test_bad_options_raise_value_error(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MySQLElector("mysql://root@127.0.0.1:3306/db", **kwargs)  # type: ignore[arg-type]
+
+
+def test_bad_dsn_and_missing_host() -> None:
+    with pytest.raises(ValueError, match="scheme"):
+        MySQLElector("postgres://root@127.0.0.1/db")
+    with pytest.raises(ValueError, match="DSN"):
+        MySQLElector("127.0.0.1:3306")
+    with pytest.raises(ValueError, match="dsn or a host"):
+        MySQLElector()
+    with pytest.raises(ValueError, match="fencing"):
+        MySQLElector("mysql://root@127.0.0.1:3306", fencing=True)
+
+
+def test_password_never_in_repr_or_errors() -> None:
+    elector = MySQLElector("mysql://user:s3cr3t-pw@127.0.0.1:3306/db")
+    assert "s3cr3t-pw" not in repr(elector)
+    with pytest.raises(ValueError) as info:
+        MySQLElector("mysql://user:s3cr3t-pw@127.0.0.1:notaport/db")
+    assert "s3cr3t-pw" not in str(info.value)
+
+
+# --- permanent and transient errors -----------------------------------------------
+
+
+async def test_wrong_password_raises_at_once(mariadb: MariaDBServer, caplog: pytest.LogCaptureFixture) -> None:
+    dsn = mariadb.create_user("elect_user", "right-password")
+    bad = dsn.replace("right-password", "wrong-password")
+    async with MySQLElector(bad, name=unique_name()) as elector:
+        with anyio.fail_after(5), pytest.raises(ElectionError, match="Access denied"):
+            await elector.acquire()
+        assert "wrong-password" not in caplog.text
+        with pytest.raises(ElectionError, match="Access denied"):
+            await elector.leader()
+
+
+async def test_unknown_database_raises_at_once(mariadb: MariaDBServer) -> None:
+    dsn = f"mysql://root@127.0.0.1:{mariadb.port}/no_such_db"
+    async with MySQLElector(dsn, name=unique_name()) as elector:
+        with anyio.fail_after(5), pytest.raises(ElectionError, match="Unknown database"):
+            await elector.acquire()
+
+
+async def test_unreachable_server_is_retried_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    dsn = f"mysql://root@127.0.0.1:{free_port()}/db"
+    async with MySQLElector(dsn, name=unique_name(), connect_timeout=0.5) as elector:
+        with anyio.move_on_after(1.5) as scope:
+            await elector.acquire()
+        assert scope.cancelled_caught, "acquire must keep campaigning while the server is down"
+        assert not elector.leading
+        assert "retrying" in caplog.text
+        started = time.monotonic()
+        with pytest.raises(BackendUnavailable, match="unreachable"):
+            await elector.leader()
+        assert time.monotonic() - started < 5
+
+
+# --- polling and connections ------------------------------------------------------
+
+
+async def test_follower_polls_once_per_interval_on_one_connection(mariadb: MariaDBServer) -> None:
+    name = unique_name()
+    async with (
+        MySQLElector(mariadb.dsn, name=name) as leader,
+        MySQLElector(mariadb.dsn, name=name, poll_interval=0.5) as follower,
+    ):
+        lead = await leader.acquire()
+        task = asyncio.create_task(follower.acquire())
+        await asyncio.sleep(0.3)
+        connections, selects = status(mariadb, "Connections"), status(mariadb, "Com_select")
+        await asyncio.sleep(3.0)
+        new_connections = status(mariadb, "Connections") - connections - 2  # our two status queries
+        polls = status(mariadb, "Com_select") - selects
+        # 3 s / 0.5 s = 6 polls by the follower, 3 checks by the leader (1 s), 2 for us.
+        assert new_connections == 0, f"{new_connections} new connections while waiting"
+        assert polls <= 6 + 3 + 2 + 2, f"{polls} SELECTs in 3 s"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await lead.release()
+
+
+async def test_follower_takes_over_when_leader_connection_is_killed(mariadb: MariaDBServer) -> None:
+    name = unique_name()
+    async with MySQLElector(mariadb.dsn, name=name) as a, MySQLElector(mariadb.dsn, name=name) as b:
+        lead_a = await a.acquire()
+        got = asyncio.get_running_loop().create_future()
+
+        async def follow() -> None:
+            got.set_result(await b.acquire())
+            await asyncio.sleep(3600)
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0.2)
+        holder = mariadb.query("SELECT IS_USED_LOCK(%s)", (name,), database="")[0][0]
+        killed = time.monotonic()
+        mariadb.query(f"KILL {int(holder)}", database="")
+        with anyio.fail_after(5):
+            lead_b = await got
+        assert time.monotonic() - killed < 1.0
+        with anyio.fail_after(5):
+            await lead_a.wait_lost()
+        assert "connection" in (lead_a.lost_reason or "")
+        assert lead_b.held
+        follower.cancel()
+
+
+async def test_leader_identity_without_fencing_is_the_connection(mariadb: MariaDBServer) -> None:
+    name = unique_name()
+    async with MySQLElector(mariadb.dsn, name=name) as elector:
+        assert await elector.leader() is None
+        lead = await elector.acquire()
+        holder = mariadb.query("SELECT IS_USED_LOCK(%s)", (name,), database="")[0][0]
+        assert (await elector.leader() or "").startswith(f"connection {holder} from 127.0.0.1")
+        assert lead.token is None
+        await lead.release()
+
+
+async def test_quiet_leader_is_kept_alive_past_wait_timeout(mariadb: MariaDBServer) -> None:
+    """A leader whose connection would idle out (wait_timeout = lease) stays leader through its checks."""
+    name = unique_name()
+    opts = {"lease": 2, "check_interval": 0.3, "check_timeout": 0.5, "renew_deadline": 1.2}
+    async with MySQLElector(mariadb.dsn, name=name, **opts) as a, MySQLElector(mariadb.dsn, name=name) as b:
+        lead = await a.acquire()
+        follower = asyncio.create_task(b.acquire())
+        await asyncio.sleep(5)  # well past the 2 s wait_timeout
+        assert lead.held and not follower.done()
+        follower.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await follower
+        await lead.release()
+
+
+# --- server faults --------------------------------------------------------------------
+
+
+async def test_campaign_survives_server_restart(fresh_mariadb: MariaDBServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    name = unique_name()
+    async with MySQLElector(fresh_mariadb.dsn, name=name) as a, MySQLElector(fresh_mariadb.dsn, name=name) as b:
+        lead_a = await a.acquire()
+        got = asyncio.get_running_loop().create_future()
+
+        async def follow() -> None:
+            got.set_result(await b.acquire())
+            await asyncio.sleep(3600)
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0.3)
+        await anyio.to_thread.run_sync(fresh_mariadb.stop)
+        with anyio.fail_after(10):
+            await lead_a.wait_lost()
+        await asyncio.sleep(1.0)  # the follower retries against a dead server
+        assert not got.done()
+        await anyio.to_thread.run_sync(fresh_mariadb.start)
+        with anyio.fail_after(20):
+            lead_b = await got
+        assert lead_b.held
+        assert "retrying" in caplog.text
+        # Exactly one leader afterwards: the old one is not leading and cannot campaign past b.
+        assert not lead_a.held
+        again = asyncio.create_task(a.acquire())
+        await asyncio.sleep(0.5)
+        assert not again.done()
+        again.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await again
+        await lead_b.release()
+        follower.cancel()
+
+
+async def test_fencing_tokens_increase_across_restarts(fresh_mariadb: MariaDBServer) -> None:
+    name = unique_name()
+    tokens = []
+    async with MySQLElector(fresh_mariadb.dsn, name=name, fencing=True, identity="fenced") as elector:
+        for _ in range(2):
+            lead = await elector.acquire()
+            assert await elector.leader() == "fenced"
+            tokens.append(lead.token)
+            await lead.release()
+        await anyio.to_thread.run_sync(fresh_mariadb.restart)
+        lead = await elector.acquire()
+        tokens.append(lead.token)
+        await lead.release()
+    assert all(isinstance(t, int) for t in tokens)
+    assert tokens == sorted(tokens) and len(set(tokens)) == 3
+
+
+async def test_killed_lock_connection_cancels_leadership_body(mariadb: MariaDBServer) -> None:
+    name = unique_name()
+    async with MySQLElector(mariadb.dsn, name=name, check_interval=0.5, check_timeout=1.0) as elector:
+        with pytest.raises(LeadershipLost):
+            async with leadership(elector):
+                holder = mariadb.query("SELECT IS_USED_LOCK(%s)", (name,), database="")[0][0]
+                mariadb.query(f"KILL {int(holder)}", database="")
+                killed = time.monotonic()
+                await asyncio.sleep(30)
+        assert time.monotonic() - killed < 0.5 + 1.0 + 0.5
