@@ -269,3 +269,36 @@ async def test_observe_from_follower(case: BackendCase) -> None:
             await wait_until(lambda: seen[-1:] == [None])
             tg.cancel_scope.cancel()
         assert seen == [None, "obs-a", None]
+
+
+async def test_release_stops_work_before_the_lock_goes(case: BackendCase) -> None:
+    exclusive(case)
+    name = unique_name()
+    async with case.make(name) as a, case.make(name) as b:
+        work_stopped: list[float] = []
+        inside = asyncio.Event()
+        leads: list[Leadership] = []
+
+        async def leader_work() -> None:
+            async with leadership(a) as lead:
+                leads.append(lead)
+                inside.set()
+                try:
+                    await asyncio.sleep(3600)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await asyncio.sleep(0.2)  # slow cleanup: the lock must wait for it
+                    work_stopped.append(time.monotonic())
+
+        task = asyncio.create_task(leader_work())
+        await inside.wait()
+        follower = asyncio.create_task(b.acquire())
+        await asyncio.sleep(0.2)
+        await leads[0].release()  # from another task than the work's
+        with anyio.fail_after(10):
+            await follower
+        took_over = time.monotonic()
+        assert work_stopped and work_stopped[0] <= took_over
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task

@@ -242,3 +242,55 @@ async def test_killed_lock_connection_cancels_leadership_body(mariadb: MariaDBSe
                 killed = time.monotonic()
                 await asyncio.sleep(30)
         assert time.monotonic() - killed < 0.5 + 1.0 + 0.5
+
+
+async def test_galera_node_is_refused_unless_allowed(caplog: pytest.LogCaptureFixture) -> None:
+    server = MariaDBServer(extra_args=["--wsrep-on=ON", "--wsrep-provider=none", "--binlog-format=ROW"])
+    try:
+        await anyio.to_thread.run_sync(server.start)
+        async with MySQLElector(server.dsn, name=unique_name()) as elector:
+            with anyio.fail_after(10), pytest.raises(ElectionError, match="Galera"):
+                await elector.acquire()
+        async with MySQLElector(server.dsn, name=unique_name(), allow_unsafe_topology=True) as elector:
+            lead = await elector.acquire()
+            assert lead.held
+            await lead.release()
+        assert "unsafe topology allowed" in caplog.text
+    finally:
+        await anyio.to_thread.run_sync(server.cleanup)
+
+
+async def test_frozen_server_is_a_loss_for_the_leader_and_no_hang_for_followers(
+    fresh_mariadb: MariaDBServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    name = unique_name()
+    opts = {"check_interval": 0.3, "check_timeout": 0.7, "poll_interval": 0.5, "connect_timeout": 1.0}
+    async with MySQLElector(fresh_mariadb.dsn, name=name, **opts) as a, MySQLElector(
+        fresh_mariadb.dsn, name=name, **opts
+    ) as b:
+        lead = await a.acquire()
+        got = asyncio.get_running_loop().create_future()
+
+        async def follow() -> None:
+            got.set_result(await b.acquire())
+            await asyncio.sleep(3600)
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0.2)
+        fresh_mariadb.freeze()
+        try:
+            frozen = time.monotonic()
+            with anyio.fail_after(5):
+                await lead.wait_lost()
+            assert time.monotonic() - frozen < 0.3 + 0.7 + 0.5
+            assert "within" in (lead.lost_reason or "")
+            await asyncio.sleep(2.0)
+            assert not got.done(), "nobody may lead while the server is frozen"
+            assert "retrying" in caplog.text, "a follower must not hang on a server that never answers"
+        finally:
+            fresh_mariadb.thaw()
+        with anyio.fail_after(20):
+            lead_b = await got
+        assert lead_b.held
+        follower.cancel()

@@ -111,6 +111,23 @@ class _Connection:
             raise
         return None if row is None else row[0]
 
+    async def closed_by_server(self, wait: float) -> bool:
+        """Wait up to ``wait`` seconds on the idle connection; True if the server closed it.
+
+        An idle connection receives nothing, so end-of-stream (or any byte: an
+        error packet before a KILL) means the session, and with it the lock,
+        is gone; noticing it here beats waiting for the next check.
+        """
+        reader = getattr(self.raw, "_reader", None)
+        if reader is None or self.broken:  # a driver without the stream: rely on checks
+            await anyio.sleep(wait)
+            return self.broken
+        with anyio.move_on_after(wait):
+            await reader.read(1)
+            self.close()
+            return True
+        return False
+
     def close(self) -> None:
         self.broken = True
         self.raw.close()
@@ -126,7 +143,8 @@ class _MySQLHold(Hold):
     async def monitor(self, confirm: Confirm) -> str:
         b = self._backend
         while True:
-            await anyio.sleep(b.check_interval)
+            if await self._conn.closed_by_server(b.check_interval):
+                return "the server closed the lock connection"
             sent = monotonic()
             try:
                 mine = await self._conn.scalar(

@@ -1,0 +1,180 @@
+"""Candidate processes and the invariant checker for the fault-injection suite."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CANDIDATE = Path(__file__).parent / "candidates" / "candidate.py"
+
+
+@dataclass
+class Term:
+    """One candidate's stretch of leader work: first and last ``act`` under one token."""
+
+    who: str
+    token: int | None
+    start: float
+    end: float
+
+
+@dataclass
+class Candidate:
+    identity: str
+    proc: subprocess.Popen[str]
+    events: list[dict[str, Any]] = field(default_factory=list)
+    frozen: bool = False
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            event["who"] = self.identity
+            self.events.append(event)
+
+    def acts(self) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == "act"]
+
+    def last_act(self) -> float | None:
+        acts = self.acts()
+        return acts[-1]["t"] if acts else None
+
+    def is_acting(self, within: float = 0.5) -> bool:
+        last = self.last_act()
+        return last is not None and time.monotonic() - last < within
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def freeze(self) -> None:
+        self.signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.frozen = False
+
+    def kill(self) -> None:
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+class Candidates:
+    """Starts candidate processes and always reaps them."""
+
+    def __init__(self, backend: str, target: str, name: str, options: dict[str, Any]) -> None:
+        self.backend, self.target, self.name, self.options = backend, target, name, options
+        self.all: list[Candidate] = []
+
+    def start(self, identity: str, target: str | None = None) -> Candidate:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(CANDIDATE),
+                f"--backend={self.backend}",
+                f"--target={target or self.target}",
+                f"--name={self.name}",
+                f"--identity={identity}",
+                f"--options={json.dumps(self.options)}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL if not os.environ.get("AIOELECT_TEST_VERBOSE") else None,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
+        candidate = Candidate(identity, proc)
+        threading.Thread(target=candidate._read, daemon=True).start()
+        self.all.append(candidate)
+        return candidate
+
+    def close(self) -> None:
+        for candidate in self.all:
+            if candidate.proc.poll() is None:
+                candidate.kill()
+
+    def wait_for(self, predicate: Any, timeout: float, what: str) -> float:
+        """Wait until ``predicate()`` is true; return when. Fail with ``what`` after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return time.monotonic()
+            time.sleep(0.01)
+        raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; events: {self.summary()}")
+
+    def leader(self, exclude: Candidate | None = None) -> Candidate | None:
+        acting = [c for c in self.all if c is not exclude and not c.frozen and c.is_acting(0.3)]
+        return acting[0] if len(acting) == 1 else None
+
+    def wait_leader(self, timeout: float = 20.0, exclude: Candidate | None = None) -> Candidate:
+        found: list[Candidate] = []
+
+        def one() -> bool:
+            leader = self.leader(exclude)
+            if leader is not None:
+                found.append(leader)
+            return leader is not None
+
+        self.wait_for(one, timeout, "exactly one acting leader")
+        return found[-1]
+
+    def first_act_after(self, t: float, exclude: Candidate | None = None) -> float | None:
+        times = [e["t"] for c in self.all if c is not exclude for e in c.acts() if e["t"] > t]
+        return min(times) if times else None
+
+    def terms(self) -> list[Term]:
+        return list(_terms(self.all))
+
+    def summary(self) -> str:
+        return "; ".join(f"{t.who} token={t.token} {t.start:.3f}-{t.end:.3f}" for t in self.terms())
+
+
+def _terms(candidates: list[Candidate]) -> Iterator[Term]:
+    for candidate in candidates:
+        current: Term | None = None
+        for event in candidate.events:
+            if event["event"] != "act":
+                if current is not None and event["event"] in ("lead", "lost"):
+                    yield current
+                    current = None
+                continue
+            if current is not None and current.token == event.get("token"):
+                current.end = event["t"]
+                continue
+            if current is not None:
+                yield current
+            current = Term(candidate.identity, event.get("token"), event["t"], event["t"])
+        if current is not None:
+            yield current
+
+
+def check_invariants(candidates: Candidates, *, max_gap: float, margin: float = 0.0) -> list[Term]:
+    """Fail if two candidates acted as leader at overlapping times (beyond ``margin``),
+    if a token went backwards, or if nobody led for longer than ``max_gap``.
+
+    Returns the terms ordered by start.
+    """
+    terms = sorted(candidates.terms(), key=lambda t: t.start)
+    assert terms, "nobody ever acted as leader"
+    for earlier, later in zip(terms, terms[1:]):
+        assert later.start >= earlier.end - margin, (
+            f"split brain: {earlier.who} acted until {earlier.end:.3f} but {later.who} from {later.start:.3f}"
+        )
+        if earlier.token is not None and later.token is not None:
+            assert later.token > earlier.token, f"token went backwards: {earlier.token} then {later.token}"
+        gap = later.start - earlier.end
+        assert gap <= max_gap, f"no leader for {gap:.2f}s between {earlier.who} and {later.who} (bound {max_gap}s)"
+    return terms

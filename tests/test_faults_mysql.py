@@ -1,0 +1,134 @@
+"""Faults injected into real candidate processes and a real MariaDB.
+
+Each test runs candidates as separate OS processes (tests/candidates/candidate.py)
+and checks the invariants on what they report: never two leaders acting at
+once, tokens never going backwards, and bounded time without a leader.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from aioelect.testing import MariaDBServer, TCPProxy
+
+from .backends import unique_name
+from .faults import Candidates, check_invariants
+
+LEASE = 3
+CHECK_INTERVAL = 0.3
+CHECK_TIMEOUT = 0.6
+OPTIONS = {
+    "lease": LEASE,
+    "check_interval": CHECK_INTERVAL,
+    "check_timeout": CHECK_TIMEOUT,
+    "renew_deadline": 2.0,
+    "poll_interval": 1.0,
+    "fencing": True,
+}
+#: Scheduling slack on a shared two-core machine.
+MARGIN = 1.5
+
+
+@pytest.fixture
+def candidates(fresh_mariadb: MariaDBServer) -> Iterator[Candidates]:
+    group = Candidates("mysql", fresh_mariadb.dsn, unique_name("fault"), OPTIONS)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def start_three(candidates: Candidates) -> None:
+    for i in range(3):
+        candidates.start(f"cand-{i}")
+
+
+def test_leader_killed(candidates: Candidates) -> None:
+    start_three(candidates)
+    leader = candidates.wait_leader()
+    killed = time.monotonic()
+    leader.kill()
+    successor = candidates.wait_leader(timeout=10, exclude=leader)
+    took = (candidates.first_act_after(killed, exclude=leader) or 0) - killed
+    assert successor is not leader
+    assert took < 1.0, f"takeover after SIGKILL took {took:.2f}s"
+    check_invariants(candidates, max_gap=1.0 + MARGIN)
+
+
+def test_leader_frozen_longer_than_lease(candidates: Candidates) -> None:
+    start_three(candidates)
+    leader = candidates.wait_leader()
+    frozen = time.monotonic()
+    leader.freeze()
+    successor = candidates.wait_leader(timeout=LEASE + 10, exclude=leader)
+    took = (candidates.first_act_after(frozen, exclude=leader) or 0) - frozen
+    assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover of a frozen leader took {took:.2f}s"
+    time.sleep(1.0)
+    thawed = time.monotonic()
+    leader.thaw()
+    time.sleep(2.0)
+    late = [e for e in leader.acts() if e["t"] >= thawed]
+    assert not late or all(e["token"] > successor.acts()[0]["token"] for e in late), (
+        f"the frozen leader acted {len(late)} times after waking"
+    )
+    check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
+
+
+def test_leader_connection_killed(candidates: Candidates, fresh_mariadb: MariaDBServer) -> None:
+    start_three(candidates)
+    leader = candidates.wait_leader()
+    holder = fresh_mariadb.query("SELECT IS_USED_LOCK(%s)", (candidates.name,), database="")[0][0]
+    killed = time.monotonic()
+    fresh_mariadb.query(f"KILL {int(holder)}", database="")
+    stopped = candidates.wait_for(
+        lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, CHECK_INTERVAL + CHECK_TIMEOUT + 5, "old leader stops"
+    )
+    assert (leader.last_act() or 0) - killed < CHECK_INTERVAL + CHECK_TIMEOUT + 0.2
+    candidates.wait_leader(timeout=10)
+    assert stopped
+    # The lock passes on the instant the server drops the session; the old leader
+    # notices the closed connection within milliseconds, not at its next check.
+    check_invariants(candidates, max_gap=CHECK_INTERVAL + CHECK_TIMEOUT + MARGIN, margin=0.2)
+
+
+def test_server_restarted(candidates: Candidates, fresh_mariadb: MariaDBServer) -> None:
+    start_three(candidates)
+    candidates.wait_leader()
+    stopped = time.monotonic()
+    fresh_mariadb.stop()
+    time.sleep(2.0)
+    acts_during_outage = [
+        e for c in candidates.all for e in c.acts() if e["t"] > stopped + CHECK_INTERVAL + CHECK_TIMEOUT + 0.2
+    ]
+    assert not acts_during_outage, "a candidate acted as leader while the server was down"
+    fresh_mariadb.start()
+    candidates.wait_leader(timeout=20)
+    time.sleep(1.0)
+    acting = [c for c in candidates.all if c.is_acting(0.3)]
+    assert len(acting) == 1, f"{len(acting)} leaders after the restart"
+    check_invariants(candidates, max_gap=30)
+
+
+def test_network_partition_between_leader_and_server(candidates: Candidates, fresh_mariadb: MariaDBServer) -> None:
+    with TCPProxy(fresh_mariadb.host, fresh_mariadb.port) as proxy:
+        via_proxy = fresh_mariadb.dsn.replace(f":{fresh_mariadb.port}/", f":{proxy.port}/")
+        leader = candidates.start("partitioned", target=via_proxy)
+        assert candidates.wait_leader() is leader
+        for i in range(2):
+            candidates.start(f"direct-{i}")
+        time.sleep(0.5)
+        stalled = time.monotonic()
+        proxy.stall()
+        candidates.wait_for(
+            lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, 10, "the partitioned leader stops"
+        )
+        assert (leader.last_act() or 0) - stalled < CHECK_INTERVAL + CHECK_TIMEOUT + 0.3
+        successor = candidates.wait_leader(timeout=LEASE + 10, exclude=leader)
+        took = (candidates.first_act_after(stalled, exclude=leader) or 0) - stalled
+        assert successor is not leader
+        assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover across a partition took {took:.2f}s"
+        proxy.heal()
+        check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)

@@ -1,0 +1,333 @@
+"""Tests that the real-server harness (aioelect.testing) really works.
+
+Every server here is real and every wait is bounded; the file runs in well
+under a minute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pymysql
+import pytest
+
+from aioelect.testing import (
+    EtcdCluster,
+    EtcdServer,
+    MariaDBServer,
+    MissingBinaryError,
+    PostgresServer,
+    TCPProxy,
+    free_port,
+    require_binary,
+    server_unavailable,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def test_free_port_is_unique_and_bindable() -> None:
+    ports = [free_port() for _ in range(20)]
+    assert len(set(ports)) == len(ports)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[0]))
+
+
+def test_require_binary() -> None:
+    assert os.path.isabs(require_binary("no-such-binary-aioelect", "sh"))
+    with pytest.raises(MissingBinaryError):
+        require_binary("no-such-binary-aioelect")
+
+
+def test_server_unavailable_fails_in_ci_and_skips_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIOELECT_REQUIRE_SERVERS", raising=False)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception):
+        server_unavailable("etcd missing")
+    monkeypatch.setenv("CI", "false")
+    with pytest.raises(pytest.skip.Exception):
+        server_unavailable("etcd missing")
+    monkeypatch.setenv("AIOELECT_REQUIRE_SERVERS", "1")
+    with pytest.raises(pytest.fail.Exception):
+        server_unavailable("etcd missing")
+
+
+def test_children_die_with_the_test_process() -> None:
+    """SIGKILL the owning process: its server dies too (PDEATHSIG), even though
+    the server was started from a short-lived thread."""
+    code = (
+        "import threading, time\n"
+        "from aioelect.testing import EtcdServer\n"
+        "s = EtcdServer()\n"
+        "t = threading.Thread(target=s.start); t.start(); t.join()\n"
+        "time.sleep(0.3)\n"
+        "assert s.healthy(), 'server died with its starting thread'\n"
+        "print(s.pid, s.directory, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    directory = None
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30.0)
+        assert ready, "child did not start etcd in 30s"
+        line = proc.stdout.readline()
+        assert line, f"child failed: {proc.stderr.read() if proc.stderr else ''}"
+        pid_text, directory = line.split()
+        server_pid = int(pid_text)
+        assert _pid_alive(server_pid)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+        _wait_for(lambda: not _pid_alive(server_pid), 5.0, "etcd to die with its parent")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=5)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        if directory:  # a SIGKILLed owner cannot clean up its temp dir
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- MariaDB -------------------------------------------------------------------
+
+
+def test_mariadb_crash_and_restart_keep_data(fresh_mariadb: MariaDBServer) -> None:
+    db = fresh_mariadb
+    assert db.dsn == f"mysql://root@127.0.0.1:{db.port}/aioelect_test"
+    assert db.query("SELECT 1") == [(1,)]
+    db.query("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(20))")
+    db.query("INSERT INTO t VALUES (%s, %s)", (1, "one"))
+
+    old_pid, port = db.pid, db.port
+    db.kill()
+    assert not db.running
+    with pytest.raises(pymysql.err.MySQLError):
+        db.query("SELECT 1", timeout=1)
+    db.start()
+    assert db.pid != old_pid and db.port == port
+    assert db.query("SELECT v FROM t") == [("one",)]
+
+    db.restart()
+    assert db.port == port
+    assert db.query("SELECT v FROM t WHERE id = %s", (1,)) == [("one",)]
+
+
+def test_mariadb_freeze_thaw_users_and_connections(fresh_mariadb: MariaDBServer) -> None:
+    db = fresh_mariadb
+    dsn = db.create_user("alice", "s3cr@t")
+    assert dsn == f"mysql://alice:s3cr%40t@127.0.0.1:{db.port}/aioelect_test"
+    conn = pymysql.connect(
+        host=db.host, port=db.port, user="alice", password="s3cr@t", database="aioelect_test", read_timeout=5
+    )
+    try:
+        assert len(db.connection_ids("alice")) == 1
+
+        db.freeze()
+        assert db.frozen
+        started = time.monotonic()
+        with pytest.raises(pymysql.err.MySQLError):
+            db.query("SELECT 1", timeout=1)
+        assert time.monotonic() - started < 5
+        db.thaw()
+        assert db.query("SELECT 1") == [(1,)]
+
+        assert db.kill_connections("alice") == 1
+        with pytest.raises(pymysql.err.MySQLError), conn.cursor() as cur:
+            cur.execute("SELECT 1")
+        assert db.connection_ids("alice") == []
+    finally:
+        conn.close()
+
+
+# -- etcd ----------------------------------------------------------------------
+
+
+def test_etcd_put_get_freeze_kill(fresh_etcd: EtcdServer) -> None:
+    etcd = fresh_etcd
+    assert etcd.endpoints == [etcd.endpoint] == [f"127.0.0.1:{etcd.port}"]
+    etcd.etcdctl("put", "k", "v", check=True)
+    assert etcd.etcdctl("get", "k", "--print-value-only", check=True).stdout.strip() == "v"
+    with urllib.request.urlopen(etcd.metrics_url, timeout=5) as resp:
+        assert b"etcd_server_has_leader 1" in resp.read()
+
+    etcd.freeze()
+    try:
+        result = etcd.etcdctl("get", "k", timeout=2)
+        assert result.returncode != 0
+    except subprocess.TimeoutExpired:
+        pass
+    etcd.thaw()
+    assert etcd.etcdctl("get", "k", "--print-value-only", check=True).stdout.strip() == "v"
+
+    etcd.kill()
+    assert not etcd.healthy(timeout=0.5)
+    etcd.start()
+    assert etcd.etcdctl("get", "k", "--print-value-only", check=True).stdout.strip() == "v"
+
+
+def test_etcd_cluster_serves_with_one_member_down(etcd_cluster: EtcdCluster) -> None:
+    cluster = etcd_cluster
+    assert len(cluster.members) == 3 and len(set(cluster.endpoints)) == 3
+    cluster.etcdctl("put", "k", "v", check=True)
+    leader = cluster.leader()
+    assert leader is not None
+
+    leader.kill()  # worst case: the leader goes; the other two elect a new one
+    survivors = [m for m in cluster.members if m is not leader]
+    survivor = survivors[0]
+    _wait_for(lambda: survivor.etcdctl("put", "k2", "v2", timeout=3).returncode == 0, 15.0, "a write after failover")
+    for member in survivors:
+        assert member.etcdctl("get", "k", "--print-value-only", check=True).stdout.strip() == "v"
+    new_leader = cluster.leader()
+    assert new_leader is not None and new_leader is not leader
+
+    leader.start()  # rejoins with its data
+    assert leader.healthy()
+    assert leader.etcdctl("get", "k2", "--print-value-only", check=True).stdout.strip() == "v2"
+
+
+# -- PostgreSQL ----------------------------------------------------------------
+
+
+def test_postgres_query_freeze_kill(fresh_postgres: PostgresServer) -> None:
+    pg = fresh_postgres
+    assert pg.dsn == f"postgresql://postgres@127.0.0.1:{pg.port}/postgres"
+    assert pg.query("SELECT $1::int + 1", [41]) == [(42,)]
+    pg.query("CREATE TABLE t (v text)")
+    pg.query("INSERT INTO t VALUES ($1)", ["kept"])
+
+    pg.freeze()
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        pg.query("SELECT 1", timeout=1)
+    assert time.monotonic() - started < 5
+    pg.thaw()
+    assert pg.query("SELECT 1") == [(1,)]
+
+    pg.kill()
+    pg.start()
+    assert pg.query("SELECT v FROM t") == [("kept",)]
+
+
+# -- session fixtures --------------------------------------------------------------
+
+
+def test_session_fixtures(mysql_dsn: str, etcd_endpoints: list[str], postgres_dsn: str) -> None:
+    assert mysql_dsn.startswith("mysql://")
+    assert etcd_endpoints and all(":" in e for e in etcd_endpoints)
+    assert postgres_dsn.startswith("postgresql://")
+
+
+# -- TCP proxy -------------------------------------------------------------------
+
+
+def _connect(port: int, timeout: float = 1.0) -> Any:
+    return pymysql.connect(
+        host="127.0.0.1",
+        port=port,
+        user="root",
+        connect_timeout=timeout,
+        read_timeout=timeout,
+        write_timeout=timeout,
+        autocommit=True,
+    )
+
+
+def _select(conn: Any) -> Any:
+    with conn.cursor() as cur:
+        cur.execute("SELECT 1")
+        return cur.fetchone()
+
+
+def test_proxy_passthrough_stall_drop(
+    mariadb: MariaDBServer, tcp_proxy_factory: Callable[[str, int], TCPProxy]
+) -> None:
+    proxy = tcp_proxy_factory(mariadb.host, mariadb.port)
+    assert proxy.address == ("127.0.0.1", proxy.port) and proxy.mode == "passthrough"
+
+    active, idle = _connect(proxy.port), _connect(proxy.port)
+    try:
+        assert _select(active) == (1,) and _select(idle) == (1,)
+        assert proxy.connection_count == 2
+
+        # stall: open connections stay open but nothing moves; new ones hang
+        proxy.stall()
+        with pytest.raises(pymysql.err.MySQLError):
+            _select(active)
+        with pytest.raises(pymysql.err.MySQLError):
+            _connect(proxy.port)
+        proxy.heal()
+        assert _select(idle) == (1,)  # survived the partition
+        fresh = _connect(proxy.port)
+        assert _select(fresh) == (1,)
+
+        # drop: existing connections are reset, new ones too, until healed
+        proxy.drop()
+        with pytest.raises(pymysql.err.MySQLError):
+            _select(fresh)
+        with pytest.raises(pymysql.err.MySQLError):
+            _connect(proxy.port)
+        assert proxy.connection_count == 0
+        proxy.passthrough()
+        again = _connect(proxy.port)
+        assert _select(again) == (1,)
+        again.close()
+    finally:
+        for conn in (active, idle):
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def test_proxy_close_resets_clients() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server, TCPProxy("127.0.0.1", server.getsockname()[1]) as proxy:
+        client = socket.create_connection(proxy.address, timeout=5)
+        upstream, _ = server.accept()
+        with client, upstream:
+            upstream.settimeout(5)
+            client.sendall(b"ping")
+            assert upstream.recv(4) == b"ping"
+            upstream.sendall(b"pong")
+            assert client.recv(4) == b"pong"
+            proxy.close()
+            assert proxy.connection_count == 0
+            try:
+                data = client.recv(4)
+            except ConnectionResetError:
+                data = b""
+            assert data == b""
