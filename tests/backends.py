@@ -79,6 +79,14 @@ def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
     return BackendCase("mysql", make, leftovers=leftovers, depose=depose)
 
 
+#: What each backend can do, known before any server starts: "exclusive"
+#: (candidates exclude each other), "depose" (leadership can be taken away from
+#: outside), "leftovers" (server-side resources can be counted).
+CAPABILITIES: dict[str, frozenset[str]] = {
+    "local": frozenset(),
+    "mysql": frozenset({"exclusive", "depose", "leftovers"}),
+}
+
 CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {
     "local": local_case,
     "mysql": mysql_case,

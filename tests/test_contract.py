@@ -10,17 +10,29 @@ import pytest
 
 from aioelect import ElectionError, Elector, Leadership, LeadershipLost, leadership
 
-from .backends import CASES, BackendCase, unique_name
+from .backends import CAPABILITIES, CASES, BackendCase, unique_name
 
 
-@pytest.fixture(params=sorted(CASES))
+def requires(*capabilities: str) -> pytest.MarkDecorator:
+    """Run the test only on backends that have every one of ``capabilities``."""
+    return pytest.mark.requires(*capabilities)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Backends a test does not apply to are not generated at all, so that a
+    # skip in this suite always means something is missing.
+    if "case" not in metafunc.fixturenames:
+        return
+    needed: set[str] = set()
+    for mark in metafunc.definition.iter_markers("requires"):
+        needed.update(mark.args)
+    kinds = [k for k in sorted(CASES) if needed <= CAPABILITIES[k]]
+    metafunc.parametrize("case", kinds, indirect=True)
+
+
+@pytest.fixture
 def case(request: pytest.FixtureRequest) -> BackendCase:
     return CASES[request.param](request)
-
-
-def exclusive(case: BackendCase) -> None:
-    if not case.exclusive:
-        pytest.skip(f"{case.kind} candidates do not exclude each other by design")
 
 
 async def wait_until(predicate: object, timeout: float = 10.0) -> None:
@@ -49,8 +61,8 @@ async def test_acquire_while_busy_raises(case: BackendCase) -> None:
         await lead.release()
 
 
+@requires("exclusive")
 async def test_follower_sees_leader_and_takes_over_after_release(case: BackendCase) -> None:
-    exclusive(case)
     name = unique_name()
     async with case.make(name, identity="first") as a, case.make(name, identity="second") as b:
         lead_a = await a.acquire()
@@ -83,8 +95,8 @@ async def test_follower_sees_leader_and_takes_over_after_release(case: BackendCa
         await wait_until(lambda: not lead_b.held)
 
 
+@requires("exclusive")
 async def test_takeover_after_leader_task_cancelled(case: BackendCase) -> None:
-    exclusive(case)
     name = unique_name()
     async with case.make(name) as a, case.make(name) as b:
         acquired = asyncio.Event()
@@ -106,8 +118,8 @@ async def test_takeover_after_leader_task_cancelled(case: BackendCase) -> None:
         await wait_until(lambda: not lead_b.held)
 
 
+@requires("exclusive")
 async def test_cancelled_campaign_leaves_nothing(case: BackendCase) -> None:
-    exclusive(case)
     name = unique_name()
     async with case.make(name) as a:
         lead = await a.acquire()
@@ -137,9 +149,10 @@ async def wait_until_async(count: object, expected: int, timeout: float = 5.0) -
     assert last == expected, f"{last} server-side resources remain, expected {expected}"
 
 
+@requires("leftovers")
 async def test_nothing_left_after_close(case: BackendCase) -> None:
     if case.leftovers is None:
-        pytest.skip("cannot count server-side resources for this backend")
+        pytest.skip("an external server (AIOELECT_*_DSN) cannot be inspected")
     name = unique_name()
     baseline = await case.leftovers()
     for _ in range(3):
@@ -151,8 +164,8 @@ async def test_nothing_left_after_close(case: BackendCase) -> None:
     await wait_until_async(case.leftovers, baseline)
 
 
+@requires("exclusive")
 async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
-    exclusive(case)
     name = unique_name()
     electors = [case.make(name, identity=f"cand-{i}") for i in range(10)]
     intervals: list[tuple[float, float, str]] = []
@@ -180,9 +193,10 @@ async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
     assert len({who for *_, who in intervals}) > 1, "leadership never changed hands"
 
 
+@requires("depose")
 async def test_leadership_scope_cancelled_and_raises_on_loss(case: BackendCase) -> None:
     if case.depose is None:
-        pytest.skip(f"{case.kind} leadership cannot be taken away from outside")
+        pytest.skip("an external server (AIOELECT_*_DSN) cannot be faulted")
     name = unique_name()
     async with case.make(name) as elector:
         reached_end = False
@@ -201,9 +215,10 @@ async def test_leadership_scope_cancelled_and_raises_on_loss(case: BackendCase) 
         await again.release()
 
 
+@requires("depose")
 async def test_wait_lost_returns_on_loss_not_on_release(case: BackendCase) -> None:
     if case.depose is None:
-        pytest.skip(f"{case.kind} leadership cannot be taken away from outside")
+        pytest.skip("an external server (AIOELECT_*_DSN) cannot be faulted")
     async with case.make(unique_name()) as elector:
         lead = await elector.acquire()
         with anyio.move_on_after(0.3) as scope:
@@ -215,9 +230,10 @@ async def test_wait_lost_returns_on_loss_not_on_release(case: BackendCase) -> No
         assert lead.lost and lead.lost_reason
 
 
+@requires("depose")
 async def test_run_campaigns_again_after_loss(case: BackendCase) -> None:
     if case.depose is None:
-        pytest.skip(f"{case.kind} leadership cannot be taken away from outside")
+        pytest.skip("an external server (AIOELECT_*_DSN) cannot be faulted")
     async with case.make(unique_name()) as elector:
         starts = 0
 
@@ -235,8 +251,8 @@ async def test_run_campaigns_again_after_loss(case: BackendCase) -> None:
         assert not elector.leading
 
 
+@requires("exclusive")
 async def test_aclose_while_campaigning_stops_the_campaign(case: BackendCase) -> None:
-    exclusive(case)
     name = unique_name()
     async with case.make(name) as a:
         lead = await a.acquire()
@@ -250,8 +266,8 @@ async def test_aclose_while_campaigning_stops_the_campaign(case: BackendCase) ->
         await lead.release()
 
 
+@requires("exclusive")
 async def test_observe_from_follower(case: BackendCase) -> None:
-    exclusive(case)
     name = unique_name()
     async with case.make(name, identity="obs-a") as a, case.make(name, identity="watcher") as w:
         seen: list[str | None] = []
@@ -271,8 +287,8 @@ async def test_observe_from_follower(case: BackendCase) -> None:
         assert seen == [None, "obs-a", None]
 
 
+@requires("exclusive")
 async def test_release_stops_work_before_the_lock_goes(case: BackendCase) -> None:
-    exclusive(case)
     name = unique_name()
     async with case.make(name) as a, case.make(name) as b:
         work_stopped: list[float] = []

@@ -84,7 +84,9 @@ def test_leader_connection_killed(candidates: Candidates, fresh_mariadb: MariaDB
     killed = time.monotonic()
     fresh_mariadb.query(f"KILL {int(holder)}", database="")
     stopped = candidates.wait_for(
-        lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, CHECK_INTERVAL + CHECK_TIMEOUT + 5, "old leader stops"
+        lambda: (leader.last_act() or 0) < time.monotonic() - 0.3,
+        CHECK_INTERVAL + CHECK_TIMEOUT + 5,
+        "old leader stops",
     )
     assert (leader.last_act() or 0) - killed < CHECK_INTERVAL + CHECK_TIMEOUT + 0.2
     candidates.wait_leader(timeout=10)

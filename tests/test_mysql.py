@@ -266,9 +266,10 @@ async def test_frozen_server_is_a_loss_for_the_leader_and_no_hang_for_followers(
     caplog.set_level(logging.WARNING, logger="aioelect")
     name = unique_name()
     opts = {"check_interval": 0.3, "check_timeout": 0.7, "poll_interval": 0.5, "connect_timeout": 1.0}
-    async with MySQLElector(fresh_mariadb.dsn, name=name, **opts) as a, MySQLElector(
-        fresh_mariadb.dsn, name=name, **opts
-    ) as b:
+    async with (
+        MySQLElector(fresh_mariadb.dsn, name=name, **opts) as a,
+        MySQLElector(fresh_mariadb.dsn, name=name, **opts) as b,
+    ):
         lead = await a.acquire()
         got = asyncio.get_running_loop().create_future()
 
