@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -169,7 +170,7 @@ def check_invariants(candidates: Candidates, *, max_gap: float, margin: float = 
     """
     terms = sorted(candidates.terms(), key=lambda t: t.start)
     assert terms, "nobody ever acted as leader"
-    for earlier, later in zip(terms, terms[1:]):
+    for earlier, later in itertools.pairwise(terms):
         assert later.start >= earlier.end - margin, (
             f"split brain: {earlier.who} acted until {earlier.end:.3f} but {later.who} from {later.start:.3f}"
         )

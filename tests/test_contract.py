@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import anyio
@@ -188,7 +189,7 @@ async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
         for elector in electors:
             await elector.aclose()
     intervals.sort()
-    for (_, end, who), (start, _, nxt) in zip(intervals, intervals[1:]):
+    for (_, end, who), (start, _, nxt) in itertools.pairwise(intervals):
         assert start >= end, f"{who} and {nxt} led at the same time"
     assert len({who for *_, who in intervals}) > 1, "leadership never changed hands"
 
