@@ -16,6 +16,7 @@ from typing import ClassVar
 
 import anyio
 
+from ._errors import BackendUnavailable
 from ._log import ElectionLog
 
 __all__ = ["Backend", "Backoff", "Confirm", "Hold", "monotonic"]
@@ -91,8 +92,17 @@ class Backend(abc.ABC):
         backends that can watch override it.
         """
         last: object = object()
+        backoff = Backoff(first=self.observe_interval, maximum=max(5.0, self.observe_interval))
         while True:
-            current = await self.leader()
+            try:
+                current = await self.leader()
+            except BackendUnavailable as exc:
+                # An observer outlives outages: report nothing rather than a guess.
+                delay = backoff.next_delay()
+                self.log.warning("observe: %s; retrying in %.1fs", exc, delay)
+                await anyio.sleep(delay)
+                continue
+            backoff.reset()
             if current != last:
                 last = current
                 yield current
