@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._elector import Elector, Leadership, leadership
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost
+from ._events import Event
 from ._factory import from_env, new
 from .backends.local import LocalElector
 
@@ -24,6 +25,7 @@ __all__ = [
     "ElectionError",
     "Elector",
     "EtcdElector",
+    "Event",
     "FileElector",
     "Leadership",
     "LeadershipLost",

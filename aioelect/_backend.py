@@ -58,6 +58,13 @@ class Backend(abc.ABC):
     def __init__(self, name: str) -> None:
         self.name = name
         self.log = ElectionLog(self.kind, name, "-")
+        #: Set by the elector: reports a retried error as an ``error`` event.
+        self.on_error: Callable[[str], None] = lambda reason: None
+
+    def report_error(self, what: str, delay: float) -> None:
+        """Log a transient error that will be retried after ``delay`` seconds, and report it."""
+        self.log.warning("%s; retrying in %.2fs", what, delay)
+        self.on_error(what)
 
     @property
     def renew_deadline(self) -> float | None:

@@ -17,6 +17,7 @@ import anyio
 
 from ._backend import Backend, Hold, monotonic
 from ._errors import ElectionError, LeadershipLost
+from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
 
 __all__ = ["Elector", "Leadership", "leadership", "default_identity", "validate_identity"]
@@ -149,7 +150,9 @@ class Leadership:
     def _confirm(self, sent_at: float) -> None:
         if sent_at > self._confirmed_at:
             self._confirmed_at = sent_at
-        self._log.debug("confirmed")
+        latency = monotonic() - sent_at
+        self._log.debug("confirmed in %.3fs", latency)
+        self._elector._emit("confirmed", token=self.token, latency=latency)
 
     # --- binding to the caller -------------------------------------------------
 
@@ -193,6 +196,7 @@ class Leadership:
                 self._lost_reason = reason
                 self._lost.set()
                 self._log.warning("leadership lost (%s); token=%s", reason, self.token)
+                self._elector._emit("lost", token=self.token, reason=reason)
             await self._stop_work()
         finally:
             with anyio.CancelScope(shield=True):
@@ -255,6 +259,7 @@ class Leadership:
         self._released = True
         if self._lost_reason is None:
             self._log.info("leadership released; token=%s", self.token)
+            self._elector._emit("released", token=self.token)
         self._elector._ended(self)
         self._done.set()
 
@@ -287,7 +292,9 @@ class Elector:
         self._campaign_scope: anyio.CancelScope | None = None
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
         backend.log = self._log
+        backend.on_error = lambda reason: self._emit("error", reason=reason)
         self._timing_logged = False
+        self._listeners: list[Listener] = []
 
     def __repr__(self) -> str:
         return (
@@ -335,6 +342,7 @@ class Elector:
             self._timing_logged = True
             self._log.info("campaigning; %s", self._backend.describe_timing())
         self._state = _State.CAMPAIGNING
+        self._emit("campaigning")
         started = monotonic()
         try:
             with anyio.CancelScope() as scope:
@@ -356,7 +364,9 @@ class Elector:
         self._leadership = lead
         self._state = _State.LEADING
         lead._start(asyncio.current_task())
-        self._log.info("leadership acquired after %.3fs; token=%s", monotonic() - started, lead.token)
+        waited = monotonic() - started
+        self._log.info("leadership acquired after %.3fs; token=%s", waited, lead.token)
+        self._emit("acquired", token=lead.token, wait=waited)
         return lead
 
     def _ended(self, lead: Leadership) -> None:
@@ -374,9 +384,62 @@ class Elector:
         return await self._backend.leader()
 
     async def observe(self) -> AsyncIterator[str | None]:
-        """Yield the leader's identity now and at every change (None: no leader)."""
+        """Yield the leader's identity now and at every change (None: no leader).
+
+        Works from any candidate, leader or not; outages of the server delay
+        reports but do not end the iteration. Each change is also an event.
+        """
         async for current in self._backend.observe():
+            self._emit("leader", leader=current)
             yield current
+
+    # --- events ------------------------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(event)`` for every :class:`Event` of this elector; return a remover.
+
+        Listeners run synchronously in the event loop and must not block; an
+        exception in one is logged and does not affect the election.
+        """
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    async def events(self, max_buffer: int = 1000) -> AsyncIterator[Event]:
+        """Iterate over this elector's events as they happen.
+
+        Events that arrive while more than ``max_buffer`` are waiting are
+        dropped (and counted in a WARNING log) rather than slowing the election.
+        """
+        send, receive = anyio.create_memory_object_stream[Event](max_buffer)
+        dropped = 0
+
+        def forward(event: Event) -> None:
+            nonlocal dropped
+            try:
+                send.send_nowait(event)
+            except anyio.WouldBlock:
+                dropped += 1
+                if dropped == 1 or dropped % 1000 == 0:
+                    self._log.warning("events(): consumer too slow, %d events dropped", dropped)
+
+        remove = self.add_listener(forward)
+        try:
+            async with receive:
+                async for event in receive:
+                    yield event
+        finally:
+            remove()
+            send.close()
+
+    def _emit(self, kind: EventKind, **fields: Any) -> None:
+        if not self._listeners:
+            return
+        event = Event(kind, self.backend, self.name, self._identity, **fields)
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception:
+                self._log.exception("event listener %r failed", listener)
 
     async def run(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
         """Run ``await work(*args)`` only while leader, and return its result.

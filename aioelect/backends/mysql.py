@@ -320,7 +320,7 @@ class _MySQLBackend(Backend):
                 if isinstance(exc, ElectionError):
                     raise
                 delay = backoff.next_delay()
-                self.log.warning("campaign interrupted (%s); retrying in %.2fs", _describe(exc), delay)
+                self.report_error(f"campaign interrupted ({_describe(exc)})", delay)
                 if conn is not None:
                     conn.close()
                     conn = None
