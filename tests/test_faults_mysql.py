@@ -54,6 +54,7 @@ def test_leader_killed(candidates: Candidates) -> None:
     successor = candidates.wait_leader(timeout=10, exclude=leader)
     took = (candidates.first_act_after(killed, exclude=leader) or 0) - killed
     assert successor is not leader
+    print(f"MEASURED mysql sigkill takeover {took:.3f}s")
     assert took < 1.0, f"takeover after SIGKILL took {took:.2f}s"
     check_invariants(candidates, max_gap=1.0 + MARGIN)
 
@@ -65,6 +66,7 @@ def test_leader_frozen_longer_than_lease(candidates: Candidates) -> None:
     leader.freeze()
     successor = candidates.wait_leader(timeout=LEASE + 10, exclude=leader)
     took = (candidates.first_act_after(frozen, exclude=leader) or 0) - frozen
+    print(f"MEASURED mysql sigstop takeover {took:.3f}s (lease {LEASE}s)")
     assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover of a frozen leader took {took:.2f}s"
     time.sleep(1.0)
     thawed = time.monotonic()
@@ -88,7 +90,9 @@ def test_leader_connection_killed(candidates: Candidates, fresh_mariadb: MariaDB
         CHECK_INTERVAL + CHECK_TIMEOUT + 5,
         "old leader stops",
     )
-    assert (leader.last_act() or 0) - killed < CHECK_INTERVAL + CHECK_TIMEOUT + 0.2
+    stop_after = (leader.last_act() or 0) - killed
+    print(f"MEASURED mysql KILL old leader last act {stop_after:.3f}s after the KILL")
+    assert stop_after < CHECK_INTERVAL + CHECK_TIMEOUT + 0.2
     candidates.wait_leader(timeout=10)
     assert stopped
     # The lock passes on the instant the server drops the session; the old leader
@@ -107,7 +111,9 @@ def test_server_restarted(candidates: Candidates, fresh_mariadb: MariaDBServer) 
     ]
     assert not acts_during_outage, "a candidate acted as leader while the server was down"
     fresh_mariadb.start()
+    restarted = time.monotonic()
     candidates.wait_leader(timeout=20)
+    print(f"MEASURED mysql restart: leader {time.monotonic() - restarted:.3f}s after the server is back")
     time.sleep(1.0)
     acting = [c for c in candidates.all if c.is_acting(0.3)]
     assert len(acting) == 1, f"{len(acting)} leaders after the restart"
@@ -127,10 +133,12 @@ def test_network_partition_between_leader_and_server(candidates: Candidates, fre
         candidates.wait_for(
             lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, 10, "the partitioned leader stops"
         )
+        print(f"MEASURED mysql partition: leader stops {(leader.last_act() or 0) - stalled:.3f}s after the stall")
         assert (leader.last_act() or 0) - stalled < CHECK_INTERVAL + CHECK_TIMEOUT + 0.3
         successor = candidates.wait_leader(timeout=LEASE + 10, exclude=leader)
         took = (candidates.first_act_after(stalled, exclude=leader) or 0) - stalled
         assert successor is not leader
+        print(f"MEASURED mysql partition takeover {took:.3f}s (lease {LEASE}s)")
         assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover across a partition took {took:.2f}s"
         proxy.heal()
         check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
