@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import ssl
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-__all__ = ["DSN", "parse_dsn", "positive", "validate_name"]
+__all__ = ["DSN", "parse_dsn", "positive", "tls_context", "tls_from_query", "validate_name"]
 
 _NAME_RE = re.compile(r"^[\x21-\x7e]+$")
 
@@ -84,3 +86,57 @@ def parse_dsn(dsn: str, *schemes: str) -> DSN:
         database=database,
         query=dict(parse_qsl(parts.query)),
     )
+
+
+def tls_context(
+    *,
+    ca: str | None = None,
+    cert: str | None = None,
+    key: str | None = None,
+    verify_identity: bool = True,
+    verify: bool = True,
+) -> ssl.SSLContext:
+    """A client TLS context: server verified against ``ca`` (or the system CAs), optional client certificate.
+
+    ``verify=False`` encrypts without verifying the server (MySQL's
+    ``ssl-mode=REQUIRED``); ``verify_identity=False`` verifies the chain but
+    not the host name. Missing or unreadable files raise ValueError.
+    """
+    for option, path in (("ssl-ca", ca), ("ssl-cert", cert), ("ssl-key", key)):
+        if path is not None and not os.path.isfile(path):
+            raise ValueError(f"{option} file {path!r} does not exist")
+    if key is not None and cert is None:
+        raise ValueError("ssl-key needs ssl-cert")
+    context = ssl.create_default_context(cafile=ca)
+    if not verify:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif not verify_identity:
+        context.check_hostname = False
+    if cert is not None:
+        try:
+            context.load_cert_chain(cert, key)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"cannot load the client certificate: {exc}") from None
+    return context
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def tls_from_query(query: dict[str, str]) -> ssl.SSLContext | None:
+    """The TLS context a DSN's query asks for, or None.
+
+    Understood: ``ssl-mode`` (DISABLED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY;
+    default VERIFY_IDENTITY when any file is given), ``ssl-ca``, ``ssl-cert``,
+    ``ssl-key``.
+    """
+    mode = query.get("ssl-mode", "").upper()
+    ca, cert, key = query.get("ssl-ca"), query.get("ssl-cert"), query.get("ssl-key")
+    if mode == "DISABLED" or (not mode and not (ca or cert)):
+        return None
+    if mode and mode not in ("REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY"):
+        raise ValueError(f"ssl-mode must be DISABLED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY, not {mode!r}")
+    mode = mode or "VERIFY_IDENTITY"
+    return tls_context(ca=ca, cert=cert, key=key, verify=mode != "REQUIRED", verify_identity=mode == "VERIFY_IDENTITY")

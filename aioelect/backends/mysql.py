@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 
 from .._backend import Backend, Backoff, Confirm, Hold, monotonic
-from .._config import parse_dsn, positive, validate_name
+from .._config import parse_dsn, positive, tls_from_query, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 
@@ -73,14 +73,31 @@ def _code(exc: BaseException) -> int | None:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
+    tls = _tls_failure(exc)
+    if tls is not None:
+        return f"TLS handshake failed: {getattr(tls, 'verify_message', None) or tls.reason or tls}"
     code = _code(exc)
     if code is not None and len(exc.args) > 1:
         return f"({code}) {exc.args[1]}"
     return repr(exc)
 
 
+def _tls_failure(exc: BaseException) -> BaseException | None:
+    """The TLS error behind ``exc``, if any: a refused certificate is not worth retrying."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, _ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _permanent(exc: BaseException) -> bool:
-    return _code(exc) in _PERMANENT or isinstance(exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError))
+    return (
+        _code(exc) in _PERMANENT
+        or isinstance(exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError))
+        or _tls_failure(exc) is not None
+    )
 
 
 class _Connection:
@@ -419,7 +436,10 @@ class MySQLElector(Elector):
       identities; without it, :meth:`leader` reports the holder's connection.
 
     ``dsn`` is ``mysql://user:password@host:port/database``; keyword arguments
-    override its parts. ``ssl`` takes an :class:`ssl.SSLContext`.
+    override its parts. TLS: ``ssl`` takes an :class:`ssl.SSLContext`, or the
+    DSN says ``?ssl-ca=PATH&ssl-cert=PATH&ssl-key=PATH&ssl-mode=VERIFY_IDENTITY``
+    (modes as MySQL's: REQUIRED, VERIFY_CA, VERIFY_IDENTITY, DISABLED). A
+    refused certificate is a permanent error.
     """
 
     def __init__(
@@ -482,6 +502,8 @@ class MySQLElector(Elector):
         }
         if database:
             connect_args["db"] = database
+        if ssl is None and parsed is not None:
+            ssl = tls_from_query(parsed.query)
         if ssl is not None:
             connect_args["ssl"] = ssl
         backend = _MySQLBackend(
