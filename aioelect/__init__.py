@@ -1,4 +1,4 @@
-"""aioelect: asyncio-native leader election on MySQL/MariaDB, etcd, or locally.
+"""aioelect: asyncio-native leader election on MySQL/MariaDB, etcd, PostgreSQL, a lock file, or locally.
 
 Backends whose driver is not installed are importable lazily: their names
 resolve on first use and raise ImportError naming the extra to install.

@@ -23,6 +23,7 @@ from ._log import ElectionLog
 __all__ = ["Elector", "Leadership", "leadership", "default_identity", "validate_identity"]
 
 T = TypeVar("T")
+_E = TypeVar("_E", bound="Elector")
 
 _IDENTITY_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
 #: Upper bound on a backend release, so that closing never hangs on a dead server.
@@ -467,7 +468,7 @@ class Elector:
         with anyio.CancelScope(shield=True):
             await self._backend.aclose()
 
-    async def __aenter__(self) -> Elector:
+    async def __aenter__(self: _E) -> _E:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

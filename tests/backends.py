@@ -6,9 +6,12 @@ contract test.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,15 +82,90 @@ def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
     return BackendCase("mysql", make, leftovers=leftovers, depose=depose)
 
 
+def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
+    from aioelect import PostgresElector
+    from aioelect.backends.postgres import advisory_key, lock_ids
+    from aioelect.testing import PostgresServer
+
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    server: PostgresServer | None = None
+    try:
+        server = request.getfixturevalue("postgres")
+    except pytest.skip.Exception:
+        server = None  # an external server from AIOELECT_POSTGRES_DSN
+
+    def make(name: str, **kw: Any) -> Elector:
+        kw.setdefault("fencing", True)
+        kw.setdefault("check_interval", 0.2)
+        kw.setdefault("check_timeout", 1.0)
+        kw.setdefault("lease", 4)
+        kw.setdefault("poll_interval", 0.5)
+        return PostgresElector(dsn, name=name, **kw)
+
+    leftovers = None
+    depose = None
+    if server is not None:
+        srv = server
+
+        async def leftovers_() -> int:
+            rows = srv.query(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+            )
+            return int(rows[0][0])
+
+        async def depose_(elector: Elector) -> None:
+            classid, objid = lock_ids(advisory_key(elector.name))
+            rows = srv.query(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND classid = $1 AND objid = $2 AND objsubid = 1 AND granted",
+                (classid, objid),
+            )
+            assert rows, "nobody holds the lock"
+
+        leftovers, depose = leftovers_, depose_
+    return BackendCase("postgres", make, leftovers=leftovers, depose=depose)
+
+
+def file_case(request: pytest.FixtureRequest) -> BackendCase:
+    from aioelect import FileElector
+
+    directory: Path = request.getfixturevalue("tmp_path")
+
+    def lock_file(name: str) -> Path:
+        return directory / (name.replace("/", "%2F") + ".lock")
+
+    def make(name: str, **kw: Any) -> Elector:
+        kw.setdefault("check_interval", 0.2)
+        return FileElector(lock_file(name), name=name, **kw)
+
+    async def leftovers_() -> int:
+        """Descriptors of this process still open on the test's lock files."""
+        count = 0
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                count += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{directory}{os.sep}")
+        return count
+
+    async def depose_(elector: Elector) -> None:
+        lock_file(elector.name).unlink()  # the leader notices within check_interval
+
+    return BackendCase("file", make, leftovers=leftovers_, depose=depose_)
+
+
 #: What each backend can do, known before any server starts: "exclusive"
 #: (candidates exclude each other), "depose" (leadership can be taken away from
 #: outside), "leftovers" (server-side resources can be counted).
 CAPABILITIES: dict[str, frozenset[str]] = {
     "local": frozenset(),
     "mysql": frozenset({"exclusive", "depose", "leftovers"}),
+    "postgres": frozenset({"exclusive", "depose", "leftovers"}),
+    "file": frozenset({"exclusive", "depose", "leftovers"}),
 }
 
 CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {
     "local": local_case,
     "mysql": mysql_case,
+    "postgres": postgres_case,
+    "file": file_case,
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 
@@ -316,6 +317,6 @@ async def test_release_stops_work_before_the_lock_goes(case: BackendCase) -> Non
             await follower
         took_over = time.monotonic()
         assert work_stopped and work_stopped[0] <= took_over
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
+        task.cancel()  # it may have ended already: its work scope was cancelled by the release
+        with contextlib.suppress(asyncio.CancelledError):
             await task

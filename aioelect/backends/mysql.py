@@ -75,7 +75,7 @@ def _describe(exc: BaseException) -> str:
         return "timed out"
     tls = _tls_failure(exc)
     if tls is not None:
-        return f"TLS handshake failed: {getattr(tls, 'verify_message', None) or tls.reason or tls}"
+        return f"TLS handshake failed: {getattr(tls, 'verify_message', None) or getattr(tls, 'reason', None) or tls}"
     code = _code(exc)
     if code is not None and len(exc.args) > 1:
         return f"({code}) {exc.args[1]}"

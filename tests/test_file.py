@@ -1,0 +1,447 @@
+"""The single-host ``flock`` backend: real files, real processes.
+
+Candidate processes run tests/candidates/file_candidate.py and report JSON
+events with ``time.monotonic()`` (system-wide on Linux), so their leadership
+intervals can be compared with each other and with the test process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelect import ElectionError, Elector, FileElector, Leadership, LeadershipLost, leadership
+
+CANDIDATE = Path(__file__).parent / "candidates" / "file_candidate.py"
+ROOT = Path(__file__).parent.parent
+
+
+class Proc:
+    """One candidate process; its JSON events are collected by a reader thread."""
+
+    def __init__(self, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(CANDIDATE), *args],
+            stdout=subprocess.PIPE,
+            stderr=None if os.environ.get("AIOELECT_TEST_VERBOSE") else subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self.events: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            try:
+                self.events.append(json.loads(line))
+            except ValueError:
+                continue
+
+    def named(self, event: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == event]
+
+    async def wait_for(self, event: str, timeout: float = 15.0) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            while not (found := self.named(event)):
+                if self.proc.poll() is not None and not self.named(event):
+                    await asyncio.sleep(0.1)  # let the reader thread drain stdout
+                    if not self.named(event):
+                        raise AssertionError(f"candidate exited ({self.proc.returncode}) before {event!r}")
+                await asyncio.sleep(0.01)
+        return found[0]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            proc.kill()
+
+
+def lock_fds(path: Path) -> int:
+    """How many of this process's file descriptors are open on ``path``."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+def make(path: Path, identity: str, **kw: Any) -> FileElector:
+    kw.setdefault("check_interval", 0.2)
+    return FileElector(path, name="file-test", identity=identity, **kw)
+
+
+# --- bad input -----------------------------------------------------------------------
+
+
+def test_bad_input_raises_value_error_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        FileElector(tmp_path / "missing" / "x.lock")
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(ValueError, match="not a directory"):
+        FileElector(tmp_path / "plain" / "x.lock")
+    with pytest.raises(ValueError, match="is a directory"):
+        FileElector(tmp_path)
+    with pytest.raises(ValueError, match="non-empty"):
+        FileElector("")
+    with pytest.raises(ValueError, match="path"):
+        FileElector(42)  # type: ignore[arg-type]
+    for bad in (0, -1, float("nan"), "fast"):
+        with pytest.raises(ValueError, match="poll_interval"):
+            FileElector(tmp_path / "x.lock", poll_interval=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="check_interval"):
+        FileElector(tmp_path / "x.lock", check_interval=0)
+    with pytest.raises(ValueError, match="name"):
+        FileElector(tmp_path / "x.lock", name="has space")
+    with pytest.raises(ValueError, match="identity"):
+        FileElector(tmp_path / "x.lock", identity="")
+    assert not (tmp_path / "x.lock").exists(), "construction must not create anything"
+
+
+def test_unwritable_or_inaccessible_directory_raises_value_error() -> None:
+    base = Path(tempfile.mkdtemp(prefix="aioelect-file-"))
+    try:
+        base.chmod(0o755)  # /tmp is traversable, so an unprivileged user reaches base
+        (base / "ro").mkdir(mode=0o555)
+        (base / "ro").chmod(0o555)
+        (base / "private").mkdir()
+        (base / "private" / "inner").mkdir()
+        (base / "private").chmod(0o700)
+        cases = {str(base / "ro" / "x.lock"): "not writable", str(base / "private" / "inner" / "x.lock"): "denied"}
+        if os.geteuid() != 0:
+            for target, expected in cases.items():
+                with pytest.raises(ValueError, match=expected):
+                    FileElector(target)
+            return
+        # Root writes anywhere, so construct as an unprivileged user in a forked child (no exec needed).
+        for target, expected in cases.items():
+            message = _construct_as_nobody(target)
+            assert message.startswith("ValueError:") and expected in message, message
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _construct_as_nobody(target: str) -> str:
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                FileElector(target)
+                message = "no error"
+            except ValueError as exc:
+                message = f"ValueError: {exc}"
+            os.write(write_end, message.encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        deadline = time.monotonic() + 10
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            assert time.monotonic() < deadline, "child did not finish"
+            time.sleep(0.01)
+        return os.read(read_end, 4096).decode()
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+
+
+async def test_directory_removed_later_raises_election_error(tmp_path: Path) -> None:
+    directory = tmp_path / "gone"
+    directory.mkdir()
+    elector = make(directory / "x.lock", "a")
+    directory.rmdir()
+    async with elector:
+        with anyio.fail_after(5), pytest.raises(ElectionError, match="No such file"):
+            await elector.acquire()
+        assert not elector.leading
+
+
+async def test_corrupt_sidecar_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    (tmp_path / "x.lock.leader").write_text("not json")
+    async with make(path, "a") as elector:
+        with anyio.fail_after(5), pytest.raises(ElectionError, match="not an aioelect leader file"):
+            await elector.acquire()
+        assert lock_fds(path) == 0
+
+
+# --- contract on one host ------------------------------------------------------------
+
+
+async def test_acquire_release_tokens_and_sidecar(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    a = make(path, "cand-a")
+    async with a, make(path, "watcher") as w:
+        assert await w.leader() is None  # no file yet
+        tokens = []
+        for _ in range(3):
+            lead = await a.acquire()
+            tokens.append(lead.token)
+            assert lead.held
+            assert await w.leader() == "cand-a"
+            assert await a.leader() == "cand-a"
+            with pytest.raises(ElectionError):
+                await a.acquire()
+            side = json.loads(await anyio.Path(a.sidecar).read_text())
+            assert side["identity"] == "cand-a" and side["token"] == lead.token and side["pid"] == os.getpid()
+            await lead.release()
+            await lead.release()
+            assert not lead.held and not lead.lost
+            assert await w.leader() is None
+        assert tokens == [1, 2, 3]
+        assert a.path == str(path) and path.exists(), "the lock file is never deleted"
+    assert lock_fds(path) == 0
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")], "no temporary file left behind"
+
+
+async def test_takeover_after_release_is_fast(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    delays: list[float] = []
+    won: asyncio.Queue[tuple[float, Leadership, asyncio.Event]] = asyncio.Queue()
+
+    async def candidate(elector: Elector) -> None:
+        while True:
+            lead = await elector.acquire()
+            handed_on = asyncio.Event()
+            await won.put((time.monotonic(), lead, handed_on))
+            await handed_on.wait()
+            await asyncio.sleep(0.1)  # campaign again only once the other candidate has taken over
+
+    async with make(path, "a") as a, make(path, "b") as b, anyio.create_task_group() as tg:
+        tg.start_soon(candidate, a)
+        tg.start_soon(candidate, b)
+        with anyio.fail_after(30):
+            _, lead, handed_on = await won.get()
+            for _ in range(12):
+                # The other candidate is polling by now; release at a random phase of its polls.
+                await asyncio.sleep(random.uniform(0.15, 0.25))
+                released = time.monotonic()
+                await lead.release()
+                handed_on.set()
+                at, successor, handed_on = await won.get()
+                delays.append(at - released)
+                assert successor.identity != lead.identity
+                assert successor.token == (lead.token or 0) + 1
+                lead = successor
+        tg.cancel_scope.cancel()
+    median = statistics.median(delays)
+    print(f"file takeover after release: median {median * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms")
+    assert median < 0.1, delays
+
+
+async def test_cancelled_acquire_leaves_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    async with make(path, "a") as a, make(path, "b") as b:
+        lead = await a.acquire()
+        assert lock_fds(path) == 1
+        for _ in range(3):
+            with anyio.move_on_after(0.15) as scope:
+                await b.acquire()
+            assert scope.cancelled_caught
+            assert not b.leading and lock_fds(path) == 1
+        assert lead.held and await b.leader() == "a"
+        await lead.release()
+        again = await b.acquire()  # the cancelled elector is reusable
+        assert again.token == (lead.token or 0) + 1
+        await again.release()
+    assert lock_fds(path) == 0
+
+
+async def test_observe_from_follower(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    async with make(path, "obs-a") as a, make(path, "watcher") as w:
+        seen: list[str | None] = []
+
+        async def watch() -> None:
+            async for current in w.observe():
+                seen.append(current)
+
+        async def until(expected: list[str | None]) -> None:
+            with anyio.fail_after(5):
+                while seen != expected:
+                    await asyncio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await until([None])
+            lead = await a.acquire()
+            await until([None, "obs-a"])
+            await lead.release()
+            await until([None, "obs-a", None])
+            tg.cancel_scope.cancel()
+
+
+async def test_deleting_the_lock_file_is_a_loss(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    async with make(path, "a", check_interval=0.2) as a:
+        with pytest.raises(LeadershipLost, match="deleted or replaced") as info:
+            async with leadership(a):
+                path.unlink()
+                deleted = time.monotonic()
+                await asyncio.sleep(10)
+        took = time.monotonic() - deleted
+        assert took < 0.2 + 1.0, f"loss noticed after {took:.2f}s"
+        assert "deleted" in info.value.reason
+        again = await a.acquire()  # a new lock file is created
+        assert again.held and path.exists()
+        await again.release()
+
+
+async def test_forked_child_does_not_keep_the_lock(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    async with make(path, "parent") as a, make(path, "other") as b:
+        lead = await a.acquire()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child: outlives the parent's leadership
+            time.sleep(3)  # noqa: ASYNC251 - in the forked child, no event loop runs
+            os._exit(0)
+        try:
+            await lead.release()
+            with anyio.fail_after(2):
+                again = await b.acquire()
+            assert again.held
+            await again.release()
+        finally:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)  # noqa: ASYNC222 - returns at once after SIGKILL
+
+
+# --- separate processes --------------------------------------------------------------
+
+
+async def test_crash_takeover_across_processes(tmp_path: Path, procs: list[Proc]) -> None:
+    path = tmp_path / "x.lock"
+    leader = Proc("--path", str(path), "--identity", "doomed", "--rounds", "1", "--hold", "3600")
+    procs.append(leader)
+    first = await leader.wait_for("lead")
+    async with make(path, "heir") as heir:
+        assert await heir.leader() == "doomed"
+        got: list[float] = []
+
+        async def follow() -> None:
+            lead = await heir.acquire()
+            got.append(time.monotonic())
+            assert lead.token == first["token"] + 1
+            await lead.release()
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                await asyncio.sleep(0.3)
+                assert not got, "the heir must wait while the other process leads"
+                killed = time.monotonic()
+                leader.proc.kill()
+        took = got[0] - killed
+        print(f"file takeover after SIGKILL: {took * 1000:.1f} ms")
+        assert took < 0.5, f"takeover after SIGKILL took {took:.3f}s"
+
+
+async def test_mutual_exclusion_across_four_processes(tmp_path: Path, procs: list[Proc]) -> None:
+    path = tmp_path / "x.lock"
+    marker = tmp_path / "critical"
+    rounds = 12
+    for i in range(4):
+        procs.append(
+            Proc(
+                "--path", str(path), "--identity", f"p{i}", "--rounds", str(rounds), "--hold", "0.01",
+                "--marker", str(marker),
+            )
+        )
+    with anyio.fail_after(60):
+        while any(p.proc.poll() is None for p in procs):
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)  # let the reader threads drain stdout
+    assert all(p.proc.returncode == 0 for p in procs), [p.proc.returncode for p in procs]
+    assert not any(p.named("overlap") for p in procs), "two processes were in the critical section at once"
+    terms: list[tuple[float, float, int, str]] = []
+    for i, p in enumerate(procs):
+        leads, dones = p.named("lead"), p.named("done")
+        assert len(leads) == len(dones) == rounds
+        terms += [(s["t"], e["t"], s["token"], f"p{i}") for s, e in zip(leads, dones, strict=True)]
+    terms.sort()
+    for (_, end, _, who), (start, _, _, nxt) in itertools.pairwise(terms):
+        assert start >= end, f"{who} and {nxt} led at the same time"
+    assert [t[2] for t in terms] == list(range(1, 4 * rounds + 1)), "tokens must count up by one per leadership"
+    assert len({t[3] for t in terms}) == 4
+
+
+async def test_process_takes_over_when_leader_task_is_cancelled(tmp_path: Path, procs: list[Proc]) -> None:
+    path = tmp_path / "x.lock"
+    async with make(path, "in-test") as a:
+        acquired = asyncio.Event()
+
+        async def lead_forever() -> None:
+            await a.acquire()
+            acquired.set()
+            await asyncio.sleep(3600)
+
+        task = asyncio.create_task(lead_forever())
+        await acquired.wait()
+        follower = Proc("--path", str(path), "--identity", "proc", "--rounds", "1", "--hold", "3600")
+        procs.append(follower)
+        await follower.wait_for("ready")
+        await asyncio.sleep(0.3)
+        assert not follower.named("lead")
+        task.cancel()
+        cancelled = time.monotonic()
+        lead = await follower.wait_for("lead", timeout=5)
+        assert lead["t"] - cancelled < 0.5
+        assert await a.leader() == "proc"
+
+
+async def test_frozen_leader_keeps_the_lock(tmp_path: Path, procs: list[Proc]) -> None:
+    """Documented behaviour: flock has no lease, so a stopped leader is not replaced until it dies."""
+    path = tmp_path / "x.lock"
+    leader = Proc("--path", str(path), "--identity", "frozen", "--rounds", "1", "--hold", "3600")
+    procs.append(leader)
+    await leader.wait_for("lead")
+    async with make(path, "heir") as heir:
+        leader.proc.send_signal(signal.SIGSTOP)
+        try:
+            with anyio.move_on_after(0.6) as scope:
+                await heir.acquire()
+            assert scope.cancelled_caught, "nobody may take a flock from a live (even stopped) process"
+            assert await heir.leader() == "frozen"
+        finally:
+            leader.proc.send_signal(signal.SIGCONT)
+        leader.proc.kill()
+        with anyio.fail_after(2):
+            lead = await heir.acquire()
+        await lead.release()

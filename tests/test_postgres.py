@@ -1,0 +1,721 @@
+"""The PostgreSQL advisory-lock backend, on throwaway servers from the harness.
+
+Contract behaviour in process, then faults with real candidate processes
+(tests/candidates/pg_candidate.py): SIGKILL, SIGSTOP longer than the lease,
+pg_terminate_backend, and a server restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import pwd
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import asyncpg
+import pytest
+
+from aioelect import BackendUnavailable, ElectionError, Elector, Leadership, LeadershipLost, PostgresElector, leadership
+from aioelect.backends.postgres import KEY_SQL, advisory_key, application_name, lock_ids
+from aioelect.testing import Certificates, MissingBinaryError, PostgresServer, free_port, server_unavailable
+
+from .backends import unique_name
+
+CANDIDATE = Path(__file__).parent / "candidates" / "pg_candidate.py"
+ROOT = Path(__file__).parent.parent
+FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
+#: Options of the candidate processes in the fault tests.
+LEASE = 3.0
+FAULT_OPTIONS: dict[str, Any] = {
+    "lease": LEASE,
+    "check_interval": 0.3,
+    "check_timeout": 0.6,
+    "renew_deadline": 2.0,
+    "poll_interval": 1.0,
+    "fencing": True,
+}
+#: Scheduling slack on a shared two-core machine.
+MARGIN = 2.0
+
+
+def make(dsn: str, name: str, identity: str | None = None, **kw: Any) -> PostgresElector:
+    return PostgresElector(dsn, name=name, identity=identity, **{**FAST, **kw})
+
+
+def with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path="/" + database))
+
+
+@pytest.fixture
+async def admin(postgres_dsn: str) -> AsyncIterator[asyncpg.Connection]:
+    conn = await asyncpg.connect(postgres_dsn, timeout=10, server_settings={"application_name": "test-admin"})
+    try:
+        yield conn
+    finally:
+        await conn.close(timeout=5)
+
+
+async def client_backends(admin: asyncpg.Connection) -> int:
+    """Client sessions other than the admin's own."""
+    return int(
+        await admin.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
+        )
+    )
+
+
+async def holder_pid(admin: asyncpg.Connection, name: str) -> int | None:
+    classid, objid = lock_ids(advisory_key(name))
+    pid = await admin.fetchval(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 "
+        "AND objsubid = 1 AND granted",
+        classid,
+        objid,
+    )
+    return int(pid) if pid is not None else None
+
+
+# --- key and options -------------------------------------------------------------------
+
+
+async def test_key_is_the_documented_hash(admin: asyncpg.Connection, postgres_dsn: str) -> None:
+    for name in ("aioelect/leader", "x", unique_name()):
+        assert advisory_key(name) == await admin.fetchval(KEY_SQL, name)
+    assert advisory_key("aioelect/leader") == -2364074322213752930  # fixed forever: other languages rely on it
+    for key in (-5, 7, advisory_key("aioelect/leader"), 2**63 - 1, -(2**63)):
+        await admin.execute("SELECT pg_advisory_lock($1)", key)
+        row = await admin.fetchrow(
+            "SELECT classid, objid, objsubid FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()"
+        )
+        await admin.execute("SELECT pg_advisory_unlock($1)", key)
+        assert (row["classid"], row["objid"], row["objsubid"]) == (*lock_ids(key), 1)
+
+
+def test_bad_input_raises_value_error() -> None:
+    dsn = "postgresql://u:s3cret-pw@127.0.0.1:5/db"
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"dsn": "mysql://u@h/db"}, "scheme"),
+        ({"dsn": "nonsense"}, "postgresql://"),
+        ({}, "needs a dsn or a host"),
+        ({"dsn": dsn, "port": 0}, "port"),
+        ({"dsn": dsn, "port": True}, "port"),
+        ({"dsn": dsn + "?sslmode=sometimes"}, "sslmode"),
+        ({"dsn": dsn + "?target_session_attrs=any"}, "unsupported DSN parameter"),
+        ({"dsn": dsn, "ssl": 3}, "ssl"),
+        ({"dsn": dsn, "lease": 0.5}, "at least 1 second"),
+        ({"dsn": dsn, "lease": True}, "lease"),
+        ({"dsn": dsn, "lease": 4, "renew_deadline": 4}, "shorter than lease"),
+        ({"dsn": dsn, "check_interval": 2, "check_timeout": 2, "lease": 5}, "would fence itself"),
+        ({"dsn": dsn, "poll_interval": 0}, "poll_interval"),
+        ({"dsn": dsn, "connect_timeout": -1}, "connect_timeout"),
+        ({"dsn": dsn, "name": ""}, "name"),
+        ({"dsn": dsn, "name": "a b"}, "name"),
+        ({"dsn": dsn, "identity": "x" * 200}, "identity"),
+        ({"dsn": dsn, "fencing": "yes"}, "fencing"),
+    ]
+    for kwargs, message in bad:
+        with pytest.raises(ValueError, match=message) as info:
+            PostgresElector(**kwargs)
+        assert "s3cret" not in str(info.value)
+    elector = PostgresElector(dsn, name="ok", identity="me")
+    assert "s3cret" not in repr(elector) and "s3cret" not in elector._backend.describe_timing()
+    # postgres:// works too; keyword arguments override the DSN's parts.
+    assert PostgresElector("postgres://h/db", port=6000, lease=2.5, check_interval=0.5, check_timeout=1).name
+
+
+def test_application_name_is_cut_at_63_bytes() -> None:
+    assert application_name("a" * 100) == "a" * 63
+    assert application_name("short") == "short"
+
+
+# --- contract --------------------------------------------------------------------------
+
+
+async def test_acquire_release_reacquire_and_identity(postgres_dsn: str, admin: asyncpg.Connection) -> None:
+    name = unique_name("pg")
+    long_identity = "host.example:1234:" + "x" * 80
+    async with make(postgres_dsn, name, long_identity, fencing=True) as a, make(postgres_dsn, name, "w") as w:
+        tokens = []
+        for _ in range(3):
+            lead = await a.acquire()
+            tokens.append(lead.token)
+            assert lead.held
+            with pytest.raises(ElectionError):
+                await a.acquire()
+            pid = await holder_pid(admin, name)
+            app = await admin.fetchval("SELECT application_name FROM pg_stat_activity WHERE pid = $1", pid)
+            assert app == long_identity[:63]
+            assert await w.leader() == long_identity  # the fencing table has the full identity
+            await lead.release()
+            await lead.release()
+            assert not lead.held and not lead.lost
+            assert await w.leader() is None
+            assert await holder_pid(admin, name) is None
+        assert tokens[0] is not None and tokens == [tokens[0], tokens[0] + 1, tokens[0] + 2]
+        row = await admin.fetchrow("SELECT token, holder FROM aioelect_leaders WHERE name = $1", name)
+        assert (row["token"], row["holder"]) == (tokens[-1], long_identity)
+
+
+async def test_leader_without_fencing_reports_application_name(postgres_dsn: str) -> None:
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "y" * 100) as a, make(postgres_dsn, name, "w") as w:
+        lead = await a.acquire()
+        assert lead.token is None
+        assert await w.leader() == "y" * 63
+        await lead.release()
+
+
+async def test_takeover_after_release_under_100ms(postgres_dsn: str) -> None:
+    name = unique_name("pg")
+    delays: list[float] = []
+    won: asyncio.Queue[tuple[float, Leadership, asyncio.Event]] = asyncio.Queue()
+
+    async def candidate(elector: Elector) -> None:
+        while True:
+            lead = await elector.acquire()
+            handed_on = asyncio.Event()
+            await won.put((time.monotonic(), lead, handed_on))
+            await handed_on.wait()
+            await asyncio.sleep(0.1)  # campaign again only once the other candidate has taken over
+
+    async with (
+        make(postgres_dsn, name, "a", fencing=True, poll_interval=2.0) as a,
+        make(postgres_dsn, name, "b", fencing=True, poll_interval=2.0) as b,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(candidate, a)
+        tg.start_soon(candidate, b)
+        with anyio.fail_after(60):
+            _, lead, handed_on = await won.get()
+            for _ in range(12):
+                await asyncio.sleep(random.uniform(0.2, 0.4))  # the other one waits inside pg_advisory_lock
+                released = time.monotonic()
+                await lead.release()
+                handed_on.set()
+                at, successor, handed_on = await won.get()
+                delays.append(at - released)
+                assert successor.identity != lead.identity
+                assert successor.token == (lead.token or 0) + 1
+                lead = successor
+        tg.cancel_scope.cancel()
+    median = statistics.median(delays)
+    print(f"postgres takeover after release: median {median * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms")
+    assert median < 0.1, delays
+
+
+async def test_takeover_after_leader_task_cancelled(postgres_dsn: str) -> None:
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "a") as a, make(postgres_dsn, name, "b", poll_interval=5) as b:
+        acquired = asyncio.Event()
+        got: list[float] = []
+
+        async def lead_forever() -> None:
+            await a.acquire()
+            acquired.set()
+            await asyncio.sleep(3600)
+
+        async def follow() -> None:
+            await b.acquire()
+            got.append(time.monotonic())
+            await asyncio.sleep(3600)
+
+        async with anyio.create_task_group() as tg:
+            leader_task = asyncio.create_task(lead_forever())
+            await acquired.wait()
+            tg.start_soon(follow)
+            await asyncio.sleep(0.3)
+            assert not got, "the follower must wait while the leader holds"
+            cancelled = time.monotonic()
+            leader_task.cancel()
+            with anyio.fail_after(5):
+                while not got:
+                    await asyncio.sleep(0.005)
+            print(f"postgres takeover after the leader task was cancelled: {(got[0] - cancelled) * 1000:.1f} ms")
+            assert got[0] - cancelled < 0.5
+            assert await a.leader() == "b"
+            tg.cancel_scope.cancel()
+
+
+async def test_cancelled_acquire_leaves_no_backend(postgres_dsn: str, admin: asyncpg.Connection) -> None:
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "leader", poll_interval=30) as a:
+        lead = await a.acquire()
+        baseline = await client_backends(admin)
+        for i in range(3):
+            async with make(postgres_dsn, name, f"waiter-{i}", poll_interval=30) as b:
+                task = asyncio.create_task(b.acquire())
+                with anyio.fail_after(10):
+                    while not await admin.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity "
+                        "WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                        f"waiter-{i}",
+                    ):
+                        await asyncio.sleep(0.02)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                # Gone as soon as the cancelled acquire returns: not waiting until lock_timeout (30 s).
+                assert not await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1", f"waiter-{i}"
+                )
+                assert not b.leading
+        with anyio.fail_after(5):  # the short-lived cleanup connection ends asynchronously
+            while await client_backends(admin) != baseline:
+                await asyncio.sleep(0.05)
+        assert lead.held and await holder_pid(admin, name) is not None
+        await lead.release()
+    with anyio.fail_after(5):
+        while await client_backends(admin) != baseline - 1:
+            await asyncio.sleep(0.05)
+
+
+async def test_mutual_exclusion_among_eight(postgres_dsn: str) -> None:
+    name = unique_name("pg")
+    electors = [make(postgres_dsn, name, f"cand-{i}", fencing=True) for i in range(8)]
+    terms: list[tuple[float, float, int, str]] = []
+    rounds = 40
+
+    async def candidate(elector: Elector) -> None:
+        while len(terms) < rounds:
+            async with leadership(elector) as lead:
+                start = time.monotonic()
+                await asyncio.sleep(0.005)
+                assert lead.held
+                terms.append((start, time.monotonic(), lead.token or 0, elector.identity))
+
+    try:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for elector in electors:
+                    tg.start_soon(candidate, elector)
+    finally:
+        for elector in electors:
+            await elector.aclose()
+    terms.sort()
+    for (_, end, token, who), (start, _, next_token, nxt) in itertools.pairwise(terms):
+        assert start >= end, f"{who} and {nxt} led at the same time"
+        assert next_token > token
+    assert len({who for *_, who in terms}) > 2, "leadership never changed hands"
+
+
+async def test_observe_from_follower(postgres_dsn: str) -> None:
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "obs-a") as a, make(postgres_dsn, name, "watcher", poll_interval=0.1) as w:
+        seen: list[str | None] = []
+
+        async def watch() -> None:
+            async for current in w.observe():
+                seen.append(current)
+
+        async def until(expected: list[str | None]) -> None:
+            with anyio.fail_after(5):
+                while seen != expected:
+                    await asyncio.sleep(0.01)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(watch)
+            await until([None])
+            lead = await a.acquire()
+            await until([None, "obs-a"])
+            await lead.release()
+            await until([None, "obs-a", None])
+            tg.cancel_scope.cancel()
+
+
+async def test_nothing_left_after_close(postgres_dsn: str, admin: asyncpg.Connection) -> None:
+    baseline = await client_backends(admin)
+    name = unique_name("pg")
+    for _ in range(3):
+        async with make(postgres_dsn, name, "a", fencing=True) as elector:
+            lead = await elector.acquire()
+            await elector.leader()
+            await lead.release()
+            await elector.acquire()
+    with anyio.fail_after(5):
+        while (left := await client_backends(admin)) != baseline:
+            await asyncio.sleep(0.05)
+    assert left == baseline
+
+
+# --- errors ----------------------------------------------------------------------------
+
+
+async def test_unknown_database_is_permanent(postgres_dsn: str) -> None:
+    dsn = with_database(postgres_dsn, "no_such_db_" + unique_name("x").replace("-", "_"))
+    async with make(dsn, unique_name("pg")) as elector:
+        started = time.monotonic()
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="3D000"):
+            await elector.acquire()
+        assert time.monotonic() - started < 3, "a permanent error must not be retried"
+        with pytest.raises(ElectionError, match="3D000"):
+            await elector.leader()
+
+
+@pytest.fixture
+def password_role(postgres: PostgresServer) -> tuple[str, str]:
+    """A role that must log in with a password (scram), on the session server."""
+    role, password = "aioelect_pw", "right-Pass-1"
+    hba = Path(postgres.data_dir) / "pg_hba.conf"
+    rule = f"host all {role} 127.0.0.1/32 scram-sha-256\n"
+    content = hba.read_text()
+    if rule not in content:
+        hba.write_text(rule + content)
+    postgres.query(
+        f"DO $$ BEGIN CREATE ROLE {role} LOGIN PASSWORD '{password}'; "
+        "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+    )
+    postgres.query("SELECT pg_reload_conf()")
+    return role, password
+
+
+async def wait_for_scram(postgres: PostgresServer, role: str) -> None:
+    """pg_reload_conf() is asynchronous: return once a wrong password is refused."""
+    while True:
+        try:
+            conn = await asyncpg.connect(
+                host=postgres.host, port=postgres.port, user=role, password="wrong", database="postgres", timeout=5
+            )
+        except asyncpg.InvalidPasswordError:
+            return
+        await conn.close()
+        await asyncio.sleep(0.05)
+
+
+async def test_wrong_password_is_permanent(postgres: PostgresServer, password_role: tuple[str, str]) -> None:
+    role, password = password_role
+    common: dict[str, Any] = {"host": postgres.host, "port": postgres.port, "user": role, "database": "postgres"}
+    with anyio.fail_after(10):
+        await wait_for_scram(postgres, role)
+    name = unique_name("pg")
+    async with PostgresElector(**common, password="wrong-Pass-2", name=name, **FAST) as elector:
+        started = time.monotonic()
+        with anyio.fail_after(10), pytest.raises(ElectionError) as info:
+            await elector.acquire()
+        assert time.monotonic() - started < 3, "a permanent error must not be retried"
+        assert "28P01" in str(info.value) and "wrong-Pass" not in str(info.value)
+    async with PostgresElector(**common, password=password, name=name, **FAST) as elector:
+        lead = await elector.acquire()  # the right password works, without fencing
+        await lead.release()
+    # Without CREATE on schema public (PostgreSQL 15) or rights on the table: permanent, not retried.
+    async with PostgresElector(**common, password=password, name=name, fencing=True, **FAST) as elector:
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="42501"):
+            await elector.acquire()
+
+
+async def test_unreachable_server(caplog: pytest.LogCaptureFixture) -> None:
+    port = free_port()
+    async with make(f"postgresql://postgres@127.0.0.1:{port}/postgres", unique_name("pg"), connect_timeout=1) as e:
+        with pytest.raises(BackendUnavailable, match=str(port)):
+            await e.leader()
+        caplog.set_level(logging.WARNING, logger="aioelect")
+        with anyio.move_on_after(1.0) as scope:
+            await e.acquire()  # transient: retried with backoff, not raised
+        assert scope.cancelled_caught
+        assert any("retrying" in r.getMessage() for r in caplog.records)
+
+
+# --- TLS and secrets ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_postgres() -> Iterator[tuple[PostgresServer, Certificates]]:
+    """A private server with ``ssl=on`` (pg_hba still trusts plain connections too)."""
+    try:
+        certs = Certificates()
+        server = PostgresServer()
+    except MissingBinaryError as exc:
+        server_unavailable(str(exc))
+    try:
+        # PostgreSQL refuses a key that others can read: give the server its own copy.
+        key = os.path.join(server.directory, "server-key.pem")
+        shutil.copyfile(certs.server_key, key)
+        os.chmod(key, 0o600)
+        if os.geteuid() == 0:
+            account = pwd.getpwnam("postgres")
+            os.chown(key, account.pw_uid, account.pw_gid)
+        server.extra_args += ["-c", "ssl=on", "-c", f"ssl_cert_file={certs.server_cert}", "-c", f"ssl_key_file={key}"]
+        server.start()
+        yield server, certs
+    finally:
+        server.cleanup()
+        certs.cleanup()
+
+
+async def test_tls_verify_full_elects_and_a_wrong_ca_is_permanent(
+    tls_postgres: tuple[PostgresServer, Certificates],
+) -> None:
+    server, certs = tls_postgres
+    base = f"postgresql://postgres@127.0.0.1:{server.port}/postgres"
+    async with make(f"{base}?sslmode=verify-full&sslrootcert={certs.ca}", unique_name("pg"), "tls-leader") as e:
+        lead = await e.acquire()
+        assert await e.leader() == "tls-leader"
+        rows = server.query(
+            "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) WHERE a.application_name = $1",
+            ["tls-leader"],
+        )
+        assert rows == [(True,)], "the lock session must be encrypted"
+        await lead.release()
+    async with make(f"{base}?sslrootcert={certs.other_ca}", unique_name("pg")) as e:
+        started = time.monotonic()
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="TLS handshake failed"):
+            await e.acquire()
+        assert time.monotonic() - started < 3, "a refused certificate must not be retried"
+
+
+def test_bad_tls_options() -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        PostgresElector("postgresql://u@127.0.0.1/db?sslrootcert=/no/such/ca.pem")
+    with pytest.raises(ValueError, match="need sslmode"):
+        PostgresElector("postgresql://u@127.0.0.1/db?sslmode=prefer&sslrootcert=/etc/hostname")
+    with pytest.raises(ValueError, match="sslmode"):
+        PostgresElector("postgresql://u@127.0.0.1/db", ssl="sometimes")
+
+
+async def test_password_never_appears_in_logs_reprs_or_errors(
+    postgres: PostgresServer, password_role: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    role, password = password_role
+    caplog.set_level(logging.DEBUG, logger="aioelect")
+    good = f"postgresql://{role}:{password}@127.0.0.1:{postgres.port}/postgres"
+    seen: list[str] = []
+    for target in (good, good.replace(password, password + "-wrong")):
+        with anyio.fail_after(15):
+            await wait_for_scram(postgres, role)
+            async with make(target, unique_name("pg"), "secretive") as elector:
+                seen.append(repr(elector))
+                try:
+                    lead = await elector.acquire()
+                    seen += [repr(lead), str(await elector.leader())]
+                    await lead.release()
+                except ElectionError as exc:
+                    seen += [str(exc), repr(exc)]
+    seen.append(caplog.text)
+    seen.extend(repr(r.__dict__) for r in caplog.records)
+    text = "\n".join(seen)
+    assert "28P01" in text and "secretive" in text  # both the failure and the success were captured...
+    assert password not in text  # ...and the password never was
+
+
+# --- faults on the leader's session ------------------------------------------------------
+
+
+async def test_terminated_backend_is_a_loss(postgres_dsn: str, admin: asyncpg.Connection) -> None:
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "victim", fencing=True) as a, make(postgres_dsn, name, "heir") as b:
+        successor: list[Leadership] = []
+
+        async def follow() -> None:
+            successor.append(await b.acquire())
+            await asyncio.sleep(3600)
+
+        async with anyio.create_task_group() as tg:
+            with pytest.raises(LeadershipLost) as info:
+                async with leadership(a) as lead:
+                    tg.start_soon(follow)
+                    await asyncio.sleep(0.2)
+                    pid = await holder_pid(admin, name)
+                    assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+                    terminated = time.monotonic()
+                    await asyncio.sleep(30)
+            took = time.monotonic() - terminated
+            print(f"postgres loss noticed {took * 1000:.1f} ms after pg_terminate_backend")
+            assert took < FAST["check_interval"] + FAST["check_timeout"], f"loss noticed after {took:.2f}s"
+            assert lead.lost and not lead.held and "closed" in info.value.reason
+            with anyio.fail_after(5):
+                while not successor:
+                    await asyncio.sleep(0.01)
+            assert successor[0].held and await a.leader() == "heir"
+            tg.cancel_scope.cancel()
+
+
+async def test_server_restart_leaves_exactly_one_leader(fresh_postgres: PostgresServer) -> None:
+    dsn = fresh_postgres.dsn
+    name = unique_name("pg")
+    electors = [make(dsn, name, f"cand-{i}", fencing=True, poll_interval=0.5) for i in range(3)]
+    terms: list[tuple[float, float, int, str]] = []
+    losses: list[str] = []
+
+    async def candidate(elector: Elector) -> None:
+        while True:
+            try:
+                async with leadership(elector) as lead:
+                    start = time.monotonic()
+                    try:
+                        while True:
+                            lead.check()
+                            await asyncio.sleep(0.02)
+                    finally:
+                        terms.append((start, time.monotonic(), lead.token or 0, elector.identity))
+            except LeadershipLost as exc:
+                losses.append(exc.reason)
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for elector in electors:
+                tg.start_soon(candidate, elector)
+            with anyio.fail_after(10):
+                while not any(e.leading for e in electors):
+                    await asyncio.sleep(0.02)
+            await anyio.to_thread.run_sync(fresh_postgres.restart)
+            with anyio.fail_after(15):
+                while not losses:
+                    await asyncio.sleep(0.02)
+                while sum(e.leading for e in electors) != 1:
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(1.5)  # stays one leader
+            assert sum(e.leading for e in electors) == 1
+            leading = next(e for e in electors if e.leading)
+            assert await leading.leader() == leading.identity
+            tg.cancel_scope.cancel()
+    finally:
+        for elector in electors:
+            await elector.aclose()
+    terms.sort()
+    assert len(terms) >= 2, terms
+    for (_, end, token, who), (start, _, next_token, nxt) in itertools.pairwise(terms):
+        assert start >= end, f"{who} and {nxt} led at the same time"
+        assert next_token > token, "the fencing token must grow across the restart"
+
+
+# --- faults on candidate processes ---------------------------------------------------
+
+
+class Proc:
+    """One candidate process; its JSON events are collected by a reader thread."""
+
+    def __init__(self, dsn: str, name: str, identity: str) -> None:
+        self.identity = identity
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(CANDIDATE),
+                f"--dsn={dsn}",
+                f"--name={name}",
+                f"--identity={identity}",
+                f"--options={json.dumps(FAULT_OPTIONS)}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=None if os.environ.get("AIOELECT_TEST_VERBOSE") else subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        self.events: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with contextlib.suppress(ValueError):
+                self.events.append(json.loads(line))
+
+    def acting(self, within: float = 0.3) -> bool:
+        acts = [e for e in self.events if e["event"] == "tick" and e["held"]]
+        return bool(acts) and time.monotonic() - acts[-1]["t"] < within
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def procs() -> Iterator[list[Proc]]:
+    started: list[Proc] = []
+    try:
+        yield started
+    finally:
+        for proc in started:
+            proc.kill()
+
+
+async def wait_single_leader(procs: list[Proc], timeout: float, exclude: Proc | None = None) -> Proc:
+    with anyio.fail_after(timeout):
+        while True:
+            acting = [p for p in procs if p is not exclude and p.acting()]
+            if len(acting) == 1:
+                return acting[0]
+            await asyncio.sleep(0.01)
+
+
+def terms_of(procs: list[Proc]) -> list[tuple[float, float, int, str]]:
+    """(first act, last act, token, identity) of every leadership, by start."""
+    spans: dict[tuple[str, int], list[float]] = {}
+    for p in procs:
+        for e in p.events:
+            if e["event"] == "tick" and e["held"]:
+                spans.setdefault((p.identity, e["token"]), []).append(e["t"])
+    return sorted((min(ts), max(ts), token, who) for (who, token), ts in spans.items())
+
+
+def check_no_overlap(procs: list[Proc]) -> None:
+    terms = terms_of(procs)
+    assert terms, "nobody ever acted as leader"
+    for (_, end, token, who), (start, _, next_token, nxt) in itertools.pairwise(terms):
+        assert start >= end, f"split brain: {who} acted until {end:.3f}, {nxt} from {start:.3f}"
+        assert next_token > token, f"token went backwards: {token} then {next_token}"
+
+
+async def start_three(postgres_dsn: str, procs: list[Proc]) -> Proc:
+    name = unique_name("pgfault")
+    procs.extend(Proc(postgres_dsn, name, f"cand-{i}") for i in range(3))
+    return await wait_single_leader(procs, timeout=20)
+
+
+async def test_leader_process_killed_fast_takeover(postgres_dsn: str, procs: list[Proc]) -> None:
+    leader = await start_three(postgres_dsn, procs)
+    await asyncio.sleep(0.3)
+    killed = time.monotonic()
+    leader.kill()
+    successor = await wait_single_leader(procs, timeout=10, exclude=leader)
+    first = min(e["t"] for e in successor.events if e["event"] == "tick" and e["held"] and e["t"] > killed)
+    print(f"postgres takeover after SIGKILL: {(first - killed) * 1000:.1f} ms")
+    assert first - killed < 1.0, f"takeover after SIGKILL took {first - killed:.2f}s"
+    check_no_overlap(procs)
+
+
+async def test_leader_frozen_longer_than_lease(postgres_dsn: str, procs: list[Proc]) -> None:
+    leader = await start_three(postgres_dsn, procs)
+    # About when the leader sends its first lock check: freezing there once left the session
+    # half-way through asyncpg's prepare exchange, where idle_session_timeout never fires.
+    await asyncio.sleep(0.3)
+    frozen = time.monotonic()
+    leader.proc.send_signal(signal.SIGSTOP)
+    try:
+        successor = await wait_single_leader(procs, timeout=LEASE + 10, exclude=leader)
+        took = min(e["t"] for e in successor.events if e["event"] == "tick" and e["held"] and e["t"] > frozen) - frozen
+        print(f"postgres takeover of a SIGSTOPped leader: {took:.2f} s (lease {LEASE:g} s)")
+        assert took < LEASE + MARGIN, f"takeover of a frozen leader took {took:.2f}s"
+        # Stay frozen well past the lease, then wake up.
+        await asyncio.sleep(max(0.0, frozen + LEASE + 1.5 - time.monotonic()))
+    finally:
+        thawed = time.monotonic()
+        leader.proc.send_signal(signal.SIGCONT)
+    with anyio.fail_after(5):
+        while not [e for e in leader.events if e["t"] >= thawed and e["event"] in ("tick", "lost")]:
+            await asyncio.sleep(0.02)
+    await asyncio.sleep(0.5)
+    after = [e for e in leader.events if e["t"] >= thawed]
+    assert after[0]["event"] == "tick" and after[0]["held"] is False, f"woken leader acted first: {after[:3]}"
+    old = after[0]["token"]
+    assert not [e for e in after if e["event"] == "tick" and e["held"] and e["token"] == old]
+    assert any(e["event"] == "lost" for e in after)
+    assert successor.acting(), "the successor keeps leading"
+    check_no_overlap(procs)
