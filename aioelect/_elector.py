@@ -117,8 +117,13 @@ class Leadership:
 
     @property
     def held(self) -> bool:
-        """True while we may act as leader: neither lost, released, nor past the renew deadline."""
-        return not self._released and self._lost_reason is None and not self._deadline_passed()
+        """True while we may act as leader: neither lost, released (or releasing), nor past the renew deadline."""
+        return (
+            not self._released
+            and not self._release_requested.is_set()
+            and self._lost_reason is None
+            and not self._deadline_passed()
+        )
 
     def check(self) -> None:
         """Raise :class:`LeadershipLost` unless leadership is :attr:`held`.
@@ -390,9 +395,17 @@ class Elector:
         Works from any candidate, leader or not; outages of the server delay
         reports but do not end the iteration. Each change is also an event.
         """
-        async for current in self._backend.observe():
-            self._emit("leader", leader=current)
-            yield current
+        changes = self._backend.observe()
+        try:
+            async for current in changes:
+                self._emit("leader", leader=current)
+                yield current
+        finally:
+            # Closed explicitly so that a consumer breaking out ends the watch at once.
+            aclose = getattr(changes, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
 
     # --- events ------------------------------------------------------------------------
 

@@ -35,22 +35,22 @@ def new(
     if etcd:
         from .backends.etcd import EtcdElector
 
-        return EtcdElector(etcd, name=name or "/" + DEFAULT_NAME, **options)
+        return EtcdElector(etcd, name=name if name is not None else "/" + DEFAULT_NAME, **options)
     if mysql:
         from .backends.mysql import MySQLElector
 
-        return MySQLElector(mysql, name=name or DEFAULT_NAME, **options)
+        return MySQLElector(mysql, name=name if name is not None else DEFAULT_NAME, **options)
     if postgres:
         from .backends.postgres import PostgresElector
 
-        return PostgresElector(postgres, name=name or DEFAULT_NAME, **options)
+        return PostgresElector(postgres, name=name if name is not None else DEFAULT_NAME, **options)
     if file:
         from .backends.file import FileElector
 
-        return FileElector(file, name=name or DEFAULT_NAME, **options)
+        return FileElector(file, name=name if name is not None else DEFAULT_NAME, **options)
     from .backends.local import LocalElector
 
-    return LocalElector(name=name or DEFAULT_NAME, **options)
+    return LocalElector(name=name if name is not None else DEFAULT_NAME, **options)
 
 
 def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Elector:

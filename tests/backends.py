@@ -82,6 +82,48 @@ def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
     return BackendCase("mysql", make, leftovers=leftovers, depose=depose)
 
 
+def etcd_case(request: pytest.FixtureRequest) -> BackendCase:
+    import json
+
+    import anyio
+
+    from aioelect import EtcdElector
+    from aioelect.testing import EtcdServer
+
+    endpoints: list[str] = request.getfixturevalue("etcd_endpoints")
+    server: EtcdServer | None = None
+    try:
+        server = request.getfixturevalue("etcd")
+    except pytest.skip.Exception:
+        server = None  # an external etcd from AIOELECT_ETCD_ENDPOINTS
+
+    def make(name: str, **kw: Any) -> Elector:
+        kw.setdefault("ttl", 3)
+        return EtcdElector(endpoints, name="/" + name, **kw)
+
+    leftovers = None
+    depose = None
+    if server is not None:
+        srv = server
+
+        async def leftovers_() -> int:
+            out = await anyio.to_thread.run_sync(lambda: srv.etcdctl("lease", "list", check=True).stdout)
+            return len(out.splitlines()) - 1  # "found N leases", then one per line
+
+        async def depose_(elector: Elector) -> None:
+            def revoke() -> None:
+                prefix = elector.name + "/"
+                listing = srv.etcdctl("get", "--prefix", prefix, "--sort-by=create", "-w", "json", check=True)
+                kvs = json.loads(listing.stdout).get("kvs", [])
+                assert kvs, "nobody leads"
+                srv.etcdctl("lease", "revoke", f"{int(kvs[0]['lease']):x}", check=True)
+
+            await anyio.to_thread.run_sync(revoke)
+
+        leftovers, depose = leftovers_, depose_
+    return BackendCase("etcd", make, leftovers=leftovers, depose=depose)
+
+
 def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect import PostgresElector
     from aioelect.backends.postgres import advisory_key, lock_ids
@@ -159,6 +201,7 @@ def file_case(request: pytest.FixtureRequest) -> BackendCase:
 CAPABILITIES: dict[str, frozenset[str]] = {
     "local": frozenset(),
     "mysql": frozenset({"exclusive", "depose", "leftovers"}),
+    "etcd": frozenset({"exclusive", "depose", "leftovers"}),
     "postgres": frozenset({"exclusive", "depose", "leftovers"}),
     "file": frozenset({"exclusive", "depose", "leftovers"}),
 }
@@ -166,6 +209,7 @@ CAPABILITIES: dict[str, frozenset[str]] = {
 CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {
     "local": local_case,
     "mysql": mysql_case,
+    "etcd": etcd_case,
     "postgres": postgres_case,
     "file": file_case,
 }

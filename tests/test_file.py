@@ -380,8 +380,16 @@ async def test_mutual_exclusion_across_four_processes(tmp_path: Path, procs: lis
     for i in range(4):
         procs.append(
             Proc(
-                "--path", str(path), "--identity", f"p{i}", "--rounds", str(rounds), "--hold", "0.01",
-                "--marker", str(marker),
+                "--path",
+                str(path),
+                "--identity",
+                f"p{i}",
+                "--rounds",
+                str(rounds),
+                "--hold",
+                "0.01",
+                "--marker",
+                str(marker),
             )
         )
     with anyio.fail_after(60):

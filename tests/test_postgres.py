@@ -378,8 +378,7 @@ def password_role(postgres: PostgresServer) -> tuple[str, str]:
     if rule not in content:
         hba.write_text(rule + content)
     postgres.query(
-        f"DO $$ BEGIN CREATE ROLE {role} LOGIN PASSWORD '{password}'; "
-        "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        f"DO $$ BEGIN CREATE ROLE {role} LOGIN PASSWORD '{password}'; EXCEPTION WHEN duplicate_object THEN NULL; END $$"
     )
     postgres.query("SELECT pg_reload_conf()")
     return role, password

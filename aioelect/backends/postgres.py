@@ -400,7 +400,9 @@ class _PostgresBackend(Backend):
                 try:
                     if conn.server_version >= 14:  # waits until the backend has exited
                         await conn.fetchval(
-                            "SELECT pg_terminate_backend($1, $2)", pid, _ms(self.check_timeout),
+                            "SELECT pg_terminate_backend($1, $2)",
+                            pid,
+                            _ms(self.check_timeout),
                             timeout=self.check_timeout + 1,
                         )
                     else:

@@ -1,0 +1,152 @@
+"""etcd backend: etcd's own election algorithm (Go ``client/v3/concurrency``) on aetcd.
+
+``session.py`` holds the connection (failover between endpoints) and the
+lease session; ``election.py`` the campaign, the held leadership, ``leader()``
+and ``observe()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from urllib.parse import urlsplit
+
+from ..._config import positive, validate_name
+from ..._elector import Elector
+from .election import EtcdBackend
+from .session import Endpoint
+
+__all__ = ["EtcdElector", "parse_endpoints"]
+
+DEFAULT_PORT = 2379
+#: etcd grants no lease shorter than its minimum TTL (2 s with default timings).
+MIN_TTL = 2
+
+
+def parse_endpoints(endpoints: str | Sequence[str]) -> list[Endpoint]:
+    """Parse ``host:port`` / ``http://host:port`` endpoints, given as a list or one comma-separated string."""
+    if isinstance(endpoints, str):
+        items = endpoints.split(",")
+    elif isinstance(endpoints, Sequence) and all(isinstance(e, str) for e in endpoints):
+        items = list(endpoints)
+    else:
+        raise ValueError("endpoints must be a list of 'host:port' strings or one comma-separated string")
+    parsed: list[Endpoint] = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        scheme = item.split("://", 1)[0].lower() if "://" in item else "http"
+        if scheme == "https":
+            raise ValueError(f"endpoint {item!r}: TLS (https) is not supported by this backend; use http://")
+        if scheme != "http":
+            raise ValueError(f"endpoint {item!r}: the scheme must be http, not {scheme!r}")
+        parts = urlsplit(item if "://" in item else "//" + item)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("endpoints must not carry credentials: pass username and password instead")
+        if parts.path not in ("", "/") or parts.query or parts.fragment:
+            raise ValueError(f"endpoint {item!r} must be host:port, without a path")
+        try:
+            port = parts.port
+        except ValueError:
+            raise ValueError(f"endpoint {item!r}: the port must be a number from 1 to 65535") from None
+        if not parts.hostname:
+            raise ValueError(f"endpoint {item!r} has no host")
+        parsed.append(Endpoint(parts.hostname, port or DEFAULT_PORT))
+    if not parsed:
+        raise ValueError("at least one etcd endpoint is needed")
+    return parsed
+
+
+class EtcdElector(Elector):
+    """A candidate in an etcd election, compatible with etcd's own (Go ``concurrency``, ``etcdctl elect``).
+
+    Guarantees (beyond :class:`~aioelect.Elector`'s):
+
+    * at most one leader among every candidate on the same ``name``, ours,
+      ``etcdctl elect`` or Go ``concurrency.Election`` alike: the leader is
+      the key with the lowest create revision under ``{name}/``;
+    * :attr:`Leadership.token` is the leader key's create revision: it
+      increases from one leader to the next;
+    * a release resigns (deletes our key and revokes our lease): the next
+      candidate takes over at once; a crashed or cut-off leader is replaced
+      once its lease expires, about ``ttl`` seconds later;
+    * a leader whose key is deleted, or whose lease is revoked or expires,
+      learns it from a watch and its keep-alives; one that cannot renew for
+      ``renew_deadline`` seconds fences itself before its lease can expire;
+    * a candidate waits on the one key created just before its own, notices
+      its own session ending while it waits and campaigns again, and checks
+      that its key still stands before it leads;
+    * cancelling a campaign deletes its key and revokes its lease at once;
+    * a failing endpoint is left for the next one in ``endpoints``;
+    * wrong credentials raise :class:`~aioelect.ElectionError` at once;
+    * if no endpoint can be reached when a campaign starts, it leads locally
+      with a WARNING when ``degrade_to_local`` (no mutual exclusion then:
+      every instance that cannot reach etcd may lead), else it retries with
+      backoff and stays a follower until etcd answers.
+
+    ``endpoints`` is a list, or a comma-separated string, of ``host:port``
+    or ``http://host:port``. ``ttl`` is the session lease in whole seconds
+    (at least 2); keep-alives go out every ``ttl / 3``; ``renew_deadline``
+    (default ``2 * ttl / 3``) must lie between the two. ``connect_timeout``
+    bounds authenticating and each request on one endpoint (keep-alives
+    have their own, shorter bound, derived from the timings above).
+    """
+
+    def __init__(
+        self,
+        endpoints: str | Sequence[str],
+        *,
+        name: str = "/aioelect/leader",
+        ttl: int = 5,
+        identity: str | None = None,
+        username: str | None = None,
+        password: str | None = None,
+        degrade_to_local: bool = True,
+        connect_timeout: float = 5.0,
+        renew_deadline: float | None = None,
+        stop_timeout: float = 5.0,
+    ) -> None:
+        parsed = parse_endpoints(endpoints)
+        name = validate_name(name, max_length=1024)
+        if isinstance(ttl, bool) or not float(positive("ttl", ttl)).is_integer():
+            raise ValueError(f"ttl must be a whole number of seconds (etcd leases have whole-second TTLs), not {ttl!r}")
+        ttl = int(ttl)
+        if ttl < MIN_TTL:
+            raise ValueError(f"ttl must be at least {MIN_TTL} seconds: etcd grants no shorter lease")
+        interval = ttl / 3
+        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else ttl * 2 / 3
+        if deadline >= ttl:
+            raise ValueError(
+                f"renew_deadline ({deadline:g}s) must be shorter than ttl ({ttl}s): a leader must stop "
+                "before its lease can expire and another candidate take over"
+            )
+        if deadline <= interval:
+            raise ValueError(
+                f"renew_deadline ({deadline:g}s) must be longer than the keep-alive interval ttl/3 ({interval:.3g}s): "
+                "otherwise a healthy leader would fence itself between two keep-alives"
+            )
+        connect_timeout = positive("connect_timeout", connect_timeout)
+        if (username is None) != (password is None):
+            raise ValueError("username and password go together: pass both or neither")
+        if username is not None and (not isinstance(username, str) or not username):
+            raise ValueError("username must be a non-empty string")
+        if password is not None and not isinstance(password, str):
+            raise ValueError("password must be a string")
+        if not isinstance(degrade_to_local, bool):
+            raise ValueError(f"degrade_to_local must be True or False, not {degrade_to_local!r}")
+        backend = EtcdBackend(
+            endpoints=parsed,
+            name=name,
+            ttl=ttl,
+            renew_deadline=deadline,
+            connect_timeout=connect_timeout,
+            username=username,
+            password=password,
+            degrade_to_local=degrade_to_local,
+        )
+        super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
+
+    @property
+    def renew_deadline(self) -> float:
+        """Seconds a leader may go without an acknowledged keep-alive before it fences itself."""
+        assert isinstance(self._backend, EtcdBackend)
+        return self._backend.renew_deadline

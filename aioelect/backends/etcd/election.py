@@ -1,0 +1,498 @@
+"""The election, following etcd's Go ``client/v3/concurrency`` ``Election``.
+
+Keys and revisions are those of ``election.go``, so that these candidates,
+``etcdctl elect`` and Go programs share one election on the same prefix:
+
+* a candidate's key is ``{name}/{lease id in hex}``, its value the identity,
+  created under the session's lease only if absent;
+* the leader is the key with the lowest create revision under ``{name}/``;
+* a candidate waits for the deletion of the nearest key created before its
+  own (never the whole prefix: no thundering herd), then checks again.
+
+Beyond Go's ``Campaign``: the wait ends if our own session expires (etcd
+issue 19597), after which we campaign again with a new session; and before
+a campaign returns, our key is checked to still exist under our lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anyio
+from aetcd import rpc
+from aetcd.utils import prefix_range_end
+
+from ..._backend import Backend, Backoff, Confirm, Hold, monotonic
+from ..._errors import BackendUnavailable, ElectionError
+from .session import Compacted, Connection, Endpoint, Retired, Session, SessionEnded, Transient, first_of
+
+__all__ = ["EtcdBackend"]
+
+_DELETE = rpc.Event.DELETE
+
+
+def _identity(value: bytes) -> str:
+    return value.decode("utf-8", errors="replace")
+
+
+class _KeyLost(Exception):
+    """Our candidate key vanished while our lease lives (deleted by hand): put it again."""
+
+
+class EtcdHold(Hold):
+    """Leadership held as the candidate key with the lowest create revision."""
+
+    def __init__(
+        self, backend: EtcdBackend, session: Session, key: bytes, revision: int, acquired_at: float, watch_from: int
+    ) -> None:
+        self._backend = backend
+        self._session = session
+        self.key = key
+        self.revision = revision
+        self.token = revision
+        self.acquired_at = acquired_at
+        self._watch_from = watch_from
+        self._released = False
+
+    async def monitor(self, confirm: Confirm) -> str:
+        session = self._session
+        session.on_confirm = confirm
+        if session.confirmed_at > self.acquired_at:
+            confirm(session.confirmed_at)
+        try:
+            _, reason = await first_of(self._session_ended, self._key_deleted)
+            return str(reason)
+        finally:
+            session.on_confirm = None
+
+    async def _session_ended(self) -> str:
+        return f"session ended: {await self._session.wait_ended()}"
+
+    async def _key_deleted(self) -> str:
+        """Return once our key is gone; resynchronise by reading it whenever the watch breaks."""
+        b = self._backend
+        start = self._watch_from
+        backoff = Backoff(first=0.05, maximum=1.0)
+        while True:
+            try:
+                async with b.conn.watch(self.key, start_revision=start, no_put=True) as stream:
+                    backoff.reset()
+                    while True:
+                        response = await stream.next()
+                        if any(event.type == _DELETE for event in response.events):
+                            return await self._why_deleted()
+                        start = max(start, int(response.header.revision) + 1)
+            except Transient as exc:
+                b.log.debug("watch on our key interrupted (%s); reading it again", exc)
+                if not isinstance(exc, Retired):
+                    await anyio.sleep(backoff.next_delay())
+            try:
+                kv, revision = await b.get_key(self.key)
+            except Transient as exc:
+                b.log.debug("cannot read our key (%s); the session decides", exc)
+                continue
+            if kv is None or kv.create_revision != self.revision or kv.lease != self._session.lease_id:
+                return await self._why_deleted()
+            start = revision + 1
+
+    async def _why_deleted(self) -> str:
+        b = self._backend
+        try:
+            reply = await b.conn.call(
+                "lease time-to-live",
+                lambda ch: ch.lease.LeaseTimeToLive(
+                    rpc.LeaseTimeToLiveRequest(ID=self._session.lease_id), metadata=ch.metadata
+                ),
+                timeout=b.session_keepalive_timeout,
+                attempts=1,
+            )
+            if reply.TTL < 0:
+                return "leader key deleted: our lease was revoked or expired"
+        except (Transient, ElectionError):
+            pass
+        return "leader key deleted (resigned elsewhere or removed by hand)"
+
+    async def release(self) -> None:
+        """Resign as election.go does (delete our key if it is still ours), then revoke the lease."""
+        if self._released:
+            return
+        self._released = True
+        b = self._backend
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(b.release_timeout):
+                    try:
+                        await b.resign(self.key, self.revision)
+                    except (Transient, ElectionError) as exc:
+                        b.log.debug("resign failed (%s); revoking the lease removes the key", exc)
+                    await self._session.close()
+            finally:
+                await self._session.stop()
+                b.sessions.discard(self._session)
+
+
+class DegradedHold(Hold):
+    """Local leadership while etcd cannot be reached: nothing can take it away."""
+
+    def __init__(self, backend: EtcdBackend, identity: str) -> None:
+        self._backend = backend
+        self._identity = identity
+        self.acquired_at = monotonic()
+
+    async def monitor(self, confirm: Confirm) -> str:
+        # Nothing to renew: confirm on time so that the keeper's renew deadline never fences us.
+        while True:
+            confirm(monotonic())
+            await anyio.sleep(self._backend.keepalive_interval)
+
+    async def release(self) -> None:
+        if self._backend.degraded is self:
+            self._backend.degraded = None
+
+    @property
+    def identity(self) -> str:
+        return self._identity
+
+
+class EtcdBackend(Backend):
+    kind = "etcd"
+
+    def __init__(
+        self,
+        *,
+        endpoints: Sequence[Endpoint],
+        name: str,
+        ttl: int,
+        renew_deadline: float,
+        connect_timeout: float,
+        username: str | None,
+        password: str | None,
+        degrade_to_local: bool,
+    ) -> None:
+        super().__init__(name)
+        self.prefix = (name + "/").encode()
+        self._prefix_end = prefix_range_end(self.prefix)
+        self.ttl = ttl
+        self.keepalive_interval = ttl / 3
+        self._renew_deadline = renew_deadline
+        # Half the slack between two keep-alives and the deadline: a slow one is retried in time.
+        self.session_keepalive_timeout = max(
+            0.1, min(self.keepalive_interval, renew_deadline - self.keepalive_interval) / 2
+        )
+        self.connect_timeout = connect_timeout
+        self.request_timeout = connect_timeout
+        # Resign and revoke end before the elector gives up on a release (5 s).
+        self.release_timeout = min(connect_timeout, 4.0)
+        self.degrade_to_local = degrade_to_local
+        self.conn = Connection(
+            endpoints, username=username, password=password, connect_timeout=connect_timeout, log=lambda: self.log
+        )
+        self.sessions: set[Session] = set()
+        self.degraded: DegradedHold | None = None
+
+    @property
+    def renew_deadline(self) -> float:
+        return self._renew_deadline
+
+    def describe_timing(self) -> str:
+        degrade = (
+            "degrades to local leadership if etcd cannot be reached"
+            if self.degrade_to_local
+            else "waits for etcd if it cannot be reached"
+        )
+        return (
+            f"ttl={self.ttl}s keep-alive every {self.keepalive_interval:.3g}s "
+            f"(timeout {self.session_keepalive_timeout:.3g}s) renew_deadline={self._renew_deadline:.3g}s "
+            f"connect_timeout={self.connect_timeout:g}s endpoints={self.conn.describe()}: "
+            f"a resigning leader is replaced at once, a crashed or cut-off one after about {self.ttl}s "
+            f"(its lease expiring); a leader that cannot renew fences itself after {self._renew_deadline:.3g}s, "
+            f"{self.ttl - self._renew_deadline:.3g}s before its lease can expire; {degrade}"
+        )
+
+    # --- requests ------------------------------------------------------------------
+
+    async def get_key(self, key: bytes) -> tuple[Any, int]:
+        """(our key's KeyValue or None, header revision)."""
+        reply = await self.conn.call(
+            "read key",
+            lambda ch: ch.kv.Range(rpc.RangeRequest(key=key), metadata=ch.metadata),
+            timeout=self.request_timeout,
+        )
+        return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
+
+    async def first_candidate(self) -> tuple[Any, int]:
+        """(the KeyValue with the lowest create revision under the prefix, or None; header revision)."""
+        request = rpc.RangeRequest(
+            key=self.prefix,
+            range_end=self._prefix_end,
+            sort_order=rpc.RangeRequest.ASCEND,
+            sort_target=rpc.RangeRequest.CREATE,
+            limit=1,
+        )
+        reply = await self.conn.call(
+            "read leader",
+            lambda ch: ch.kv.Range(request, metadata=ch.metadata),
+            timeout=self.request_timeout,
+        )
+        return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
+
+    async def resign(self, key: bytes, revision: int) -> None:
+        """Delete ``key`` if its create revision is still ``revision`` (election.go ``Resign``)."""
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision)
+            ],
+            success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))],
+        )
+        await self.conn.call(
+            "resign", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
+        )
+
+    async def _put_candidate(self, session: Session, key: bytes, value: bytes) -> int:
+        """Create our key under the lease if absent; return its create revision (election.go ``Campaign``)."""
+        request = rpc.TxnRequest(
+            compare=[rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=0)],
+            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=session.lease_id))],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
+        )
+        reply = await self.conn.call(
+            "campaign", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
+        )
+        if reply.succeeded:
+            return int(reply.header.revision)
+        kvs = reply.responses[0].response_range.kvs
+        if not kvs:
+            raise _KeyLost()
+        revision = int(kvs[0].create_revision)
+        if kvs[0].value != value:  # election.go's Proclaim: our key, our value
+            proclaim = rpc.TxnRequest(
+                compare=[
+                    rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision)
+                ],
+                success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=session.lease_id))],
+            )
+            done = await self.conn.call(
+                "proclaim", lambda ch: ch.kv.Txn(proclaim, metadata=ch.metadata), timeout=self.request_timeout
+            )
+            if not done.succeeded:
+                raise _KeyLost()
+        return revision
+
+    async def _wait_predecessors(self, revision: int) -> None:
+        """Return once no key under the prefix was created before ``revision`` (key.go ``waitDeletes``)."""
+        request = rpc.RangeRequest(
+            key=self.prefix,
+            range_end=self._prefix_end,
+            sort_order=rpc.RangeRequest.DESCEND,
+            sort_target=rpc.RangeRequest.CREATE,
+            limit=1,
+            max_create_revision=revision - 1,
+        )
+        while True:
+            reply = await self.conn.call(
+                "find predecessor", lambda ch: ch.kv.Range(request, metadata=ch.metadata), timeout=self.request_timeout
+            )
+            if not reply.kvs:
+                return
+            predecessor = bytes(reply.kvs[0].key)
+            self.log.debug("waiting for %s to go", predecessor.decode(errors="replace"))
+            try:
+                async with self.conn.watch(
+                    predecessor, start_revision=int(reply.header.revision) + 1, no_put=True
+                ) as stream:
+                    while not any(event.type == _DELETE for event in (await stream.next()).events):
+                        pass
+            except (Retired, Compacted):
+                pass  # look again
+            except Transient as exc:
+                if not exc.rotate:
+                    raise
+                self.log.debug("watch failed (%s); looking again on the next endpoint", exc)
+
+    # --- campaign ------------------------------------------------------------------
+
+    async def campaign(self, identity: str) -> Hold:
+        value = identity.encode()
+        backoff = Backoff(first=0.1, maximum=2.0)
+        contacted = False
+        while True:
+            try:
+                session = await Session.grant(
+                    self.conn,
+                    self.ttl,
+                    interval=self.keepalive_interval,
+                    keepalive_timeout=self.session_keepalive_timeout,
+                    request_timeout=self.request_timeout,
+                )
+            except Transient as exc:
+                if not contacted and not exc.answered and self.degrade_to_local:
+                    return self._degrade(identity, exc)
+                contacted = contacted or exc.answered
+                delay = backoff.next_delay()
+                self.report_error(f"cannot start an etcd session ({exc})", delay)
+                await anyio.sleep(delay)
+                continue
+            contacted = True
+            self.sessions.add(session)
+            try:
+                return await self._campaign_in(session, value, backoff)
+            except SessionEnded as exc:
+                self.log.info("session ended while campaigning (%s); campaigning again with a new session", exc)
+
+    async def _campaign_in(self, session: Session, value: bytes, backoff: Backoff) -> Hold:
+        """Campaign with ``session`` until we lead; raise SessionEnded if it ends first.
+
+        Anything but success (cancellation included) deletes our key and revokes the lease.
+        """
+        key = self.prefix + f"{session.lease_id:x}".encode()
+        won = False
+        try:
+            while True:
+                try:
+                    which, hold = await first_of(session.wait_ended, lambda: self._try(session, key, value))
+                except _KeyLost:
+                    self.log.warning("our candidate key was deleted while our lease lives; campaigning again")
+                    continue
+                except Transient as exc:
+                    if exc.lease_gone:
+                        session.expire("etcd reports the lease gone")
+                        raise SessionEnded(str(exc)) from None
+                    delay = backoff.next_delay()
+                    self.report_error(f"campaign interrupted ({exc})", delay)
+                    with anyio.move_on_after(delay):
+                        await session.wait_ended()
+                    continue
+                if which == 0:
+                    raise SessionEnded(str(hold))
+                backoff.reset()
+                won = True
+                assert isinstance(hold, EtcdHold)
+                return hold
+        finally:
+            if not won:
+                await self._withdraw(session, key)
+
+    async def _try(self, session: Session, key: bytes, value: bytes) -> EtcdHold:
+        revision = await self._put_candidate(session, key, value)
+        self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
+        await self._wait_predecessors(revision)
+        # Confirm before returning: our key still stands under our lease (it would be gone with the lease).
+        kv, header = await self.get_key(key)
+        if kv is None or kv.lease != session.lease_id or kv.create_revision != revision:
+            await session.keepalive()  # raises SessionEnded if the key went with our lease
+            raise _KeyLost()
+        # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.
+        return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=header + 1)
+
+    async def _withdraw(self, session: Session, key: bytes) -> None:
+        """Delete our candidate key and revoke the lease at once; bounded, never interrupted."""
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(self.release_timeout):
+                    if not session.done.is_set():
+                        try:
+                            await self.conn.call(
+                                "withdraw",
+                                lambda ch: ch.kv.DeleteRange(rpc.DeleteRangeRequest(key=key), metadata=ch.metadata),
+                                timeout=self.request_timeout,
+                            )
+                        except (Transient, ElectionError) as exc:
+                            self.log.debug("deleting our candidate key failed (%s); the lease's end removes it", exc)
+                    await session.close()
+            finally:
+                await session.stop()
+                self.sessions.discard(session)
+
+    def _degrade(self, identity: str, exc: Transient) -> Hold:
+        self.log.warning(
+            "etcd cannot be reached at %s (%s); degrade_to_local=True, so leading locally WITHOUT mutual "
+            "exclusion: every instance that cannot reach etcd may become leader at the same time. "
+            "Pass degrade_to_local=False to wait for etcd instead.",
+            self.conn.describe(),
+            exc,
+        )
+        hold = DegradedHold(self, identity)
+        self.degraded = hold
+        return hold
+
+    # --- who leads -------------------------------------------------------------------
+
+    async def leader(self) -> str | None:
+        """The value of the key with the lowest create revision under the prefix.
+
+        While we lead locally because etcd is unreachable, that is us.
+        """
+        try:
+            kv, _ = await self.first_candidate()
+        except Transient as exc:
+            if self.degraded is not None:
+                return self.degraded.identity
+            raise BackendUnavailable(f"etcd at {self.conn.describe()} is unreachable: {exc}") from None
+        return None if kv is None else _identity(kv.value)
+
+    async def observe(self) -> AsyncIterator[str | None]:
+        """Yield the leader now and at each change; resynchronise after any interruption.
+
+        As election.go's ``Observe``: read the first candidate, then watch
+        its key (a put is a new value, a delete means read again), or while
+        nobody leads, watch the prefix for the first put. A broken or
+        compacted watch is never skipped over: we read again and yield what
+        changed meanwhile. Ends when the elector is closed.
+        """
+        last: object = object()
+        backoff = Backoff(first=0.1, maximum=2.0)
+        while True:
+            try:
+                kv, revision = await self.first_candidate()
+            except Transient as exc:
+                if self.degraded is not None and self.degraded.identity != last:
+                    last = self.degraded.identity
+                    yield self.degraded.identity
+                delay = backoff.next_delay()
+                self.log.warning("observe: cannot read the leader (%s); retrying in %.2fs", exc, delay)
+                await anyio.sleep(delay)
+                continue
+            except ElectionError:
+                if self.conn.closed:
+                    return
+                raise
+            current = None if kv is None else _identity(kv.value)
+            if current != last:
+                last = current
+                yield current
+            try:
+                if kv is None:
+                    async with self.conn.watch(
+                        self.prefix, range_end=self._prefix_end, start_revision=revision + 1, no_delete=True
+                    ) as stream:
+                        await stream.next()
+                else:
+                    async with self.conn.watch(bytes(kv.key), start_revision=revision + 1) as stream:
+                        while True:
+                            response = await stream.next()
+                            if any(event.type == _DELETE for event in response.events):
+                                break
+                            value = _identity(response.events[-1].kv.value)
+                            if value != last:
+                                last = value
+                                yield value
+                backoff.reset()
+            except Transient as exc:
+                if self.conn.closed:
+                    return
+                self.log.info("observe: watch interrupted (%s); resynchronising", exc)
+                if not isinstance(exc, Retired):
+                    await anyio.sleep(backoff.next_delay())
+            except ElectionError:
+                if self.conn.closed:
+                    return
+                raise
+
+    async def aclose(self) -> None:
+        for session in list(self.sessions):
+            with anyio.move_on_after(self.release_timeout):
+                await session.close()
+            await session.stop()
+        self.sessions.clear()
+        await self.conn.aclose()

@@ -1,0 +1,716 @@
+"""One elector's connection to etcd, and its sessions.
+
+:class:`Connection` owns the elector's single aetcd client and fails over
+between endpoints; :class:`Session` is a lease kept alive in the background,
+following etcd's Go ``client/v3/concurrency`` ``Session``: the session ends
+as soon as the lease may have expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import anyio
+
+from ..._backend import Backoff, Confirm, monotonic
+from ..._errors import ElectionError
+from ..._log import ElectionLog
+
+try:
+    import aetcd
+    import grpc
+    from aetcd import rpc
+except ImportError as exc:  # pragma: no cover - depends on the extra
+    raise ImportError("the etcd backend needs aetcd: pip install 'aioelect[etcd]'") from exc
+
+__all__ = [
+    "Compacted",
+    "Connection",
+    "Endpoint",
+    "Retired",
+    "Session",
+    "SessionEnded",
+    "Transient",
+    "WatchStream",
+    "first_of",
+    "settle",
+]
+
+T = TypeVar("T")
+
+# gRPC keepalive pings detect a dead or frozen member under a long-lived watch.
+# etcd refuses pings more often than every 5 s (--grpc-keepalive-min-time).
+GRPC_OPTIONS = {
+    "grpc.keepalive_time_ms": 10_000,
+    "grpc.keepalive_timeout_ms": 5_000,
+    "grpc.http2.max_pings_without_data": 0,
+    "grpc.max_reconnect_backoff_ms": 1_000,
+}
+#: How long :meth:`Connection.aclose` lets requests in flight finish before closing under them.
+DRAIN_TIMEOUT = 1.0
+
+# Server replies that a new client (a fresh auth token) or another member can fix.
+_RETRYABLE_DETAILS = ("invalid auth token", "auth store is old", "not leader", "leader changed", "lease already exists")
+
+
+class Transient(Exception):
+    """An etcd request failed in a way that a retry can fix.
+
+    ``answered`` is True when an etcd member did answer (no quorum, lease not
+    found...): etcd is reachable. ``rotate`` is True when the next request
+    should go to another endpoint.
+    """
+
+    def __init__(self, message: str, *, answered: bool = False, rotate: bool = True, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.answered = answered
+        self.rotate = rotate
+        #: The request may have been applied: no answer came in time.
+        self.timed_out = timed_out
+        #: etcd says the lease the request used does not exist (any more).
+        self.lease_gone = "requested lease not found" in message
+        #: Our auth token expired: a new client (a new token) fixes it at once.
+        self.reauth = "invalid auth token" in message or "auth store is old" in message
+
+
+class Retired(Transient):
+    """The client a watch was using has been replaced: watch again on the new one."""
+
+    def __init__(self) -> None:
+        super().__init__("the etcd client was replaced", rotate=False)
+
+
+class Compacted(Transient):
+    """The revision a watch or read started from has been compacted away."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(f"revision compacted (compact revision {revision})", answered=True, rotate=False)
+
+
+class SessionEnded(Exception):
+    """The session's lease may have expired: campaign again with a new session."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+async def settle(awaitable: Awaitable[T]) -> T:
+    """Await a gRPC call (or anything that awaits one) safely.
+
+    grpc.aio turns a cancellation it receives into a CancelledError of its
+    own, which anyio cancel scopes (timeouts, task groups) do not recognise as
+    theirs and let through. So the call runs in a helper task and we only wait
+    for it: cancelling us raises our own CancelledError and cancels the call.
+    A call cancelled under us (its client closed) raises :class:`Transient`.
+    """
+    inner = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.wait([inner])
+    except BaseException:
+        inner.cancel()
+        inner.add_done_callback(_consume)
+        raise
+    if inner.cancelled():
+        raise Transient("the etcd request was cancelled (client closed)")
+    return inner.result()
+
+
+def _consume(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def first_of(*waiters: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
+    """Run ``waiters`` concurrently; return (index, result) of the first to finish, cancelling the rest.
+
+    If the first to finish raised, that exception is raised (never an exception group).
+    """
+    outcome: list[tuple[int, Any, BaseException | None]] = []
+
+    async def run(index: int, waiter: Callable[[], Awaitable[Any]], tg: anyio.abc.TaskGroup) -> None:
+        try:
+            value = await waiter()
+        except Exception as exc:
+            outcome.append((index, None, exc))
+        else:
+            outcome.append((index, value, None))
+        tg.cancel_scope.cancel()
+
+    async with anyio.create_task_group() as tg:
+        for index, waiter in enumerate(waiters):
+            tg.start_soon(run, index, waiter, tg)
+    index, value, error = outcome[0]
+    if error is not None:
+        raise error
+    return index, value
+
+
+def _rpc_error(exc: BaseException) -> Any:
+    """The grpc.aio.AioRpcError behind ``exc`` (aetcd wraps them), or None."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return None
+        if isinstance(seen, grpc.aio.AioRpcError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def classify(exc: BaseException, what: str, endpoint: Endpoint, username: str | None) -> Exception | None:
+    """Map a failed request to :class:`Transient` or :class:`ElectionError`; None: not an etcd failure (a bug)."""
+    if isinstance(exc, (Transient, ElectionError)):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return Transient(f"{what} on {endpoint} timed out", timed_out=True)
+    error = _rpc_error(exc)
+    if error is None:
+        if isinstance(exc, (OSError, aetcd.ClientError)):
+            return Transient(f"{what} on {endpoint} failed: {exc}")
+        return None
+    code = error.code()
+    details = str(error.details() or code.name)
+    etcd_said = details.removeprefix("etcdserver: ")
+    if "authentication failed" in details:
+        return ElectionError(f"etcd at {endpoint} rejected the credentials of user {username!r}: {etcd_said}")
+    if "user name is empty" in details:
+        return ElectionError(f"etcd at {endpoint} has authentication enabled: pass username and password")
+    permanent = code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED) or (
+        code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
+        and not any(text in details for text in _RETRYABLE_DETAILS)
+    )
+    if permanent:
+        return ElectionError(f"etcd at {endpoint} refused {what}: {etcd_said}")
+    answered = details.startswith("etcdserver:") or code in (
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.OUT_OF_RANGE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+    )
+    # A lease that is gone or a compacted revision is the same on every member.
+    rotate = code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE)
+    return Transient(f"{what} on {endpoint}: {code.name}: {details}", answered=answered, rotate=rotate)
+
+
+class _Channel:
+    """One aetcd client (one gRPC channel to one endpoint) and who is using it."""
+
+    def __init__(self, client: Any, endpoint: Endpoint) -> None:
+        self.client = client
+        self.endpoint = endpoint
+        self.kv: Any = client.kvstub
+        self.lease: Any = client.leasestub
+        self.watch: Any = rpc.WatchStub(client.channel)
+        self.metadata: Any = client.metadata
+        self.users = 0
+        self.retired = anyio.Event()
+        self.closed = False
+
+
+class WatchStream:
+    """One etcd watch on its own gRPC stream; see :meth:`Connection.watch`."""
+
+    def __init__(self, call: Any, channel: _Channel, conn: Connection) -> None:
+        self._call = call
+        self._channel = channel
+        self._conn = conn
+
+    async def next(self) -> Any:
+        """The next WatchResponse that carries events.
+
+        Raises :class:`Retired` when the client was replaced (the stream is
+        then dead: open a new watch), :class:`Compacted`, :class:`Transient`,
+        or :class:`ElectionError` if etcd refuses the watch.
+        """
+        while True:
+            which, response = await first_of(self._read, self._channel.retired.wait)
+            if which == 1:
+                raise Retired()
+            response = self._conn.check_watch_response(response, self._channel, "watch")
+            if response.events:
+                return response
+
+    async def _read(self) -> Any:
+        try:
+            return await settle(self._call.read())
+        except Exception as exc:
+            failure = self._conn.failed(exc, "watch", self._channel)
+            if failure is exc:
+                raise
+            raise failure from None
+
+
+class Connection:
+    """The elector's one connection to etcd: one aetcd client at a time, failing over between endpoints.
+
+    Guarantees:
+
+    * every request is bounded in time;
+    * a transient failure retires the current client, so the next request
+      goes to the next endpoint and every watch waiting on the old client
+      moves over (it raises :class:`Retired`); it is raised as :class:`Transient`;
+    * a permanent failure (wrong credentials, permission denied) raises
+      :class:`ElectionError` at once;
+    * a client is closed only once no request or watch uses it, so nothing is
+      cancelled under a caller; :meth:`aclose` closes them all (after letting
+      requests in flight end for at most ``DRAIN_TIMEOUT``; watches end at once).
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        *,
+        username: str | None,
+        password: str | None,
+        connect_timeout: float,
+        log: Callable[[], ElectionLog],
+    ) -> None:
+        self.endpoints = list(endpoints)
+        self.username = username
+        self._password = password
+        self.connect_timeout = connect_timeout
+        self._log = log
+        self._index = 0
+        self._current: _Channel | None = None
+        self._channels: set[_Channel] = set()
+        self._connecting = anyio.Lock()
+        self._auth_disabled = False
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.describe()}>"
+
+    @property
+    def log(self) -> ElectionLog:
+        return self._log()
+
+    def describe(self) -> str:
+        return ",".join(str(e) for e in self.endpoints)
+
+    # --- clients -------------------------------------------------------------------
+
+    async def _current_channel(self) -> _Channel:
+        async with self._connecting:
+            if self.closed:
+                raise ElectionError("the elector is closed")
+            current = self._current
+            if current is not None and not current.retired.is_set():
+                return current
+            endpoint = self.endpoints[self._index]
+            channel = await self._open(endpoint)
+            self._current = channel
+            self._channels.add(channel)
+            return channel
+
+    async def _open(self, endpoint: Endpoint) -> _Channel:
+        with_auth = self.username is not None and not self._auth_disabled
+        client = aetcd.Client(
+            endpoint.host,
+            endpoint.port,
+            username=self.username if with_auth else None,
+            password=self._password if with_auth else None,
+            timeout=self.connect_timeout,
+            options=GRPC_OPTIONS,
+        )
+        try:
+            with anyio.fail_after(self.connect_timeout + 0.5):
+                await settle(client.connect())
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._close_client(client)
+            if not isinstance(exc, Exception):
+                raise
+            error = _rpc_error(exc)
+            if error is not None and "authentication is not enabled" in str(error.details()):
+                # As etcd's Go client does: credentials for a server without auth are not an error.
+                self.log.debug("etcd at %s has authentication disabled; connecting without credentials", endpoint)
+                self._auth_disabled = True
+                return await self._open(endpoint)
+            failure = classify(exc, "authentication" if with_auth else "connect", endpoint, self.username)
+            if failure is None:
+                raise
+            if isinstance(failure, Transient) and failure.rotate:
+                self._rotate()
+            raise failure from None
+        self.log.debug("connected to etcd at %s", endpoint)
+        return _Channel(client, endpoint)
+
+    def _rotate(self) -> None:
+        self._index = (self._index + 1) % len(self.endpoints)
+
+    def fail(self, channel: _Channel, failure: Transient) -> None:
+        """Retire ``channel`` after ``failure`` so that the next request goes to the next endpoint."""
+        if not failure.rotate or channel is not self._current or channel.retired.is_set():
+            return
+        channel.retired.set()
+        self._current = None
+        self._rotate()
+        self.log.debug("etcd endpoint %s failed (%s); next: %s", channel.endpoint, failure, self.endpoints[self._index])
+
+    def failed(self, exc: Exception, what: str, channel: _Channel) -> Exception:
+        """The exception to raise for ``exc`` (see :func:`classify`); retires ``channel`` if it is to blame."""
+        failure = classify(exc, what, channel.endpoint, self.username)
+        if failure is None:
+            return exc
+        if isinstance(failure, Transient):
+            self.fail(channel, failure)
+        return failure
+
+    @contextlib.asynccontextmanager
+    async def channel(self) -> AsyncIterator[_Channel]:
+        """The current client, kept open while the block runs."""
+        channel = await self._current_channel()
+        channel.users += 1
+        try:
+            yield channel
+        finally:
+            channel.users -= 1
+            if channel.retired.is_set() and channel.users == 0:
+                await self._close_channel(channel)
+
+    async def _close_channel(self, channel: _Channel) -> None:
+        if channel.closed:
+            return
+        channel.closed = True
+        self._channels.discard(channel)
+        if self._current is channel:
+            self._current = None
+        with anyio.CancelScope(shield=True):
+            await self._close_client(channel.client)
+
+    async def _close_client(self, client: Any) -> None:
+        with anyio.move_on_after(2.0):
+            try:
+                await settle(client.close())
+            except Exception as exc:
+                self.log.debug("closing an etcd client failed: %r", exc)
+
+    async def aclose(self) -> None:
+        """Close every client; watches end with :class:`Retired`, later requests raise ElectionError."""
+        self.closed = True
+        self._current = None
+        channels = list(self._channels)
+        for channel in channels:
+            channel.retired.set()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(DRAIN_TIMEOUT):
+                while any(c.users for c in channels):  # noqa: ASYNC110 - a few short polls while requests end
+                    await anyio.sleep(0.01)
+            for channel in channels:
+                await self._close_channel(channel)
+
+    # --- requests ------------------------------------------------------------------
+
+    async def call(
+        self,
+        what: str,
+        request: Callable[[_Channel], Awaitable[T]],
+        *,
+        timeout: float,  # noqa: ASYNC109 - a per-attempt bound, not the caller's deadline
+        attempts: int | None = None,
+    ) -> T:
+        """Run ``request`` on the current client, at most ``timeout`` seconds per attempt.
+
+        On a transient failure the next endpoint is tried, each at most once
+        (``attempts`` bounds it further); the last failure is raised as
+        :class:`Transient`. Permanent failures raise :class:`ElectionError`.
+        """
+        tries = min(attempts or len(self.endpoints), len(self.endpoints))
+        last: Transient | None = None
+        attempt = 0
+        while attempt < tries:
+            attempt += 1
+            try:
+                async with self.channel() as channel:
+                    try:
+                        with anyio.fail_after(timeout):
+                            return await settle(request(channel))
+                    except Exception as exc:
+                        failure = self.failed(exc, what, channel)
+                        if failure is exc:
+                            raise
+                        raise failure from None
+            except Transient as exc:
+                if exc.reauth and not (last is not None and last.reauth):
+                    tries += 1  # once more, on a client that authenticates afresh
+                last = exc
+                if not exc.rotate:
+                    break
+        assert last is not None
+        raise last
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self,
+        key: bytes,
+        *,
+        start_revision: int,
+        range_end: bytes | None = None,
+        no_put: bool = False,
+        no_delete: bool = False,
+    ) -> AsyncIterator[WatchStream]:
+        """An etcd watch on its own stream, always cancelled when the block ends.
+
+        The watch is created (etcd acknowledged it) before the block runs, or
+        :class:`Transient` / :class:`Compacted` / :class:`ElectionError` is raised.
+        """
+        async with self.channel() as channel:
+            call = channel.watch.Watch(metadata=channel.metadata)
+            try:
+                create = rpc.WatchCreateRequest(key=key, start_revision=start_revision)
+                if range_end is not None:
+                    create.range_end = range_end
+                if no_put:
+                    create.filters.append(rpc.WatchCreateRequest.NOPUT)
+                if no_delete:
+                    create.filters.append(rpc.WatchCreateRequest.NODELETE)
+                try:
+                    with anyio.fail_after(self.connect_timeout):
+                        await settle(call.write(rpc.WatchRequest(create_request=create)))
+                        created = await settle(call.read())
+                except Exception as exc:
+                    failure = self.failed(exc, "watch", channel)
+                    if failure is exc:
+                        raise
+                    raise failure from None
+                created = self.check_watch_response(created, channel, "watch")
+                if not created.created:
+                    raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
+                yield WatchStream(call, channel, self)
+            finally:
+                call.cancel()
+
+    def check_watch_response(self, response: Any, channel: _Channel, what: str) -> Any:
+        """Return ``response`` if it is a live watch response, else raise what it means."""
+        if response is grpc.aio.EOF:
+            failure = Transient(f"etcd at {channel.endpoint} closed the {what} stream")
+            self.fail(channel, failure)
+            raise failure
+        if response.compact_revision:
+            raise Compacted(int(response.compact_revision))
+        if response.canceled:
+            reason = str(response.cancel_reason) or "no reason given"
+            if "permission denied" in reason:
+                raise ElectionError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
+            raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered=True)
+        return response
+
+
+class Session:
+    """A lease kept alive in the background, like etcd's Go ``concurrency.Session``.
+
+    Guarantees:
+
+    * the lease lives at least until ``confirmed_at + ttl``: ``confirmed_at``
+      is the monotonic time at which the last grant or keep-alive that etcd
+      acknowledged was *sent*;
+    * ``done`` is set, with ``reason``, as soon as the lease may be gone: etcd
+      reports it expired or revoked, or no keep-alive succeeded for ``ttl``
+      seconds;
+    * ``on_confirm``, when set, is called with the send time of every
+      acknowledged keep-alive;
+    * after :meth:`close` nothing of the session runs and its lease is revoked
+      (or, if etcd cannot be reached, expires by itself).
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        lease_id: int,
+        ttl: int,
+        *,
+        confirmed_at: float,
+        interval: float,
+        keepalive_timeout: float,
+        request_timeout: float,
+    ) -> None:
+        self.conn = conn
+        self.lease_id = lease_id
+        self.ttl = ttl
+        self.confirmed_at = confirmed_at
+        self.interval = interval
+        self.keepalive_timeout = keepalive_timeout
+        self.request_timeout = request_timeout
+        self.done = anyio.Event()
+        self.reason: str | None = None
+        self.on_confirm: Confirm | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Session lease={self.lease_id:x} ttl={self.ttl}s {'ended' if self.done.is_set() else 'alive'}>"
+
+    @classmethod
+    async def grant(
+        cls, conn: Connection, ttl: int, *, interval: float, keepalive_timeout: float, request_timeout: float
+    ) -> Session:
+        """Grant a lease and start keeping it alive.
+
+        The lease ID is chosen here, so that a grant interrupted before its
+        reply arrives can still be revoked: nothing is left behind.
+        """
+        lease_id = secrets.randbelow(2**62) + 1
+        sent = monotonic()
+        try:
+            reply = await conn.call(
+                "lease grant",
+                lambda ch: ch.lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl, ID=lease_id), metadata=ch.metadata),
+                timeout=request_timeout,
+            )
+        except BaseException as exc:
+            if not isinstance(exc, Exception) or (isinstance(exc, Transient) and exc.timed_out):
+                # The grant may have been applied without our hearing of it. Briefly: if etcd does not
+                # answer, the lease (without keys) expires by itself.
+                bound = min(request_timeout, 1.0)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+                    await _revoke(conn, lease_id, bound)
+            raise
+        if reply.error:
+            raise Transient(f"etcd refused the lease: {reply.error}", answered=True)
+        if ttl != reply.TTL:
+            conn.log.debug("etcd granted a %ss lease for the %ss asked (its minimum TTL)", reply.TTL, ttl)
+        session = cls(
+            conn,
+            lease_id,
+            ttl,
+            confirmed_at=sent,
+            interval=interval,
+            keepalive_timeout=keepalive_timeout,
+            request_timeout=request_timeout,
+        )
+        task = asyncio.get_running_loop().create_task(session._keep_alive(), name=f"aioelect-etcd-lease-{lease_id:x}")
+        task.add_done_callback(session._keeper_done)
+        session._task = task
+        return session
+
+    def _keeper_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.conn.log.error("keep-alive of lease %x failed", self.lease_id, exc_info=task.exception())
+            self._end(f"keep-alive failed: {task.exception()!r}")
+
+    def expire(self, reason: str) -> None:
+        """End the session because etcd says its lease is gone."""
+        self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.conn.log.debug("session %x ended: %s", self.lease_id, reason)
+        self.done.set()
+
+    def _confirmed(self, sent: float) -> None:
+        if sent > self.confirmed_at:
+            self.confirmed_at = sent
+        if self.on_confirm is not None:
+            self.on_confirm(sent)
+
+    async def keepalive(self) -> float:
+        """Renew the lease once; return when the keep-alive was sent.
+
+        Raises :class:`SessionEnded` if etcd says the lease is gone,
+        :class:`Transient` if etcd could not be asked.
+        """
+        if self.done.is_set():
+            raise SessionEnded(self.reason or "session ended")
+        sent = monotonic()
+        ttl = await self.conn.call("lease keep-alive", self._keepalive_request, timeout=self.keepalive_timeout)
+        if ttl <= 0:
+            self._end("etcd reports the lease expired or revoked")
+            raise SessionEnded(self.reason or "lease gone")
+        self._confirmed(sent)
+        return sent
+
+    async def _keepalive_request(self, channel: _Channel) -> int:
+        call = channel.lease.LeaseKeepAlive(metadata=channel.metadata)
+        try:
+            await settle(call.write(rpc.LeaseKeepAliveRequest(ID=self.lease_id)))
+            reply = await settle(call.read())
+        finally:
+            call.cancel()
+        if reply is grpc.aio.EOF:
+            raise Transient(f"etcd at {channel.endpoint} closed the keep-alive stream")
+        return int(reply.TTL)
+
+    async def _keep_alive(self) -> None:
+        backoff = Backoff(first=min(0.05, self.interval / 4), maximum=self.interval / 2)
+        next_at = self.confirmed_at + self.interval
+        while True:
+            await anyio.sleep(max(0.0, next_at - monotonic()))
+            left = self.confirmed_at + self.ttl - monotonic()
+            if left <= 0:
+                self._end(f"no keep-alive succeeded for {self.ttl}s: the lease may have expired")
+                return
+            try:
+                with anyio.fail_after(left):
+                    sent = await self.keepalive()
+            except SessionEnded:
+                return
+            except ElectionError as exc:
+                self._end(f"keep-alive refused: {exc}")
+                return
+            except (Transient, TimeoutError) as exc:
+                delay = backoff.next_delay()
+                # The first failure of a streak is worth a warning; the retries that follow are not.
+                level = logging.WARNING if backoff.attempt == 1 else logging.DEBUG
+                self.conn.log.log(
+                    level,
+                    "keep-alive of lease %x failed (%s); retrying in %.2fs",
+                    self.lease_id,
+                    str(exc) or "timed out",
+                    delay,
+                )
+                next_at = monotonic() + delay
+                continue
+            backoff.reset()
+            next_at = sent + self.interval
+
+    async def wait_ended(self) -> str:
+        """Return the reason once the session has ended."""
+        await self.done.wait()
+        return self.reason or "session ended"
+
+    async def stop(self) -> None:
+        """Stop the keep-alives and wait until they have stopped. Idempotent; never interrupted."""
+        self.on_confirm = None
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([task])
+        self._end("session closed")
+
+    async def close(self) -> None:
+        """Stop the keep-alives, then revoke the lease (at most ``request_timeout``). Idempotent.
+
+        Cancellation may cut the revoke short (the lease then expires by
+        itself), never the stopping of the keep-alives.
+        """
+        await self.stop()
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(self.request_timeout):
+            await _revoke(self.conn, self.lease_id, self.request_timeout)
+
+
+async def _revoke(conn: Connection, lease_id: int, timeout: float) -> None:  # noqa: ASYNC109
+    """Revoke a lease, best effort: an unknown lease is already gone, an unreachable etcd expires it."""
+    try:
+        await conn.call(
+            "lease revoke",
+            lambda ch: ch.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease_id), metadata=ch.metadata),
+            timeout=timeout,
+        )
+    except (Transient, ElectionError) as exc:
+        conn.log.debug("revoking lease %x failed (%s); it expires by itself", lease_id, exc)

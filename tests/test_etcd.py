@@ -1,0 +1,557 @@
+"""Behaviour of the etcd backend against a real etcd (key layout, handover, interop, leaks...).
+
+Process and server faults are in test_etcd_faults.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import json
+import logging
+import os
+import secrets
+import signal
+import statistics
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from aioelect import BackendUnavailable, ElectionError, EtcdElector, Leadership
+from aioelect.backends.etcd import parse_endpoints
+from aioelect.testing import EtcdServer, free_port, require_binary
+
+pytestmark = pytest.mark.timeout(60)
+
+TTL = 2
+
+
+def unique() -> str:
+    return f"/aioelect-test/{secrets.token_hex(4)}"
+
+
+async def ctl(server: EtcdServer, *args: str) -> str:
+    """Run etcdctl against ``server`` without blocking the event loop; return stdout, fail on error."""
+    done = await anyio.to_thread.run_sync(lambda: server.etcdctl(*args, timeout=10))
+    assert done.returncode == 0, f"etcdctl {' '.join(args)} failed: {done.stderr}"
+    return done.stdout
+
+
+async def keys(server: EtcdServer, name: str) -> list[dict[str, Any]]:
+    """Our election's keys: [{key, value, create_revision, lease (hex)}]."""
+    out = json.loads(await ctl(server, "get", "--prefix", name + "/", "-w", "json"))
+    return [
+        {
+            "key": base64.b64decode(kv["key"]).decode(),
+            "value": base64.b64decode(kv.get("value", "")).decode(),
+            "create_revision": int(kv["create_revision"]),
+            "lease": f"{int(kv.get('lease', 0)):x}",
+        }
+        for kv in out.get("kvs", [])
+    ]
+
+
+async def leases(server: EtcdServer) -> list[str]:
+    """Live lease IDs in hex as election.go writes them in keys (etcdctl pads them with zeros)."""
+    out = await ctl(server, "lease", "list")
+    return [f"{int(line, 16):x}" for line in out.splitlines()[1:] if line.strip()]
+
+
+async def eventually(predicate: Callable[[], Any], timeout: float, what: str) -> float:
+    """Poll (async) ``predicate`` until true; return the time it took."""
+    start = time.monotonic()
+    while True:
+        result = predicate()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Follower:
+    """Campaigns in its own task, which then holds the leadership (it is bound to that task) until released."""
+
+    def __init__(self, elector: EtcdElector) -> None:
+        self.won = asyncio.Event()
+        self.lead: Leadership | None = None
+        self.task = asyncio.create_task(self._run(elector))
+
+    async def _run(self, elector: EtcdElector) -> None:
+        self.lead = await elector.acquire()
+        self.won.set()
+        await anyio.sleep_forever()
+
+    async def wait(self, timeout: float = 5.0) -> Leadership:
+        with anyio.fail_after(timeout):
+            await self.won.wait()
+        assert self.lead is not None
+        return self.lead
+
+    async def close(self) -> None:
+        if self.lead is not None:
+            await self.lead.release()
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+@pytest.fixture
+async def electors(etcd: EtcdServer) -> AsyncIterator[Callable[..., EtcdElector]]:
+    """make(identity, name=..., **options) -> EtcdElector on the session etcd, closed after the test."""
+    made: list[EtcdElector] = []
+
+    def make(identity: str, name: str, **options: Any) -> EtcdElector:
+        options.setdefault("ttl", TTL)
+        elector = EtcdElector(etcd.endpoints, name=name, identity=identity, **options)
+        made.append(elector)
+        return elector
+
+    yield make
+    for elector in made:
+        await elector.aclose()
+
+
+# --- construction --------------------------------------------------------------------------
+
+
+def test_endpoints_forms() -> None:
+    assert [str(e) for e in parse_endpoints("127.0.0.1:2379, http://localhost:23790")] == [
+        "127.0.0.1:2379",
+        "localhost:23790",
+    ]
+    assert [str(e) for e in parse_endpoints(["etcd-a", "http://etcd-b:1"])] == ["etcd-a:2379", "etcd-b:1"]
+    for bad, why in [
+        ("", "at least one"),
+        ("https://h:1", "TLS"),
+        ("ftp://h:1", "scheme"),
+        ("http://u:secret@h:1", "credentials"),
+        ("h:99999", "port"),
+        ("h:1/path", "path"),
+    ]:
+        with pytest.raises(ValueError, match=why) as info:
+            parse_endpoints(bad)
+        assert "secret" not in str(info.value)
+
+
+def test_options_are_validated_with_reasons() -> None:
+    ep = "127.0.0.1:2379"
+    with pytest.raises(ValueError, match="whole number"):
+        EtcdElector(ep, ttl=2.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 2"):
+        EtcdElector(ep, ttl=1)
+    with pytest.raises(ValueError, match="shorter than ttl"):
+        EtcdElector(ep, ttl=6, renew_deadline=6)
+    with pytest.raises(ValueError, match="keep-alive interval"):
+        EtcdElector(ep, ttl=6, renew_deadline=2)
+    with pytest.raises(ValueError, match="both or neither"):
+        EtcdElector(ep, username="root")
+    with pytest.raises(ValueError, match="connect_timeout"):
+        EtcdElector(ep, connect_timeout=0)
+    with pytest.raises(ValueError, match="printable"):
+        EtcdElector(ep, name="has space")
+    elector = EtcdElector(ep, ttl=6, username="root", password="s3cret-pw")
+    assert elector.renew_deadline == pytest.approx(4.0)
+    assert elector._backend.renew_deadline == pytest.approx(4.0)
+    assert EtcdElector(ep, ttl=6, renew_deadline=5.5).renew_deadline == 5.5
+    timing = elector._backend.describe_timing()
+    assert "ttl=6s" in timing and "keep-alive every 2s" in timing and "renew_deadline=4s" in timing
+    assert "s3cret-pw" not in repr(elector) + timing
+    assert elector.name == "/aioelect/leader" and elector.backend == "etcd"
+
+
+# --- the election as etcd's Go package runs it -------------------------------------------------------
+
+
+async def test_key_layout_token_and_leader(etcd: EtcdServer, electors: Callable[..., EtcdElector]) -> None:
+    name = unique()
+    a = electors("cand-a", name)
+    b = electors("cand-b", name)
+    assert await a.leader() is None
+    lead = await a.acquire()
+    (kv,) = await keys(etcd, name)
+    # election.go: "{name}/" + lease id in hex, the identity as value, the lease attached.
+    assert kv["key"] == f"{name}/{kv['lease']}"
+    assert kv["value"] == "cand-a"
+    assert kv["lease"] in await leases(etcd)
+    assert lead.token == kv["create_revision"]
+    assert await b.leader() == "cand-a"
+    await lead.release()
+    assert await keys(etcd, name) == []
+    assert kv["lease"] not in await leases(etcd)
+    assert await b.leader() is None
+
+
+async def test_mutual_exclusion_among_many(electors: Callable[..., EtcdElector]) -> None:
+    name = unique()
+    terms: list[tuple[float, float, int, str]] = []
+    target = 40
+
+    async def candidate(i: int) -> None:
+        elector = electors(f"cand-{i}", name)
+        while len(terms) < target:
+            lead = await elector.acquire()
+            start = time.monotonic()
+            assert lead.held
+            await asyncio.sleep(secrets.randbelow(10) / 1000)
+            assert lead.held
+            terms.append((start, time.monotonic(), lead.token or 0, lead.identity))
+            await lead.release()
+
+    with anyio.fail_after(40):
+        async with anyio.create_task_group() as tg:
+            for i in range(8):
+                tg.start_soon(candidate, i)
+    terms.sort()
+    assert len(terms) >= target
+    assert len({who for *_, who in terms}) > 1, "leadership never changed hands"
+    for earlier, later in itertools.pairwise(terms):
+        assert later[0] >= earlier[1], f"two leaders at once: {earlier} and {later}"
+        assert later[2] > earlier[2], f"token did not increase: {earlier} then {later}"
+
+
+async def test_takeover_after_resign_is_immediate(electors: Callable[..., EtcdElector]) -> None:
+    name = unique()
+    a = electors("cand-a", name)
+    b = electors("cand-b", name)
+    delays: list[float] = []
+    for _ in range(10):
+        lead_a = await a.acquire()
+        follower = Follower(b)
+        await asyncio.sleep(0.05)  # b is waiting on a's key
+        assert not follower.won.is_set()
+        released = time.monotonic()
+        await lead_a.release()
+        await follower.wait()
+        delays.append(time.monotonic() - released)
+        await follower.close()
+    median = statistics.median(delays)
+    log = logging.getLogger("aioelect.test")
+    log.warning("etcd takeover after resign: median %.4fs max %.4fs", median, max(delays))
+    assert median < 0.1, delays
+    assert max(delays) < 0.5, delays
+
+
+async def test_cancelled_campaign_deletes_its_key_at_once(
+    etcd: EtcdServer, electors: Callable[..., EtcdElector]
+) -> None:
+    name = unique()
+    a = electors("cand-a", name)
+    b = electors("cand-b", name)
+    lead = await a.acquire()
+    task = asyncio.create_task(b.acquire())
+    await eventually(lambda: _count(keys(etcd, name), 2), 5, "b's candidate key")
+    (b_key,) = [kv for kv in await keys(etcd, name) if kv["value"] == "cand-b"]
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    # Cleanup is done when the cancelled acquire() returns: no waiting for a TTL.
+    remaining = await keys(etcd, name)
+    assert [kv["value"] for kv in remaining] == ["cand-a"]
+    assert b_key["lease"] not in await leases(etcd)
+    # b campaigns again normally after the cancellation.
+    again = Follower(b)
+    await asyncio.sleep(0.1)
+    await lead.release()
+    lead_b = await again.wait()
+    assert lead_b.held and await a.leader() == "cand-b"
+    await again.close()
+
+
+async def _count(values: Any, n: int) -> bool:
+    return len(await values) == n
+
+
+async def test_nothing_leaks_after_many_cycles(fresh_etcd: EtcdServer) -> None:
+    name = unique()
+    baseline = len(asyncio.all_tasks())
+    electors = [EtcdElector(fresh_etcd.endpoints, name=name, identity=f"c{i}", ttl=TTL) for i in range(3)]
+    try:
+        for cycle in range(12):
+            leader, *others = electors[cycle % 3 :] + electors[: cycle % 3]
+            lead = await leader.acquire()
+            waiting = [asyncio.create_task(o.acquire()) for o in others]
+            await eventually(lambda: _count(keys(fresh_etcd, name), 3), 5, "three candidate keys")
+            for task in waiting:
+                task.cancel()
+            await asyncio.gather(*waiting, return_exceptions=True)
+            await lead.release()
+            assert await keys(fresh_etcd, name) == []
+    finally:
+        for elector in electors:
+            await elector.aclose()
+    assert await leases(fresh_etcd) == []
+    assert await keys(fresh_etcd, name) == []
+    await asyncio.sleep(0.05)  # let finished helper tasks be collected
+    assert len(asyncio.all_tasks()) == baseline, asyncio.all_tasks()
+
+
+async def test_lease_revoked_while_campaigning_campaigns_again(
+    etcd: EtcdServer, electors: Callable[..., EtcdElector]
+) -> None:
+    """etcd issue 19597: the waiting candidate notices its own session ending."""
+    name = unique()
+    a = electors("cand-a", name)
+    b = electors("cand-b", name)
+    lead_a = await a.acquire()
+    follower = Follower(b)
+    await eventually(lambda: _count(keys(etcd, name), 2), 5, "b's candidate key")
+    (b_old,) = [kv for kv in await keys(etcd, name) if kv["value"] == "cand-b"]
+    await ctl(etcd, "lease", "revoke", b_old["lease"])
+
+    async def b_back() -> bool:
+        return any(kv["value"] == "cand-b" and kv["lease"] != b_old["lease"] for kv in await keys(etcd, name))
+
+    await eventually(b_back, 5, "b campaigning again under a new lease")
+    assert not follower.won.is_set()
+    await lead_a.release()
+    lead_b = await follower.wait()
+    (kv,) = await keys(etcd, name)
+    assert kv["value"] == "cand-b" and kv["lease"] in await leases(etcd) and lead_b.token == kv["create_revision"]
+    await follower.close()
+
+
+# --- leader() and observe() ------------------------------------------------------------------
+
+
+async def test_observe_from_a_follower(electors: Callable[..., EtcdElector]) -> None:
+    name = unique()
+    a = electors("cand-a", name)
+    b = electors("cand-b", name)
+    watcher = electors("watcher", name)
+    seen: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def watch() -> None:
+        async for leader in watcher.observe():
+            seen.put_nowait(leader)
+
+    async def next_seen() -> str | None:
+        with anyio.fail_after(5):
+            return await seen.get()
+
+    observing = asyncio.create_task(watch())
+    try:
+        assert await next_seen() is None
+        lead_a = await a.acquire()
+        assert await next_seen() == "cand-a"
+        follower = Follower(b)
+        await asyncio.sleep(0.2)
+        assert seen.empty(), "a waiting candidate is not a leadership change"
+        await lead_a.release()
+        assert await next_seen() == "cand-b"
+        assert await watcher.leader() == "cand-b"
+        await follower.wait()
+        await follower.close()
+        assert await next_seen() is None
+        assert await watcher.leader() is None
+    finally:
+        observing.cancel()
+        await asyncio.gather(observing, return_exceptions=True)
+
+
+async def test_a_dead_endpoint_is_passed_over(etcd: EtcdServer, caplog: pytest.LogCaptureFixture) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    async with EtcdElector([dead, *etcd.endpoints], name=unique(), identity="x", ttl=TTL, connect_timeout=1) as elector:
+        with anyio.fail_after(5):
+            lead = await elector.acquire()
+        assert isinstance(lead.token, int), "a real etcd leadership, not a degraded one"
+        assert await elector.leader() == "x"
+        await lead.release()
+    assert not any("WITHOUT mutual exclusion" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_compacted_watch_start_is_reported_for_resync(
+    etcd: EtcdServer, electors: Callable[..., EtcdElector]
+) -> None:
+    """A watch from a compacted revision raises Compacted (a Transient): observe() and the
+    leader's key watch then read again instead of skipping the lost events."""
+    from aioelect.backends.etcd.election import EtcdBackend
+    from aioelect.backends.etcd.session import Compacted
+
+    name = unique()
+    elector = electors("x", name)
+    lead = await elector.acquire()
+    await lead.release()
+    status = json.loads(await ctl(etcd, "endpoint", "status", "-w", "json"))
+    revision = int(status[0]["Status"]["header"]["revision"])
+    await ctl(etcd, "compact", str(revision))
+    backend = elector._backend
+    assert isinstance(backend, EtcdBackend)
+    with pytest.raises(Compacted), anyio.fail_after(5):
+        # etcd acknowledges the watch, then cancels it for the compaction.
+        async with backend.conn.watch(backend.prefix, start_revision=revision - 1) as stream:
+            await stream.next()
+
+
+async def test_leader_unreachable_raises_backend_unavailable() -> None:
+    async with EtcdElector([f"127.0.0.1:{free_port()}"], connect_timeout=1) as elector:
+        with anyio.fail_after(5), pytest.raises(BackendUnavailable):
+            await elector.leader()
+
+
+# --- interoperability with etcdctl elect (etcd's Go concurrency package) ----------------------------
+
+
+class EtcdctlElect:
+    """``etcdctl elect NAME PROPOSAL`` as a subprocess: prints key and value once elected, resigns on SIGINT."""
+
+    def __init__(self, server: EtcdServer, name: str, proposal: str) -> None:
+        self.argv = [require_binary("etcdctl"), f"--endpoints={','.join(server.endpoints)}", "elect", name, proposal]
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lines: list[str] = []
+        self.elected = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> EtcdctlElect:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.DEVNULL,
+            env={**os.environ, "ETCDCTL_API": "3"},
+        )
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        async for line in self.proc.stdout:
+            self.lines.append(line.decode().strip())
+            if len(self.lines) >= 2:
+                self.elected.set()
+
+    async def resign(self) -> None:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGINT)
+            with anyio.fail_after(10):
+                await self.proc.wait()
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+
+async def test_interop_etcdctl_leads_first(etcd: EtcdServer, electors: Callable[..., EtcdElector]) -> None:
+    name = unique()
+    ours = electors("ours", name)
+    async with EtcdctlElect(etcd, name, "go-proposal") as go:
+        with anyio.fail_after(10):
+            await go.elected.wait()
+        assert go.lines[0].startswith(name + "/") and go.lines[1] == "go-proposal"
+        assert await ours.leader() == "go-proposal"
+        follower = Follower(ours)
+        await asyncio.sleep(0.5)
+        assert not follower.won.is_set(), "we must not lead while etcdctl does"
+        resigned = time.monotonic()
+        await go.resign()
+        await follower.wait()
+        assert time.monotonic() - resigned < 2.0
+        assert await ours.leader() == "ours"
+        await follower.close()
+
+
+async def test_interop_we_lead_first(etcd: EtcdServer, electors: Callable[..., EtcdElector]) -> None:
+    name = unique()
+    ours = electors("ours", name)
+    lead = await ours.acquire()
+    async with EtcdctlElect(etcd, name, "go-proposal") as go:
+        await asyncio.sleep(0.8)
+        assert not go.elected.is_set(), "etcdctl must not lead while we do"
+        queue = sorted(await keys(etcd, name), key=lambda kv: kv["create_revision"])
+        assert [kv["value"] for kv in queue] == ["ours", "go-proposal"]
+        released = time.monotonic()
+        await lead.release()
+        with anyio.fail_after(5):
+            await go.elected.wait()
+        assert time.monotonic() - released < 1.0
+        assert await ours.leader() == "go-proposal"
+        await go.resign()
+    assert await keys(etcd, name) == []
+
+
+# --- degrading, credentials --------------------------------------------------------------------
+
+
+async def test_degrade_to_local_when_etcd_is_unreachable(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    elector = EtcdElector(
+        [f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"], identity="alone", ttl=TTL, connect_timeout=1
+    )
+    async with elector:
+        with anyio.fail_after(5):
+            lead = await elector.acquire()
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("WITHOUT mutual exclusion" in m and "every instance" in m for m in warnings), warnings
+        assert lead.token is None
+        await asyncio.sleep(elector.renew_deadline + 0.5)
+        assert lead.held, "a degraded leadership never loses"
+        assert await elector.leader() == "alone"
+        await lead.release()
+        assert not lead.lost
+
+
+async def test_no_degrade_waits_for_etcd_then_leads(fresh_etcd: EtcdServer) -> None:
+    await anyio.to_thread.run_sync(fresh_etcd.stop)
+    elector = EtcdElector(
+        fresh_etcd.endpoints, name=unique(), identity="patient", ttl=TTL, degrade_to_local=False, connect_timeout=1
+    )
+    async with elector:
+        follower = Follower(elector)
+        await asyncio.sleep(1.5)
+        assert not follower.won.is_set(), "without degrade_to_local a candidate stays a follower while etcd is down"
+        with pytest.raises(BackendUnavailable):
+            await elector.leader()
+        await anyio.to_thread.run_sync(fresh_etcd.start)
+        lead = await follower.wait(timeout=10)
+        assert lead.held and isinstance(lead.token, int)
+        assert await elector.leader() == "patient"
+        await follower.close()
+
+
+async def test_credentials() -> None:
+    # Auth tokens that expire after 1 s idle, so that a leadership outlives its token.
+    server = EtcdServer(extra_args=["--auth-token-ttl=1"])
+    await anyio.to_thread.run_sync(server.start)
+    try:
+        await _check_credentials(server)
+    finally:
+        await anyio.to_thread.run_sync(server.cleanup)
+
+
+async def _check_credentials(server: EtcdServer) -> None:
+    await ctl(server, "user", "add", "root:right-pw")
+    await ctl(server, "auth", "enable")
+    name = unique()
+    for degrade in (True, False):
+        async with EtcdElector(
+            server.endpoints, name=name, username="root", password="wrong-pw", degrade_to_local=degrade
+        ) as elector:
+            started = time.monotonic()
+            with pytest.raises(ElectionError, match="rejected the credentials") as info:
+                await elector.acquire()
+            assert time.monotonic() - started < 2.0
+            assert "wrong-pw" not in str(info.value)
+            with pytest.raises(ElectionError, match="credentials"):
+                await elector.leader()
+    async with EtcdElector(server.endpoints, name=name) as anonymous:
+        with pytest.raises(ElectionError, match="authentication enabled"):
+            await anonymous.acquire()
+    async with EtcdElector(server.endpoints, name=name, username="root", password="right-pw", ttl=TTL) as good:
+        lead = await good.acquire()
+        assert await good.leader() == good.identity
+        await asyncio.sleep(2.5)  # the token expires meanwhile; keep-alives go on
+        assert lead.held
+        assert await good.leader() == good.identity
+        await lead.release()
+        assert await good.leader() is None
+        again = await good.acquire()
+        await again.release()

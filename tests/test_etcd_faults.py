@@ -1,0 +1,234 @@
+"""Process and server faults with the etcd backend: killed candidates, revoked leases, frozen,
+restarted or partitioned etcd, a lost cluster member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import anyio
+import pytest
+
+from aioelect import EtcdElector
+from aioelect.testing import EtcdCluster, EtcdServer, TCPProxy
+
+from .faults import Candidates, check_invariants
+from .test_etcd import Follower, ctl, eventually, keys, leases, unique
+
+pytestmark = pytest.mark.timeout(90)
+
+log = logging.getLogger("aioelect.test")
+
+
+@pytest.fixture
+async def closing() -> AsyncIterator[list[EtcdElector]]:
+    """Electors appended here are closed after the test."""
+    made: list[EtcdElector] = []
+    yield made
+    for elector in made:
+        await elector.aclose()
+
+
+def make(made: list[EtcdElector], endpoints: list[str], name: str, identity: str, **options: object) -> EtcdElector:
+    elector = EtcdElector(endpoints, name=name, identity=identity, **options)  # type: ignore[arg-type]
+    made.append(elector)
+    return elector
+
+
+# --- a candidate process dies ----------------------------------------------------------------
+
+PROCESS_TTL = 2
+
+
+@pytest.fixture
+def candidates(fresh_etcd: EtcdServer) -> Iterator[Candidates]:
+    group = Candidates("etcd", fresh_etcd.endpoint, unique(), {"ttl": PROCESS_TTL})
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def test_killed_leader_process_is_replaced_after_its_ttl(candidates: Candidates) -> None:
+    for i in range(3):
+        candidates.start(f"cand-{i}")
+    leader = candidates.wait_leader(timeout=30)
+    killed = time.monotonic()
+    leader.kill()
+    successor = candidates.wait_leader(timeout=PROCESS_TTL + 10, exclude=leader)
+    took = (candidates.first_act_after(killed, exclude=leader) or 0) - killed
+    log.warning("etcd takeover after SIGKILL of the leader process: %.2fs (ttl=%ss)", took, PROCESS_TTL)
+    assert successor is not leader
+    # Its lease expires between 2/3 ttl and ttl after the last keep-alive; the lessor checks every 0.5 s.
+    assert PROCESS_TTL / 3 < took < PROCESS_TTL + 2.0, f"takeover took {took:.2f}s"
+    check_invariants(candidates, max_gap=PROCESS_TTL + 2.0)
+
+
+# --- leadership taken away from outside -------------------------------------------------------
+
+
+async def test_lease_revoked_from_outside_is_lost_at_once(etcd: EtcdServer, closing: list[EtcdElector]) -> None:
+    name = unique()
+    elector = make(closing, etcd.endpoints, name, "leader", ttl=3)
+    lead = await elector.acquire()
+    (kv,) = await keys(etcd, name)
+    revoked = time.monotonic()
+    await ctl(etcd, "lease", "revoke", kv["lease"])
+    with anyio.fail_after(3):
+        await lead.wait_lost()
+    took = time.monotonic() - revoked
+    log.warning("etcd loss detection after lease revoke: %.3fs", took)
+    assert took < 1.0
+    assert not lead.held and "revoked or expired" in (lead.lost_reason or "")
+    await lead.release()
+    assert await keys(etcd, name) == []
+
+
+async def test_key_deleted_from_outside_is_lost_at_once(etcd: EtcdServer, closing: list[EtcdElector]) -> None:
+    name = unique()
+    elector = make(closing, etcd.endpoints, name, "leader", ttl=3)
+    lead = await elector.acquire()
+    (kv,) = await keys(etcd, name)
+    deleted = time.monotonic()
+    await ctl(etcd, "del", kv["key"])
+    with anyio.fail_after(3):
+        await lead.wait_lost()
+    assert time.monotonic() - deleted < 1.0
+    assert "leader key deleted" in (lead.lost_reason or "")
+    await lead.release()
+    assert kv["lease"] not in await leases(etcd), "the lease of a lost leadership is revoked"
+    # The elector campaigns again afterwards.
+    again = await elector.acquire()
+    assert again.held
+    await again.release()
+
+
+# --- the server freezes, restarts, or is partitioned away ------------------------------------------
+
+
+async def test_frozen_etcd_leader_fences_itself_within_renew_deadline(
+    fresh_etcd: EtcdServer, closing: list[EtcdElector]
+) -> None:
+    name = unique()
+    elector = make(closing, fresh_etcd.endpoints, name, "leader", ttl=3, connect_timeout=1)
+    lead = await elector.acquire()
+    await asyncio.sleep(1.2)  # a few keep-alives
+    assert lead.held
+    frozen = time.monotonic()
+    fresh_etcd.freeze()
+    try:
+        with anyio.fail_after(elector.renew_deadline + 2):
+            await lead.wait_lost()
+        took = time.monotonic() - frozen
+        log.warning(
+            "etcd frozen: leader fenced itself after %.3fs (renew_deadline=%.3gs, ttl=3s)", took, elector.renew_deadline
+        )
+        # The last acknowledged keep-alive was sent before the freeze, so the deadline falls before frozen + deadline.
+        assert took <= elector.renew_deadline + 0.3
+        assert not lead.held
+        await asyncio.sleep(3.5 - took)  # longer than the TTL
+    finally:
+        fresh_etcd.thaw()
+    await lead.release()
+    with anyio.fail_after(15):
+        again = await elector.acquire()
+    assert again.held and isinstance(again.token, int) and isinstance(lead.token, int) and again.token > lead.token
+    await again.release()
+    await eventually(lambda: _no_keys(fresh_etcd, name), 10, "no keys left")
+
+
+async def _no_keys(server: EtcdServer, name: str) -> bool:
+    return await keys(server, name) == []
+
+
+async def test_observe_resynchronises_after_etcd_restart(fresh_etcd: EtcdServer, closing: list[EtcdElector]) -> None:
+    name = unique()
+    endpoints = fresh_etcd.endpoints
+    a = make(closing, endpoints, name, "cand-a", ttl=5, connect_timeout=1)
+    b = make(closing, endpoints, name, "cand-b", ttl=5, connect_timeout=1)
+    watcher = make(closing, endpoints, name, "watcher", connect_timeout=1)
+    seen: list[str | None] = []
+
+    async def watch() -> None:
+        async for leader in watcher.observe():
+            seen.append(leader)
+
+    observing = asyncio.create_task(watch())
+    try:
+        lead_a = await a.acquire()
+        await eventually(lambda: seen[-1:] == ["cand-a"], 5, "the watcher to see cand-a")
+        await anyio.to_thread.run_sync(fresh_etcd.restart)
+        follower = Follower(b)
+        await lead_a.release()
+        await follower.wait(timeout=15)
+        await eventually(lambda: seen[-1:] == ["cand-b"], 10, "the watcher to see cand-b after the restart")
+        await follower.close()
+        await eventually(lambda: seen[-1:] == [None], 10, "the watcher to see nobody leading")
+        assert not observing.done(), "observe must not end on a reconnect"
+        assert seen[0] is None and "cand-a" in seen
+    finally:
+        observing.cancel()
+        await asyncio.gather(observing, return_exceptions=True)
+
+
+async def test_session_expiring_while_campaigning_behind_a_stalled_link(
+    fresh_etcd: EtcdServer, closing: list[EtcdElector]
+) -> None:
+    """A follower cut off longer than its TTL campaigns again with a new session (etcd issue 19597)."""
+    name = unique()
+    ttl = 2
+    with TCPProxy(fresh_etcd.host, fresh_etcd.port) as proxy:
+        a = make(closing, fresh_etcd.endpoints, name, "cand-a", ttl=ttl, connect_timeout=1)
+        b = make(closing, [proxy.endpoint], name, "cand-b", ttl=ttl, connect_timeout=1, degrade_to_local=False)
+        lead_a = await a.acquire()
+        follower = Follower(b)
+        await eventually(lambda: _has(fresh_etcd, name, "cand-b"), 5, "b's candidate key")
+        (b_old,) = [kv for kv in await keys(fresh_etcd, name) if kv["value"] == "cand-b"]
+        proxy.stall()
+        await eventually(lambda: _lease_gone(fresh_etcd, b_old["lease"]), ttl + 3, "b's lease to expire")
+        assert not follower.won.is_set()
+        proxy.heal()
+        await eventually(lambda: _has(fresh_etcd, name, "cand-b"), 10, "b campaigning again")
+        assert lead_a.held and not follower.won.is_set()
+        await lead_a.release()
+        lead_b = await follower.wait()
+        (kv,) = await keys(fresh_etcd, name)
+        assert kv["value"] == "cand-b" and kv["lease"] != b_old["lease"] and kv["lease"] in await leases(fresh_etcd)
+        assert lead_b.token == kv["create_revision"]
+        await follower.close()
+
+
+async def _has(server: EtcdServer, name: str, value: str) -> bool:
+    return any(kv["value"] == value for kv in await keys(server, name))
+
+
+async def _lease_gone(server: EtcdServer, lease: str) -> bool:
+    return lease not in await leases(server)
+
+
+async def test_cluster_member_killed_election_goes_on(etcd_cluster: EtcdCluster, closing: list[EtcdElector]) -> None:
+    raft_leader = etcd_cluster.leader()
+    assert raft_leader is not None
+    victim = next(m for m in etcd_cluster.members if m is not raft_leader)
+    # The victim first, so that every elector is connected to it when it dies.
+    endpoints = [victim.endpoint] + [m.endpoint for m in etcd_cluster.members if m is not victim]
+    name = unique()
+    a = make(closing, endpoints, name, "cand-a", ttl=3)
+    b = make(closing, endpoints, name, "cand-b", ttl=3)
+    lead_a = await a.acquire()
+    follower = Follower(b)
+    await asyncio.sleep(0.3)
+    await anyio.to_thread.run_sync(victim.kill)
+    await asyncio.sleep(3.5)  # longer than the TTL: keep-alives must have moved to another member
+    assert lead_a.held, f"leadership lost after one member died: {lead_a.lost_reason}"
+    assert not follower.won.is_set()
+    assert await b.leader() == "cand-a"
+    released = time.monotonic()
+    await lead_a.release()
+    lead_b = await follower.wait()
+    assert time.monotonic() - released < 1.0
+    assert lead_b.held and await a.leader() == "cand-b"
+    await follower.close()
