@@ -67,6 +67,50 @@ def test_killed_leader_process_is_replaced_after_its_ttl(candidates: Candidates)
     check_invariants(candidates, max_gap=PROCESS_TTL + 2.0)
 
 
+def test_frozen_leader_process_is_replaced_and_acts_no_more(candidates: Candidates) -> None:
+    for i in range(3):
+        candidates.start(f"cand-{i}")
+    leader = candidates.wait_leader(timeout=30)
+    frozen = time.monotonic()
+    leader.freeze()
+    successor = candidates.wait_leader(timeout=PROCESS_TTL + 10, exclude=leader)
+    took = (candidates.first_act_after(frozen, exclude=leader) or 0) - frozen
+    print(f"MEASURED etcd sigstop takeover {took:.3f}s (ttl {PROCESS_TTL}s)")
+    assert took < PROCESS_TTL + 2.0, f"takeover of a frozen leader took {took:.2f}s"
+    time.sleep(0.5)
+    thawed = time.monotonic()
+    leader.thaw()
+    time.sleep(2.0)
+    late = [e for e in leader.acts() if e["t"] >= thawed]
+    assert not late or all(e["token"] > successor.acts()[0]["token"] for e in late), (
+        f"the frozen leader acted {len(late)} times after waking"
+    )
+    check_invariants(candidates, max_gap=PROCESS_TTL + 2.0)
+
+
+def test_partitioned_leader_stops_and_is_replaced(candidates: Candidates, fresh_etcd: EtcdServer) -> None:
+    with TCPProxy(fresh_etcd.host, fresh_etcd.port) as proxy:
+        leader = candidates.start("partitioned", target=proxy.endpoint)
+        assert candidates.wait_leader(timeout=30) is leader
+        for i in range(2):
+            candidates.start(f"direct-{i}")
+        time.sleep(0.5)
+        stalled = time.monotonic()
+        proxy.stall()
+        candidates.wait_for(
+            lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, PROCESS_TTL + 5, "the partitioned leader stops"
+        )
+        stopped = (leader.last_act() or 0) - stalled
+        successor = candidates.wait_leader(timeout=PROCESS_TTL + 10, exclude=leader)
+        took = (candidates.first_act_after(stalled, exclude=leader) or 0) - stalled
+        print(f"MEASURED etcd partition: leader stops {stopped:.3f}s, takeover {took:.3f}s (ttl {PROCESS_TTL}s)")
+        assert successor is not leader
+        assert stopped < PROCESS_TTL, "a cut-off leader must fence itself before its lease can expire"
+        assert took < PROCESS_TTL + 2.0
+        proxy.heal()
+        check_invariants(candidates, max_gap=PROCESS_TTL + 2.0)
+
+
 # --- leadership taken away from outside -------------------------------------------------------
 
 
