@@ -9,7 +9,16 @@ import ssl
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-__all__ = ["DSN", "parse_dsn", "positive", "tls_context", "tls_from_query", "validate_name"]
+__all__ = [
+    "DSN",
+    "LockTiming",
+    "parse_dsn",
+    "positive",
+    "server_address",
+    "tls_context",
+    "tls_from_query",
+    "validate_name",
+]
 
 _NAME_RE = re.compile(r"^[\x21-\x7e]+$")
 
@@ -140,3 +149,80 @@ def tls_from_query(query: dict[str, str]) -> ssl.SSLContext | None:
         raise ValueError(f"ssl-mode must be DISABLED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY, not {mode!r}")
     mode = mode or "VERIFY_IDENTITY"
     return tls_context(ca=ca, cert=cert, key=key, verify=mode != "REQUIRED", verify_identity=mode == "VERIFY_IDENTITY")
+
+
+@dataclass(frozen=True)
+class LockTiming:
+    """The timing of a lock held by one server session (MySQL, PostgreSQL), checked as a whole.
+
+    Guarantees ``check_interval + check_timeout <= renew_deadline < lease``:
+    a healthy leader confirms before its deadline, and a silent one stops
+    before the server can drop its session and hand the lock on.
+    """
+
+    poll_interval: float
+    check_interval: float
+    check_timeout: float
+    connect_timeout: float
+    lease: float
+    renew_deadline: float
+
+    @classmethod
+    def checked(
+        cls,
+        *,
+        poll_interval: float,
+        check_interval: float,
+        check_timeout: float,
+        connect_timeout: float,
+        lease: float,
+        renew_deadline: float | None,
+        server_timeout: str,
+        min_lease: float,
+        whole_lease: bool,
+    ) -> LockTiming:
+        """Validate the options (ValueError saying why); ``renew_deadline`` defaults to 0.7 * lease.
+
+        ``server_timeout`` names the server setting ``lease`` becomes.
+        """
+        if isinstance(lease, bool):
+            raise ValueError(f"lease must be a number of seconds, not {lease!r}")
+        lease = positive("lease", lease, maximum=86400)
+        if whole_lease and not lease.is_integer():
+            raise ValueError(f"lease must be a whole number of seconds (it becomes {server_timeout}), not {lease!r}")
+        if lease < min_lease:
+            raise ValueError(f"lease must be at least {min_lease:g} seconds (it becomes {server_timeout})")
+        check_interval = positive("check_interval", check_interval)
+        check_timeout = positive("check_timeout", check_timeout)
+        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else lease * 0.7
+        if deadline >= lease:
+            raise ValueError(
+                f"renew_deadline ({deadline:g}s) must be shorter than lease ({lease:g}s): "
+                "a leader must stop before the server can hand the lock to someone else"
+            )
+        if check_interval + check_timeout > deadline:
+            raise ValueError(
+                f"check_interval + check_timeout ({check_interval + check_timeout:g}s) must not exceed "
+                f"renew_deadline ({deadline:g}s): otherwise a healthy leader would fence itself"
+            )
+        return cls(
+            poll_interval=positive("poll_interval", poll_interval, maximum=3600),
+            check_interval=check_interval,
+            check_timeout=check_timeout,
+            connect_timeout=positive("connect_timeout", connect_timeout),
+            lease=lease,
+            renew_deadline=deadline,
+        )
+
+
+def server_address(
+    parsed: DSN | None, host: str | None, port: int | None, *, default_port: int, who: str
+) -> tuple[str, int]:
+    """``host`` and ``port`` from the keyword arguments, else the DSN, else the default port; ValueError if none."""
+    host = host or (parsed.host if parsed else None)
+    if not host:
+        raise ValueError(f"{who} needs a dsn or a host")
+    port = port if port is not None else (parsed.port if parsed and parsed.port else default_port)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"port must be an integer from 1 to 65535, not {port!r}")
+    return host, port

@@ -23,8 +23,8 @@ from typing import Any
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, monotonic
-from .._config import parse_dsn, positive, tls_from_query, validate_name
+from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic
+from .._config import LockTiming, parse_dsn, server_address, tls_from_query, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 
@@ -187,51 +187,27 @@ class _MySQLHold(Hold):
             conn.close()
 
 
-class _MySQLBackend(Backend):
+class _MySQLBackend(SessionLockBackend):
     kind = "mysql"
+    server_timeout = "wait_timeout"
 
     def __init__(
         self,
         *,
         connect_args: dict[str, Any],
         name: str,
-        poll_interval: float,
-        check_interval: float,
-        check_timeout: float,
-        lease: int,
-        renew_deadline: float,
-        connect_timeout: float,
+        timing: LockTiming,
         fencing: bool,
         allow_unsafe_topology: bool,
     ) -> None:
-        super().__init__(name)
+        super().__init__(name, timing)
         self._connect_args = connect_args
-        self.poll_interval = poll_interval
-        self.observe_interval = poll_interval
-        self.check_interval = check_interval
-        self.check_timeout = check_timeout
-        self.lease = lease
-        self._renew_deadline = renew_deadline
-        self.connect_timeout = connect_timeout
         self.fencing = fencing
         self.allow_unsafe_topology = allow_unsafe_topology
         self._topology_checked = False
         self._fencing_ready = False
         self._info: _Connection | None = None
         self._info_lock = anyio.Lock()
-
-    @property
-    def renew_deadline(self) -> float:
-        return self._renew_deadline
-
-    def describe_timing(self) -> str:
-        return (
-            f"poll_interval={self.poll_interval:g}s check_interval={self.check_interval:g}s "
-            f"check_timeout={self.check_timeout:g}s renew_deadline={self._renew_deadline:g}s "
-            f"lease={self.lease}s: a deposed leader stops within "
-            f"{self.check_interval + self.check_timeout:g}s, a frozen one is replaced after about "
-            f"{self.lease}s and fences itself after {self._renew_deadline:g}s"
-        )
 
     # --- connections -------------------------------------------------------------
 
@@ -247,7 +223,7 @@ class _MySQLBackend(Backend):
         conn = _Connection(raw, 0)
         try:
             conn.id = await conn.scalar("SELECT CONNECTION_ID()", timeout=self.check_timeout)
-            await conn.scalar("SET SESSION wait_timeout = %s", (self.lease,), timeout=self.check_timeout)
+            await conn.scalar("SET SESSION wait_timeout = %s", (int(self.lease),), timeout=self.check_timeout)
             if not self._topology_checked:
                 await self._check_topology(conn)
                 self._topology_checked = True
@@ -465,35 +441,21 @@ class MySQLElector(Elector):
         stop_timeout: float = 5.0,
     ) -> None:
         parsed = parse_dsn(dsn, "mysql", "mariadb") if dsn is not None else None
-        host = host or (parsed.host if parsed else None)
-        if not host:
-            raise ValueError("MySQLElector needs a dsn or a host")
-        port = port if port is not None else (parsed.port if parsed and parsed.port else 3306)
-        if not isinstance(port, int) or not 0 < port < 65536:
-            raise ValueError(f"port must be an integer from 1 to 65535, not {port!r}")
+        host, port = server_address(parsed, host, port, default_port=3306, who="MySQLElector")
         database = database if database is not None else (parsed.database if parsed else None)
         if fencing and not database:
             raise ValueError("fencing=True needs a database for the aioelect_leaders table")
-        poll_interval = positive("poll_interval", poll_interval, maximum=3600)
-        check_interval = positive("check_interval", check_interval)
-        check_timeout = positive("check_timeout", check_timeout)
-        connect_timeout = positive("connect_timeout", connect_timeout)
-        if isinstance(lease, bool) or not float(positive("lease", lease)).is_integer():
-            raise ValueError(f"lease must be a whole number of seconds (it becomes wait_timeout), not {lease!r}")
-        lease = int(lease)
-        if lease < 2:
-            raise ValueError("lease must be at least 2 seconds")
-        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else lease * 0.7
-        if deadline >= lease:
-            raise ValueError(
-                f"renew_deadline ({deadline:g}s) must be shorter than lease ({lease}s): "
-                "a leader must stop before the server can hand the lock to someone else"
-            )
-        if check_interval + check_timeout > deadline:
-            raise ValueError(
-                f"check_interval + check_timeout ({check_interval + check_timeout:g}s) must not exceed "
-                f"renew_deadline ({deadline:g}s): otherwise a healthy leader would fence itself"
-            )
+        timing = LockTiming.checked(
+            poll_interval=poll_interval,
+            check_interval=check_interval,
+            check_timeout=check_timeout,
+            connect_timeout=connect_timeout,
+            lease=lease,
+            renew_deadline=renew_deadline,
+            server_timeout="wait_timeout",
+            min_lease=2,
+            whole_lease=True,
+        )
         connect_args: dict[str, Any] = {
             "host": host,
             "port": port,
@@ -509,12 +471,7 @@ class MySQLElector(Elector):
         backend = _MySQLBackend(
             connect_args=connect_args,
             name=validate_name(name, max_length=_MAX_NAME),
-            poll_interval=poll_interval,
-            check_interval=check_interval,
-            check_timeout=check_timeout,
-            lease=lease,
-            renew_deadline=deadline,
-            connect_timeout=connect_timeout,
+            timing=timing,
             fencing=fencing,
             allow_unsafe_topology=allow_unsafe_topology,
         )

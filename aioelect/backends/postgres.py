@@ -39,8 +39,8 @@ from typing import Any
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, monotonic
-from .._config import parse_dsn, positive, tls_context, validate_name
+from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic
+from .._config import LockTiming, parse_dsn, server_address, tls_context, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 
@@ -276,52 +276,30 @@ class _PostgresHold(Hold):
             await conn.aclose(b.check_timeout)
 
 
-class _PostgresBackend(Backend):
+class _PostgresBackend(SessionLockBackend):
     kind = "postgres"
+    server_timeout = "idle_session_timeout"
 
     def __init__(
         self,
         *,
         connect_args: dict[str, Any],
         name: str,
-        poll_interval: float,
-        check_interval: float,
-        check_timeout: float,
-        lease: float,
-        renew_deadline: float,
-        connect_timeout: float,
+        timing: LockTiming,
         fencing: bool,
     ) -> None:
-        super().__init__(name)
+        super().__init__(name, timing)
         self._connect_args = connect_args
         self.key = advisory_key(name)
         self.classid, self.objid = lock_ids(self.key)
-        self.poll_interval = poll_interval
-        self.observe_interval = poll_interval
-        self.check_interval = check_interval
-        self.check_timeout = check_timeout
-        self.lease = lease
-        self._renew_deadline = renew_deadline
-        self.connect_timeout = connect_timeout
         self.fencing = fencing
         self._fencing_ready = False
         self._warned_old_server = False
         self._info: _Connection | None = None
         self._info_lock = anyio.Lock()
 
-    @property
-    def renew_deadline(self) -> float:
-        return self._renew_deadline
-
     def describe_timing(self) -> str:
-        return (
-            f"key={self.key} poll_interval={self.poll_interval:g}s check_interval={self.check_interval:g}s "
-            f"check_timeout={self.check_timeout:g}s renew_deadline={self._renew_deadline:g}s "
-            f"lease={self.lease:g}s: a deposed leader stops within "
-            f"{self.check_interval + self.check_timeout:g}s (at once if its session ends), a frozen one is "
-            f"replaced after about {self.lease:g}s (idle_session_timeout) and fences itself after "
-            f"{self._renew_deadline:g}s"
-        )
+        return f"key={self.key} " + super().describe_timing()
 
     # --- connections -------------------------------------------------------------
 
@@ -570,12 +548,7 @@ class PostgresElector(Elector):
         stop_timeout: float = 5.0,
     ) -> None:
         parsed = parse_dsn(dsn, "postgresql", "postgres") if dsn is not None else None
-        host = host or (parsed.host if parsed else None)
-        if not host:
-            raise ValueError("PostgresElector needs a dsn or a host")
-        port = port if port is not None else (parsed.port if parsed and parsed.port else 5432)
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-            raise ValueError(f"port must be an integer from 1 to 65535, not {port!r}")
+        host, port = server_address(parsed, host, port, default_port=5432, who="PostgresElector")
         query = dict(parsed.query) if parsed else {}
         tls = {k: query.pop(k) for k in ("sslmode", *_TLS_FILES) if k in query}
         if query:
@@ -589,26 +562,17 @@ class PostgresElector(Elector):
             raise ValueError(f"sslmode must be one of {', '.join(_SSL_MODES)}, not {ssl!r}")
         elif not isinstance(ssl, (str, _ssl.SSLContext)):
             raise ValueError("ssl must be an ssl.SSLContext or an sslmode string")
-        poll_interval = positive("poll_interval", poll_interval, maximum=3600)
-        check_interval = positive("check_interval", check_interval)
-        check_timeout = positive("check_timeout", check_timeout)
-        connect_timeout = positive("connect_timeout", connect_timeout)
-        if isinstance(lease, bool):
-            raise ValueError(f"lease must be a number of seconds, not {lease!r}")
-        lease = positive("lease", lease, maximum=86400)
-        if lease < 1:
-            raise ValueError(f"lease must be at least 1 second (it becomes idle_session_timeout), not {lease!r}")
-        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else lease * 0.7
-        if deadline >= lease:
-            raise ValueError(
-                f"renew_deadline ({deadline:g}s) must be shorter than lease ({lease:g}s): "
-                "a leader must stop before the server can end its session and hand the lock to someone else"
-            )
-        if check_interval + check_timeout > deadline:
-            raise ValueError(
-                f"check_interval + check_timeout ({check_interval + check_timeout:g}s) must not exceed "
-                f"renew_deadline ({deadline:g}s): otherwise a healthy leader would fence itself"
-            )
+        timing = LockTiming.checked(
+            poll_interval=poll_interval,
+            check_interval=check_interval,
+            check_timeout=check_timeout,
+            connect_timeout=connect_timeout,
+            lease=lease,
+            renew_deadline=renew_deadline,
+            server_timeout="idle_session_timeout",
+            min_lease=1,
+            whole_lease=False,
+        )
         if fencing not in (True, False):
             raise ValueError(f"fencing must be True or False, not {fencing!r}")
         connect_args: dict[str, Any] = {
@@ -622,12 +586,7 @@ class PostgresElector(Elector):
         backend = _PostgresBackend(
             connect_args=connect_args,
             name=validate_name(name),
-            poll_interval=poll_interval,
-            check_interval=check_interval,
-            check_timeout=check_timeout,
-            lease=lease,
-            renew_deadline=deadline,
-            connect_timeout=connect_timeout,
+            timing=timing,
             fencing=bool(fencing),
         )
         super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
