@@ -170,7 +170,7 @@ async def test_nothing_left_after_close(case: BackendCase) -> None:
 async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
     name = unique_name()
     electors = [case.make(name, identity=f"cand-{i}") for i in range(10)]
-    intervals: list[tuple[float, float, str]] = []
+    intervals: list[tuple[float, float, str, int | None]] = []
     rounds = 30
 
     async def candidate(elector: Elector) -> None:
@@ -179,7 +179,7 @@ async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
                 start = time.monotonic()
                 await asyncio.sleep(0.005)
                 assert lead.held
-                intervals.append((start, time.monotonic(), elector.identity))
+                intervals.append((start, time.monotonic(), elector.identity, lead.token))
 
     try:
         with anyio.fail_after(60):
@@ -190,9 +190,11 @@ async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
         for elector in electors:
             await elector.aclose()
     intervals.sort()
-    for (_, end, who), (start, _, nxt) in itertools.pairwise(intervals):
+    for (_, end, who, token), (start, _, nxt, next_token) in itertools.pairwise(intervals):
         assert start >= end, f"{who} and {nxt} led at the same time"
-    assert len({who for *_, who in intervals}) > 1, "leadership never changed hands"
+        if token is not None and next_token is not None:
+            assert next_token > token, f"token went backwards: {token} then {next_token}"
+    assert len({who for _, _, who, _ in intervals}) > 1, "leadership never changed hands"
 
 
 @requires("depose")

@@ -284,30 +284,6 @@ async def test_cancelled_acquire_leaves_nothing(tmp_path: Path) -> None:
     assert lock_fds(path) == 0
 
 
-async def test_observe_from_follower(tmp_path: Path) -> None:
-    path = tmp_path / "x.lock"
-    async with make(path, "obs-a") as a, make(path, "watcher") as w:
-        seen: list[str | None] = []
-
-        async def watch() -> None:
-            async for current in w.observe():
-                seen.append(current)
-
-        async def until(expected: list[str | None]) -> None:
-            with anyio.fail_after(5):
-                while seen != expected:
-                    await asyncio.sleep(0.01)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(watch)
-            await until([None])
-            lead = await a.acquire()
-            await until([None, "obs-a"])
-            await lead.release()
-            await until([None, "obs-a", None])
-            tg.cancel_scope.cancel()
-
-
 async def test_deleting_the_lock_file_is_a_loss(tmp_path: Path) -> None:
     path = tmp_path / "x.lock"
     async with make(path, "a", check_interval=0.2) as a:
