@@ -54,6 +54,9 @@ ENV_NAME = "AIOELECT_NAME"
 ENV_IDENTITY = "AIOELECT_IDENTITY"
 ENV_PASSWORD = "AIOELECT_PASSWORD"
 ENV_ETCD_USER = "AIOELECT_ETCD_USER"
+ENV_ETCD_CA = "AIOELECT_ETCD_CA"
+ENV_ETCD_CERT = "AIOELECT_ETCD_CERT"
+ENV_ETCD_KEY = "AIOELECT_ETCD_KEY"
 #: Set in CMD's environment by ``run``.
 ENV_TOKEN = "AIOELECT_TOKEN"
 
@@ -73,7 +76,7 @@ backend selection:
   priority. A backend named on the command line replaces the environment's.
 
 environment:
-  {ENV_ETCD:<24} comma-separated etcd endpoints (host:port)
+  {ENV_ETCD:<24} comma-separated etcd endpoints (host:port or https://host:port)
   {ENV_MYSQL:<24} mysql://user@host:port/database
   {ENV_POSTGRES:<24} postgresql://user@host:port/database
   {ENV_FILE:<24} path of a lock file (one machine only)
@@ -81,6 +84,24 @@ environment:
   {ENV_IDENTITY:<24} this candidate's identity (default hostname:pid:random)
   {ENV_PASSWORD:<24} password for the DSN's user or the etcd user; never printed
   {ENV_ETCD_USER:<24} etcd user name
+  {ENV_ETCD_CA:<24} etcd: CA certificate (PEM) that verifies the server
+  {ENV_ETCD_CERT:<24} etcd: client certificate (PEM), with {ENV_ETCD_KEY}
+  {ENV_ETCD_KEY:<24} etcd: the client certificate's unencrypted key (PEM)
+
+TLS:
+  etcd        https:// endpoints, or --etcd-ca/--etcd-cert/--etcd-key (which
+              imply TLS for endpoints without a scheme). Without --etcd-ca
+              the system CAs verify the server.
+  MySQL       in the DSN: ?ssl-ca=PATH&ssl-cert=PATH&ssl-key=PATH
+              &ssl-mode=VERIFY_IDENTITY (or VERIFY_CA, REQUIRED, DISABLED)
+  PostgreSQL  in the DSN: ?sslmode=verify-full&sslrootcert=PATH&sslcert=PATH
+              &sslkey=PATH (libpq's names and modes)
+  A certificate that is refused or not trusted exits with status 3 at once.
+
+metrics (run):
+  --metrics-port PORT serves Prometheus metrics on http://HOST:PORT/metrics
+  (HOST: --metrics-host, default 127.0.0.1), e.g. aioelect_is_leader 1.0
+  while this process leads; needs prometheus-client (aioelect[prometheus]).
 
 exit status:
   0    success (observe: interrupted by SIGINT/SIGTERM)
@@ -257,8 +278,9 @@ def configure(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
         options["ttl"] = int(args.ttl) if float(args.ttl).is_integer() else args.ttl  # etcd wants whole seconds
     if args.poll_interval is not None:
         options["poll_interval"] = args.poll_interval
-    if args.etcd_user is not None and kind != "etcd":
-        raise UsageError(f"--etcd-user applies to etcd only, not to the {kind} backend")
+    for flag in ("etcd_user", "etcd_ca", "etcd_cert", "etcd_key"):
+        if getattr(args, flag) is not None and kind != "etcd":
+            raise UsageError(f"--{flag.replace('_', '-')} applies to etcd only, not to the {kind} backend")
     etcd_user = args.etcd_user or environ.get(ENV_ETCD_USER) or None
 
     target: str | list[str]
@@ -275,6 +297,14 @@ def configure(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
             if etcd_user is None:
                 raise UsageError(f"a password for etcd needs --etcd-user (or {ENV_ETCD_USER})")
             options["password"] = password
+        for flag, variable, option in (
+            ("etcd_ca", ENV_ETCD_CA, "ca_file"),
+            ("etcd_cert", ENV_ETCD_CERT, "cert_file"),
+            ("etcd_key", ENV_ETCD_KEY, "key_file"),
+        ):
+            path = getattr(args, flag) or environ.get(variable) or None
+            if path is not None:
+                options[option] = path
     elif kind in ("mysql", "postgres"):
         _secrets.add(_dsn_password(value))
         target = _with_password(value, password) if password is not None else value
@@ -316,10 +346,24 @@ def _non_negative(text: str) -> float:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, not {text!r}")
+    return value
+
+
 def _backend_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("backend options")
-    g.add_argument("--etcd", metavar="ENDPOINTS", help=f"comma-separated etcd endpoints host:port [{ENV_ETCD}]")
+    g.add_argument(
+        "--etcd",
+        metavar="ENDPOINTS",
+        help=f"comma-separated etcd endpoints (host:port, https://host:port) [{ENV_ETCD}]",
+    )
     g.add_argument("--mysql", metavar="DSN", help=f"mysql://user@host:port/database [{ENV_MYSQL}]")
     g.add_argument("--postgres", metavar="DSN", help=f"postgresql://user@host:port/database [{ENV_POSTGRES}]")
     g.add_argument("--file", metavar="PATH", help=f"lock file shared by the candidates on one machine [{ENV_FILE}]")
@@ -335,6 +379,15 @@ def _backend_options() -> argparse.ArgumentParser:
         help=f"read the password from PATH (first line) instead of {ENV_PASSWORD}; it replaces a DSN's password",
     )
     g.add_argument("--etcd-user", metavar="USER", help=f"etcd user name [{ENV_ETCD_USER}]")
+    g.add_argument(
+        "--etcd-ca", metavar="PATH", help=f"etcd over TLS: CA (PEM) to verify the server with [{ENV_ETCD_CA}]"
+    )
+    g.add_argument(
+        "--etcd-cert",
+        metavar="PATH",
+        help=f"etcd over TLS: client certificate (PEM) for --client-cert-auth [{ENV_ETCD_CERT}]",
+    )
+    g.add_argument("--etcd-key", metavar="PATH", help=f"etcd over TLS: the client certificate's key [{ENV_ETCD_KEY}]")
     g.add_argument(
         "--no-fencing",
         action="store_true",
@@ -389,6 +442,19 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         metavar="SECONDS",
         help="with --forever: pause before campaigning again, so others get a turn (default 1)",
+    )
+    metrics = run.add_argument_group("metrics")
+    metrics.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs aioelect[prometheus])",
+    )
+    metrics.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics listen on (default 127.0.0.1: this machine only)",
     )
     leader = sub.add_parser(
         "leader",
@@ -674,6 +740,36 @@ async def _observe(elector: Elector, config: Config, args: argparse.Namespace) -
 # --- entry point -------------------------------------------------------------------------
 
 
+def _check_metrics(args: argparse.Namespace) -> None:
+    """Fail before campaigning if --metrics-port cannot work (the extra is missing)."""
+    if getattr(args, "metrics_port", None) is None:
+        return
+    try:
+        import aioelect.metrics  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"--metrics-port: {exc}") from None
+
+
+def _serve_metrics(elector: Elector, host: str, port: int) -> None:
+    """Expose ``elector``'s metrics on ``host:port`` (a daemon thread that ends with the process)."""
+    import prometheus_client
+
+    from .metrics import PrometheusMetrics
+
+    # A registry of our own (main() may run more than once in a process), with the usual process metrics.
+    registry = prometheus_client.CollectorRegistry()
+    for collector in (prometheus_client.ProcessCollector, prometheus_client.PlatformCollector):
+        collector(registry=registry)
+    prometheus_client.GCCollector(registry=registry)
+    metrics = PrometheusMetrics(registry)
+    metrics.attach(elector)
+    try:
+        metrics.serve(port, host=host)
+    except OSError as exc:
+        raise UsageError(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    log.info("metrics on http://%s:%d/metrics", host if ":" not in host else f"[{host}]", port)
+
+
 async def _amain(command: str, config: Config, args: argparse.Namespace, cmd: Sequence[str]) -> int:
     elector = config.build()
     loop = asyncio.get_running_loop()
@@ -692,6 +788,8 @@ async def _amain(command: str, config: Config, args: argparse.Namespace, cmd: Se
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
+        if runner is not None and args.metrics_port is not None:
+            _serve_metrics(elector, args.metrics_host, args.metrics_port)
         if runner is not None:
             # Fail fast on a server that cannot be reached at all; later outages are retried.
             probe = config.build()
@@ -748,8 +846,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         # CMD is exec'd right after fork: gRPC's (etcd's) fork handlers only add noise on stderr.
         os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"
         _ADDED_ENV.append("GRPC_ENABLE_FORK_SUPPORT")
+    if "GRPC_VERBOSITY" not in os.environ:
+        # gRPC's C core would print its own lines next to our clear error (e.g. a refused certificate).
+        os.environ["GRPC_VERBOSITY"] = "NONE"
+        _ADDED_ENV.append("GRPC_VERBOSITY")
     try:
         config = configure(args, env)
+        _check_metrics(args)
         return asyncio.run(_amain(args.command, config, args, cmd))
     except UsageError as exc:
         _usage_error(subparser, str(exc))

@@ -127,7 +127,7 @@ def test_endpoints_forms() -> None:
     assert [str(e) for e in parse_endpoints(["etcd-a", "http://etcd-b:1"])] == ["etcd-a:2379", "etcd-b:1"]
     for bad, why in [
         ("", "at least one"),
-        ("https://h:1", "TLS"),
+        ("https://a:1,http://b:2", "mix"),
         ("ftp://h:1", "scheme"),
         ("http://u:secret@h:1", "credentials"),
         ("h:99999", "port"),

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 from ..._config import positive, validate_name
 from ..._elector import Elector
 from .election import EtcdBackend
-from .session import Endpoint
+from .session import Endpoint, EtcdTLS
 
 __all__ = ["EtcdElector", "parse_endpoints"]
 
@@ -23,7 +23,11 @@ MIN_TTL = 2
 
 
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[Endpoint]:
-    """Parse ``host:port`` / ``http://host:port`` endpoints, given as a list or one comma-separated string."""
+    """Parse ``host:port``, ``http://host:port`` or ``https://host:port`` (a list or one comma-separated string).
+
+    An endpoint given with a scheme keeps it in :attr:`Endpoint.scheme`;
+    mixing ``http://`` and ``https://`` is a ValueError.
+    """
     if isinstance(endpoints, str):
         items = endpoints.split(",")
     elif isinstance(endpoints, Sequence) and all(isinstance(e, str) for e in endpoints):
@@ -34,11 +38,9 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[Endpoint]:
     for item in (i.strip() for i in items):
         if not item:
             continue
-        scheme = item.split("://", 1)[0].lower() if "://" in item else "http"
-        if scheme == "https":
-            raise ValueError(f"endpoint {item!r}: TLS (https) is not supported by this backend; use http://")
-        if scheme != "http":
-            raise ValueError(f"endpoint {item!r}: the scheme must be http, not {scheme!r}")
+        scheme = item.split("://", 1)[0].lower() if "://" in item else None
+        if scheme not in (None, "http", "https"):
+            raise ValueError(f"endpoint {item!r}: the scheme must be http or https, not {scheme!r}")
         parts = urlsplit(item if "://" in item else "//" + item)
         if parts.username is not None or parts.password is not None:
             raise ValueError("endpoints must not carry credentials: pass username and password instead")
@@ -50,9 +52,11 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[Endpoint]:
             raise ValueError(f"endpoint {item!r}: the port must be a number from 1 to 65535") from None
         if not parts.hostname:
             raise ValueError(f"endpoint {item!r} has no host")
-        parsed.append(Endpoint(parts.hostname, port or DEFAULT_PORT))
+        parsed.append(Endpoint(parts.hostname, port or DEFAULT_PORT, scheme))
     if not parsed:
         raise ValueError("at least one etcd endpoint is needed")
+    if len({e.scheme for e in parsed if e.scheme is not None}) > 1:
+        raise ValueError("endpoints mix http:// and https://: every member of one cluster is reached the same way")
     return parsed
 
 
@@ -77,18 +81,32 @@ class EtcdElector(Elector):
       that its key still stands before it leads;
     * cancelling a campaign deletes its key and revokes its lease at once;
     * a failing endpoint is left for the next one in ``endpoints``;
-    * wrong credentials raise :class:`~aioelect.ElectionError` at once;
+    * wrong credentials raise :class:`~aioelect.ElectionError` at once; so
+      does a TLS setup that cannot work (a server certificate that ``ca_file``
+      does not verify, a client certificate missing or refused, TLS on one
+      side only): that is never taken for an unreachable etcd, so it never
+      degrades to local leadership;
     * if no endpoint can be reached when a campaign starts, it leads locally
       with a WARNING when ``degrade_to_local`` (no mutual exclusion then:
       every instance that cannot reach etcd may lead), else it retries with
       backoff and stays a follower until etcd answers.
 
-    ``endpoints`` is a list, or a comma-separated string, of ``host:port``
-    or ``http://host:port``. ``ttl`` is the session lease in whole seconds
-    (at least 2); keep-alives go out every ``ttl / 3``; ``renew_deadline``
-    (default ``2 * ttl / 3``) must lie between the two. ``connect_timeout``
-    bounds authenticating and each request on one endpoint (keep-alives
-    have their own, shorter bound, derived from the timings above).
+    ``endpoints`` is a list, or a comma-separated string, of ``host:port``,
+    ``http://host:port`` or ``https://host:port``. TLS is used with
+    ``https://`` endpoints or when any of ``ca_file``, ``cert_file``,
+    ``key_file`` is given: the server's certificate is verified against
+    ``ca_file`` (PEM; the system CAs without it) and must name the endpoint's
+    host (an IP address in its subjectAltName for ``127.0.0.1:2379``);
+    ``cert_file`` and ``key_file`` (PEM, unencrypted key) are the client
+    certificate for etcd's ``--client-cert-auth``. The files are checked
+    here and read again at each reconnection. ``username``/``password`` work
+    with or without TLS (use TLS so that the password is not sent in clear).
+
+    ``ttl`` is the session lease in whole seconds (at least 2); keep-alives
+    go out every ``ttl / 3``; ``renew_deadline`` (default ``2 * ttl / 3``)
+    must lie between the two. ``connect_timeout`` bounds authenticating and
+    each request on one endpoint (keep-alives have their own, shorter bound,
+    derived from the timings above).
     """
 
     def __init__(
@@ -104,8 +122,18 @@ class EtcdElector(Elector):
         connect_timeout: float = 5.0,
         renew_deadline: float | None = None,
         stop_timeout: float = 5.0,
+        ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
         parsed = parse_endpoints(endpoints)
+        tls_files = any(f is not None for f in (ca_file, cert_file, key_file))
+        plain = [e for e in parsed if e.scheme == "http"]
+        if plain and tls_files:
+            raise ValueError(
+                f"endpoint http://{plain[0]} is plain HTTP but ca_file/cert_file/key_file ask for TLS: use https://"
+            )
+        tls = EtcdTLS.load(ca_file, cert_file, key_file) if tls_files or parsed[0].scheme == "https" else None
         name = validate_name(name, max_length=1024)
         if isinstance(ttl, bool) or not float(positive("ttl", ttl)).is_integer():
             raise ValueError(f"ttl must be a whole number of seconds (etcd leases have whole-second TTLs), not {ttl!r}")
@@ -142,6 +170,7 @@ class EtcdElector(Elector):
             username=username,
             password=password,
             degrade_to_local=degrade_to_local,
+            tls=tls,
         )
         super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
 

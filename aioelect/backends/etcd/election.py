@@ -25,7 +25,7 @@ from aetcd.utils import prefix_range_end
 
 from ..._backend import Backend, Backoff, Confirm, Hold, monotonic
 from ..._errors import BackendUnavailable, ElectionError
-from .session import Compacted, Connection, Endpoint, Retired, Session, SessionEnded, Transient, first_of
+from .session import Compacted, Connection, Endpoint, EtcdTLS, Retired, Session, SessionEnded, Transient, first_of
 
 __all__ = ["EtcdBackend"]
 
@@ -169,6 +169,7 @@ class EtcdBackend(Backend):
         username: str | None,
         password: str | None,
         degrade_to_local: bool,
+        tls: EtcdTLS | None = None,
     ) -> None:
         super().__init__(name)
         self.prefix = (name + "/").encode()
@@ -186,7 +187,12 @@ class EtcdBackend(Backend):
         self.release_timeout = min(connect_timeout, 4.0)
         self.degrade_to_local = degrade_to_local
         self.conn = Connection(
-            endpoints, username=username, password=password, connect_timeout=connect_timeout, log=lambda: self.log
+            endpoints,
+            username=username,
+            password=password,
+            connect_timeout=connect_timeout,
+            log=lambda: self.log,
+            tls=tls,
         )
         self.sessions: set[Session] = set()
         self.degraded: DegradedHold | None = None

@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
+import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +29,7 @@ try:
     import aetcd
     import grpc
     from aetcd import rpc
+    from aetcd import watcher as aetcd_watcher
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("the etcd backend needs aetcd: pip install 'aioelect[etcd]'") from exc
 
@@ -33,6 +37,7 @@ __all__ = [
     "Compacted",
     "Connection",
     "Endpoint",
+    "EtcdTLS",
     "Retired",
     "Session",
     "SessionEnded",
@@ -77,6 +82,8 @@ class Transient(Exception):
         self.lease_gone = "requested lease not found" in message
         #: Our auth token expired: a new client (a new token) fixes it at once.
         self.reauth = "invalid auth token" in message or "auth store is old" in message
+        #: gRPC could not set up the connection in a way a TLS problem can explain: worth a diagnosis.
+        self.handshake = False
 
 
 class Retired(Transient):
@@ -101,9 +108,239 @@ class SessionEnded(Exception):
 class Endpoint:
     host: str
     port: int
+    #: "http" or "https" when the endpoint was given with a scheme, else None.
+    scheme: str | None = None
 
     def __str__(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _no_passphrase() -> str:
+    raise ValueError("the private key is encrypted; gRPC needs an unencrypted PEM key")
+
+
+# Where distributions keep their CA bundle, after OpenSSL's own default (which honours SSL_CERT_FILE).
+_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
+
+
+@dataclass(frozen=True)
+class EtcdTLS:
+    """TLS to etcd: the server verified against ``ca_file`` (else the system CAs), optional client certificate.
+
+    Files are checked when this is built (:meth:`load`) and read again for
+    each new gRPC channel, so renewed certificates are used from the next
+    reconnect on.
+    """
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    @classmethod
+    def load(cls, ca_file: str | None, cert_file: str | None, key_file: str | None) -> EtcdTLS:
+        """Check the files (exist, parse, key matches certificate); raise ValueError saying which is wrong."""
+        paths: dict[str, str | None] = {}
+        for option, value in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file)):
+            if value is not None:
+                if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+                    raise ValueError(f"{option} must be a file path")
+                value = os.fspath(value)
+                if not os.path.isfile(value):
+                    raise ValueError(f"{option} {value!r} does not exist or is not a file")
+            paths[option] = value
+        tls = cls(**paths)
+        if (tls.cert_file is None) != (tls.key_file is None):
+            raise ValueError("cert_file and key_file go together: pass both (a PEM certificate and its key) or neither")
+        tls.context()  # parses every file now: a bad one is a ValueError at construction, not a late surprise
+        return tls
+
+    def context(self) -> ssl.SSLContext:
+        """An :class:`ssl.SSLContext` equivalent to the gRPC credentials (used to diagnose failed handshakes)."""
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise ValueError(f"ca_file {self.ca_file!r} holds no usable PEM CA certificate: {exc}") from None
+        if self.cert_file is not None:
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file, password=_no_passphrase)
+            except (OSError, ssl.SSLError) as exc:
+                raise ValueError(f"cannot load the client certificate {self.cert_file!r}: {exc}") from None
+        context.set_alpn_protocols(["h2"])
+        return context
+
+    def _roots(self) -> bytes | None:
+        if self.ca_file is not None:
+            return _read(self.ca_file, "ca_file")
+        # gRPC would use its own bundled roots; the system's are what users expect and manage.
+        for path in (ssl.get_default_verify_paths().cafile, *_CA_BUNDLES):
+            if path and os.path.isfile(path):
+                return _read(path, "the system CA bundle")
+        return None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """gRPC channel credentials from the files as they are now; ElectionError if one cannot be read."""
+        return grpc.ssl_channel_credentials(
+            root_certificates=self._roots(),
+            private_key=_read(self.key_file, "key_file") if self.key_file is not None else None,
+            certificate_chain=_read(self.cert_file, "cert_file") if self.cert_file is not None else None,
+        )
+
+    def describe(self) -> str:
+        parts = [f"ca_file={self.ca_file}" if self.ca_file else "system CAs"]
+        if self.cert_file:
+            parts.append(f"client certificate {self.cert_file}")
+        return "TLS (" + ", ".join(parts) + ")"
+
+
+def _read(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise ElectionError(f"cannot read {what} {path!r}: {exc.strerror}") from None
+
+
+class _Client(aetcd.Client):  # type: ignore[misc]
+    """aetcd's client on a channel of our making: a TLS one when given credentials.
+
+    aetcd 1.0 can only open insecure channels (its issue 37), so
+    :meth:`connect` does what aetcd 1.0's does (channel, authentication,
+    stubs) with a channel created here; every other method of the client
+    works on it as before. Our :class:`Connection` makes a new client for
+    each (re)connection, so every reconnection and failover is TLS too.
+    """
+
+    def __init__(self, host: str, port: int, *, credentials: grpc.ChannelCredentials | None, **kwargs: Any) -> None:
+        super().__init__(host, port, **kwargs)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        target = f"[{self._host}]:{self._port}" if ":" in self._host else f"{self._host}:{self._port}"
+        options = list(self._options.items())
+        if self._credentials is None:
+            self.channel = grpc.aio.insecure_channel(target, options=options)
+        else:
+            self.channel = grpc.aio.secure_channel(target, self._credentials, options=options)
+        if self._username is not None and self._password is not None:
+            self.auth_stub = rpc.AuthStub(self.channel)
+            request = rpc.AuthenticateRequest(name=self._username, password=self._password)
+            reply = await self.auth_stub.Authenticate(request, timeout=self._timeout)
+            self.metadata = (("token", reply.token),)
+        self.kvstub = rpc.KVStub(self.channel)
+        self.clusterstub = rpc.ClusterStub(self.channel)
+        self.leasestub = rpc.LeaseStub(self.channel)
+        self.maintenancestub = rpc.MaintenanceStub(self.channel)
+        watch = rpc.WatchStub(self.channel)
+        self._watcher = aetcd_watcher.Watcher(watch, timeout=self._timeout, metadata=self.metadata)
+        self._connected.set()
+
+
+# --- why a connection failed ------------------------------------------------------------------
+
+# An HTTP/2 client preface and an empty SETTINGS frame: any gRPC server answers with its own SETTINGS.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_HANDSHAKE_HINTS = ("handshake", "tsi_", "ssl", "tls", "socket closed", "unwrap", "http1.x")
+
+
+def _speaks_h2(sock: socket.socket) -> bool:
+    """True if the peer answers an HTTP/2 preface with a SETTINGS frame, as gRPC servers do."""
+    sock.sendall(_H2_PREFACE)
+    data = b""
+    while len(data) < 4:
+        chunk = sock.recv(9 - len(data))
+        if not chunk:
+            return False
+        data += chunk
+    return data[3] == 0x04
+
+
+def _client_cert_refused(reason: str) -> bool:
+    reason = reason.upper()
+    return "ALERT" in reason and any(t in reason for t in ("CERTIFICATE", "UNKNOWN_CA", "ACCESS_DENIED"))
+
+
+def diagnose_tls(endpoint: Endpoint, tls: EtcdTLS | None, timeout: float) -> str | None:
+    """Why a connection to ``endpoint`` can never work as configured, found by a handshake of our own; else None.
+
+    gRPC reports every failed connection as UNAVAILABLE with terse details
+    ("Socket closed", "Unwrap failed"), alike for a dying server and a
+    refused certificate. A refused certificate, a server that does not speak
+    TLS (or that requires it) will never work and must not be retried; all
+    else (refused connection, timeout, reset) returns None: transient.
+    Blocking, each step bounded by ``timeout``: run it in a thread.
+    """
+    address = (endpoint.host, endpoint.port)
+    where = f"etcd at {endpoint}"
+
+    def plain_h2() -> bool:
+        try:
+            with socket.create_connection(address, timeout=timeout) as raw:
+                return _speaks_h2(raw)
+        except OSError:
+            return False
+
+    if tls is None:
+        if plain_h2():
+            return None
+        insecure = ssl.create_default_context()
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        try:
+            with socket.create_connection(address, timeout=timeout) as raw, insecure.wrap_socket(raw):
+                pass
+        except ssl.SSLError as exc:
+            if "ALERT" not in str(exc.reason).upper():
+                return None
+        except OSError:
+            return None
+        return (
+            f"{where} requires TLS: use https:// endpoints (with ca_file, and cert_file/key_file if it "
+            "runs with --client-cert-auth)"
+        )
+
+    try:
+        context = tls.context()
+    except ValueError as exc:  # a file changed since construction
+        return str(exc)
+    trust = f"ca_file {tls.ca_file}" if tls.ca_file else "the system CAs"
+    try:
+        with socket.create_connection(address, timeout=timeout) as raw:
+            try:
+                with context.wrap_socket(raw, server_hostname=endpoint.host) as conn:
+                    # TLS 1.3: the server judges our certificate after the handshake, and says so on the first read.
+                    _speaks_h2(conn)
+                    return None
+            except ssl.SSLCertVerificationError as exc:
+                return (
+                    f"TLS: {where} presented a certificate that {trust} does not accept "
+                    f"({exc.verify_message}); check ca_file and that the certificate names {endpoint.host}"
+                )
+            except (ssl.SSLEOFError, ssl.SSLZeroReturnError, ConnectionResetError, BrokenPipeError):
+                pass  # closed on us: does it speak plain HTTP/2 instead? See below.
+            except ssl.SSLError as exc:
+                reason = str(exc.reason or exc)
+                if _client_cert_refused(reason):
+                    if tls.cert_file is None:
+                        return (
+                            f"TLS: {where} requires a client certificate (it runs with --client-cert-auth): "
+                            f"pass cert_file and key_file ({reason})"
+                        )
+                    return (
+                        f"TLS: {where} refused our client certificate {tls.cert_file} ({reason}): it must be "
+                        "signed by a CA in etcd's --trusted-ca-file"
+                    )
+                if "ALERT" in reason.upper():
+                    return f"TLS: {where} refused the handshake ({reason})"
+    except OSError:
+        return None  # refused, unreachable, timed out: nothing to say about TLS
+    if plain_h2():
+        return (
+            f"TLS: {where} does not speak TLS (it answered in plain HTTP/2): use http:// endpoints, "
+            "without ca_file/cert_file/key_file"
+        )
+    return None
 
 
 async def settle(awaitable: Awaitable[T]) -> T:
@@ -200,7 +437,9 @@ def classify(exc: BaseException, what: str, endpoint: Endpoint, username: str | 
     )
     # A lease that is gone or a compacted revision is the same on every member.
     rotate = code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE)
-    return Transient(f"{what} on {endpoint}: {code.name}: {details}", answered=answered, rotate=rotate)
+    failure = Transient(f"{what} on {endpoint}: {code.name}: {details}", answered=answered, rotate=rotate)
+    failure.handshake = code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _HANDSHAKE_HINTS)
+    return failure
 
 
 class _Channel:
@@ -261,7 +500,10 @@ class Connection:
       goes to the next endpoint and every watch waiting on the old client
       moves over (it raises :class:`Retired`); it is raised as :class:`Transient`;
     * a permanent failure (wrong credentials, permission denied) raises
-      :class:`ElectionError` at once;
+      :class:`ElectionError` at once; so does a connection that can never
+      work as configured (a refused or untrusted certificate, TLS on one
+      side only), found by :func:`diagnose_tls` on an endpoint that never
+      answered: such a failure is not an unreachable etcd;
     * a client is closed only once no request or watch uses it, so nothing is
       cancelled under a caller; :meth:`aclose` closes them all (after letting
       requests in flight end for at most ``DRAIN_TIMEOUT``; watches end at once).
@@ -275,10 +517,14 @@ class Connection:
         password: str | None,
         connect_timeout: float,
         log: Callable[[], ElectionLog],
+        tls: EtcdTLS | None = None,
     ) -> None:
         self.endpoints = list(endpoints)
         self.username = username
         self._password = password
+        self.tls = tls
+        #: Endpoints that answered once: their later failures are outages, not misconfiguration.
+        self._reached: set[Endpoint] = set()
         self.connect_timeout = connect_timeout
         self._log = log
         self._index = 0
@@ -296,7 +542,9 @@ class Connection:
         return self._log()
 
     def describe(self) -> str:
-        return ",".join(str(e) for e in self.endpoints)
+        if self.tls is None:
+            return ",".join(str(e) for e in self.endpoints)
+        return ",".join(f"https://{e}" for e in self.endpoints) + f" over {self.tls.describe()}"
 
     # --- clients -------------------------------------------------------------------
 
@@ -315,9 +563,10 @@ class Connection:
 
     async def _open(self, endpoint: Endpoint) -> _Channel:
         with_auth = self.username is not None and not self._auth_disabled
-        client = aetcd.Client(
+        client = _Client(
             endpoint.host,
             endpoint.port,
+            credentials=self.tls.credentials() if self.tls is not None else None,
             username=self.username if with_auth else None,
             password=self._password if with_auth else None,
             timeout=self.connect_timeout,
@@ -340,11 +589,27 @@ class Connection:
             failure = classify(exc, "authentication" if with_auth else "connect", endpoint, self.username)
             if failure is None:
                 raise
+            failure = await self._explain(failure, endpoint)
             if isinstance(failure, Transient) and failure.rotate:
                 self._rotate()
             raise failure from None
+        if with_auth:
+            self._reached.add(endpoint)
         self.log.debug("connected to etcd at %s", endpoint)
         return _Channel(client, endpoint)
+
+    async def _explain(self, failure: Exception, endpoint: Endpoint) -> Exception:
+        """``failure``, or :class:`ElectionError` if :func:`diagnose_tls` finds that it is permanent."""
+        if not isinstance(failure, Transient) or not failure.handshake or endpoint in self._reached:
+            return failure
+        step = min(self.connect_timeout, 2.0)
+        verdict: str | None = None
+        with anyio.move_on_after(3 * step + 0.5):
+            verdict = await anyio.to_thread.run_sync(diagnose_tls, endpoint, self.tls, step, abandon_on_cancel=True)
+        if verdict is None:
+            return failure
+        self.log.debug("%s (gRPC said: %s)", verdict, failure)
+        return ElectionError(verdict)
 
     def _rotate(self) -> None:
         self._index = (self._index + 1) % len(self.endpoints)
@@ -435,12 +700,14 @@ class Connection:
                 async with self.channel() as channel:
                     try:
                         with anyio.fail_after(timeout):
-                            return await settle(request(channel))
+                            reply = await settle(request(channel))
                     except Exception as exc:
-                        failure = self.failed(exc, what, channel)
+                        failure = await self._explain(self.failed(exc, what, channel), channel.endpoint)
                         if failure is exc:
                             raise
                         raise failure from None
+                    self._reached.add(channel.endpoint)
+                    return reply
             except Transient as exc:
                 if exc.reauth and not (last is not None and last.reauth):
                     tries += 1  # once more, on a client that authenticates afresh
@@ -480,7 +747,7 @@ class Connection:
                         await settle(call.write(rpc.WatchRequest(create_request=create)))
                         created = await settle(call.read())
                 except Exception as exc:
-                    failure = self.failed(exc, "watch", channel)
+                    failure = await self._explain(self.failed(exc, "watch", channel), channel.endpoint)
                     if failure is exc:
                         raise
                     raise failure from None

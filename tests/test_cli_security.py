@@ -1,0 +1,246 @@
+"""The ``aioelect`` command over TLS, its Prometheus metrics, and its secrets: real processes, real servers.
+
+Every process started here is killed at teardown (the ``Spawner`` of
+test_cli.py), and every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import signal
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aioelect.testing import Certificates, EtcdServer, MissingBinaryError, free_port, server_unavailable
+
+from .test_cli import ROOT, Lines, Spawner, cli, wait_until
+from .test_security_etcd import PASSWORD, start_tls_etcd
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def certs() -> Iterator[Certificates]:
+    try:
+        certificates = Certificates()
+    except MissingBinaryError as exc:
+        server_unavailable(str(exc))
+    yield certificates
+    certificates.cleanup()
+
+
+@pytest.fixture(scope="module")
+def tls_etcd(certs: Certificates) -> Iterator[EtcdServer]:
+    server = start_tls_etcd(certs)
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def spawner(tmp_path: Path) -> Iterator[Spawner]:
+    s = Spawner(tmp_path)
+    try:
+        yield s
+    finally:
+        s.cleanup()
+
+
+def tls_options(server: EtcdServer, certs: Certificates, name: str) -> list[str]:
+    return [
+        "--etcd",
+        f"https://{server.endpoint}",
+        "--etcd-ca",
+        certs.ca,
+        "--etcd-cert",
+        certs.client_cert,
+        "--etcd-key",
+        certs.client_key,
+        "--etcd-user",
+        "root",
+        "--name",
+        name,
+        "--ttl",
+        "2",
+    ]
+
+
+def scrape(port: int) -> str | None:
+    """The metrics page on 127.0.0.1:port, or None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+            text: str = reply.read().decode()
+            return text
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+def is_leader(page: str | None) -> float | None:
+    """The value of ``aioelect_is_leader`` on a metrics page (None: not there)."""
+    match = re.search(r"^aioelect_is_leader\{[^}]*\} (\S+)$", page or "", re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+# --- metrics -----------------------------------------------------------------------------------
+
+
+def test_run_exposes_prometheus_metrics(spawner: Spawner, tmp_path: Path) -> None:
+    lock = str(tmp_path / "leader.lock")
+    lines = Lines(tmp_path / "ran.txt")
+    ports = {"m-a": free_port(), "m-b": free_port()}
+    backend = ["--file", lock, "--name", "metrics", "--poll-interval", "0.05"]
+    leader = spawner.run_cmd(*backend, "--identity", "m-a", "--metrics-port", str(ports["m-a"]), out=lines.path)
+    wait_until("m-a to run CMD", lambda: bool(lines.of("m-a", "start")), 15)
+    follower = spawner.run_cmd(*backend, "--identity", "m-b", "--metrics-port", str(ports["m-b"]), out=lines.path)
+    wait_until("both metrics pages", lambda: all(scrape(p) is not None for p in ports.values()), 15)
+    wait_until("the leader's gauge at 1", lambda: is_leader(scrape(ports["m-a"])) == 1.0, 10)
+    page = scrape(ports["m-a"])
+    assert page is not None
+    assert 'aioelect_is_leader{backend="file",name="metrics"} 1.0' in page
+    assert re.search(
+        r'^aioelect_transitions_total\{backend="file",name="metrics",reason="acquired"\} 1\.0$', page, re.M
+    )
+    assert "aioelect_acquire_wait_seconds_count" in page and "process_cpu_seconds_total" in page
+    assert is_leader(scrape(ports["m-b"])) == 0.0
+    # The leader stops: the follower's gauge goes to 1.
+    leader.send_signal(signal.SIGTERM)
+    assert spawner.wait(leader) == 128 + signal.SIGTERM
+    wait_until("the follower's gauge at 1", lambda: is_leader(scrape(ports["m-b"])) == 1.0, 15)
+    wait_until("m-b to run CMD", lambda: bool(lines.of("m-b", "start")), 10)
+    follower.send_signal(signal.SIGTERM)
+    spawner.wait(follower)
+
+
+def test_metrics_port_in_use_is_a_usage_error(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = cli("run", "--file", str(tmp_path / "l.lock"), "--metrics-port", str(port), "--", "true")
+    assert result.returncode == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_metrics_without_prometheus_client_is_a_clear_error(tmp_path: Path) -> None:
+    # Simulates an installation without the extra: the import of prometheus_client fails as it would.
+    shadow = tmp_path / "shadow" / "prometheus_client"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'prometheus_client'\")\n")
+    result = cli(
+        "run",
+        "--file",
+        str(tmp_path / "l.lock"),
+        "--metrics-port",
+        str(free_port()),
+        "--",
+        "true",
+        PYTHONPATH=f"{shadow.parent}:{ROOT}",
+    )
+    assert result.returncode == 2, result.stderr
+    assert "pip install 'aioelect[prometheus]'" in result.stderr
+    assert "Traceback" not in result.stderr and "campaigning" not in result.stderr  # refused before campaigning
+
+
+def test_bad_metrics_port_is_a_usage_error(tmp_path: Path) -> None:
+    result = cli("run", "--file", str(tmp_path / "l.lock"), "--metrics-port", "70000", "--", "true")
+    assert result.returncode == 2 and "1 to 65535" in result.stderr
+
+
+# --- TLS ---------------------------------------------------------------------------------------
+
+
+def test_run_and_leader_over_tls_with_a_password(
+    tls_etcd: EtcdServer, certs: Certificates, spawner: Spawner, tmp_path: Path
+) -> None:
+    name = f"/cli-tls/{secrets.token_hex(4)}"
+    lines = Lines(tmp_path / "ran.txt")
+    options = tls_options(tls_etcd, certs, name)
+    proc = spawner.run_cmd(*options, "--identity", "tls-runner", out=lines.path, AIOELECT_PASSWORD=PASSWORD)
+    wait_until("CMD to run under TLS leadership", lambda: bool(lines.of("tls-runner", "start")), 20)
+    # The same through the environment, as a deployment would configure it.
+    shown = cli(
+        "leader",
+        "--json",
+        AIOELECT_ETCD_ENDPOINTS=f"https://{tls_etcd.endpoint}",
+        AIOELECT_ETCD_CA=certs.ca,
+        AIOELECT_ETCD_CERT=certs.client_cert,
+        AIOELECT_ETCD_KEY=certs.client_key,
+        AIOELECT_ETCD_USER="root",
+        AIOELECT_PASSWORD=PASSWORD,
+        AIOELECT_NAME=name,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout) == {"leader": "tls-runner"}
+    proc.send_signal(signal.SIGTERM)
+    assert spawner.wait(proc) == 128 + signal.SIGTERM
+    assert cli("leader", *options, AIOELECT_PASSWORD=PASSWORD).returncode == 1  # resigned: nobody leads
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"--etcd-ca": "other"}, "does not accept"),
+        ({"--etcd-cert": None, "--etcd-key": None}, "requires a client certificate"),
+        ({"password": PASSWORD + "-wrong"}, "rejected the credentials"),
+        ({"--etcd": "plain", "--etcd-ca": None, "--etcd-cert": None, "--etcd-key": None}, "requires TLS"),
+    ],
+    ids=["wrong-ca", "no-client-cert", "wrong-password", "plain-http"],
+)
+def test_refused_tls_setups_exit_3_at_once(
+    tls_etcd: EtcdServer, certs: Certificates, change: dict[str, str | None], message: str
+) -> None:
+    options = tls_options(tls_etcd, certs, "/cli-tls/refused")
+    password = change.pop("password", None) or PASSWORD
+    for flag, value in change.items():
+        at = options.index(flag)
+        if value is None:
+            del options[at : at + 2]
+        else:
+            options[at + 1] = {"other": certs.other_ca, "plain": tls_etcd.endpoint}[value]
+    for command in (["leader"], ["run", "--", "true"]):
+        result = cli(*command[:1], *options, "--timeout", "5", *command[1:], AIOELECT_PASSWORD=password, timeout=30)
+        assert result.returncode == 3, result.stderr
+        assert message in result.stderr
+        assert PASSWORD not in result.stderr + result.stdout
+
+
+def test_tls_options_are_checked(tls_etcd: EtcdServer, certs: Certificates, tmp_path: Path) -> None:
+    missing = cli("leader", "--etcd", tls_etcd.endpoint, "--etcd-ca", str(tmp_path / "nope.pem"))
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+    alone = cli("leader", "--etcd", tls_etcd.endpoint, "--etcd-cert", certs.client_cert)
+    assert alone.returncode == 2 and "go together" in alone.stderr
+    wrong_backend = cli("leader", "--file", str(tmp_path / "l.lock"), "--etcd-ca", certs.ca)
+    assert wrong_backend.returncode == 2 and "--etcd-ca applies to etcd only" in wrong_backend.stderr
+
+
+def test_password_never_appears_in_output_help_or_errors(
+    tls_etcd: EtcdServer, certs: Certificates, spawner: Spawner, tmp_path: Path
+) -> None:
+    options = tls_options(tls_etcd, certs, f"/cli-tls/{secrets.token_hex(4)}")
+    password_file = tmp_path / "pw"
+    password_file.write_text(PASSWORD + "\n")
+    outputs: list[str] = []
+    results = [
+        cli("--help", AIOELECT_PASSWORD=PASSWORD),
+        cli("run", "--help", AIOELECT_PASSWORD=PASSWORD),
+        cli("leader", "-v", *options, AIOELECT_PASSWORD=PASSWORD),
+        cli("leader", "-v", *options, "--password-file", str(password_file)),
+        cli("leader", "-v", *options, AIOELECT_PASSWORD=PASSWORD + "-wrong"),
+        cli("leader", "-v", *options[:-4], AIOELECT_PASSWORD=PASSWORD),  # no --name/--ttl: default name
+        cli("leader", "--etcd-user", "root", "--file", "x", AIOELECT_PASSWORD=PASSWORD),  # usage error
+    ]
+    assert [r.returncode for r in results] == [0, 0, 1, 1, 3, 1, 2], [r.stderr for r in results]
+    outputs.extend(r.stdout + r.stderr for r in results)
+    lines = Lines(tmp_path / "ran.txt")
+    proc = spawner.run_cmd(*options, "-v", "--identity", "pw", out=lines.path, mode="once", AIOELECT_PASSWORD=PASSWORD)
+    assert spawner.wait(proc, timeout=20) == 0
+    outputs.append(spawner.stdout(proc) + spawner.stderr(proc))
+    text = "\n".join(outputs)
+    assert "rejected the credentials" in text and "leadership acquired" in text  # the runs did say things...
+    assert PASSWORD not in text  # ...and never the password
