@@ -32,7 +32,9 @@ test: venv servers lint pytest
 demo: venv $(if $(filter mysql etcd postgres,$(BACKEND)),servers,)
 	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
 
+# Peers (tooz, etcd3gw...) go into the venv for the benchmarks only, never as dependencies.
 bench: venv servers
+	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench
 
 clean:

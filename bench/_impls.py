@@ -1,0 +1,183 @@
+"""The implementations compared, and what the driver must know about each."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+from dataclasses import dataclass
+
+__all__ = ["IMPLS", "Impl"]
+
+
+@dataclass(frozen=True)
+class Impl:
+    """One implementation: its candidate script and how to measure it."""
+
+    key: str
+    label: str
+    backend: str  # "mysql" | "etcd" | "postgres" | "file"
+    module: str  # bench/candidates/<module>.py
+    ours: bool
+    #: Modules that must import (and binaries that must exist) for the row to run.
+    requires: tuple[str, ...] = ()
+    binaries: tuple[str, ...] = ()
+    #: A crash is only noticed when a lease/TTL runs out: crash reps run side by side, not one by one.
+    lease_bound_crash: bool = False
+    #: Observation windows (s): how long to wait before calling it "never".
+    takeover_window: float = 12.0
+    deposed_window: float = 8.0
+    #: Extra candidate arguments for the frozen-leader scenario (a shorter lease for aioelect).
+    frozen_args: tuple[str, ...] = ()
+    #: What "frozen" or "deposed" cannot mean for this backend (None: it applies).
+    no_deposed: str | None = None
+    #: One line on how it is driven, for RESULTS.md.
+    how: str = ""
+
+    def election(self, scenario: str, rep: int | str) -> str:
+        """The election/lock name of one repetition (a fresh name each time: nothing carries over)."""
+        name = f"bench/{self.key}/{scenario}/{rep}"
+        return "/" + name if self.backend == "etcd" else name
+
+    def etcd_prefix(self, name: str) -> str:
+        """Where this implementation's keys for election ``name`` live in etcd."""
+        if self.module == "tooz_etcd3gw":
+            return "/tooz/locks" + name
+        if self.module in ("original_etcd", "etcdctl_elect"):
+            return name + "/"
+        return name
+
+    def missing(self) -> str | None:
+        """Why this row cannot run here, or None."""
+        for module in self.requires:
+            try:
+                importlib.import_module(module)
+            except Exception as exc:
+                return f"`import {module}` failed: {type(exc).__name__}: {exc}"
+        for binary in self.binaries:
+            if shutil.which(binary) is None and not shutil.which(binary, path="/usr/sbin:/usr/bin"):
+                return f"`{binary}` not found"
+        return None
+
+
+IMPLS: list[Impl] = [
+    Impl(
+        "aioelect-mysql",
+        "aioelect MySQL",
+        "mysql",
+        "aioelect_mysql",
+        True,
+        requires=("aioelect.backends.mysql",),
+        frozen_args=("--lease", "5"),
+        how="`MySQLElector` defaults (poll 2 s, check 1 s, check timeout 2 s, lease 10 s); lease 5 s when frozen",
+    ),
+    Impl(
+        "original-mysql",
+        "original design, MySQL (port)",
+        "mysql",
+        "original_mysql",
+        False,
+        requires=("aiomysql",),
+        how="literal port: `GET_LOCK(name, 0)` on a new connection every 2 s, never checked again",
+    ),
+    Impl(
+        "tooz-mysql",
+        "tooz MySQL lock",
+        "mysql",
+        "tooz_mysql",
+        False,
+        requires=("tooz.drivers.mysql",),
+        how="`get_lock(name).acquire(blocking=True)`: `GET_LOCK(name, 0)` polled, backoff capped at 1 s",
+    ),
+    Impl(
+        "aioelect-etcd",
+        "aioelect etcd",
+        "etcd",
+        "aioelect_etcd",
+        True,
+        requires=("aioelect.backends.etcd",),
+        lease_bound_crash=True,
+        how="`EtcdElector(ttl=5)`",
+    ),
+    Impl(
+        "original-etcd",
+        "original design, etcd (port)",
+        "etcd",
+        "original_etcd",
+        False,
+        requires=("aetcd",),
+        lease_bound_crash=True,
+        how="literal port of `concurrency` Session(TTL 5) + Election.Campaign on aetcd, never checked again",
+    ),
+    Impl(
+        "tooz-etcd3gw",
+        "tooz etcd3gw lock",
+        "etcd",
+        "tooz_etcd3gw",
+        False,
+        requires=("tooz.drivers.etcd3gw",),
+        lease_bound_crash=True,
+        how="etcd3gw lock via etcd's JSON gateway (`/v3/`, which etcd3gw picks from etcd's version), "
+        "`lock_timeout=5`, heartbeat thread; polled, backoff capped at 1 s",
+    ),
+    Impl(
+        "aetcd-lock",
+        "aetcd Lock",
+        "etcd",
+        "aetcd_lock",
+        False,
+        requires=("aetcd",),
+        lease_bound_crash=True,
+        how="`client.lock(key, ttl=5)`, `refresh()` every TTL/3, stops when a refresh fails",
+    ),
+    Impl(
+        "etcdctl-elect",
+        "etcdctl elect (Go)",
+        "etcd",
+        "etcdctl_elect",
+        False,
+        binaries=("etcdctl",),
+        lease_bound_crash=True,
+        takeover_window=75.0,
+        deposed_window=26.0,
+        how="`etcdctl elect` 3.4, one Go process per candidate; session TTL 60 s (not configurable)",
+    ),
+    Impl(
+        "aioelect-postgres",
+        "aioelect PostgreSQL",
+        "postgres",
+        "aioelect_postgres",
+        True,
+        requires=("aioelect.backends.postgres",),
+        frozen_args=("--lease", "5"),
+        how="`PostgresElector` defaults; lease 5 s when frozen",
+    ),
+    Impl(
+        "tooz-postgres",
+        "tooz PostgreSQL lock",
+        "postgres",
+        "tooz_postgres",
+        False,
+        requires=("tooz.drivers.pgsql",),
+        how="`get_lock(name).acquire(blocking=True)`: `pg_advisory_lock` waits in the server",
+    ),
+    Impl(
+        "aioelect-file",
+        "aioelect file",
+        "file",
+        "aioelect_file",
+        True,
+        requires=("aioelect.backends.file",),
+        no_deposed="no server to depose it from",
+        how="`FileElector` defaults (`flock`, poll 50 ms)",
+    ),
+    Impl(
+        "tooz-file",
+        "tooz file lock",
+        "file",
+        "tooz_file",
+        False,
+        requires=("tooz.drivers.file",),
+        no_deposed="no server to depose it from",
+        how="`get_lock(name).acquire(blocking=True)`: fasteners `fcntl` lock polled every 10-100 ms",
+    ),
+]

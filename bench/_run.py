@@ -1,0 +1,246 @@
+"""One benchmark run: servers up, scenarios in three phases, results out, everything cleaned up."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ._impls import IMPLS, Impl
+from ._report import write_report
+from ._scenarios import SCENARIOS, Ctx, Outcome
+from ._servers import Servers
+
+__all__ = ["run"]
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "out"
+RESULTS_JSON = OUT / "results.json"
+
+#: Scenarios whose timing must not be disturbed: run one at a time, with nothing else running.
+PRECISE = ("graceful", "crash", "handoff")
+_NOT_SETTINGS = ("servers", "log_dir")
+
+
+def _machine() -> dict[str, Any]:
+    model = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import psutil
+
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _library_versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("aioelect", "aiomysql", "aetcd", "asyncpg", "tooz", "etcd3gw", "PyMySQL", "psycopg2-binary"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[name] = version(name)
+    return out
+
+
+class Runner:
+    def __init__(self, ctx: Ctx, budget: float) -> None:
+        self.ctx = ctx
+        self.started = time.monotonic()
+        self.budget = budget
+        self.results: dict[str, dict[str, Outcome]] = {}
+
+    def left(self) -> float:
+        return self.budget - (time.monotonic() - self.started)
+
+    async def job(self, impl: Impl, scenario: str, limit: float) -> None:
+        """Run one scenario for one implementation, bounded in time; failures become notes, not crashes."""
+        slot = self.results.setdefault(impl.key, {})
+        if self.left() < 5:
+            slot[scenario] = Outcome(skipped="skipped: the run's time budget was spent")
+            print(f"  {impl.key:18} {scenario:9} skipped (budget)", flush=True)
+            return
+        t = time.monotonic()
+        func: Callable[[Impl, Ctx], Awaitable[Outcome]] = SCENARIOS[scenario]
+        try:
+            outcome = await asyncio.wait_for(func(impl, self.ctx), timeout=min(limit, max(self.left(), 10)))
+        except TimeoutError:
+            outcome = Outcome(errors=[f"scenario did not finish within {limit:g}s"])
+        except Exception as exc:
+            outcome = Outcome(errors=[f"{type(exc).__name__}: {exc}"[:400]])
+        outcome.seconds = time.monotonic() - t
+        slot[scenario] = outcome
+        summary = ", ".join(f"{v * 1000:.0f}ms" if v < 1 else f"{v:.2f}s" for v in outcome.values[:8])
+        extra = f" never={outcome.never}" if outcome.never else ""
+        errs = f" errors={outcome.errors[:1]}" if outcome.errors else ""
+        print(f"  {impl.key:18} {scenario:9} {outcome.seconds:5.1f}s [{summary}]{extra}{errs}", flush=True)
+
+
+def _limit(impl: Impl, scenario: str, ctx: Ctx) -> float:
+    if scenario == "idle":
+        return 60.0 + sum(ctx.idle_windows) * 1.5 + 120
+    if scenario == "handoff":
+        return ctx.handoff_seconds + 60
+    if scenario in ("crash", "frozen"):
+        per = impl.takeover_window + ctx.overlap_window + ctx.start_timeout
+        return per * (1 if impl.lease_bound_crash or scenario == "frozen" else ctx.reps) + 30
+    if scenario == "deposed":
+        return impl.deposed_window + ctx.start_timeout + 30
+    return ctx.reps * (ctx.graceful_window + 10) + ctx.start_timeout
+
+
+async def _phases(runner: Runner, impls: list[Impl], scenarios: list[str], overlap_phases: bool) -> None:
+    ctx = runner.ctx
+    print("phase 1: latency-sensitive scenarios, one at a time", flush=True)
+    for impl in impls:
+        for scenario in PRECISE:
+            if scenario not in scenarios:
+                continue
+            if scenario == "crash" and impl.lease_bound_crash:
+                continue
+            await runner.job(impl, scenario, _limit(impl, scenario, ctx))
+
+    async def phase2() -> None:
+        print("phase 2: lease-bound scenarios (seconds), several implementations side by side", flush=True)
+        sem = asyncio.Semaphore(5)
+
+        async def bounded(impl: Impl, scenario: str) -> None:
+            async with sem:
+                await runner.job(impl, scenario, _limit(impl, scenario, ctx))
+
+        jobs = []
+        # The longest (etcdctl's 60 s TTL) first, so that they overlap everything else.
+        for impl in sorted(impls, key=lambda i: -i.takeover_window):
+            for scenario in ("crash", "frozen", "deposed"):
+                if scenario in scenarios and (scenario != "crash" or impl.lease_bound_crash):
+                    jobs.append(bounded(impl, scenario))
+        await asyncio.gather(*jobs)
+
+    async def phase3() -> None:
+        if "idle" not in scenarios:
+            return
+        print("phase 3: idle cost, one implementation per server at a time", flush=True)
+
+        async def lane(backend: str) -> None:
+            for impl in impls:
+                if impl.backend == backend:
+                    await runner.job(impl, "idle", _limit(impl, "idle", ctx))
+
+        await asyncio.gather(*(lane(b) for b in sorted({i.backend for i in impls})))
+
+    if overlap_phases:
+        # Smoke runs only: the counters of phase 3 then include phase 2's traffic.
+        await asyncio.gather(phase2(), phase3())
+    else:
+        await phase2()
+        await phase3()
+
+
+def _outcome_to_json(outcome: Outcome) -> dict[str, Any]:
+    data = dataclasses.asdict(outcome)
+    return data
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """Run the suite as the command line says; return the exit status."""
+    if args.report_only:
+        data = json.loads(RESULTS_JSON.read_text())
+        write_report(data, HERE)
+        print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'takeover.png'}")
+        return 0
+    only = {k for k in args.only.split(",") if k}
+    scenarios = [s for s in (args.scenarios.split(",") if args.scenarios else SCENARIOS) if s]
+    unknown = [s for s in scenarios if s not in SCENARIOS] + [k for k in only if k not in {i.key for i in IMPLS}]
+    if unknown:
+        print(f"unknown scenario or implementation: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    chosen = [i for i in IMPLS if not only or i.key in only]
+    unavailable = {i.key: why for i in chosen if (why := i.missing()) is not None}
+    impls = [i for i in chosen if i.key not in unavailable]
+    for key, why in unavailable.items():
+        print(f"bench: {key} not measured: {why}", flush=True)
+
+    log_dir = OUT / "logs"
+    shutil.rmtree(log_dir, ignore_errors=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    machine = _machine()
+    started_at = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    servers = Servers()
+    # A SIGTERM (make interrupted, CI timeout) must still stop the servers.
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        print(f"bench: starting servers for {', '.join(sorted({i.backend for i in impls}))}", flush=True)
+        servers.start({i.backend for i in impls})
+        ctx = Ctx(servers=servers, log_dir=log_dir)
+        if args.quick:
+            ctx.reps = 2
+            ctx.idle_counts = (5, 20)
+            ctx.idle_windows = (2.0, 3.0, 5.0)
+            ctx.handoff_seconds = 2.0
+            ctx.overlap_window = 2.0
+            ctx.settle = 0.3
+        if args.reps:
+            ctx.reps = args.reps
+        runner = Runner(ctx, args.budget)
+        asyncio.run(_phases(runner, impls, scenarios, overlap_phases=bool(args.quick)))
+        versions = servers.versions()
+    finally:
+        servers.cleanup()
+    machine["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    data = {
+        "command": "python -m bench" + (" " + shlex.join(argv) if argv else ""),
+        "started": started_at.isoformat(timespec="seconds"),
+        "duration_s": round(time.monotonic() - t0, 1),
+        "machine": machine,
+        "servers": versions,
+        "libraries": _library_versions(),
+        "settings": {f.name: getattr(ctx, f.name) for f in dataclasses.fields(ctx) if f.name not in _NOT_SETTINGS},
+        "quick": bool(args.quick),
+        "impls": {
+            i.key: {
+                "label": i.label,
+                "backend": i.backend,
+                "ours": i.ours,
+                "how": i.how,
+                "takeover_window": i.takeover_window,
+                "deposed_window": i.deposed_window,
+            }
+            for i in chosen
+        },
+        "unavailable": unavailable,
+        "scenarios": scenarios,
+        "results": {k: {s: _outcome_to_json(o) for s, o in v.items()} for k, v in runner.results.items()},
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    RESULTS_JSON.write_text(json.dumps(data, indent=1, default=str))
+    write_report(data, HERE)
+    print(f"bench: done in {data['duration_s']}s; wrote {HERE / 'RESULTS.md'} and {HERE / 'takeover.png'}")
+    return 0

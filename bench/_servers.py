@@ -1,0 +1,243 @@
+"""The throwaway servers of one run (the tests' harness) and the counters read from them."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from aioelect.testing import EtcdServer, MariaDBServer, PostgresServer
+
+__all__ = ["Servers", "process_usage"]
+
+_METRIC = re.compile(r"^(grpc_server_msg_received_total|grpc_server_started_total)\{([^}]*)\} ([0-9.e+]+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+class Servers:
+    """MariaDB, etcd and PostgreSQL on 127.0.0.1, started for this run only, plus a lock-file directory."""
+
+    def __init__(self) -> None:
+        self.mariadb: MariaDBServer | None = None
+        self.etcd: EtcdServer | None = None
+        self.postgres: PostgresServer | None = None
+        self.file_dir = Path(tempfile.mkdtemp(prefix="aioelect-bench-files-"))
+        self._mysql_admin: Any = None
+        self._pg_admin: Any = None
+
+    def start(self, backends: set[str]) -> None:
+        """Start the servers the chosen backends need (blocking, bounded by the harness)."""
+        if "mysql" in backends:
+            # The original design's port leaks a connection per poll: leave it room to show it.
+            self.mariadb = MariaDBServer(extra_args=["--max-connections=4000"])
+            self.mariadb.start()
+        if "etcd" in backends:
+            self.etcd = EtcdServer()
+            self.etcd.start()
+        if "postgres" in backends:
+            self.postgres = PostgresServer(extra_args=["-c", "max_connections=600"])
+            self.postgres.start()
+
+    def url(self, backend: str) -> str:
+        """What candidates of ``backend`` get as ``--url``."""
+        if backend == "mysql":
+            assert self.mariadb is not None
+            return self.mariadb.dsn
+        if backend == "etcd":
+            assert self.etcd is not None
+            return self.etcd.endpoint
+        if backend == "postgres":
+            assert self.postgres is not None
+            return self.postgres.dsn
+        return str(self.file_dir)
+
+    def server_pid(self, backend: str) -> int | None:
+        server = {"mysql": self.mariadb, "etcd": self.etcd, "postgres": self.postgres}.get(backend)
+        return server.pid if server is not None else None
+
+    # --- faults -----------------------------------------------------------------------
+
+    def kill_lock_holder(self, name: str) -> int | None:
+        """``KILL`` the MariaDB connection that holds ``GET_LOCK(name)``; its id, or None if nobody holds it."""
+        assert self.mariadb is not None
+        rows = self.mariadb.query("SELECT IS_USED_LOCK(%s)", (name,), database="")
+        holder = rows[0][0] if rows else None
+        if holder is None:
+            return None
+        self.mariadb.query(f"KILL {int(holder)}", database="")
+        return int(holder)
+
+    def revoke_leader_lease(self, prefix: str) -> int | None:
+        """Revoke the lease of the oldest leased key under ``prefix`` (the leader's); its id, or None."""
+        assert self.etcd is not None
+        import base64
+
+        def b64(raw: bytes) -> str:
+            return base64.b64encode(raw).decode()
+
+        start = prefix.encode()
+        end = bytearray(start)
+        end[-1] += 1
+        body = {"key": b64(start), "range_end": b64(bytes(end))}
+        data = _post(f"{self.etcd.client_url}/v3/kv/range", body)
+        leased = [kv for kv in data.get("kvs", []) if int(kv.get("lease", 0))]
+        if not leased:
+            return None
+        oldest = min(leased, key=lambda kv: int(kv["create_revision"]))
+        lease = int(oldest["lease"])
+        _post(f"{self.etcd.client_url}/v3/lease/revoke", {"ID": str(lease)})
+        return lease
+
+    def terminate_lock_holder_pg(self, client_pid: int) -> int | None:
+        """Terminate the PostgreSQL backend of ``client_pid`` that holds a granted advisory lock."""
+        assert self.postgres is not None
+        ports = _client_ports(client_pid, self.postgres.port)
+        if not ports:
+            return None
+        rows = self.postgres.query(
+            "SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+            "WHERE l.locktype = 'advisory' AND l.granted AND a.client_port = ANY($1::int[])",
+            [ports],
+        )
+        for (pid,) in rows:
+            self.postgres.query("SELECT pg_terminate_backend($1)", [pid])
+        return int(rows[0][0]) if rows else None
+
+    # --- counters ---------------------------------------------------------------------
+
+    def counters(self, backend: str) -> dict[str, float]:
+        """The server's request counters now (cumulative; the caller takes deltas)."""
+        if backend == "mysql":
+            return self._mysql_counters()
+        if backend == "etcd":
+            return self._etcd_counters()
+        if backend == "postgres":
+            return self._pg_counters()
+        return {}
+
+    def _mysql_counters(self) -> dict[str, float]:
+        assert self.mariadb is not None
+        import pymysql
+
+        if self._mysql_admin is None:
+            self._mysql_admin = pymysql.connect(
+                host="127.0.0.1", port=self.mariadb.port, user="root", password="", autocommit=True, read_timeout=10
+            )
+        with self._mysql_admin.cursor() as cur:
+            cur.execute(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN "
+                "('Questions', 'Com_select', 'Connections', 'Threads_connected', 'Com_do')"
+            )
+            return {str(k): float(v) for k, v in cur.fetchall()}
+
+    def _etcd_counters(self) -> dict[str, float]:
+        assert self.etcd is not None
+        with urllib.request.urlopen(self.etcd.metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            m = _METRIC.match(line)
+            if not m:
+                continue
+            labels = dict(_LABEL.findall(m.group(2)))
+            kind = "msgs" if m.group(1) == "grpc_server_msg_received_total" else "calls"
+            key = f"{kind}:{labels.get('grpc_method', '?')}"
+            values[key] = values.get(key, 0.0) + float(m.group(3))
+        return values
+
+    def _pg_counters(self) -> dict[str, float]:
+        assert self.postgres is not None
+        import psycopg2
+
+        if self._pg_admin is None:
+            self._pg_admin = psycopg2.connect(
+                host="127.0.0.1", port=self.postgres.port, user="postgres", dbname="postgres"
+            )
+            self._pg_admin.autocommit = True
+        with self._pg_admin.cursor() as cur:
+            cur.execute("SELECT pg_stat_clear_snapshot()")
+            cur.execute("SELECT sum(xact_commit + xact_rollback)::float8, sum(sessions)::float8 FROM pg_stat_database")
+            xacts, sessions = cur.fetchone()
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
+            (connected,) = cur.fetchone()
+        return {"transactions": float(xacts or 0), "sessions": float(sessions or 0), "connected": float(connected)}
+
+    @staticmethod
+    def own_requests(backend: str) -> dict[str, float]:
+        """What one :meth:`counters` call itself adds to the counters (taken out of every delta)."""
+        if backend == "mysql":
+            return {"Questions": 1.0}
+        if backend == "postgres":
+            return {"transactions": 3.0}
+        return {}
+
+    # --- description ----------------------------------------------------------------------
+
+    def versions(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        with contextlib.suppress(Exception):
+            if self.mariadb is not None:
+                out["MariaDB"] = str(self.mariadb.query("SELECT VERSION()", database="")[0][0])
+        with contextlib.suppress(Exception):
+            if self.etcd is not None:
+                with urllib.request.urlopen(f"{self.etcd.client_url}/version", timeout=5) as resp:
+                    out["etcd"] = json.loads(resp.read().decode()).get("etcdserver", "?")
+        with contextlib.suppress(Exception):
+            if self.postgres is not None:
+                out["PostgreSQL"] = str(self.postgres.query("SHOW server_version")[0][0])
+        return out
+
+    def cleanup(self) -> None:
+        for conn in (self._mysql_admin, self._pg_admin):
+            with contextlib.suppress(Exception):
+                if conn is not None:
+                    conn.close()
+        for server in (self.mariadb, self.etcd, self.postgres):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.cleanup()
+        shutil.rmtree(self.file_dir, ignore_errors=True)
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        data = json.loads(resp.read().decode())
+    assert isinstance(data, dict)
+    return data
+
+
+def _client_ports(pid: int, server_port: int) -> list[int]:
+    ports: list[int] = []
+    with contextlib.suppress(psutil.Error):
+        for conn in psutil.Process(pid).net_connections(kind="tcp"):
+            if conn.raddr and conn.raddr.port == server_port:
+                ports.append(conn.laddr.port)
+    return ports
+
+
+def process_usage(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) and proportional memory (PSS, MiB) of ``pid`` and all its descendants."""
+    cpu = 0.0
+    mem = 0.0
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0.0, 0.0
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            times = proc.cpu_times()
+            cpu += times.user + times.system
+            try:
+                mem += proc.memory_full_info().pss / 2**20
+            except (psutil.Error, AttributeError):
+                mem += proc.memory_info().rss / 2**20
+    return cpu, mem

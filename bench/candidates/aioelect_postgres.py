@@ -1,0 +1,18 @@
+"""aioelect's PostgreSQL backend: acting as leader means ``Leadership.held``."""
+
+from __future__ import annotations
+
+from aioelect.backends.postgres import PostgresElector
+
+from ._runner import Candidate, Options, main
+from .aioelect_mysql import AioelectCandidate
+
+
+def make(options: Options, slot: int) -> Candidate:
+    if options.lease is None:
+        return AioelectCandidate(PostgresElector(options.url, name=options.name))
+    return AioelectCandidate(PostgresElector(options.url, name=options.name, lease=options.lease))
+
+
+if __name__ == "__main__":
+    main(make)
