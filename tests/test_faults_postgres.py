@@ -1,0 +1,59 @@
+"""A network partition between a PostgreSQL leader and its server (the other faults are in test_postgres.py)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from aioelect.testing import PostgresServer, TCPProxy
+
+from .backends import unique_name
+from .faults import Candidates, check_invariants
+
+LEASE = 3
+CHECK_INTERVAL = 0.3
+CHECK_TIMEOUT = 0.6
+OPTIONS = {
+    "lease": LEASE,
+    "check_interval": CHECK_INTERVAL,
+    "check_timeout": CHECK_TIMEOUT,
+    "renew_deadline": 2.0,
+    "poll_interval": 1.0,
+    "fencing": True,
+}
+MARGIN = 1.5
+
+
+@pytest.fixture
+def candidates(fresh_postgres: PostgresServer) -> Iterator[Candidates]:
+    group = Candidates("postgres", fresh_postgres.dsn, unique_name("fault"), OPTIONS)
+    try:
+        yield group
+    finally:
+        group.close()
+
+
+def test_network_partition_between_leader_and_server(candidates: Candidates, fresh_postgres: PostgresServer) -> None:
+    with TCPProxy(fresh_postgres.host, fresh_postgres.port) as proxy:
+        via_proxy = fresh_postgres.dsn.replace(f":{fresh_postgres.port}/", f":{proxy.port}/")
+        leader = candidates.start("partitioned", target=via_proxy)
+        assert candidates.wait_leader() is leader
+        for i in range(2):
+            candidates.start(f"direct-{i}")
+        time.sleep(0.5)
+        stalled = time.monotonic()
+        proxy.stall()
+        candidates.wait_for(
+            lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, 10, "the partitioned leader stops"
+        )
+        stopped = (leader.last_act() or 0) - stalled
+        successor = candidates.wait_leader(timeout=LEASE + 10, exclude=leader)
+        took = (candidates.first_act_after(stalled, exclude=leader) or 0) - stalled
+        print(f"MEASURED postgres partition: leader stops {stopped:.3f}s, takeover {took:.3f}s (lease {LEASE}s)")
+        assert stopped < CHECK_INTERVAL + CHECK_TIMEOUT + 0.3
+        assert successor is not leader
+        assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover across a partition took {took:.2f}s"
+        proxy.heal()
+        check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
