@@ -106,7 +106,8 @@ class Leadership:
         """True once leadership ended for a reason other than our own release."""
         if self._lost_reason is not None:
             return True
-        return not self._released and self._deadline_passed()
+        releasing = self._released or self._release_requested.is_set()
+        return not releasing and self._deadline_passed()
 
     @property
     def lost_reason(self) -> str | None:
