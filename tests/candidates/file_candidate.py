@@ -6,7 +6,9 @@ critical section guarded by a marker file created with ``O_EXCL``: if two
 processes ever led at once, one of them fails to create it and reports an
 ``overlap``. Events are JSON lines on stdout with ``time.monotonic()``
 (system-wide on Linux): ``ready``, ``lead`` (token), ``overlap``, ``done``
-(end of one leadership's work, before release), ``finished``.
+(end of one leadership's work, before release), ``finished``. With
+``--barrier PATH`` it waits (at most 30 s) for PATH to exist before
+campaigning, so that several processes start campaigning together.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import os
 import time
 from typing import Any
+
+import anyio
 
 from aioelect import FileElector, leadership
 
@@ -32,9 +36,15 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--hold", type=float, default=0.01)
     parser.add_argument("--marker", default=None, help="critical-section marker file")
+    parser.add_argument("--barrier", default=None, help="campaign only once this file exists")
+    parser.add_argument("--poll-interval", type=float, default=0.05)
     args = parser.parse_args()
-    elector = FileElector(args.path, identity=args.identity)
+    elector = FileElector(args.path, identity=args.identity, poll_interval=args.poll_interval)
     emit("ready")
+    if args.barrier:
+        deadline = time.monotonic() + 30
+        while not await anyio.Path(args.barrier).exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
     async with elector:
         done = 0
         while args.rounds == 0 or done < args.rounds:
