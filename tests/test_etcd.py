@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import statistics
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -22,6 +25,8 @@ import pytest
 
 from aioelect import BackendUnavailable, ElectionError, EtcdElector, Leadership
 from aioelect.backends.etcd import parse_endpoints
+from aioelect.backends.etcd.election import EtcdBackend
+from aioelect.backends.etcd.session import Session
 from aioelect.testing import EtcdServer, free_port, require_binary
 
 pytestmark = pytest.mark.timeout(60)
@@ -182,8 +187,17 @@ async def test_key_layout_token_and_leader(etcd: EtcdServer, electors: Callable[
     assert await b.leader() == "cand-a"
     await lead.release()
     assert await keys(etcd, name) == []
-    assert kv["lease"] not in await leases(etcd)
     assert await b.leader() is None
+    # As Go's Session: the lease serves the elector's next campaign, and goes when the elector closes.
+    assert kv["lease"] in await leases(etcd)
+    again = await a.acquire()
+    (kv_again,) = await keys(etcd, name)
+    assert kv_again["lease"] == kv["lease"] and kv_again["create_revision"] > kv["create_revision"]
+    assert again.token == kv_again["create_revision"]
+    await again.release()
+    await a.aclose()
+    assert kv["lease"] not in await leases(etcd)
+    assert await keys(etcd, name) == []
 
 
 async def test_takeover_after_resign_is_immediate(electors: Callable[..., EtcdElector]) -> None:
@@ -287,6 +301,176 @@ async def test_lease_revoked_while_campaigning_campaigns_again(
     await follower.close()
 
 
+# --- what a keep-alive and a handoff cost the server ----------------------------------------------
+
+_GRPC_COUNTER = re.compile(r"^grpc_server_(started|msg_received)_total\{([^}]*)\} ([0-9.e+]+)$")
+
+
+async def grpc_counts(server: EtcdServer) -> dict[str, float]:
+    """etcd's own gRPC counters: ``started:<method>`` (calls and streams begun), ``received:<method>`` (messages)."""
+
+    def read() -> dict[str, float]:
+        with urllib.request.urlopen(server.metrics_url, timeout=5) as reply:
+            text = reply.read().decode()
+        counts: dict[str, float] = {}
+        for line in text.splitlines():
+            match = _GRPC_COUNTER.match(line)
+            if match:
+                method = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2)))["grpc_method"]
+                key = f"{'started' if match.group(1) == 'started' else 'received'}:{method}"
+                counts[key] = counts.get(key, 0.0) + float(match.group(3))
+        return counts
+
+    return await anyio.to_thread.run_sync(read)
+
+
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    changed = {k for k in set(before) | set(after) if after.get(k) != before.get(k)}
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in changed}
+
+
+async def test_keepalives_of_every_session_share_one_long_lived_stream(fresh_etcd: EtcdServer) -> None:
+    """One LeaseKeepAlive stream per connection (Go's lessor), kept across leaderships; replies routed by lease."""
+    name = unique()
+    async with EtcdElector(fresh_etcd.endpoints, name=name, identity="a", ttl=TTL) as a:
+        backend = a._backend
+        assert isinstance(backend, EtcdBackend)
+        lead = await a.acquire()
+        await asyncio.sleep(1.0)  # the first keep-alive (ttl/3) has opened the stream
+        before = await grpc_counts(fresh_etcd)
+        # More sessions on the same connection, as a process's electors sharing it would have.
+        others = [
+            await Session.grant(
+                backend.conn, TTL, interval=TTL / 3, keepalive_timeout=0.3, request_timeout=backend.request_timeout
+            )
+            for _ in range(3)
+        ]
+        try:
+            granted = [s.confirmed_at for s in others]
+            await asyncio.sleep(1.5)
+            assert all(s.confirmed_at > t for s, t in zip(others, granted, strict=True)), "each lease renewed"
+            # A reply with TTL 0 ends only the session whose lease it names.
+            await ctl(fresh_etcd, "lease", "revoke", f"{others[0].lease_id:x}")
+            with anyio.fail_after(3):
+                reason = await others[0].wait_ended()
+            assert "expired or revoked" in reason
+            renewed = [s.confirmed_at for s in others[1:]]
+            await lead.release()
+            again = await a.acquire()  # the same session, the same stream
+            await asyncio.sleep(1.0)
+            assert not any(s.done.is_set() for s in others[1:])
+            assert all(s.confirmed_at > t for s, t in zip(others[1:], renewed, strict=True))
+            assert lead.token is not None and again.token is not None and again.token > lead.token
+            assert again.held
+            after = await grpc_counts(fresh_etcd)
+        finally:
+            for session in others:
+                await session.close()
+        changes = delta(before, after)
+        # 4 sessions renewing every ttl/3 for 2.5 s: about 14 keep-alives, on no new stream.
+        assert changes.get("received:LeaseKeepAlive", 0) >= 8, changes
+        assert changes.get("started:LeaseKeepAlive", 0) == 0, changes
+        # Release deleted the key only: the next campaign needed no new lease, and no lease was revoked.
+        assert changes.get("started:LeaseGrant", 0) == 3, changes  # the three extra sessions
+        assert changes.get("started:LeaseRevoke", 0) == 1, changes  # etcdctl's
+        await again.release()
+    assert await leases(fresh_etcd) == []
+
+
+async def test_a_handoff_costs_three_transactions_and_no_range_or_lease_request(fresh_etcd: EtcdServer) -> None:
+    """Two candidates passing leadership back and forth: campaign (put + predecessor read), check (key stands +
+    predecessor read) and resign are one transaction each; no Range, no LeaseGrant/LeaseRevoke per leadership."""
+    name = unique()
+    electors = [EtcdElector(fresh_etcd.endpoints, name=name, identity=f"c{i}", ttl=TTL) for i in range(2)]
+    tokens: list[int] = []
+    holders: list[str] = []
+    try:
+        # Warm up: both sessions granted, both keep-alive streams open.
+        for elector in electors:
+            await (await elector.acquire()).release()
+        before = await grpc_counts(fresh_etcd)
+        started = time.monotonic()
+
+        async def pingpong(elector: EtcdElector) -> None:
+            while len(tokens) < 60:
+                lead = await elector.acquire()
+                assert lead.token is not None and (not tokens or lead.token > tokens[-1])
+                tokens.append(lead.token)
+                holders.append(elector.identity)
+                await lead.release()
+
+        with anyio.fail_after(30):
+            await asyncio.gather(*(pingpong(e) for e in electors))
+        took = time.monotonic() - started
+        after = await grpc_counts(fresh_etcd)
+    finally:
+        for elector in electors:
+            await elector.aclose()
+    changes = delta(before, after)
+    leaderships = len(tokens)
+    handoffs = sum(1 for x, y in itertools.pairwise(holders) if x != y)
+    log = logging.getLogger("aioelect.test")
+    log.warning("etcd ping-pong: %d leaderships (%d handoffs) in %.2fs: %s", leaderships, handoffs, took, changes)
+    assert handoffs >= leaderships // 2, holders
+    assert changes.get("started:Range", 0) == 0, changes
+    assert changes.get("started:LeaseGrant", 0) == 0 and changes.get("started:LeaseRevoke", 0) == 0, changes
+    # About 3 per leadership; a few more when a watch shortcut reads again.
+    assert changes.get("started:Txn", 0) <= 3.5 * leaderships, changes
+    assert await leases(fresh_etcd) == []
+
+
+async def test_a_predecessor_gone_before_its_watch_starts_is_read_again_not_waited_for(
+    etcd: EtcdServer, electors: Callable[..., EtcdElector]
+) -> None:
+    """A watch that starts at or below etcd's current revision gets its events from etcd's slow path (a
+    background loop, up to 100 ms late): when the store moved since the read, read again at once instead."""
+    name = unique()
+    elector = electors("x", name)
+    backend = elector._backend
+    assert isinstance(backend, EtcdBackend)
+    predecessor = f"{name}/predecessor"
+    await ctl(etcd, "put", predecessor, "p")
+    kv, read_at = await backend.first_candidate()
+    assert kv is not None and bytes(kv.key).decode() == predecessor
+    await ctl(etcd, "del", predecessor)  # gone between our read and our watch
+    with anyio.fail_after(2):
+        assert await backend._wait_deleted(predecessor.encode(), read_at, shortcut=True) is False
+        # Not twice in a row: the next wait sees the deletion through the watch itself (it is never missed).
+        assert await backend._wait_deleted(predecessor.encode(), read_at, shortcut=False) is True
+
+
+async def test_lease_revoked_between_campaigns_campaigns_with_a_new_one(
+    etcd: EtcdServer, electors: Callable[..., EtcdElector]
+) -> None:
+    name = unique()
+    a = electors("cand-a", name)
+    lead = await a.acquire()
+    (kv,) = await keys(etcd, name)
+    await lead.release()
+    await ctl(etcd, "lease", "revoke", kv["lease"])  # the kept session's lease, before its next keep-alive
+    with anyio.fail_after(5):
+        again = await a.acquire()
+    (kv_again,) = await keys(etcd, name)
+    assert again.held and kv_again["lease"] != kv["lease"] and kv_again["lease"] in await leases(etcd)
+    assert again.token == kv_again["create_revision"]
+    await again.release()
+
+
+async def test_etcd_gone_between_campaigns_degrades_with_a_warning(
+    fresh_etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session kept from the last leadership does not count as etcd answering: the next campaign degrades."""
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    async with EtcdElector(fresh_etcd.endpoints, name=unique(), identity="alone", ttl=TTL, connect_timeout=1) as a:
+        await (await a.acquire()).release()
+        await anyio.to_thread.run_sync(fresh_etcd.stop)
+        with anyio.fail_after(10):
+            lead = await a.acquire()
+        assert lead.token is None, "a degraded, local leadership"
+        assert any("WITHOUT mutual exclusion" in r.getMessage() for r in caplog.records)
+        await lead.release()
+
+
 # --- leader() and observe() ------------------------------------------------------------------
 
 
@@ -306,7 +490,6 @@ async def test_a_compacted_watch_start_is_reported_for_resync(
 ) -> None:
     """A watch from a compacted revision raises Compacted (a Transient): observe() and the
     leader's key watch then read again instead of skipping the lost events."""
-    from aioelect.backends.etcd.election import EtcdBackend
     from aioelect.backends.etcd.session import Compacted
 
     name = unique()

@@ -70,8 +70,11 @@ class EtcdElector(Elector):
       the key with the lowest create revision under ``{name}/``;
     * :attr:`Leadership.token` is the leader key's create revision: it
       increases from one leader to the next;
-    * a release resigns (deletes our key and revokes our lease): the next
-      candidate takes over at once; a crashed or cut-off leader is replaced
+    * a release resigns (deletes our key): the next candidate takes over at
+      once; as with Go's ``Session``, the lease stays for this elector's next
+      campaign (revoked at once if the leadership was lost, the resign failed
+      or keep-alives were late) and is revoked by :meth:`aclose`, which
+      leaves no lease or key behind; a crashed or cut-off leader is replaced
       once its lease expires, about ``ttl`` seconds later;
     * a leader whose key is deleted, or whose lease is revoked or expires,
       learns it from a watch and its keep-alives; one that cannot renew for
@@ -103,10 +106,10 @@ class EtcdElector(Elector):
     with or without TLS (use TLS so that the password is not sent in clear).
 
     ``ttl`` is the session lease in whole seconds (at least 2); keep-alives
-    go out every ``ttl / 3``; ``renew_deadline`` (default ``2 * ttl / 3``)
-    must lie between the two. ``connect_timeout`` bounds authenticating and
-    each request on one endpoint (keep-alives have their own, shorter bound,
-    derived from the timings above).
+    go out every ``ttl / 3`` (on one long-lived gRPC stream); ``renew_deadline``
+    (default ``2 * ttl / 3``) must lie between the two. ``connect_timeout``
+    bounds authenticating and each request on one endpoint (keep-alives have
+    their own, shorter bound, derived from the timings above).
     """
 
     def __init__(

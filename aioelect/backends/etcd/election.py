@@ -12,6 +12,15 @@ Keys and revisions are those of ``election.go``, so that these candidates,
 Beyond Go's ``Campaign``: the wait ends if our own session expires (etcd
 issue 19597), after which we campaign again with a new session; and before
 a campaign returns, our key is checked to still exist under our lease.
+
+As Go's ``Session``, one session (lease) serves the successive campaigns of
+an elector: a release deletes our key only, and the lease is revoked when
+the elector closes, or at once when the session cannot be trusted any more
+(a lost leadership, a failed resign or campaign, keep-alives late). Each
+step reads what it needs in one request: the campaign transaction creates
+our key *and* returns the key created just before it; after that key's
+deletion one transaction checks that our key still stands under our lease
+*and* looks for an older key left.
 """
 
 from __future__ import annotations
@@ -40,6 +49,14 @@ class _KeyLost(Exception):
     """Our candidate key vanished while our lease lives (deleted by hand): put it again."""
 
 
+class _Unreachable(Exception):
+    """No endpoint answered since the campaign started: the caller may degrade to local leadership."""
+
+    def __init__(self, cause: Transient) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class EtcdHold(Hold):
     """Leadership held as the candidate key with the lowest create revision."""
 
@@ -54,6 +71,7 @@ class EtcdHold(Hold):
         self.acquired_at = acquired_at
         self._watch_from = watch_from
         self._released = False
+        self._lost = False
 
     async def monitor(self, confirm: Confirm) -> str:
         session = self._session
@@ -62,6 +80,7 @@ class EtcdHold(Hold):
             confirm(session.confirmed_at)
         try:
             _, reason = await first_of(self._session_ended, self._key_deleted)
+            self._lost = True
             return str(reason)
         finally:
             session.on_confirm = None
@@ -114,22 +133,32 @@ class EtcdHold(Hold):
         return "leader key deleted (resigned elsewhere or removed by hand)"
 
     async def release(self) -> None:
-        """Resign as election.go does (delete our key if it is still ours), then revoke the lease."""
+        """Resign as election.go does (delete our key if it is still ours); the next candidate leads at once.
+
+        The session is kept for the elector's next campaign only if the resign
+        succeeded and the session is sound (see :meth:`EtcdBackend.reusable`);
+        otherwise its lease is revoked too, which removes the key if the resign
+        could not. Bounded by ``release_timeout``; never interrupted.
+        """
         if self._released:
             return
         self._released = True
         b = self._backend
+        session = self._session
+        keep = False
         with anyio.CancelScope(shield=True):
             try:
                 with anyio.move_on_after(b.release_timeout):
                     try:
                         await b.resign(self.key, self.revision)
+                        keep = not self._lost and b.reusable(session)
                     except (Transient, ElectionError) as exc:
                         b.log.debug("resign failed (%s); revoking the lease removes the key", exc)
-                    await self._session.close()
+                    if not keep:
+                        await session.close()
             finally:
-                await self._session.stop()
-                b.sessions.discard(self._session)
+                if not keep:
+                    await b.drop(session)
 
 
 class DegradedHold(Hold):
@@ -194,7 +223,9 @@ class EtcdBackend(Backend):
             log=lambda: self.log,
             tls=tls,
         )
+        #: Every session not yet stopped; ``session`` is the one the next campaign uses, if still alive.
         self.sessions: set[Session] = set()
+        self.session: Session | None = None
         self.degraded: DegradedHold | None = None
 
     @property
@@ -255,23 +286,48 @@ class EtcdBackend(Backend):
             "resign", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
         )
 
-    async def _put_candidate(self, session: Session, key: bytes, value: bytes) -> int:
-        """Create our key under the lease if absent; return its create revision (election.go ``Campaign``)."""
+    def _last_created(self, *, before: int | None, limit: int) -> rpc.RangeRequest:
+        """The ``limit`` keys under the prefix created last (before revision ``before``), newest first."""
+        request = rpc.RangeRequest(
+            key=self.prefix,
+            range_end=self._prefix_end,
+            sort_order=rpc.RangeRequest.DESCEND,
+            sort_target=rpc.RangeRequest.CREATE,
+            limit=limit,
+            keys_only=True,
+        )
+        if before is not None:
+            request.max_create_revision = before - 1
+        return request
+
+    async def _put_candidate(self, session: Session, key: bytes, value: bytes) -> tuple[int, bytes | None, int]:
+        """Create our key under the lease if absent (election.go ``Campaign``) and find the key created before it.
+
+        Returns our key's create revision, the key created just before it (or
+        None) and the revision that was read at. One transaction: the range
+        after the put sees our new key first and its predecessor second.
+        """
         request = rpc.TxnRequest(
             compare=[rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=0)],
-            success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=session.lease_id))],
+            success=[
+                rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=session.lease_id)),
+                rpc.RequestOp(request_range=self._last_created(before=None, limit=2)),
+            ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
         )
         reply = await self.conn.call(
             "campaign", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
         )
         if reply.succeeded:
-            return int(reply.header.revision)
+            revision = int(reply.header.revision)
+            older = [kv for kv in reply.responses[1].response_range.kvs if kv.create_revision < revision]
+            return revision, (bytes(older[0].key) if older else None), revision
+        # Our key exists already (a campaign step retried after a timeout, or a key of ours left over).
         kvs = reply.responses[0].response_range.kvs
         if not kvs:
             raise _KeyLost()
         revision = int(kvs[0].create_revision)
-        if kvs[0].value != value:  # election.go's Proclaim: our key, our value
+        if kvs[0].value != value or kvs[0].lease != session.lease_id:  # election.go's Proclaim: our key, our value
             proclaim = rpc.TxnRequest(
                 compare=[
                     rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision)
@@ -283,73 +339,126 @@ class EtcdBackend(Backend):
             )
             if not done.succeeded:
                 raise _KeyLost()
-        return revision
+        predecessor, read_at = await self._check(session, key, revision)
+        return revision, predecessor, read_at
 
-    async def _wait_predecessors(self, revision: int) -> None:
-        """Return once no key under the prefix was created before ``revision`` (key.go ``waitDeletes``)."""
-        request = rpc.RangeRequest(
-            key=self.prefix,
-            range_end=self._prefix_end,
-            sort_order=rpc.RangeRequest.DESCEND,
-            sort_target=rpc.RangeRequest.CREATE,
-            limit=1,
-            max_create_revision=revision - 1,
+    async def _check(self, session: Session, key: bytes, revision: int) -> tuple[bytes | None, int]:
+        """Whether our key still stands under our lease *and* which key was created just before it, in one read.
+
+        Returns (that key or None, the revision read at); raises
+        :class:`SessionEnded` if our key went with our lease, ``_KeyLost`` if
+        it went otherwise.
+        """
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision),
+                rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.LEASE, key=key, lease=session.lease_id),
+            ],
+            success=[rpc.RequestOp(request_range=self._last_created(before=revision, limit=1))],
         )
-        while True:
-            reply = await self.conn.call(
-                "find predecessor", lambda ch: ch.kv.Range(request, metadata=ch.metadata), timeout=self.request_timeout
-            )
-            if not reply.kvs:
-                return
-            predecessor = bytes(reply.kvs[0].key)
-            self.log.debug("waiting for %s to go", predecessor.decode(errors="replace"))
-            try:
-                async with self.conn.watch(
-                    predecessor, start_revision=int(reply.header.revision) + 1, no_put=True
-                ) as stream:
-                    while not any(event.type == _DELETE for event in (await stream.next()).events):
-                        pass
-            except (Retired, Compacted):
-                pass  # look again
-            except Transient as exc:
-                if not exc.rotate:
-                    raise
-                self.log.debug("watch failed (%s); looking again on the next endpoint", exc)
+        reply = await self.conn.call(
+            "check candidacy", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
+        )
+        if not reply.succeeded:
+            await session.keepalive()  # raises SessionEnded if the key went with our lease
+            raise _KeyLost()
+        kvs = reply.responses[0].response_range.kvs
+        return (bytes(kvs[0].key) if kvs else None), int(reply.header.revision)
+
+    async def _wait_deleted(self, predecessor: bytes, read_at: int, *, shortcut: bool) -> bool:
+        """Return once ``predecessor`` may be gone (key.go ``waitDelete``); the caller reads again.
+
+        The watch starts at ``read_at + 1``: a watch starting at or below the
+        store's current revision is served on etcd's slow path (its events
+        come from a background loop, up to 100 ms late). If the store has
+        moved past ``read_at`` by the time etcd creates the watch, and
+        ``shortcut`` allows, return at once instead: reading again is faster.
+        Returns whether the next wait may take that shortcut again (not twice
+        in a row, so that a busy prefix cannot keep us reading).
+        """
+        self.log.debug("waiting for %s to go", predecessor.decode(errors="replace"))
+        try:
+            async with self.conn.watch(predecessor, start_revision=read_at + 1, no_put=True) as stream:
+                if shortcut and stream.created_revision > read_at:
+                    return False
+                while not any(event.type == _DELETE for event in (await stream.next()).events):
+                    pass
+        except (Retired, Compacted):
+            pass  # look again
+        except Transient as exc:
+            if not exc.rotate:
+                raise
+            self.log.debug("watch failed (%s); looking again on the next endpoint", exc)
+        return True
 
     # --- campaign ------------------------------------------------------------------
+
+    def reusable(self, session: Session) -> bool:
+        """True if ``session`` may serve the next campaign: current, alive, and renewed within ``renew_deadline``."""
+        return (
+            session is self.session
+            and not session.done.is_set()
+            and not self.conn.closed
+            and monotonic() - session.confirmed_at < self._renew_deadline
+        )
+
+    async def drop(self, session: Session) -> None:
+        """Stop ``session``'s keep-alives and forget it (its lease is revoked or left to expire by the caller)."""
+        await session.stop()
+        self.sessions.discard(session)
+        if self.session is session:
+            self.session = None
 
     async def campaign(self, identity: str) -> Hold:
         value = identity.encode()
         backoff = Backoff(first=0.1, maximum=2.0)
+        started = monotonic()
         contacted = False
         while True:
+            session = self.session
+            if session is not None and session.done.is_set():
+                # Ended between two campaigns (revoked, expired, keep-alives failing): revoke what may be left.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
+                    await session.close()
+                await self.drop(session)
+                session = None
+            if session is None:
+                try:
+                    session = await Session.grant(
+                        self.conn,
+                        self.ttl,
+                        interval=self.keepalive_interval,
+                        keepalive_timeout=self.session_keepalive_timeout,
+                        request_timeout=self.request_timeout,
+                    )
+                except Transient as exc:
+                    if not contacted and not exc.answered and self.degrade_to_local:
+                        return self._degrade(identity, exc)
+                    contacted = contacted or exc.answered
+                    delay = backoff.next_delay()
+                    self.report_error(f"cannot start an etcd session ({exc})", delay)
+                    await anyio.sleep(delay)
+                    continue
+                contacted = True
+                self.session = session
+                self.sessions.add(session)
             try:
-                session = await Session.grant(
-                    self.conn,
-                    self.ttl,
-                    interval=self.keepalive_interval,
-                    keepalive_timeout=self.session_keepalive_timeout,
-                    request_timeout=self.request_timeout,
-                )
-            except Transient as exc:
-                if not contacted and not exc.answered and self.degrade_to_local:
-                    return self._degrade(identity, exc)
-                contacted = contacted or exc.answered
-                delay = backoff.next_delay()
-                self.report_error(f"cannot start an etcd session ({exc})", delay)
-                await anyio.sleep(delay)
-                continue
-            contacted = True
-            self.sessions.add(session)
-            try:
-                return await self._campaign_in(session, value, backoff)
+                return await self._campaign_in(session, value, backoff, contacted=contacted, since=started)
             except SessionEnded as exc:
                 self.log.info("session ended while campaigning (%s); campaigning again with a new session", exc)
+            except _Unreachable as exc:
+                return self._degrade(identity, exc.cause)
+            contacted = contacted or self.conn.answered_at >= started
 
-    async def _campaign_in(self, session: Session, value: bytes, backoff: Backoff) -> Hold:
+    async def _campaign_in(
+        self, session: Session, value: bytes, backoff: Backoff, *, contacted: bool, since: float
+    ) -> Hold:
         """Campaign with ``session`` until we lead; raise SessionEnded if it ends first.
 
-        Anything but success (cancellation included) deletes our key and revokes the lease.
+        Anything but success (cancellation included) deletes our key and ends
+        the session (revokes its lease). Raises ``_Unreachable`` if etcd has
+        not answered since ``since`` (a session kept from an earlier
+        campaign) and ``degrade_to_local`` allows leading locally.
         """
         key = self.prefix + f"{session.lease_id:x}".encode()
         won = False
@@ -364,6 +473,9 @@ class EtcdBackend(Backend):
                     if exc.lease_gone:
                         session.expire("etcd reports the lease gone")
                         raise SessionEnded(str(exc)) from None
+                    contacted = contacted or exc.answered or self.conn.answered_at >= since
+                    if not contacted and self.degrade_to_local:
+                        raise _Unreachable(exc) from None
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({exc})", delay)
                     with anyio.move_on_after(delay):
@@ -380,16 +492,15 @@ class EtcdBackend(Backend):
                 await self._withdraw(session, key)
 
     async def _try(self, session: Session, key: bytes, value: bytes) -> EtcdHold:
-        revision = await self._put_candidate(session, key, value)
+        revision, predecessor, read_at = await self._put_candidate(session, key, value)
         self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
-        await self._wait_predecessors(revision)
-        # Confirm before returning: our key still stands under our lease (it would be gone with the lease).
-        kv, header = await self.get_key(key)
-        if kv is None or kv.lease != session.lease_id or kv.create_revision != revision:
-            await session.keepalive()  # raises SessionEnded if the key went with our lease
-            raise _KeyLost()
+        shortcut = True
+        while predecessor is not None:
+            shortcut = await self._wait_deleted(predecessor, read_at, shortcut=shortcut)
+            # One read: our key still stands under our lease (it would be gone with the lease), any older key left?
+            predecessor, read_at = await self._check(session, key, revision)
         # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.
-        return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=header + 1)
+        return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
 
     async def _withdraw(self, session: Session, key: bytes) -> None:
         """Delete our candidate key and revoke the lease at once; bounded, never interrupted."""
@@ -407,8 +518,7 @@ class EtcdBackend(Backend):
                             self.log.debug("deleting our candidate key failed (%s); the lease's end removes it", exc)
                     await session.close()
             finally:
-                await session.stop()
-                self.sessions.discard(session)
+                await self.drop(session)
 
     def _degrade(self, identity: str, exc: Transient) -> Hold:
         self.log.warning(
@@ -496,9 +606,11 @@ class EtcdBackend(Backend):
                 raise
 
     async def aclose(self) -> None:
+        """Revoke every lease (the kept session's included), then close the connection."""
         for session in list(self.sessions):
             with anyio.move_on_after(self.release_timeout):
                 await session.close()
-            await session.stop()
+            await self.drop(session)
         self.sessions.clear()
+        self.session = None
         await self.conn.aclose()

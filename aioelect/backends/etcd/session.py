@@ -3,13 +3,18 @@
 :class:`Connection` owns the elector's single aetcd client and fails over
 between endpoints; :class:`Session` is a lease kept alive in the background,
 following etcd's Go ``client/v3/concurrency`` ``Session``: the session ends
-as soon as the lease may have expired.
+as soon as the lease may have expired. Every session of a connection renews
+its lease on the connection's one long-lived ``LeaseKeepAlive`` stream
+(:class:`KeepAliveStream`, as Go's lessor): opening a stream per keep-alive
+cost more than the keep-alive itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import copy
 import logging
 import os
 import secrets
@@ -38,6 +43,7 @@ __all__ = [
     "Connection",
     "Endpoint",
     "EtcdTLS",
+    "KeepAliveStream",
     "Retired",
     "Session",
     "SessionEnded",
@@ -369,6 +375,11 @@ def _consume(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+def _time_out(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 async def first_of(*waiters: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
     """Run ``waiters`` concurrently; return (index, result) of the first to finish, cancelling the rest.
 
@@ -455,15 +466,128 @@ class _Channel:
         self.users = 0
         self.retired = anyio.Event()
         self.closed = False
+        #: The one LeaseKeepAlive stream every session of the connection renews its lease on.
+        self.keepalives: KeepAliveStream | None = None
+
+
+class KeepAliveStream:
+    """One long-lived ``LeaseKeepAlive`` stream on one channel, shared by every lease (Go's lessor).
+
+    Guarantees:
+
+    * :meth:`renew` returns the TTL etcd answered for *that* request: replies
+      are matched by lease ID, and for one ID in the order the requests went
+      out (etcd answers a stream in order), so a reply is never credited to a
+      request sent after the one it answers, even when a waiter gave up;
+    * a broken stream fails every waiting :meth:`renew` at once (with the
+      same :class:`Transient` or :class:`ElectionError`, the channel retired
+      if it is to blame) and is never used again: the next renewal opens a
+      new stream, on the next endpoint after a failover;
+    * :meth:`close` cancels the stream and its two tasks and waits for them.
+    """
+
+    def __init__(self, conn: Connection, channel: _Channel) -> None:
+        self._conn = conn
+        self._channel = channel
+        self._call: Any = channel.lease.LeaseKeepAlive(metadata=channel.metadata)
+        #: Per lease ID, one future per request sent and not yet answered, oldest first.
+        self._waiting: dict[int, collections.deque[asyncio.Future[int]]] = {}
+        self._outbox: asyncio.Queue[int] = asyncio.Queue()
+        self.failure: Exception | None = None
+        loop = asyncio.get_running_loop()
+        name = f"aioelect-etcd-keepalive-{channel.endpoint}"
+        self._tasks = (loop.create_task(self._write(), name=name), loop.create_task(self._read(), name=name))
+        for task in self._tasks:
+            task.add_done_callback(_consume)
+
+    @property
+    def usable(self) -> bool:
+        return self.failure is None
+
+    async def renew(self, lease_id: int, timeout: float) -> int:  # noqa: ASYNC109 - a timer, not a cancel scope
+        """Send one keep-alive for ``lease_id`` and return the TTL etcd answered (<= 0: the lease is gone).
+
+        Raises TimeoutError if no reply came within ``timeout`` seconds (a
+        plain timer: this runs for every keep-alive of every lease).
+        Cancelled or timed out, the request keeps its place in the reply
+        order, so later replies still match their requests.
+        """
+        if self.failure is not None:
+            raise copy.copy(self.failure)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[int] = loop.create_future()
+        self._waiting.setdefault(lease_id, collections.deque()).append(future)
+        self._outbox.put_nowait(lease_id)
+        timer = loop.call_later(timeout, _time_out, future)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    async def _write(self) -> None:
+        try:
+            while True:
+                lease_id = await self._outbox.get()
+                await self._call.write(rpc.LeaseKeepAliveRequest(ID=lease_id))
+        except Exception as exc:
+            self._fail(exc)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                reply = await self._call.read()
+                if reply is grpc.aio.EOF:
+                    raise Transient(f"etcd at {self._channel.endpoint} closed the keep-alive stream")
+                waiters = self._waiting.get(int(reply.ID))
+                if not waiters:
+                    continue  # a reply to a request of an earlier stream cannot come here: ignore the stray
+                future = waiters.popleft()
+                if not waiters:
+                    del self._waiting[int(reply.ID)]
+                if not future.done():  # a waiter that gave up keeps its place, and is skipped here
+                    future.set_result(int(reply.TTL))
+        except asyncio.CancelledError:
+            # Ours (close) or grpc's (the channel closed under the call): nobody may wait for a reply any more.
+            self._fail(Transient(f"the keep-alive stream to {self._channel.endpoint} was cancelled"))
+            raise
+        except Exception as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: Exception) -> None:
+        if self.failure is not None:
+            return
+        # Classified as any request's failure: a transient one retires the channel, so the next renewal fails over.
+        failure = self._conn.failed(exc, "lease keep-alive", self._channel)
+        if failure is exc and not isinstance(exc, (Transient, ElectionError)):
+            failure = Transient(f"lease keep-alive on {self._channel.endpoint} failed: {exc!r}")
+        self.failure = failure
+        self._call.cancel()
+        for waiters in self._waiting.values():
+            for future in waiters:
+                if not future.done():
+                    future.set_exception(copy.copy(failure))
+        self._waiting.clear()
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()
+
+    async def close(self) -> None:
+        """Cancel the stream; waiting renewals raise :class:`Transient`. Never interrupted."""
+        self._fail(Transient(f"the keep-alive stream to {self._channel.endpoint} was closed", rotate=False))
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait(self._tasks)
 
 
 class WatchStream:
     """One etcd watch on its own gRPC stream; see :meth:`Connection.watch`."""
 
-    def __init__(self, call: Any, channel: _Channel, conn: Connection) -> None:
+    def __init__(self, call: Any, channel: _Channel, conn: Connection, created_revision: int = 0) -> None:
         self._call = call
         self._channel = channel
         self._conn = conn
+        #: The store's revision when etcd created the watch. A watch whose start revision is not above it
+        #: may be "unsynced": etcd then sends its events from a background loop, up to 100 ms later.
+        self.created_revision = created_revision
 
     async def next(self) -> Any:
         """The next WatchResponse that carries events.
@@ -533,6 +657,8 @@ class Connection:
         self._connecting = anyio.Lock()
         self._auth_disabled = False
         self.closed = False
+        #: Monotonic time of the last request that etcd answered, with a result or an error (-inf: none yet).
+        self.answered_at = float("-inf")
 
     def __repr__(self) -> str:
         return f"<Connection {self.describe()}>"
@@ -549,6 +675,9 @@ class Connection:
     # --- clients -------------------------------------------------------------------
 
     async def _current_channel(self) -> _Channel:
+        current = self._current
+        if current is not None and not current.retired.is_set() and not self.closed:
+            return current  # the common case, without taking the lock (a checkpoint per request)
         async with self._connecting:
             if self.closed:
                 raise ElectionError("the elector is closed")
@@ -652,6 +781,8 @@ class Connection:
         if self._current is channel:
             self._current = None
         with anyio.CancelScope(shield=True):
+            if channel.keepalives is not None:
+                await channel.keepalives.close()
             await self._close_client(channel.client)
 
     async def _close_client(self, client: Any) -> None:
@@ -677,6 +808,13 @@ class Connection:
 
     # --- requests ------------------------------------------------------------------
 
+    def keepalives(self, channel: _Channel) -> KeepAliveStream:
+        """The channel's shared keep-alive stream, opened now if it has none or its last one broke."""
+        stream = channel.keepalives
+        if stream is None or not stream.usable:
+            stream = channel.keepalives = KeepAliveStream(self, channel)
+        return stream
+
     async def call(
         self,
         what: str,
@@ -684,12 +822,16 @@ class Connection:
         *,
         timeout: float,  # noqa: ASYNC109 - a per-attempt bound, not the caller's deadline
         attempts: int | None = None,
+        direct: bool = False,
     ) -> T:
         """Run ``request`` on the current client, at most ``timeout`` seconds per attempt.
 
         On a transient failure the next endpoint is tried, each at most once
         (``attempts`` bounds it further); the last failure is raised as
         :class:`Transient`. Permanent failures raise :class:`ElectionError`.
+        ``direct``: ``request`` awaits no gRPC call itself (only futures of
+        ours) and bounds itself by ``timeout`` (raising TimeoutError), so it
+        needs neither a :func:`settle` task nor a cancel scope.
         """
         tries = min(attempts or len(self.endpoints), len(self.endpoints))
         last: Transient | None = None
@@ -699,16 +841,22 @@ class Connection:
             try:
                 async with self.channel() as channel:
                     try:
-                        with anyio.fail_after(timeout):
-                            reply = await settle(request(channel))
+                        if direct:
+                            reply = await request(channel)
+                        else:
+                            with anyio.fail_after(timeout):
+                                reply = await settle(request(channel))
                     except Exception as exc:
                         failure = await self._explain(self.failed(exc, what, channel), channel.endpoint)
                         if failure is exc:
                             raise
                         raise failure from None
                     self._reached.add(channel.endpoint)
+                    self.answered_at = monotonic()
                     return reply
             except Transient as exc:
+                if exc.answered:
+                    self.answered_at = monotonic()
                 if exc.reauth and not (last is not None and last.reauth):
                     tries += 1  # once more, on a client that authenticates afresh
                 last = exc
@@ -754,7 +902,7 @@ class Connection:
                 created = self.check_watch_response(created, channel, "watch")
                 if not created.created:
                     raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
-                yield WatchStream(call, channel, self)
+                yield WatchStream(call, channel, self, int(created.header.revision))
             finally:
                 call.cancel()
 
@@ -891,23 +1039,17 @@ class Session:
         if self.done.is_set():
             raise SessionEnded(self.reason or "session ended")
         sent = monotonic()
-        ttl = await self.conn.call("lease keep-alive", self._keepalive_request, timeout=self.keepalive_timeout)
+        ttl = await self.conn.call(
+            "lease keep-alive",
+            lambda ch: self.conn.keepalives(ch).renew(self.lease_id, self.keepalive_timeout),
+            timeout=self.keepalive_timeout,
+            direct=True,
+        )
         if ttl <= 0:
             self._end("etcd reports the lease expired or revoked")
             raise SessionEnded(self.reason or "lease gone")
         self._confirmed(sent)
         return sent
-
-    async def _keepalive_request(self, channel: _Channel) -> int:
-        call = channel.lease.LeaseKeepAlive(metadata=channel.metadata)
-        try:
-            await settle(call.write(rpc.LeaseKeepAliveRequest(ID=self.lease_id)))
-            reply = await settle(call.read())
-        finally:
-            call.cancel()
-        if reply is grpc.aio.EOF:
-            raise Transient(f"etcd at {channel.endpoint} closed the keep-alive stream")
-        return int(reply.TTL)
 
     async def _keep_alive(self) -> None:
         backoff = Backoff(first=min(0.05, self.interval / 4), maximum=self.interval / 2)
