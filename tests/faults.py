@@ -17,6 +17,21 @@ from typing import Any
 
 CANDIDATE = Path(__file__).parent / "candidates" / "candidate.py"
 
+#: Timing of the session-lock backends (MySQL, PostgreSQL) in the fault suite.
+LEASE = 3
+CHECK_INTERVAL = 0.3
+CHECK_TIMEOUT = 0.6
+OPTIONS = {
+    "lease": LEASE,
+    "check_interval": CHECK_INTERVAL,
+    "check_timeout": CHECK_TIMEOUT,
+    "renew_deadline": 2.0,
+    "poll_interval": 1.0,
+    "fencing": True,
+}
+#: Scheduling slack on a shared two-core machine.
+MARGIN = 1.5
+
 
 @dataclass
 class Term:

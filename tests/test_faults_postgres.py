@@ -10,20 +10,7 @@ import pytest
 from aioelect.testing import PostgresServer, TCPProxy
 
 from .backends import unique_name
-from .faults import Candidates, check_invariants
-
-LEASE = 3
-CHECK_INTERVAL = 0.3
-CHECK_TIMEOUT = 0.6
-OPTIONS = {
-    "lease": LEASE,
-    "check_interval": CHECK_INTERVAL,
-    "check_timeout": CHECK_TIMEOUT,
-    "renew_deadline": 2.0,
-    "poll_interval": 1.0,
-    "fencing": True,
-}
-MARGIN = 1.5
+from .faults import CHECK_INTERVAL, CHECK_TIMEOUT, LEASE, MARGIN, OPTIONS, Candidates, check_invariants
 
 
 @pytest.fixture
