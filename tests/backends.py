@@ -6,6 +6,7 @@ contract test.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -16,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from aioelect import Elector
+from aioelect import Elector, Leadership
 
 
 @dataclass
@@ -36,6 +37,21 @@ class BackendCase:
 
 def unique_name(prefix: str = "t") -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def campaign_in_background(elector: Elector) -> tuple[asyncio.Task[None], asyncio.Future[Leadership]]:
+    """Campaign in a task of its own that keeps leadership until cancelled.
+
+    Leadership is bound to the acquiring task, so the task sleeps once it
+    leads; the future resolves with the leadership.
+    """
+    got: asyncio.Future[Leadership] = asyncio.get_running_loop().create_future()
+
+    async def follow() -> None:
+        got.set_result(await elector.acquire())
+        await asyncio.sleep(3600)
+
+    return asyncio.create_task(follow()), got
 
 
 def local_case(request: pytest.FixtureRequest) -> BackendCase:

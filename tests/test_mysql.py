@@ -12,7 +12,7 @@ import pytest
 from aioelect import BackendUnavailable, ElectionError, LeadershipLost, MySQLElector, leadership
 from aioelect.testing import MariaDBServer, free_port
 
-from .backends import unique_name
+from .backends import campaign_in_background, unique_name
 
 pytestmark = pytest.mark.usefixtures("mariadb")
 
@@ -130,13 +130,7 @@ async def test_follower_takes_over_when_leader_connection_is_killed(mariadb: Mar
     name = unique_name()
     async with MySQLElector(mariadb.dsn, name=name) as a, MySQLElector(mariadb.dsn, name=name) as b:
         lead_a = await a.acquire()
-        got = asyncio.get_running_loop().create_future()
-
-        async def follow() -> None:
-            got.set_result(await b.acquire())
-            await asyncio.sleep(3600)
-
-        follower = asyncio.create_task(follow())
+        follower, got = campaign_in_background(b)
         await asyncio.sleep(0.2)
         holder = mariadb.query("SELECT IS_USED_LOCK(%s)", (name,), database="")[0][0]
         killed = time.monotonic()
@@ -185,13 +179,7 @@ async def test_campaign_survives_server_restart(fresh_mariadb: MariaDBServer, ca
     name = unique_name()
     async with MySQLElector(fresh_mariadb.dsn, name=name) as a, MySQLElector(fresh_mariadb.dsn, name=name) as b:
         lead_a = await a.acquire()
-        got = asyncio.get_running_loop().create_future()
-
-        async def follow() -> None:
-            got.set_result(await b.acquire())
-            await asyncio.sleep(3600)
-
-        follower = asyncio.create_task(follow())
+        follower, got = campaign_in_background(b)
         await asyncio.sleep(0.3)
         await anyio.to_thread.run_sync(fresh_mariadb.stop)
         with anyio.fail_after(10):
@@ -271,13 +259,7 @@ async def test_frozen_server_is_a_loss_for_the_leader_and_no_hang_for_followers(
         MySQLElector(fresh_mariadb.dsn, name=name, **opts) as b,
     ):
         lead = await a.acquire()
-        got = asyncio.get_running_loop().create_future()
-
-        async def follow() -> None:
-            got.set_result(await b.acquire())
-            await asyncio.sleep(3600)
-
-        follower = asyncio.create_task(follow())
+        follower, got = campaign_in_background(b)
         await asyncio.sleep(0.2)
         fresh_mariadb.freeze()
         try:
