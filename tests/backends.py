@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from aioelect import Elector, Leadership
@@ -39,19 +40,30 @@ def unique_name(prefix: str = "t") -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
 
 
-def campaign_in_background(elector: Elector) -> tuple[asyncio.Task[None], asyncio.Future[Leadership]]:
-    """Campaign in a task of its own that keeps leadership until cancelled.
+class Follower:
+    """Campaigns in its own task, which then holds the leadership (it is bound to that task) until closed."""
 
-    Leadership is bound to the acquiring task, so the task sleeps once it
-    leads; the future resolves with the leadership.
-    """
-    got: asyncio.Future[Leadership] = asyncio.get_running_loop().create_future()
+    def __init__(self, elector: Elector) -> None:
+        self.won = asyncio.Event()
+        self.lead: Leadership | None = None
+        self.task = asyncio.create_task(self._run(elector))
 
-    async def follow() -> None:
-        got.set_result(await elector.acquire())
+    async def _run(self, elector: Elector) -> None:
+        self.lead = await elector.acquire()
+        self.won.set()
         await asyncio.sleep(3600)
 
-    return asyncio.create_task(follow()), got
+    async def wait(self, timeout: float = 5.0) -> Leadership:
+        with anyio.fail_after(timeout):
+            await self.won.wait()
+        assert self.lead is not None
+        return self.lead
+
+    async def close(self) -> None:
+        if self.lead is not None:
+            await self.lead.release()
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
 
 
 def local_case(request: pytest.FixtureRequest) -> BackendCase:

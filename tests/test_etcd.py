@@ -23,11 +23,13 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelect import BackendUnavailable, ElectionError, EtcdElector, Leadership
+from aioelect import BackendUnavailable, ElectionError, EtcdElector
 from aioelect.backends.etcd import parse_endpoints
 from aioelect.backends.etcd.election import EtcdBackend
 from aioelect.backends.etcd.session import Session
 from aioelect.testing import EtcdServer, free_port, require_binary
+
+from .backends import Follower
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -77,32 +79,6 @@ async def eventually(predicate: Callable[[], Any], timeout: float, what: str) ->
         if time.monotonic() - start > timeout:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-class Follower:
-    """Campaigns in its own task, which then holds the leadership (it is bound to that task) until released."""
-
-    def __init__(self, elector: EtcdElector) -> None:
-        self.won = asyncio.Event()
-        self.lead: Leadership | None = None
-        self.task = asyncio.create_task(self._run(elector))
-
-    async def _run(self, elector: EtcdElector) -> None:
-        self.lead = await elector.acquire()
-        self.won.set()
-        await anyio.sleep_forever()
-
-    async def wait(self, timeout: float = 5.0) -> Leadership:
-        with anyio.fail_after(timeout):
-            await self.won.wait()
-        assert self.lead is not None
-        return self.lead
-
-    async def close(self) -> None:
-        if self.lead is not None:
-            await self.lead.release()
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ import pytest
 from aioelect import EtcdElector
 from aioelect.testing import EtcdCluster, EtcdServer, TCPProxy
 
+from .backends import Follower
 from .faults import Candidates, check_invariants
-from .test_etcd import Follower, ctl, eventually, keys, leases, unique
+from .test_etcd import ctl, eventually, keys, leases, unique
 
 pytestmark = pytest.mark.timeout(90)
 

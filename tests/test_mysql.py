@@ -12,7 +12,7 @@ import pytest
 from aioelect import BackendUnavailable, ElectionError, LeadershipLost, MySQLElector, leadership
 from aioelect.testing import MariaDBServer, free_port
 
-from .backends import campaign_in_background, unique_name
+from .backends import Follower, unique_name
 
 pytestmark = pytest.mark.usefixtures("mariadb")
 
@@ -130,19 +130,18 @@ async def test_follower_takes_over_when_leader_connection_is_killed(mariadb: Mar
     name = unique_name()
     async with MySQLElector(mariadb.dsn, name=name) as a, MySQLElector(mariadb.dsn, name=name) as b:
         lead_a = await a.acquire()
-        follower, got = campaign_in_background(b)
+        follower = Follower(b)
         await asyncio.sleep(0.2)
         holder = mariadb.query("SELECT IS_USED_LOCK(%s)", (name,), database="")[0][0]
         killed = time.monotonic()
         mariadb.query(f"KILL {int(holder)}", database="")
-        with anyio.fail_after(5):
-            lead_b = await got
+        lead_b = await follower.wait(5)
         assert time.monotonic() - killed < 1.0
         with anyio.fail_after(5):
             await lead_a.wait_lost()
         assert "connection" in (lead_a.lost_reason or "")
         assert lead_b.held
-        follower.cancel()
+        await follower.close()
 
 
 async def test_leader_identity_without_fencing_is_the_connection(mariadb: MariaDBServer) -> None:
@@ -179,16 +178,15 @@ async def test_campaign_survives_server_restart(fresh_mariadb: MariaDBServer, ca
     name = unique_name()
     async with MySQLElector(fresh_mariadb.dsn, name=name) as a, MySQLElector(fresh_mariadb.dsn, name=name) as b:
         lead_a = await a.acquire()
-        follower, got = campaign_in_background(b)
+        follower = Follower(b)
         await asyncio.sleep(0.3)
         await anyio.to_thread.run_sync(fresh_mariadb.stop)
         with anyio.fail_after(10):
             await lead_a.wait_lost()
         await asyncio.sleep(1.0)  # the follower retries against a dead server
-        assert not got.done()
+        assert not follower.won.is_set()
         await anyio.to_thread.run_sync(fresh_mariadb.start)
-        with anyio.fail_after(20):
-            lead_b = await got
+        lead_b = await follower.wait(20)
         assert lead_b.held
         assert "retrying" in caplog.text
         # Exactly one leader afterwards: the old one is not leading and cannot campaign past b.
@@ -200,7 +198,7 @@ async def test_campaign_survives_server_restart(fresh_mariadb: MariaDBServer, ca
         with pytest.raises(asyncio.CancelledError):
             await again
         await lead_b.release()
-        follower.cancel()
+        await follower.close()
 
 
 async def test_fencing_tokens_increase_across_restarts(fresh_mariadb: MariaDBServer) -> None:
@@ -259,7 +257,7 @@ async def test_frozen_server_is_a_loss_for_the_leader_and_no_hang_for_followers(
         MySQLElector(fresh_mariadb.dsn, name=name, **opts) as b,
     ):
         lead = await a.acquire()
-        follower, got = campaign_in_background(b)
+        follower = Follower(b)
         await asyncio.sleep(0.2)
         fresh_mariadb.freeze()
         try:
@@ -269,11 +267,10 @@ async def test_frozen_server_is_a_loss_for_the_leader_and_no_hang_for_followers(
             assert time.monotonic() - frozen < 0.3 + 0.7 + 0.5
             assert "within" in (lead.lost_reason or "")
             await asyncio.sleep(2.0)
-            assert not got.done(), "nobody may lead while the server is frozen"
+            assert not follower.won.is_set(), "nobody may lead while the server is frozen"
             assert "retrying" in caplog.text, "a follower must not hang on a server that never answers"
         finally:
             fresh_mariadb.thaw()
-        with anyio.fail_after(20):
-            lead_b = await got
+        lead_b = await follower.wait(20)
         assert lead_b.held
-        follower.cancel()
+        await follower.close()

@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelect import BackendUnavailable, ElectionError, EtcdElector, Leadership
+from aioelect import BackendUnavailable, ElectionError, EtcdElector
 from aioelect.backends.etcd import parse_endpoints
 from aioelect.testing import (
     Certificates,
@@ -33,7 +33,7 @@ from aioelect.testing import (
     server_unavailable,
 )
 
-from .backends import unique_name
+from .backends import Follower, unique_name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -125,32 +125,6 @@ def election() -> str:
     return "/" + unique_name("tls")
 
 
-class Campaign:
-    """acquire() in its own task (a leadership is bound to the task that acquired it)."""
-
-    def __init__(self, elector: EtcdElector) -> None:
-        self.won = asyncio.Event()
-        self.lead: Leadership | None = None
-        self.task = asyncio.create_task(self._run(elector))
-
-    async def _run(self, elector: EtcdElector) -> None:
-        self.lead = await elector.acquire()
-        self.won.set()
-        await anyio.sleep_forever()
-
-    async def wait(self, timeout: float) -> Leadership:
-        with anyio.fail_after(timeout):
-            await self.won.wait()
-        assert self.lead is not None
-        return self.lead
-
-    async def close(self) -> None:
-        if self.lead is not None:
-            await self.lead.release()
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-
-
 async def refused(elector: EtcdElector) -> tuple[str, float]:
     """acquire() must fail with ElectionError, bounded; return its message and how long it took."""
     started = time.monotonic()
@@ -212,7 +186,7 @@ async def test_right_ca_client_certificate_and_password_elect(
         # etcdctl over TLS sees our key: the election really lives in this etcd.
         listed = await anyio.to_thread.run_sync(lambda: ctl(tls_etcd, certs, "get", "--prefix", name + "/"))
         assert "tls-a" in listed
-        follower = Campaign(b)
+        follower = Follower(b)
         await asyncio.sleep(0.5)
         assert not follower.won.is_set()
         await lead.release()
@@ -267,7 +241,7 @@ async def test_a_long_campaign_survives_auth_token_expiry(
     leader, follower = make("first", name), make("patient", name)
     with anyio.fail_after(10):
         lead = await leader.acquire()
-    waiting = Campaign(follower)
+    waiting = Follower(follower)
     await asyncio.sleep(TOKEN_TTL * 4)  # the follower's token, idle while it waits, expires
     assert not waiting.won.is_set()
     await lead.release()
