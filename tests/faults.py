@@ -63,8 +63,9 @@ class Candidate:
     def acts(self) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == "act"]
 
-    def last_act(self) -> float | None:
-        acts = self.acts()
+    def last_act(self, token: int | None = None) -> float | None:
+        """When this candidate last acted as leader (under ``token``, if given)."""
+        acts = [e for e in self.acts() if token is None or e.get("token") == token]
         return acts[-1]["t"] if acts else None
 
     def is_acting(self, within: float = 0.5) -> bool:

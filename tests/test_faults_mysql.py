@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from aioelect.testing import MariaDBServer, TCPProxy
+from aioelect.testing import MariaDBServer
 
 from .backends import unique_name
 from .faults import CHECK_INTERVAL, CHECK_TIMEOUT, LEASE, MARGIN, OPTIONS, Candidates, check_invariants
@@ -68,15 +68,17 @@ def test_leader_frozen_longer_than_lease(candidates: Candidates) -> None:
 def test_leader_connection_killed(candidates: Candidates, fresh_mariadb: MariaDBServer) -> None:
     start_three(candidates)
     leader = candidates.wait_leader()
+    token = leader.acts()[-1]["token"]
     holder = fresh_mariadb.query("SELECT IS_USED_LOCK(%s)", (candidates.name,), database="")[0][0]
     killed = time.monotonic()
     fresh_mariadb.query(f"KILL {int(holder)}", database="")
+    # The deposed leadership must stop; the same candidate may win a new one (a higher token).
     stopped = candidates.wait_for(
-        lambda: (leader.last_act() or 0) < time.monotonic() - 0.3,
+        lambda: (leader.last_act(token) or 0) < time.monotonic() - 0.3,
         CHECK_INTERVAL + CHECK_TIMEOUT + 5,
         "old leader stops",
     )
-    stop_after = (leader.last_act() or 0) - killed
+    stop_after = (leader.last_act(token) or 0) - killed
     print(f"MEASURED mysql KILL old leader last act {stop_after:.3f}s after the KILL")
     assert stop_after < CHECK_INTERVAL + CHECK_TIMEOUT + 0.2
     candidates.wait_leader(timeout=10)
@@ -104,27 +106,3 @@ def test_server_restarted(candidates: Candidates, fresh_mariadb: MariaDBServer) 
     acting = [c for c in candidates.all if c.is_acting(0.3)]
     assert len(acting) == 1, f"{len(acting)} leaders after the restart"
     check_invariants(candidates, max_gap=30)
-
-
-def test_network_partition_between_leader_and_server(candidates: Candidates, fresh_mariadb: MariaDBServer) -> None:
-    with TCPProxy(fresh_mariadb.host, fresh_mariadb.port) as proxy:
-        via_proxy = fresh_mariadb.dsn.replace(f":{fresh_mariadb.port}/", f":{proxy.port}/")
-        leader = candidates.start("partitioned", target=via_proxy)
-        assert candidates.wait_leader() is leader
-        for i in range(2):
-            candidates.start(f"direct-{i}")
-        time.sleep(0.5)
-        stalled = time.monotonic()
-        proxy.stall()
-        candidates.wait_for(
-            lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, 10, "the partitioned leader stops"
-        )
-        print(f"MEASURED mysql partition: leader stops {(leader.last_act() or 0) - stalled:.3f}s after the stall")
-        assert (leader.last_act() or 0) - stalled < CHECK_INTERVAL + CHECK_TIMEOUT + 0.3
-        successor = candidates.wait_leader(timeout=LEASE + 10, exclude=leader)
-        took = (candidates.first_act_after(stalled, exclude=leader) or 0) - stalled
-        assert successor is not leader
-        print(f"MEASURED mysql partition takeover {took:.3f}s (lease {LEASE}s)")
-        assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover across a partition took {took:.2f}s"
-        proxy.heal()
-        check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
