@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,20 @@ class Term:
     end: float
 
 
-@dataclass
-class Candidate:
-    identity: str
-    proc: subprocess.Popen[str]
-    events: list[dict[str, Any]] = field(default_factory=list)
-    frozen: bool = False
+class EventProcess:
+    """A test script run as its own OS process; the JSON lines it prints are collected by a reader thread."""
+
+    def __init__(self, script: Path, *args: str, identity: str = "") -> None:
+        self.identity = identity
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), *args],
+            stdout=subprocess.PIPE,
+            stderr=None if os.environ.get("AIOELECT_TEST_VERBOSE") else subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        )
+        self.events: list[dict[str, Any]] = []
+        threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -59,6 +67,22 @@ class Candidate:
                 continue
             event["who"] = self.identity
             self.events.append(event)
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        """SIGKILL (woken first, in case it is frozen) and reap."""
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+
+class Candidate(EventProcess):
+    """A tests/candidates/candidate.py process."""
+
+    frozen = False
 
     def acts(self) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == "act"]
@@ -72,10 +96,6 @@ class Candidate:
         last = self.last_act()
         return last is not None and time.monotonic() - last < within
 
-    def signal(self, sig: int) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-
     def freeze(self) -> None:
         self.signal(signal.SIGSTOP)
         self.frozen = True
@@ -83,11 +103,6 @@ class Candidate:
     def thaw(self) -> None:
         self.signal(signal.SIGCONT)
         self.frozen = False
-
-    def kill(self) -> None:
-        self.signal(signal.SIGCONT)
-        self.signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
 
 
 class Candidates:
@@ -98,23 +113,15 @@ class Candidates:
         self.all: list[Candidate] = []
 
     def start(self, identity: str, target: str | None = None) -> Candidate:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(CANDIDATE),
-                f"--backend={self.backend}",
-                f"--target={target or self.target}",
-                f"--name={self.name}",
-                f"--identity={identity}",
-                f"--options={json.dumps(self.options)}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if not os.environ.get("AIOELECT_TEST_VERBOSE") else None,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+        candidate = Candidate(
+            CANDIDATE,
+            f"--backend={self.backend}",
+            f"--target={target or self.target}",
+            f"--name={self.name}",
+            f"--identity={identity}",
+            f"--options={json.dumps(self.options)}",
+            identity=identity,
         )
-        candidate = Candidate(identity, proc)
-        threading.Thread(target=candidate._read, daemon=True).start()
         self.all.append(candidate)
         return candidate
 

@@ -17,12 +17,8 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +28,16 @@ import pytest
 from aioelect import ElectionError, Elector, FileElector, Leadership, LeadershipLost, leadership
 from aioelect.backends import file as file_backend
 
+from .faults import EventProcess
+
 CANDIDATE = Path(__file__).parent / "candidates" / "file_candidate.py"
-ROOT = Path(__file__).parent.parent
 
 
-class Proc:
-    """One candidate process; its JSON events are collected by a reader thread."""
+class Proc(EventProcess):
+    """One file_candidate.py process."""
 
     def __init__(self, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(CANDIDATE), *args],
-            stdout=subprocess.PIPE,
-            stderr=None if os.environ.get("AIOELECT_TEST_VERBOSE") else subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        self.events: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            try:
-                self.events.append(json.loads(line))
-            except ValueError:
-                continue
+        super().__init__(CANDIDATE, *args)
 
     def named(self, event: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["event"] == event]
@@ -70,22 +51,6 @@ class Proc:
                         raise AssertionError(f"candidate exited ({self.proc.returncode}) before {event!r}")
                 await asyncio.sleep(0.01)
         return found[0]
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            proc.kill()
 
 
 def lock_fds(path: Path) -> int:

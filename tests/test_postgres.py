@@ -8,7 +8,6 @@ pg_terminate_backend, and a server restart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import json
 import logging
@@ -18,9 +17,6 @@ import random
 import shutil
 import signal
 import statistics
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -36,9 +32,9 @@ from aioelect.backends.postgres import KEY_SQL, advisory_key, application_name, 
 from aioelect.testing import Certificates, MissingBinaryError, PostgresServer, free_port, server_unavailable
 
 from .backends import unique_name
+from .faults import EventProcess
 
 CANDIDATE = Path(__file__).parent / "candidates" / "pg_candidate.py"
-ROOT = Path(__file__).parent.parent
 FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
 #: Options of the candidate processes in the fault tests.
 LEASE = 3.0
@@ -495,53 +491,22 @@ async def test_server_restart_leaves_exactly_one_leader(fresh_postgres: Postgres
 # --- faults on candidate processes ---------------------------------------------------
 
 
-class Proc:
-    """One candidate process; its JSON events are collected by a reader thread."""
+class Proc(EventProcess):
+    """One pg_candidate.py process."""
 
     def __init__(self, dsn: str, name: str, identity: str) -> None:
-        self.identity = identity
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(CANDIDATE),
-                f"--dsn={dsn}",
-                f"--name={name}",
-                f"--identity={identity}",
-                f"--options={json.dumps(FAULT_OPTIONS)}",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=None if os.environ.get("AIOELECT_TEST_VERBOSE") else subprocess.DEVNULL,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        super().__init__(
+            CANDIDATE,
+            f"--dsn={dsn}",
+            f"--name={name}",
+            f"--identity={identity}",
+            f"--options={json.dumps(FAULT_OPTIONS)}",
+            identity=identity,
         )
-        self.events: list[dict[str, Any]] = []
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            with contextlib.suppress(ValueError):
-                self.events.append(json.loads(line))
 
     def acting(self, within: float = 0.3) -> bool:
         acts = [e for e in self.events if e["event"] == "tick" and e["held"]]
         return bool(acts) and time.monotonic() - acts[-1]["t"] < within
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(timeout=10)
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    try:
-        yield started
-    finally:
-        for proc in started:
-            proc.kill()
 
 
 async def wait_single_leader(procs: list[Proc], timeout: float, exclude: Proc | None = None) -> Proc:
