@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import anyio
 import pytest
@@ -34,10 +35,34 @@ class BackendCase:
     depose: Callable[[Elector], Awaitable[None]] | None = None
     #: A generous bound for takeover after a release, in seconds.
     takeover_bound: float = 1.0
+    #: Yields a ``make`` whose candidates meet in a store nothing has used yet
+    #: (a new database or directory), and removes that store afterwards.
+    empty_store: Callable[[], contextlib.AbstractAsyncContextManager[Callable[..., Elector]]] | None = None
 
 
 def unique_name(prefix: str = "t") -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def with_database(dsn: str, database: str) -> str:
+    return urlunsplit(urlsplit(dsn)._replace(path="/" + database))
+
+
+def database_store(
+    dsn: str, query: Callable[[str], object], make: Callable[..., Elector]
+) -> Callable[[], contextlib.AbstractAsyncContextManager[Callable[..., Elector]]]:
+    """A new database on the server for each use, dropped afterwards."""
+
+    @contextlib.asynccontextmanager
+    async def store() -> AsyncIterator[Callable[..., Elector]]:
+        database = f"aioelect_empty_{secrets.token_hex(4)}"
+        await anyio.to_thread.run_sync(query, f"CREATE DATABASE {database}")
+        try:
+            yield lambda name, **kw: make(name, dsn=with_database(dsn, database), **kw)
+        finally:
+            await anyio.to_thread.run_sync(query, f"DROP DATABASE {database}")
+
+    return store
 
 
 class Follower:
@@ -86,7 +111,7 @@ def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
     except pytest.skip.Exception:
         server = None  # an external server from AIOELECT_MYSQL_DSN
 
-    def make(name: str, **kw: Any) -> Elector:
+    def make(name: str, *, dsn: str = dsn, **kw: Any) -> Elector:
         kw.setdefault("fencing", True)
         kw.setdefault("check_interval", 0.2)
         kw.setdefault("check_timeout", 1.0)
@@ -95,6 +120,7 @@ def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
 
     leftovers = None
     depose = None
+    empty_store = None
     if server is not None:
         srv = server
 
@@ -107,7 +133,8 @@ def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
             srv.query(f"KILL {int(holder)}", database="")
 
         leftovers, depose = leftovers_, depose_
-    return BackendCase("mysql", make, leftovers=leftovers, depose=depose)
+        empty_store = database_store(dsn, lambda sql: srv.query(sql, database=""), make)
+    return BackendCase("mysql", make, leftovers=leftovers, depose=depose, empty_store=empty_store)
 
 
 def etcd_case(request: pytest.FixtureRequest) -> BackendCase:
@@ -149,7 +176,12 @@ def etcd_case(request: pytest.FixtureRequest) -> BackendCase:
             await anyio.to_thread.run_sync(revoke)
 
         leftovers, depose = leftovers_, depose_
-    return BackendCase("etcd", make, leftovers=leftovers, depose=depose)
+
+    @contextlib.asynccontextmanager
+    async def empty_store() -> AsyncIterator[Callable[..., Elector]]:
+        yield make  # a new name is a prefix nothing has used
+
+    return BackendCase("etcd", make, leftovers=leftovers, depose=depose, empty_store=empty_store)
 
 
 def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
@@ -164,7 +196,7 @@ def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
     except pytest.skip.Exception:
         server = None  # an external server from AIOELECT_POSTGRES_DSN
 
-    def make(name: str, **kw: Any) -> Elector:
+    def make(name: str, *, dsn: str = dsn, **kw: Any) -> Elector:
         kw.setdefault("fencing", True)
         kw.setdefault("check_interval", 0.2)
         kw.setdefault("check_timeout", 1.0)
@@ -174,6 +206,7 @@ def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
 
     leftovers = None
     depose = None
+    empty_store = None
     if server is not None:
         srv = server
 
@@ -194,7 +227,11 @@ def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
             assert rows, "nobody holds the lock"
 
         leftovers, depose = leftovers_, depose_
-    return BackendCase("postgres", make, leftovers=leftovers, depose=depose)
+        # FORCE: a session the server has not finished ending must not fail the DROP.
+        empty_store = database_store(
+            dsn, lambda sql: srv.query(sql + (" WITH (FORCE)" if sql.startswith("DROP") else "")), make
+        )
+    return BackendCase("postgres", make, leftovers=leftovers, depose=depose, empty_store=empty_store)
 
 
 def file_case(request: pytest.FixtureRequest) -> BackendCase:
@@ -202,12 +239,12 @@ def file_case(request: pytest.FixtureRequest) -> BackendCase:
 
     directory: Path = request.getfixturevalue("tmp_path")
 
-    def lock_file(name: str) -> Path:
+    def lock_file(name: str, directory: Path = directory) -> Path:
         return directory / (name.replace("/", "%2F") + ".lock")
 
-    def make(name: str, **kw: Any) -> Elector:
+    def make(name: str, *, directory: Path = directory, **kw: Any) -> Elector:
         kw.setdefault("check_interval", 0.2)
-        return FileElector(lock_file(name), name=name, **kw)
+        return FileElector(lock_file(name, directory), name=name, **kw)
 
     async def leftovers_() -> int:
         """Descriptors of this process still open on the test's lock files."""
@@ -220,18 +257,25 @@ def file_case(request: pytest.FixtureRequest) -> BackendCase:
     async def depose_(elector: Elector) -> None:
         lock_file(elector.name).unlink()  # the leader notices within check_interval
 
-    return BackendCase("file", make, leftovers=leftovers_, depose=depose_)
+    @contextlib.asynccontextmanager
+    async def empty_store() -> AsyncIterator[Callable[..., Elector]]:
+        fresh = directory / f"empty-{secrets.token_hex(4)}"
+        fresh.mkdir()
+        yield lambda name, **kw: make(name, directory=fresh, **kw)
+
+    return BackendCase("file", make, leftovers=leftovers_, depose=depose_, empty_store=empty_store)
 
 
 #: What each backend can do, known before any server starts: "exclusive"
 #: (candidates exclude each other), "depose" (leadership can be taken away from
-#: outside), "leftovers" (server-side resources can be counted).
+#: outside), "leftovers" (server-side resources can be counted), "empty_store"
+#: (candidates can be pointed at a store nothing has used yet).
 CAPABILITIES: dict[str, frozenset[str]] = {
     "local": frozenset(),
-    "mysql": frozenset({"exclusive", "depose", "leftovers"}),
-    "etcd": frozenset({"exclusive", "depose", "leftovers"}),
-    "postgres": frozenset({"exclusive", "depose", "leftovers"}),
-    "file": frozenset({"exclusive", "depose", "leftovers"}),
+    "mysql": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
+    "etcd": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
+    "postgres": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
+    "file": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
 }
 
 CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {

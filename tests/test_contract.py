@@ -197,6 +197,41 @@ async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
     assert len({who for _, _, who, _ in intervals}) > 1, "leadership never changed hands"
 
 
+@requires("exclusive", "empty_store")
+async def test_candidates_starting_together_on_an_empty_store(case: BackendCase) -> None:
+    # Whatever the backend sets up on first use (a fencing table, a counter file), candidates
+    # that all start at once must set it up together: none may fail, none may lead twice.
+    assert case.empty_store is not None
+    for _ in range(3):
+        async with case.empty_store() as make:
+            name = unique_name()
+            electors = [make(name, identity=f"cand-{i}") for i in range(8)]
+            tokens: list[int] = []
+            try:
+                with anyio.fail_after(30):
+                    while electors:
+                        # Everyone left campaigns at once; the winner's campaign ends, which releases it.
+                        won: list[Leadership] = []
+                        async with anyio.create_task_group() as tg:
+
+                            async def campaign(elector: Elector, won: list[Leadership] = won) -> None:
+                                won.append(await elector.acquire())
+                                tg.cancel_scope.cancel()
+
+                            for elector in electors:
+                                tg.start_soon(campaign, elector)
+                        assert len(won) == 1, won
+                        assert won[0].token is not None
+                        tokens.append(won[0].token)
+                        winner = next(e for e in electors if e.identity == won[0].identity)
+                        electors.remove(winner)
+                        await winner.aclose()
+            finally:
+                for elector in electors:
+                    await elector.aclose()
+            assert len(tokens) == 8 and tokens == sorted(set(tokens)), f"tokens must grow: {tokens}"
+
+
 @requires("depose")
 async def test_leadership_scope_cancelled_and_raises_on_loss(case: BackendCase) -> None:
     if case.depose is None:

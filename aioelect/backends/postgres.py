@@ -439,8 +439,11 @@ class _PostgresBackend(SessionLockBackend):
             return
         # CREATE ... IF NOT EXISTS still needs CREATE on the schema, so only run it when missing.
         if await conn.fetchval("SELECT to_regclass($1) IS NULL", FENCING_TABLE, timeout=self.check_timeout):
-            # Another candidate may create it at the same moment.
-            with contextlib.suppress(asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
+            # Another candidate may create it at the same moment; the loser sees the table's
+            # row type or catalog entry appear under it (42710, 23505) or the table itself (42P07).
+            with contextlib.suppress(
+                asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError, asyncpg.DuplicateTableError
+            ):
                 await conn.execute(FENCING_DDL, timeout=self.check_timeout * 5)
         self._fencing_ready = True
 
