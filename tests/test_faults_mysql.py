@@ -105,4 +105,6 @@ def test_server_restarted(candidates: Candidates, fresh_mariadb: MariaDBServer) 
     time.sleep(1.0)
     acting = [c for c in candidates.all if c.is_acting(0.3)]
     assert len(acting) == 1, f"{len(acting)} leaders after the restart"
-    check_invariants(candidates, max_gap=30)
+    # The shutdown ends sessions one at a time: as with KILL, a waiting candidate may be
+    # granted the lock milliseconds before the old leader has seen its connection close.
+    check_invariants(candidates, max_gap=30, margin=0.2)
