@@ -19,13 +19,14 @@ import ctypes
 import datetime
 import json
 import logging
+import math
 import os
 import shutil
 import signal
 import sys
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn, TypeVar, cast
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import anyio
@@ -326,34 +327,27 @@ def configure(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
 # --- argument parsing ----------------------------------------------------------------
 
 
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, not {text!r}")
-    return value
+_N = TypeVar("_N", int, float)
 
 
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, not {text!r}")
-    return value
+def _number(convert: Callable[[str], _N], accept: Callable[[_N], bool], wanted: str) -> Callable[[str], _N]:
+    """An argparse type that converts the text and refuses values ``accept`` rejects (``wanted`` says which)."""
+
+    def parse(text: str) -> _N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, not {text!r}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, not {text!r}")
-    return value
+_positive = _number(float, lambda v: 0 < v < math.inf, "a finite number > 0")
+_non_negative = _number(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+_port = _number(int, lambda v: 1 <= v <= 65535, "a port, 1 to 65535")
 
 
 def _backend_options() -> argparse.ArgumentParser:

@@ -48,6 +48,7 @@ import contextlib
 import ctypes
 import errno
 import glob
+import importlib
 import json
 import os
 import pwd
@@ -85,7 +86,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-_S = TypeVar("_S", bound="_ManagedServer")
+_S = TypeVar("_S", bound="_Started")
 
 LOOPBACK = "127.0.0.1"
 
@@ -440,7 +441,33 @@ def _run_coroutine(factory: Callable[[], Coroutine[Any, Any, _T]], timeout: floa
 # ---------------------------------------------------------------------------
 
 
-class _ManagedServer:
+class _Started:
+    """Started by ``with``, and always cleaned up, even when the start fails."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def cleanup(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _S) -> _S:
+        try:
+            self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cleanup()
+
+
+class _ManagedServer(_Started):
     """Lifecycle shared by all servers (one root process, maybe children).
 
     Subclasses implement ``_argv``, ``_probe`` and optionally ``_prepare``,
@@ -450,7 +477,12 @@ class _ManagedServer:
     kind: ClassVar[str] = "server"
     stop_signal: ClassVar[int] = signal.SIGTERM
 
-    def __init__(self, *, startup_timeout: float = 30.0, stop_timeout: float = 15.0) -> None:
+    host = LOOPBACK
+
+    def __init__(
+        self, *, extra_args: Sequence[str] = (), startup_timeout: float = 30.0, stop_timeout: float = 15.0
+    ) -> None:
+        self.extra_args = list(extra_args)
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self._lock = threading.RLock()
@@ -462,6 +494,7 @@ class _ManagedServer:
         self._cleaned = False
         self._dir = tempfile.mkdtemp(prefix=f"aioelect-{self.kind}-")
         self.log_path = os.path.join(self._dir, "server.log")
+        self.data_dir = os.path.join(self._dir, "data")
         _register(self)
 
     # -- hooks ---------------------------------------------------------------
@@ -652,22 +685,6 @@ class _ManagedServer:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 _unregister(self)
 
-    def __enter__(self: _S) -> _S:
-        try:
-            self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
-
     def __repr__(self) -> str:
         state = "frozen" if self.frozen else "running" if self.running else "stopped"
         return f"<{type(self).__name__} {state} dir={self._dir!r}>"
@@ -705,7 +722,39 @@ def _quote_ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-class MariaDBServer(_ManagedServer):
+def _require_module(module: str, who: str) -> None:
+    try:
+        importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingBinaryError(f"{who} needs the {module!r} package") from exc
+
+
+class _OnePortServer(_ManagedServer):
+    """A server with one client port on 127.0.0.1; a free one is picked unless ``port`` is given."""
+
+    def __init__(
+        self,
+        *,
+        port: int | None,
+        extra_args: Sequence[str],
+        startup_timeout: float,
+        stop_timeout: float,
+    ) -> None:
+        super().__init__(extra_args=extra_args, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
+        self._auto_ports = port is None
+        self._port = port if port is not None else free_port()
+
+    @property
+    def port(self) -> int:
+        """TCP port (stable across restarts)."""
+        return self._port
+
+    def _reassign_ports(self) -> bool:
+        self._port = free_port()
+        return True
+
+
+class MariaDBServer(_OnePortServer):
     """A throwaway MariaDB server on 127.0.0.1 with its own data directory.
 
     ``root`` has an empty password; the database ``database`` (default
@@ -725,35 +774,17 @@ class MariaDBServer(_ManagedServer):
         startup_timeout: float = 30.0,
         stop_timeout: float = 15.0,
     ) -> None:
-        try:
-            import pymysql  # noqa: F401 - needed by start() and query()
-        except ImportError as exc:
-            raise MissingBinaryError("MariaDBServer needs the 'pymysql' package") from exc
+        _require_module("pymysql", "MariaDBServer")  # start() and query() use it
         self._mariadbd = require_binary("mariadbd", "mysqld")
         self._install_db = require_binary("mariadb-install-db", "mysql_install_db")
-        super().__init__(startup_timeout=startup_timeout, stop_timeout=stop_timeout)
-        self._auto_ports = port is None
-        self._port = port if port is not None else free_port()
+        super().__init__(port=port, extra_args=extra_args, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.database = database
-        self.extra_args = list(extra_args)
-        self.data_dir = os.path.join(self._dir, "data")
         self.socket_path = os.path.join(self._dir, "mysql.sock")
-
-    host = LOOPBACK
-
-    @property
-    def port(self) -> int:
-        """TCP port (stable across restarts)."""
-        return self._port
 
     @property
     def dsn(self) -> str:
         """``mysql://root@127.0.0.1:PORT/<database>``."""
         return f"mysql://root@{self.host}:{self._port}/{self.database}"
-
-    def _reassign_ports(self) -> bool:
-        self._port = free_port()
-        return True
 
     def _common_args(self) -> list[str]:
         args = [
@@ -934,7 +965,7 @@ class EtcdServer(_ManagedServer):
         stop_timeout: float = 15.0,
     ) -> None:
         self._etcd = require_binary("etcd")
-        super().__init__(startup_timeout=startup_timeout, stop_timeout=stop_timeout)
+        super().__init__(extra_args=extra_args, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.name = name
         self._auto_ports = client_port is None and peer_port is None and initial_cluster is None
         self._client_port = client_port if client_port is not None else free_port()
@@ -944,10 +975,6 @@ class EtcdServer(_ManagedServer):
         self.cluster_token = cluster_token or f"aioelect-{secrets.token_hex(6)}"
         self.client_scheme = client_scheme
         self.snapshot_count = snapshot_count
-        self.extra_args = list(extra_args)
-        self.data_dir = os.path.join(self._dir, "data")
-
-    host = LOOPBACK
 
     @property
     def port(self) -> int:
@@ -1054,7 +1081,7 @@ def _etcdctl(
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout, check=check)
 
 
-class EtcdCluster:
+class EtcdCluster(_Started):
     """A throwaway multi-member etcd cluster (default three members) on 127.0.0.1.
 
     ``members`` are :class:`EtcdServer` objects sharing one
@@ -1164,29 +1191,13 @@ class EtcdCluster:
         self._cleaned = True
         _unregister(self)
 
-    def __enter__(self) -> EtcdCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.cleanup()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.cleanup()
-
 
 # ---------------------------------------------------------------------------
 # PostgreSQL
 # ---------------------------------------------------------------------------
 
 
-class PostgresServer(_ManagedServer):
+class PostgresServer(_OnePortServer):
     """A throwaway PostgreSQL cluster on 127.0.0.1 (``initdb -A trust -U postgres``).
 
     When the test process runs as root, ``initdb`` and ``postgres`` run as the
@@ -1208,10 +1219,7 @@ class PostgresServer(_ManagedServer):
         startup_timeout: float = 30.0,
         stop_timeout: float = 15.0,
     ) -> None:
-        try:
-            import asyncpg  # noqa: F401 - needed by start() and query()
-        except ImportError as exc:
-            raise MissingBinaryError("PostgresServer needs the 'asyncpg' package") from exc
+        _require_module("asyncpg", "PostgresServer")  # start() and query() use it
         self._initdb = require_binary("initdb")
         self._postgres = require_binary("postgres", search_dirs=[os.path.dirname(self._initdb)])
         run_as: pwd.struct_passwd | None = None
@@ -1222,20 +1230,10 @@ class PostgresServer(_ManagedServer):
                 raise MissingBinaryError(
                     f"running as root but system user {os_user!r} (needed to run postgres) does not exist"
                 ) from None
-        super().__init__(startup_timeout=startup_timeout, stop_timeout=stop_timeout)
+        super().__init__(port=port, extra_args=extra_args, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self._user = run_as
         if run_as is not None:
             os.chown(self._dir, run_as.pw_uid, run_as.pw_gid)
-        self._auto_ports = port is None
-        self._port = port if port is not None else free_port()
-        self.extra_args = list(extra_args)
-        self.data_dir = os.path.join(self._dir, "data")
-
-    host = LOOPBACK
-
-    @property
-    def port(self) -> int:
-        return self._port
 
     @property
     def dsn(self) -> str:
@@ -1244,10 +1242,6 @@ class PostgresServer(_ManagedServer):
 
     def _run_as(self) -> pwd.struct_passwd | None:
         return self._user
-
-    def _reassign_ports(self) -> bool:
-        self._port = free_port()
-        return True
 
     def _prepare(self) -> None:
         argv = [self._initdb, "-A", "trust", "-U", "postgres", "-D", self.data_dir]
@@ -1806,6 +1800,11 @@ if TYPE_CHECKING or "pytest" in sys.modules:
         finally:
             server.cleanup()
 
+    def _dsn(request: pytest.FixtureRequest, kind: str, fixture: str) -> str:
+        """The external server's DSN for ``kind`` if one is set, else that of the session ``fixture``."""
+        value = external_server(kind)
+        return value if value is not None else str(request.getfixturevalue(fixture).dsn)
+
     @pytest.fixture(scope="session")
     def mariadb() -> Iterator[MariaDBServer]:
         """Session-wide local MariaDB (do not kill/freeze it: use ``fresh_mariadb``)."""
@@ -1815,11 +1814,7 @@ if TYPE_CHECKING or "pytest" in sys.modules:
     @pytest.fixture(scope="session")
     def mysql_dsn(request: pytest.FixtureRequest) -> str:
         """``AIOELECT_MYSQL_DSN`` if set, else the DSN of the session ``mariadb``."""
-        value = external_server("mysql")
-        if value is not None:
-            return value
-        server: MariaDBServer = request.getfixturevalue("mariadb")
-        return server.dsn
+        return _dsn(request, "mysql", "mariadb")
 
     @pytest.fixture(scope="session")
     def etcd() -> Iterator[EtcdServer]:
@@ -1845,11 +1840,7 @@ if TYPE_CHECKING or "pytest" in sys.modules:
     @pytest.fixture(scope="session")
     def postgres_dsn(request: pytest.FixtureRequest) -> str:
         """``AIOELECT_POSTGRES_DSN`` if set, else the DSN of the session ``postgres``."""
-        value = external_server("postgres")
-        if value is not None:
-            return value
-        server: PostgresServer = request.getfixturevalue("postgres")
-        return server.dsn
+        return _dsn(request, "postgres", "postgres")
 
     @pytest.fixture
     def fresh_mariadb() -> Iterator[MariaDBServer]:
@@ -1869,15 +1860,19 @@ if TYPE_CHECKING or "pytest" in sys.modules:
     @pytest.fixture
     def etcd_cluster() -> Iterator[EtcdCluster]:
         """A private, started three-member etcd cluster for one test."""
+        yield from _serve(lambda: EtcdCluster(3))
+
+    @pytest.fixture(scope="module")
+    def certs() -> Iterator[Certificates]:
+        """A CA with server (127.0.0.1) and client certificates for one test module, removed afterwards."""
         try:
-            cluster = EtcdCluster(3)
+            certificates = Certificates()
         except MissingBinaryError as exc:
             server_unavailable(str(exc))
         try:
-            cluster.start()
-            yield cluster
+            yield certificates
         finally:
-            cluster.cleanup()
+            certificates.cleanup()
 
     @pytest.fixture
     def tcp_proxy_factory() -> Iterator[Callable[[str, int], TCPProxy]]:
@@ -1908,5 +1903,6 @@ if TYPE_CHECKING or "pytest" in sys.modules:
         "fresh_etcd",
         "fresh_postgres",
         "etcd_cluster",
+        "certs",
         "tcp_proxy_factory",
     ]

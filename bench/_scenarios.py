@@ -102,6 +102,13 @@ def _same(e: Event, lead: Event) -> bool:
     return e.proc is lead.proc and e.slot == lead.slot
 
 
+def _stopped(lead: Event) -> Callable[[Event], bool]:
+    """Matches the line saying ``lead``'s slot stopped acting as leader, or its process exiting."""
+    return lambda e: (
+        (_same(e, lead) and e.kind in ("STOPPED", "RELEASING")) or (e.proc is lead.proc and e.kind == "EXITED")
+    )
+
+
 def _from(lead: Event, *kinds: str) -> Callable[[Event], bool]:
     """Matches lines of ``kinds`` printed by the slot of ``lead``."""
     return lambda e: _same(e, lead) and e.kind in kinds
@@ -234,14 +241,7 @@ async def frozen(impl: Impl, ctx: Ctx) -> Outcome:
                 part.never += 1
                 return part
             part.values.append((new.ns - t0) / 1e9)
-            ended = await group.bus.wait_for(
-                lambda e: (
-                    (_same(e, lead) and e.kind in ("STOPPED", "RELEASING"))
-                    or (e.proc is lead.proc and e.kind == "EXITED")
-                ),
-                ctx.overlap_window,
-                mark,
-            )
+            ended = await group.bus.wait_for(_stopped(lead), ctx.overlap_window, mark)
             acts = [e.ns for e in group.bus.events[mark:] if _same(e, lead) and e.kind == "ACT" and e.ns >= woke]
             part.acts_after_wake.append(len(acts))
             if ended is None:
@@ -297,14 +297,7 @@ async def deposed(impl: Impl, ctx: Ctx) -> Outcome:
                 raise SetupError("no leader to depose")
             mark = group.bus.mark()
             t0 = await asyncio.to_thread(_depose, impl, ctx.servers, group, lead)
-            stop = await group.bus.wait_for(
-                lambda e: (
-                    (_same(e, lead) and e.kind in ("STOPPED", "RELEASING"))
-                    or (e.proc is lead.proc and e.kind == "EXITED")
-                ),
-                impl.deposed_window,
-                mark,
-            )
+            stop = await group.bus.wait_for(_stopped(lead), impl.deposed_window, mark)
             if stop is None:
                 part.never += 1
             else:

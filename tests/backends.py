@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,41 @@ class BackendCase:
 
 def unique_name(prefix: str = "t") -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
+
+
+async def handover_delays(a: Elector, b: Elector, *, rounds: int, pause: tuple[float, float]) -> list[float]:
+    """Pass leadership between ``a`` and ``b`` ``rounds`` times; return how long each takeover took.
+
+    The leader releases after a random pause in ``pause`` (so at a random phase of the
+    other's wait); each successor must be the other candidate, with the next token.
+    """
+    delays: list[float] = []
+    won: asyncio.Queue[tuple[float, Leadership, asyncio.Event]] = asyncio.Queue()
+
+    async def candidate(elector: Elector) -> None:
+        while True:
+            lead = await elector.acquire()
+            handed_on = asyncio.Event()
+            await won.put((time.monotonic(), lead, handed_on))
+            await handed_on.wait()
+            await asyncio.sleep(0.1)  # campaign again only once the other candidate has taken over
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(candidate, a)
+        tg.start_soon(candidate, b)
+        _, lead, handed_on = await won.get()
+        for _ in range(rounds):
+            await asyncio.sleep(random.uniform(*pause))
+            released = time.monotonic()
+            await lead.release()
+            handed_on.set()
+            at, successor, handed_on = await won.get()
+            delays.append(at - released)
+            assert successor.identity != lead.identity
+            assert successor.token == (lead.token or 0) + 1
+            lead = successor
+        tg.cancel_scope.cancel()
+    return delays
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -91,6 +128,18 @@ class Follower:
         await asyncio.gather(self.task, return_exceptions=True)
 
 
+#: MySQL and PostgreSQL candidates in the contract suite: quick checks, short lease, tokens.
+SESSION_LOCK = {"fencing": True, "check_interval": 0.2, "check_timeout": 1.0, "lease": 4}
+
+
+def owned_server(request: pytest.FixtureRequest, fixture: str) -> Any:
+    """The throwaway server behind the DSN fixture; None for an external one (AIOELECT_*), which cannot be faulted."""
+    try:
+        return request.getfixturevalue(fixture)
+    except pytest.skip.Exception:
+        return None
+
+
 def local_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect import LocalElector
 
@@ -105,18 +154,10 @@ def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect.testing import MariaDBServer
 
     dsn: str = request.getfixturevalue("mysql_dsn")
-    server: MariaDBServer | None = None
-    try:
-        server = request.getfixturevalue("mariadb")
-    except pytest.skip.Exception:
-        server = None  # an external server from AIOELECT_MYSQL_DSN
+    server: MariaDBServer | None = owned_server(request, "mariadb")
 
     def make(name: str, *, dsn: str = dsn, **kw: Any) -> Elector:
-        kw.setdefault("fencing", True)
-        kw.setdefault("check_interval", 0.2)
-        kw.setdefault("check_timeout", 1.0)
-        kw.setdefault("lease", 4)
-        return MySQLElector(dsn, name=name, **kw)
+        return MySQLElector(dsn, name=name, **{**SESSION_LOCK, **kw})
 
     leftovers = None
     depose = None
@@ -146,11 +187,7 @@ def etcd_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect.testing import EtcdServer
 
     endpoints: list[str] = request.getfixturevalue("etcd_endpoints")
-    server: EtcdServer | None = None
-    try:
-        server = request.getfixturevalue("etcd")
-    except pytest.skip.Exception:
-        server = None  # an external etcd from AIOELECT_ETCD_ENDPOINTS
+    server: EtcdServer | None = owned_server(request, "etcd")
 
     def make(name: str, **kw: Any) -> Elector:
         kw.setdefault("ttl", 3)
@@ -190,19 +227,10 @@ def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect.testing import PostgresServer
 
     dsn: str = request.getfixturevalue("postgres_dsn")
-    server: PostgresServer | None = None
-    try:
-        server = request.getfixturevalue("postgres")
-    except pytest.skip.Exception:
-        server = None  # an external server from AIOELECT_POSTGRES_DSN
+    server: PostgresServer | None = owned_server(request, "postgres")
 
     def make(name: str, *, dsn: str = dsn, **kw: Any) -> Elector:
-        kw.setdefault("fencing", True)
-        kw.setdefault("check_interval", 0.2)
-        kw.setdefault("check_timeout", 1.0)
-        kw.setdefault("lease", 4)
-        kw.setdefault("poll_interval", 0.5)
-        return PostgresElector(dsn, name=name, **kw)
+        return PostgresElector(dsn, name=name, **{**SESSION_LOCK, "poll_interval": 0.5, **kw})
 
     leftovers = None
     depose = None

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from .faults import EventProcess
+
+if TYPE_CHECKING:
+    from .test_cli import Spawner
 
 pytest_plugins = ["aioelect.testing"]
 
@@ -23,3 +28,15 @@ def procs() -> Iterator[list[EventProcess]]:
     finally:
         for proc in started:
             proc.kill()
+
+
+@pytest.fixture
+def spawner(tmp_path: Path) -> Iterator[Spawner]:
+    """``aioelect`` command-line processes; every one is killed and reaped afterwards."""
+    from .test_cli import Spawner  # imported late: it imports aioelect.testing, which pytest must load first
+
+    started = Spawner(tmp_path)
+    try:
+        yield started
+    finally:
+        started.cleanup()

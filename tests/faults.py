@@ -10,10 +10,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aioelect.testing import TCPProxy
 
 CANDIDATE = Path(__file__).parent / "candidates" / "candidate.py"
 
@@ -130,6 +133,12 @@ class Candidates:
             if candidate.proc.poll() is None:
                 candidate.kill()
 
+    def __enter__(self) -> Candidates:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def wait_for(self, predicate: Any, timeout: float, what: str) -> float:
         """Wait until ``predicate()`` is true; return when. Fail with ``what`` after ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -154,6 +163,38 @@ class Candidates:
 
         self.wait_for(one, timeout, "exactly one acting leader")
         return found[-1]
+
+    def replace(self, leader: Candidate, fault: Callable[[], None], timeout: float) -> tuple[Candidate, float]:
+        """Do ``fault`` to the leader (``leader.kill``, ``leader.freeze``) and wait up to ``timeout``
+        for another candidate to lead; return it and how long after the fault it first acted."""
+        at = time.monotonic()
+        fault()
+        successor = self.wait_leader(timeout=timeout, exclude=leader)
+        return successor, (self.first_act_after(at, exclude=leader) or 0) - at
+
+    @staticmethod
+    def stale_acts_after_thaw(leader: Candidate, successor: Candidate, settle: float = 2.0) -> list[dict[str, Any]]:
+        """Wake the frozen ``leader`` and return the leader work it did in the next ``settle``
+        seconds under a token no newer than its successor's first."""
+        thawed = time.monotonic()
+        leader.thaw()
+        time.sleep(settle)
+        newest = successor.acts()[0]["token"]
+        return [e for e in leader.acts() if e["t"] >= thawed and not e["token"] > newest]
+
+    def cut_off(self, leader: Candidate, proxy: TCPProxy, timeout: float) -> tuple[float, Candidate, float]:
+        """Stall ``proxy``, the leader's only way to its server, and wait (each step up to
+        ``timeout``) for the leader to stop acting and another candidate to lead.
+
+        Returns how long after the stall the leader last acted, its successor, and how
+        long after the stall the successor first acted.
+        """
+        stalled = time.monotonic()
+        proxy.stall()
+        self.wait_for(lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, timeout, "the cut-off leader stops")
+        successor = self.wait_leader(timeout=timeout, exclude=leader)
+        took = (self.first_act_after(stalled, exclude=leader) or 0) - stalled
+        return (leader.last_act() or 0) - stalled, successor, took
 
     def first_act_after(self, t: float, exclude: Candidate | None = None) -> float | None:
         times = [e["t"] for c in self.all if c is not exclude for e in c.acts() if e["t"] > t]

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,23 +149,6 @@ class Spawner:
                     stream.close()
 
 
-@pytest.fixture
-def spawner(tmp_path: Path) -> Iterator[Spawner]:
-    s = Spawner(tmp_path)
-    try:
-        yield s
-    finally:
-        s.cleanup()
-
-
-def _require_module(module: str) -> None:
-    # The lead removes these skips once every backend has landed.
-    try:
-        __import__(module)
-    except ImportError:
-        pytest.skip(f"{module} is not available yet")
-
-
 @dataclass
 class Target:
     """One backend as the command line names it."""
@@ -188,14 +171,11 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
         dsn: str = request.getfixturevalue("mysql_dsn")
         return Target("mysql", ["--mysql", dsn], ["--poll-interval", "0.3"], 10.0)
     if kind == "etcd":
-        _require_module("aioelect.backends.etcd")
         endpoints: list[str] = request.getfixturevalue("etcd_endpoints")
         return Target("etcd", ["--etcd", ",".join(endpoints)], ["--ttl", "2"], 15.0)
     if kind == "postgres":
-        _require_module("aioelect.backends.postgres")
         pg: str = request.getfixturevalue("postgres_dsn")
         return Target("postgres", ["--postgres", pg], ["--poll-interval", "0.3"], 10.0)
-    _require_module("aioelect.backends.file")
     return Target("file", ["--file", str(tmp_path / "leader.lock")], ["--poll-interval", "0.05"], 10.0)
 
 
@@ -363,8 +343,6 @@ def test_observe_prints_one_line_per_change(target: Target, spawner: Spawner, tm
     ],
 )
 def test_bad_usage_exits_2_with_a_message(args: list[str], message: str) -> None:
-    if "--etcd" in args and "--mysql" not in args:
-        _require_module("aioelect.backends.etcd")
     result = cli(*args, timeout=20)
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
@@ -383,8 +361,6 @@ def test_help_explains_options_environment_and_exit_codes() -> None:
 @pytest.mark.parametrize("kind", ["mysql", "etcd"])
 @pytest.mark.parametrize("command", ["leader", "observe", "run"])
 def test_unreachable_server_exits_3_quickly(kind: str, command: str, tmp_path: Path) -> None:
-    if kind == "etcd":
-        _require_module("aioelect.backends.etcd")
     port = free_port()  # nothing listens there
     backend = ["--mysql", f"mysql://root:pw-{port}@127.0.0.1:{port}/db"] if kind == "mysql" else [
         "--etcd", f"127.0.0.1:{port}"]  # fmt: skip

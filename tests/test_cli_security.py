@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from aioelect.testing import Certificates, EtcdServer, MissingBinaryError, free_port, server_unavailable
+from aioelect.testing import Certificates, EtcdServer, free_port
 
 from .test_cli import ROOT, Lines, Spawner, cli, wait_until
 from .test_security_etcd import PASSWORD, start_tls_etcd
@@ -27,29 +27,10 @@ pytestmark = pytest.mark.timeout(90)
 
 
 @pytest.fixture(scope="module")
-def certs() -> Iterator[Certificates]:
-    try:
-        certificates = Certificates()
-    except MissingBinaryError as exc:
-        server_unavailable(str(exc))
-    yield certificates
-    certificates.cleanup()
-
-
-@pytest.fixture(scope="module")
 def tls_etcd(certs: Certificates) -> Iterator[EtcdServer]:
     server = start_tls_etcd(certs)
     yield server
     server.cleanup()
-
-
-@pytest.fixture
-def spawner(tmp_path: Path) -> Iterator[Spawner]:
-    s = Spawner(tmp_path)
-    try:
-        yield s
-    finally:
-        s.cleanup()
 
 
 def tls_options(server: EtcdServer, certs: Certificates, name: str) -> list[str]:

@@ -46,21 +46,15 @@ PROCESS_TTL = 2
 
 @pytest.fixture
 def candidates(fresh_etcd: EtcdServer) -> Iterator[Candidates]:
-    group = Candidates("etcd", fresh_etcd.endpoint, unique(), {"ttl": PROCESS_TTL})
-    try:
+    with Candidates("etcd", fresh_etcd.endpoint, unique(), {"ttl": PROCESS_TTL}) as group:
         yield group
-    finally:
-        group.close()
 
 
 def test_killed_leader_process_is_replaced_after_its_ttl(candidates: Candidates) -> None:
     for i in range(3):
         candidates.start(f"cand-{i}")
     leader = candidates.wait_leader(timeout=30)
-    killed = time.monotonic()
-    leader.kill()
-    successor = candidates.wait_leader(timeout=PROCESS_TTL + 10, exclude=leader)
-    took = (candidates.first_act_after(killed, exclude=leader) or 0) - killed
+    successor, took = candidates.replace(leader, leader.kill, timeout=PROCESS_TTL + 10)
     log.warning("etcd takeover after SIGKILL of the leader process: %.2fs (ttl=%ss)", took, PROCESS_TTL)
     assert successor is not leader
     # Its lease expires between 2/3 ttl and ttl after the last keep-alive; the lessor checks every 0.5 s.
@@ -72,20 +66,12 @@ def test_frozen_leader_process_is_replaced_and_acts_no_more(candidates: Candidat
     for i in range(3):
         candidates.start(f"cand-{i}")
     leader = candidates.wait_leader(timeout=30)
-    frozen = time.monotonic()
-    leader.freeze()
-    successor = candidates.wait_leader(timeout=PROCESS_TTL + 10, exclude=leader)
-    took = (candidates.first_act_after(frozen, exclude=leader) or 0) - frozen
+    successor, took = candidates.replace(leader, leader.freeze, timeout=PROCESS_TTL + 10)
     print(f"MEASURED etcd sigstop takeover {took:.3f}s (ttl {PROCESS_TTL}s)")
     assert took < PROCESS_TTL + 2.0, f"takeover of a frozen leader took {took:.2f}s"
     time.sleep(0.5)
-    thawed = time.monotonic()
-    leader.thaw()
-    time.sleep(2.0)
-    late = [e for e in leader.acts() if e["t"] >= thawed]
-    assert not late or all(e["token"] > successor.acts()[0]["token"] for e in late), (
-        f"the frozen leader acted {len(late)} times after waking"
-    )
+    stale = candidates.stale_acts_after_thaw(leader, successor)
+    assert not stale, f"the frozen leader acted {len(stale)} times after waking"
     check_invariants(candidates, max_gap=PROCESS_TTL + 2.0)
 
 
@@ -96,14 +82,7 @@ def test_partitioned_leader_stops_and_is_replaced(candidates: Candidates, fresh_
         for i in range(2):
             candidates.start(f"direct-{i}")
         time.sleep(0.5)
-        stalled = time.monotonic()
-        proxy.stall()
-        candidates.wait_for(
-            lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, PROCESS_TTL + 5, "the partitioned leader stops"
-        )
-        stopped = (leader.last_act() or 0) - stalled
-        successor = candidates.wait_leader(timeout=PROCESS_TTL + 10, exclude=leader)
-        took = (candidates.first_act_after(stalled, exclude=leader) or 0) - stalled
+        stopped, successor, took = candidates.cut_off(leader, proxy, timeout=PROCESS_TTL + 10)
         print(f"MEASURED etcd partition: leader stops {stopped:.3f}s, takeover {took:.3f}s (ttl {PROCESS_TTL}s)")
         assert successor is not leader
         assert stopped < PROCESS_TTL, "a cut-off leader must fence itself before its lease can expire"

@@ -20,11 +20,8 @@ from .faults import CHECK_INTERVAL, CHECK_TIMEOUT, LEASE, MARGIN, OPTIONS, Candi
 
 @pytest.fixture
 def candidates(fresh_mariadb: MariaDBServer) -> Iterator[Candidates]:
-    group = Candidates("mysql", fresh_mariadb.dsn, unique_name("fault"), OPTIONS)
-    try:
+    with Candidates("mysql", fresh_mariadb.dsn, unique_name("fault"), OPTIONS) as group:
         yield group
-    finally:
-        group.close()
 
 
 def start_three(candidates: Candidates) -> None:
@@ -35,10 +32,7 @@ def start_three(candidates: Candidates) -> None:
 def test_leader_killed(candidates: Candidates) -> None:
     start_three(candidates)
     leader = candidates.wait_leader()
-    killed = time.monotonic()
-    leader.kill()
-    successor = candidates.wait_leader(timeout=10, exclude=leader)
-    took = (candidates.first_act_after(killed, exclude=leader) or 0) - killed
+    successor, took = candidates.replace(leader, leader.kill, timeout=10)
     assert successor is not leader
     print(f"MEASURED mysql sigkill takeover {took:.3f}s")
     assert took < 1.0, f"takeover after SIGKILL took {took:.2f}s"
@@ -48,20 +42,12 @@ def test_leader_killed(candidates: Candidates) -> None:
 def test_leader_frozen_longer_than_lease(candidates: Candidates) -> None:
     start_three(candidates)
     leader = candidates.wait_leader()
-    frozen = time.monotonic()
-    leader.freeze()
-    successor = candidates.wait_leader(timeout=LEASE + 10, exclude=leader)
-    took = (candidates.first_act_after(frozen, exclude=leader) or 0) - frozen
+    successor, took = candidates.replace(leader, leader.freeze, timeout=LEASE + 10)
     print(f"MEASURED mysql sigstop takeover {took:.3f}s (lease {LEASE}s)")
     assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover of a frozen leader took {took:.2f}s"
     time.sleep(1.0)
-    thawed = time.monotonic()
-    leader.thaw()
-    time.sleep(2.0)
-    late = [e for e in leader.acts() if e["t"] >= thawed]
-    assert not late or all(e["token"] > successor.acts()[0]["token"] for e in late), (
-        f"the frozen leader acted {len(late)} times after waking"
-    )
+    stale = candidates.stale_acts_after_thaw(leader, successor)
+    assert not stale, f"the frozen leader acted {len(stale)} times after waking"
     check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
 
 

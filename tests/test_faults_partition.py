@@ -21,28 +21,20 @@ def test_network_partition_between_leader_and_server(
     backend: str, server_fixture: str, request: pytest.FixtureRequest
 ) -> None:
     server: MariaDBServer | PostgresServer = request.getfixturevalue(server_fixture)
-    candidates = Candidates(backend, server.dsn, unique_name("fault"), OPTIONS)
-    try:
-        with TCPProxy(server.host, server.port) as proxy:
-            via_proxy = server.dsn.replace(f":{server.port}/", f":{proxy.port}/")
-            leader = candidates.start("partitioned", target=via_proxy)
-            assert candidates.wait_leader() is leader
-            for i in range(2):
-                candidates.start(f"direct-{i}")
-            time.sleep(0.5)
-            stalled = time.monotonic()
-            proxy.stall()
-            candidates.wait_for(
-                lambda: (leader.last_act() or 0) < time.monotonic() - 0.3, 10, "the partitioned leader stops"
-            )
-            stopped = (leader.last_act() or 0) - stalled
-            successor = candidates.wait_leader(timeout=LEASE + 10, exclude=leader)
-            took = (candidates.first_act_after(stalled, exclude=leader) or 0) - stalled
-            print(f"MEASURED {backend} partition: leader stops {stopped:.3f}s, takeover {took:.3f}s (lease {LEASE}s)")
-            assert stopped < CHECK_INTERVAL + CHECK_TIMEOUT + 0.3
-            assert successor is not leader
-            assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover across a partition took {took:.2f}s"
-            proxy.heal()
-            check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
-    finally:
-        candidates.close()
+    with (
+        Candidates(backend, server.dsn, unique_name("fault"), OPTIONS) as candidates,
+        TCPProxy(server.host, server.port) as proxy,
+    ):
+        via_proxy = server.dsn.replace(f":{server.port}/", f":{proxy.port}/")
+        leader = candidates.start("partitioned", target=via_proxy)
+        assert candidates.wait_leader() is leader
+        for i in range(2):
+            candidates.start(f"direct-{i}")
+        time.sleep(0.5)
+        stopped, successor, took = candidates.cut_off(leader, proxy, timeout=LEASE + 10)
+        print(f"MEASURED {backend} partition: leader stops {stopped:.3f}s, takeover {took:.3f}s (lease {LEASE}s)")
+        assert stopped < CHECK_INTERVAL + CHECK_TIMEOUT + 0.3
+        assert successor is not leader
+        assert took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover across a partition took {took:.2f}s"
+        proxy.heal()
+        check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)

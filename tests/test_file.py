@@ -25,9 +25,10 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelect import ElectionError, Elector, FileElector, Leadership, LeadershipLost, leadership
+from aioelect import ElectionError, FileElector, Leadership, LeadershipLost, leadership
 from aioelect.backends import file as file_backend
 
+from .backends import handover_delays
 from .faults import EventProcess
 
 CANDIDATE = Path(__file__).parent / "candidates" / "file_candidate.py"
@@ -36,7 +37,9 @@ CANDIDATE = Path(__file__).parent / "candidates" / "file_candidate.py"
 class Proc(EventProcess):
     """One file_candidate.py process."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, path: Path, identity: str, *, rounds: int = 1, hold: float = 3600, **options: object) -> None:
+        args = [f"--path={path}", f"--identity={identity}", f"--rounds={rounds}", f"--hold={hold}"]
+        args += [f"--{option.replace('_', '-')}={value}" for option, value in options.items()]
         super().__init__(CANDIDATE, *args)
 
     def named(self, event: str) -> list[dict[str, Any]]:
@@ -51,6 +54,15 @@ class Proc(EventProcess):
                         raise AssertionError(f"candidate exited ({self.proc.returncode}) before {event!r}")
                 await asyncio.sleep(0.01)
         return found[0]
+
+
+async def all_done(procs: list[Proc], timeout: float) -> None:
+    """Wait for every process to exit, and require that each succeeded."""
+    with anyio.fail_after(timeout):
+        while any(p.proc.poll() is None for p in procs):
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.1)  # let the reader threads drain stdout
+    assert all(p.proc.returncode == 0 for p in procs), [p.proc.returncode for p in procs]
 
 
 def lock_fds(path: Path) -> int:
@@ -227,34 +239,10 @@ async def test_acquire_release_tokens_and_sidecar(tmp_path: Path) -> None:
 
 async def test_takeover_after_release_is_fast(tmp_path: Path) -> None:
     path = tmp_path / "x.lock"
-    delays: list[float] = []
-    won: asyncio.Queue[tuple[float, Leadership, asyncio.Event]] = asyncio.Queue()
-
-    async def candidate(elector: Elector) -> None:
-        while True:
-            lead = await elector.acquire()
-            handed_on = asyncio.Event()
-            await won.put((time.monotonic(), lead, handed_on))
-            await handed_on.wait()
-            await asyncio.sleep(0.1)  # campaign again only once the other candidate has taken over
-
-    async with make(path, "a") as a, make(path, "b") as b, anyio.create_task_group() as tg:
-        tg.start_soon(candidate, a)
-        tg.start_soon(candidate, b)
+    async with make(path, "a") as a, make(path, "b") as b:
         with anyio.fail_after(30):
-            _, lead, handed_on = await won.get()
-            for _ in range(12):
-                # The other candidate is polling by now; release at a random phase of its polls.
-                await asyncio.sleep(random.uniform(0.15, 0.25))
-                released = time.monotonic()
-                await lead.release()
-                handed_on.set()
-                at, successor, handed_on = await won.get()
-                delays.append(at - released)
-                assert successor.identity != lead.identity
-                assert successor.token == (lead.token or 0) + 1
-                lead = successor
-        tg.cancel_scope.cancel()
+            # The other candidate is polling by now; release at a random phase of its polls.
+            delays = await handover_delays(a, b, rounds=12, pause=(0.15, 0.25))
     median = statistics.median(delays)
     print(f"file takeover after release: median {median * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms")
     assert median < 0.1, delays
@@ -325,7 +313,7 @@ async def test_crash_takeover_across_processes(tmp_path: Path, procs: list[Proc]
     took: list[float] = []
     async with make(path, "heir", poll_interval=5.0) as heir:
         for round_ in range(3):
-            leader = Proc("--path", str(path), "--identity", f"doomed{round_}", "--rounds", "1", "--hold", "3600")
+            leader = Proc(path, f"doomed{round_}")
             procs.append(leader)
             first = await leader.wait_for("lead")
             assert await heir.leader() == f"doomed{round_}"
@@ -355,26 +343,8 @@ async def test_mutual_exclusion_across_four_processes(tmp_path: Path, procs: lis
     path = tmp_path / "x.lock"
     marker = tmp_path / "critical"
     rounds = 12
-    for i in range(4):
-        procs.append(
-            Proc(
-                "--path",
-                str(path),
-                "--identity",
-                f"p{i}",
-                "--rounds",
-                str(rounds),
-                "--hold",
-                "0.01",
-                "--marker",
-                str(marker),
-            )
-        )
-    with anyio.fail_after(60):
-        while any(p.proc.poll() is None for p in procs):
-            await asyncio.sleep(0.05)
-    await asyncio.sleep(0.1)  # let the reader threads drain stdout
-    assert all(p.proc.returncode == 0 for p in procs), [p.proc.returncode for p in procs]
+    procs.extend(Proc(path, f"p{i}", rounds=rounds, hold=0.01, marker=marker) for i in range(4))
+    await all_done(procs, timeout=60)
     assert not any(p.named("overlap") for p in procs), "two processes were in the critical section at once"
     terms: list[tuple[float, float, int, str]] = []
     for i, p in enumerate(procs):
@@ -400,7 +370,7 @@ async def test_process_takes_over_when_leader_task_is_cancelled(tmp_path: Path, 
 
         task = asyncio.create_task(lead_forever())
         await acquired.wait()
-        follower = Proc("--path", str(path), "--identity", "proc", "--rounds", "1", "--hold", "3600")
+        follower = Proc(path, "proc")
         procs.append(follower)
         await follower.wait_for("ready")
         await asyncio.sleep(0.3)
@@ -415,7 +385,7 @@ async def test_process_takes_over_when_leader_task_is_cancelled(tmp_path: Path, 
 async def test_frozen_leader_keeps_the_lock(tmp_path: Path, procs: list[Proc]) -> None:
     """Documented behaviour: flock has no lease, so a stopped leader is not replaced until it dies."""
     path = tmp_path / "x.lock"
-    leader = Proc("--path", str(path), "--identity", "frozen", "--rounds", "1", "--hold", "3600")
+    leader = Proc(path, "frozen")
     procs.append(leader)
     await leader.wait_for("lead")
     async with make(path, "heir") as heir:
@@ -525,33 +495,13 @@ async def test_releaser_hands_over_to_a_waiter_across_processes(tmp_path: Path, 
     barrier = tmp_path / "go"
     marker = tmp_path / "critical"
     rounds = 60
-    for i in range(2):
-        procs.append(
-            Proc(
-                "--path",
-                str(path),
-                "--identity",
-                f"p{i}",
-                "--rounds",
-                str(rounds),
-                "--hold",
-                "0",
-                "--marker",
-                str(marker),
-                "--barrier",
-                str(barrier),
-                "--poll-interval",
-                "5",
-            )
-        )
+    procs.extend(
+        Proc(path, f"p{i}", rounds=rounds, hold=0, marker=marker, barrier=barrier, poll_interval=5) for i in range(2)
+    )
     for p in procs:
         await p.wait_for("ready")
     barrier.touch()
-    with anyio.fail_after(60):
-        while any(p.proc.poll() is None for p in procs):
-            await asyncio.sleep(0.05)
-    await asyncio.sleep(0.1)  # let the reader threads drain stdout
-    assert all(p.proc.returncode == 0 for p in procs), [p.proc.returncode for p in procs]
+    await all_done(procs, timeout=60)
     assert not any(p.named("overlap") for p in procs)
     leads = sorted((e["t"], e["token"], i) for i, p in enumerate(procs) for e in p.named("lead"))
     assert [token for _, token, _ in leads] == list(range(1, 2 * rounds + 1))

@@ -1,7 +1,7 @@
 """The PostgreSQL advisory-lock backend, on throwaway servers from the harness.
 
 Contract behaviour in process, then faults with real candidate processes
-(tests/candidates/pg_candidate.py): SIGKILL, SIGSTOP longer than the lease,
+(tests/candidates/candidate.py): SIGKILL, SIGSTOP longer than the lease,
 pg_terminate_backend, and a server restart.
 """
 
@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import pwd
-import random
 import shutil
 import signal
 import statistics
@@ -30,10 +29,9 @@ from aioelect import BackendUnavailable, ElectionError, Elector, Leadership, Lea
 from aioelect.backends.postgres import KEY_SQL, advisory_key, application_name, lock_ids
 from aioelect.testing import Certificates, MissingBinaryError, PostgresServer, free_port, server_unavailable
 
-from .backends import unique_name, with_database
-from .faults import EventProcess
+from .backends import handover_delays, unique_name, with_database
+from .faults import CANDIDATE, EventProcess
 
-CANDIDATE = Path(__file__).parent / "candidates" / "pg_candidate.py"
 FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
 #: Options of the candidate processes in the fault tests.
 LEASE = 3.0
@@ -174,37 +172,13 @@ async def test_leader_without_fencing_reports_application_name(postgres_dsn: str
 
 async def test_takeover_after_release_under_100ms(postgres_dsn: str) -> None:
     name = unique_name("pg")
-    delays: list[float] = []
-    won: asyncio.Queue[tuple[float, Leadership, asyncio.Event]] = asyncio.Queue()
-
-    async def candidate(elector: Elector) -> None:
-        while True:
-            lead = await elector.acquire()
-            handed_on = asyncio.Event()
-            await won.put((time.monotonic(), lead, handed_on))
-            await handed_on.wait()
-            await asyncio.sleep(0.1)  # campaign again only once the other candidate has taken over
-
     async with (
         make(postgres_dsn, name, "a", fencing=True, poll_interval=2.0) as a,
         make(postgres_dsn, name, "b", fencing=True, poll_interval=2.0) as b,
-        anyio.create_task_group() as tg,
     ):
-        tg.start_soon(candidate, a)
-        tg.start_soon(candidate, b)
         with anyio.fail_after(60):
-            _, lead, handed_on = await won.get()
-            for _ in range(12):
-                await asyncio.sleep(random.uniform(0.2, 0.4))  # the other one waits inside pg_advisory_lock
-                released = time.monotonic()
-                await lead.release()
-                handed_on.set()
-                at, successor, handed_on = await won.get()
-                delays.append(at - released)
-                assert successor.identity != lead.identity
-                assert successor.token == (lead.token or 0) + 1
-                lead = successor
-        tg.cancel_scope.cancel()
+            # The other one waits inside pg_advisory_lock.
+            delays = await handover_delays(a, b, rounds=12, pause=(0.2, 0.4))
     median = statistics.median(delays)
     print(f"postgres takeover after release: median {median * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms")
     assert median < 0.1, delays
@@ -490,12 +464,13 @@ async def test_server_restart_leaves_exactly_one_leader(fresh_postgres: Postgres
 
 
 class Proc(EventProcess):
-    """One pg_candidate.py process."""
+    """One candidate.py process on PostgreSQL."""
 
     def __init__(self, dsn: str, name: str, identity: str) -> None:
         super().__init__(
             CANDIDATE,
-            f"--dsn={dsn}",
+            "--backend=postgres",
+            f"--target={dsn}",
             f"--name={name}",
             f"--identity={identity}",
             f"--options={json.dumps(FAULT_OPTIONS)}",

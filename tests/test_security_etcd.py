@@ -44,16 +44,6 @@ TOKEN_TTL = 1
 REFUSAL_BOUND = 8.0
 
 
-@pytest.fixture(scope="module")
-def certs() -> Iterator[Certificates]:
-    try:
-        certificates = Certificates()
-    except MissingBinaryError as exc:
-        server_unavailable(str(exc))
-    yield certificates
-    certificates.cleanup()
-
-
 def tls_args(certs: Certificates) -> list[str]:
     return [f"--cacert={certs.ca}", f"--cert={certs.client_cert}", f"--key={certs.client_key}"]
 

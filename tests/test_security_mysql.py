@@ -18,13 +18,6 @@ PASSWORD = "tls-Secret-4711"
 
 
 @pytest.fixture(scope="module")
-def certs() -> Iterator[Certificates]:
-    certificates = Certificates()
-    yield certificates
-    certificates.cleanup()
-
-
-@pytest.fixture(scope="module")
 def tls_mariadb(certs: Certificates) -> Iterator[MariaDBServer]:
     server = MariaDBServer(
         extra_args=[f"--ssl-cert={certs.server_cert}", f"--ssl-key={certs.server_key}", f"--ssl-ca={certs.ca}"]

@@ -31,9 +31,8 @@ class AioelectCandidate(Candidate):
 
 
 def make(options: Options, slot: int) -> Candidate:
-    if options.lease is None:
-        return AioelectCandidate(MySQLElector(options.url, name=options.name))
-    return AioelectCandidate(MySQLElector(options.url, name=options.name, lease=options.lease))
+    lease = {} if options.lease is None else {"lease": options.lease}
+    return AioelectCandidate(MySQLElector(options.url, name=options.name, **lease))
 
 
 if __name__ == "__main__":

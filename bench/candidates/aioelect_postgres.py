@@ -9,9 +9,8 @@ from .aioelect_mysql import AioelectCandidate
 
 
 def make(options: Options, slot: int) -> Candidate:
-    if options.lease is None:
-        return AioelectCandidate(PostgresElector(options.url, name=options.name))
-    return AioelectCandidate(PostgresElector(options.url, name=options.name, lease=options.lease))
+    lease = {} if options.lease is None else {"lease": options.lease}
+    return AioelectCandidate(PostgresElector(options.url, name=options.name, **lease))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """A candidate process for the fault-injection suite.
 
 Campaigns with the elector described by its arguments and, while leader,
-does "leader work": every ``--act-interval`` seconds it checks that it still
+does "leader work" every ``--act-interval`` seconds: it first reads
+``lead.held`` and reports it in a ``tick`` event (so a leader woken from
+SIGSTOP shows ``held: false`` before anything else), then checks that it still
 holds leadership and prints an ``act`` event. Every event is one JSON line on
 stdout with ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide on Linux, so
 the test process can compare events from several candidates).
 
-Events: ``ready``, ``lead`` (token), ``act`` (token), ``lost`` (reason).
+Events: ``ready``, ``lead`` (token), ``tick`` (token, held), ``act`` (token),
+``lost`` (reason).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ async def main() -> None:
                 async with leadership(elector) as lead:
                     emit("lead", token=lead.token)
                     while True:
+                        emit("tick", token=lead.token, held=lead.held)  # read before anything else after a wake-up
                         lead.check()  # never act on a leadership that may have passed on
                         emit("act", token=lead.token)
                         await asyncio.sleep(args.act_interval)
