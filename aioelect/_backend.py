@@ -11,8 +11,8 @@ from __future__ import annotations
 import abc
 import random
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import ClassVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import ClassVar, TypeVar
 
 import anyio
 
@@ -20,7 +20,7 @@ from ._config import LockTiming
 from ._errors import BackendUnavailable
 from ._log import ElectionLog
 
-__all__ = ["Backend", "Backoff", "Confirm", "Hold", "SessionLockBackend", "monotonic"]
+__all__ = ["Backend", "Backoff", "Confirm", "Hold", "SessionLockBackend", "monotonic", "until_recorded"]
 
 #: Called by a backend with the monotonic time at which a confirmation that
 #: succeeded was *sent*: the server cannot have handed leadership on before it.
@@ -153,6 +153,28 @@ class SessionLockBackend(Backend):
 def monotonic() -> float:
     """The clock every deadline in aioelect is measured on."""
     return time.monotonic()
+
+
+_R = TypeVar("_R")
+
+#: How long leader() waits for a new holder's record of its identity.
+RECORD_WAIT = 0.5
+
+
+async def until_recorded(look: Callable[[], Awaitable[_R]], recorded: Callable[[_R], bool]) -> _R:
+    """``look()`` again until ``recorded`` accepts what it saw, for at most :data:`RECORD_WAIT`.
+
+    A new leader records its identity just after it takes the lock: a look in
+    between must not report the holder without it (an observer would show a
+    leader change that never happened). What is still unrecorded after the
+    wait is returned as it is.
+    """
+    deadline = monotonic() + RECORD_WAIT
+    while True:
+        seen = await look()
+        if recorded(seen) or monotonic() >= deadline:
+            return seen
+        await anyio.sleep(0.01)
 
 
 class Backoff:

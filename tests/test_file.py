@@ -208,6 +208,34 @@ async def test_corrupt_sidecar_is_a_clear_error(tmp_path: Path) -> None:
         assert lock_fds(path) == 0
 
 
+async def test_leader_waits_for_a_new_holders_record(tmp_path: Path) -> None:
+    # A first leader holds the lock a moment before its record exists: leader() (and so
+    # observe()) must report it, not a placeholder, once the record is written.
+    path = tmp_path / "x.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        async with make(path, "watcher") as watcher, anyio.create_task_group() as tg:
+            seen: list[str | None] = []
+
+            async def ask() -> None:
+                seen.append(await watcher.leader())
+
+            tg.start_soon(ask)
+            await asyncio.sleep(0.1)
+            assert seen == []
+            (tmp_path / "x.lock.leader").write_text(json.dumps({"identity": "late", "token": 1}))
+        assert seen == ["late"]
+        # A holder that never writes one (not an aioelect candidate) is reported, after a bound.
+        (tmp_path / "x.lock.leader").unlink()
+        async with make(path, "watcher") as watcher:
+            started = time.monotonic()
+            assert await watcher.leader() == f"unknown holder of {path}"
+            assert time.monotonic() - started < 2.0
+    finally:
+        os.close(fd)
+
+
 # --- contract on one host ------------------------------------------------------------
 
 

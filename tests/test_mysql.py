@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 
+import aiomysql
 import anyio
 import pytest
 
@@ -153,6 +154,45 @@ async def test_leader_identity_without_fencing_is_the_connection(mariadb: MariaD
         assert (await elector.leader() or "").startswith(f"connection {holder} from 127.0.0.1")
         assert lead.token is None
         await lead.release()
+
+
+async def test_leader_waits_for_a_new_holders_record(mariadb: MariaDBServer) -> None:
+    # Between GET_LOCK and the fencing row, a new leader is only a connection: leader() (and
+    # so observe()) must wait for its identity instead of reporting the connection.
+    name = unique_name()
+    async with MySQLElector(mariadb.dsn, name=name, fencing=True) as elector:
+        await (await elector.acquire()).release()  # the table and a row of a previous leader
+        raw = await aiomysql.connect(
+            host=mariadb.host, port=mariadb.port, user="root", db=mariadb.database, autocommit=True
+        )
+        try:
+            async with raw.cursor() as cur:
+                await cur.execute("SELECT GET_LOCK(%s, 0), CONNECTION_ID()", (name,))
+                ((got, holder),) = await cur.fetchall()
+            assert got == 1
+            seen: list[str | None] = []
+            async with anyio.create_task_group() as tg:
+
+                async def ask() -> None:
+                    seen.append(await elector.leader())
+
+                tg.start_soon(ask)
+                await asyncio.sleep(0.1)
+                assert seen == []
+                async with raw.cursor() as cur:
+                    await cur.execute(
+                        "UPDATE aioelect_leaders SET holder = 'late', connection_id = %s WHERE name = %s",
+                        (holder, name),
+                    )
+            assert seen == ["late"]
+            # A holder that never records itself is reported by its connection, after a bound.
+            async with raw.cursor() as cur:
+                await cur.execute("UPDATE aioelect_leaders SET connection_id = 0 WHERE name = %s", (name,))
+            started = time.monotonic()
+            assert (await elector.leader() or "").startswith(f"connection {holder} from 127.0.0.1")
+            assert time.monotonic() - started < 2.0
+        finally:
+            raw.close()
 
 
 async def test_quiet_leader_is_kept_alive_past_wait_timeout(mariadb: MariaDBServer) -> None:

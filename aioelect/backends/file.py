@@ -78,7 +78,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from .._backend import Backend, Backoff, Confirm, Hold, monotonic
+from .._backend import Backend, Backoff, Confirm, Hold, monotonic, until_recorded
 from .._config import positive, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
@@ -685,18 +685,22 @@ class _FileBackend(Backend):
         return False
 
     async def leader(self) -> str | None:
-        await anyio.lowlevel.checkpoint()
-        try:
-            if not self._locked():
-                return None
-            data = self._read()
-        except ElectionError:
-            raise
-        except OSError as exc:
-            raise BackendUnavailable(f"cannot read lock file {self.path}: {exc.strerror or exc!r}") from None
-        if data is None or not isinstance(data.get("identity"), str):
-            return f"unknown holder of {self.path}"
-        return str(data["identity"])
+        async def look() -> tuple[bool, str | None]:
+            await anyio.lowlevel.checkpoint()
+            try:
+                if not self._locked():
+                    return False, None
+                data = self._read()
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot read lock file {self.path}: {exc.strerror or exc!r}") from None
+            identity = data.get("identity") if data is not None else None
+            return True, identity if isinstance(identity, str) else None
+
+        # Only the first leader of a lock file is ever without a record.
+        locked, identity = await until_recorded(look, lambda seen: not seen[0] or seen[1] is not None)
+        if not locked:
+            return None
+        return identity if identity is not None else f"unknown holder of {self.path}"
 
 
 class FileElector(Elector):

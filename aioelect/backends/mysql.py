@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 
-from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic
+from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic, until_recorded
 from .._config import LockTiming, parse_dsn, server_address, tls_from_query, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
@@ -363,19 +363,28 @@ class _MySQLBackend(SessionLockBackend):
         raise AssertionError("unreachable")
 
     async def _leader_on(self, conn: _Connection) -> str | None:
-        holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self.name,), timeout=self.check_timeout)
+        async def look() -> tuple[Any, Any]:
+            holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self.name,), timeout=self.check_timeout)
+            if holder is None:
+                return None, None
+            try:
+                identity = await conn.scalar(
+                    f"SELECT holder FROM {FENCING_TABLE} WHERE name = %s AND connection_id = %s",
+                    (self.name, holder),
+                    timeout=self.check_timeout,
+                )
+            except pymysql.err.MySQLError as exc:
+                if _code(exc) not in (_NO_SUCH_TABLE, 1046):  # 1046: no database selected
+                    raise
+                return holder, None
+            return holder, identity
+
+        if self.fencing:  # candidates that fence record their identity just after taking the lock
+            holder, identity = await until_recorded(look, lambda seen: seen[0] is None or seen[1] is not None)
+        else:
+            holder, identity = await look()
         if holder is None:
             return None
-        try:
-            identity = await conn.scalar(
-                f"SELECT holder FROM {FENCING_TABLE} WHERE name = %s AND connection_id = %s",
-                (self.name, holder),
-                timeout=self.check_timeout,
-            )
-        except pymysql.err.MySQLError as exc:
-            if _code(exc) not in (_NO_SUCH_TABLE, 1046):  # 1046: no database selected
-                raise
-            identity = None
         if identity is not None:
             return str(identity)
         host = await conn.scalar(

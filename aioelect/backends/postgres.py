@@ -39,7 +39,7 @@ from typing import Any
 
 import anyio
 
-from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic
+from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic, until_recorded
 from .._config import LockTiming, parse_dsn, server_address, tls_context, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
@@ -474,18 +474,27 @@ class _PostgresBackend(SessionLockBackend):
         raise AssertionError("unreachable")
 
     async def _leader_on(self, conn: _Connection) -> str | None:
-        row = await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
-        if row is None:
-            return None
-        pid, app, started = row["pid"], row["application_name"], row["backend_start"]
-        if started is not None:
+        async def look() -> tuple[Any, Any]:
+            row = await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
+            if row is None or row["backend_start"] is None:
+                return row, None
             try:
-                holder = await conn.fetchval(_FENCED_HOLDER, self.name, pid, started, timeout=self.check_timeout)
+                holder = await conn.fetchval(
+                    _FENCED_HOLDER, self.name, row["pid"], row["backend_start"], timeout=self.check_timeout
+                )
             except (asyncpg.UndefinedTableError, asyncpg.InsufficientPrivilegeError):
                 holder = None  # no fencing table (yet), or not ours to read
-            if holder is not None:
-                return str(holder)
-        return str(app) if app else f"backend pid {pid}"
+            return row, holder
+
+        if self.fencing:  # candidates that fence record their full identity just after taking the lock
+            row, holder = await until_recorded(look, lambda seen: seen[0] is None or seen[1] is not None)
+        else:
+            row, holder = await look()
+        if row is None:
+            return None
+        if holder is not None:
+            return str(holder)
+        return str(row["application_name"]) if row["application_name"] else f"backend pid {row['pid']}"
 
     def _where(self) -> str:
         return f"{self._connect_args.get('host')}:{self._connect_args.get('port')}"
