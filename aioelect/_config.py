@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 import re
@@ -12,11 +13,14 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 __all__ = [
     "DSN",
     "LockTiming",
+    "is_loopback",
     "parse_dsn",
     "positive",
+    "redact_dsn",
     "server_address",
     "tls_context",
     "tls_from_query",
+    "transport_warning",
     "validate_name",
 ]
 
@@ -45,6 +49,83 @@ def positive(option: str, value: float, *, maximum: float | None = None) -> floa
     if maximum is not None and number > maximum:
         raise ValueError(f"{option} must be at most {maximum:g}, not {value!r}")
     return number
+
+
+# Characters a user name may hold unencoded in a URL (RFC 3986 userinfo without ':').
+_PLAIN_USER_RE = re.compile(r"^[A-Za-z0-9._~%!$&'()*+,;=-]*$")
+
+
+def redact_dsn(text: str) -> str:
+    """``text`` with everything between the first ``://`` and the last ``@`` after it replaced by ``***``.
+
+    Works on text only, so it hides the password of any DSN, including one
+    that does not parse (an unencoded ``#``, ``/``, ``?`` or ``@`` in the
+    password). The user name is kept only when it splits off unambiguously
+    (``user:password@`` with a plain ``user``); everything else in the user
+    information is hidden. Text without ``://`` or without ``@`` after it is
+    returned as it is.
+    """
+    if not isinstance(text, str):
+        text = str(text)
+    start = text.find("://")
+    if start < 0:
+        return text
+    start += 3
+    end = text.rfind("@")
+    if end < start:
+        return text
+    userinfo = text[start:end]
+    user, colon, _ = userinfo.partition(":")
+    shown = f"{user}:***" if colon and user and _PLAIN_USER_RE.match(user) else "***"
+    return f"{text[:start]}{shown}{text[end:]}"
+
+
+def is_loopback(host: str | None) -> bool:
+    """True if ``host`` can only mean this machine.
+
+    That is ``localhost``, an address in 127.0.0.0/8, ``::1`` (with or
+    without brackets, IPv4-mapped too), or a Unix socket path (starting with
+    ``/``). Any other name is assumed to travel over a network.
+    """
+    if not host:
+        return False
+    host = host.strip()
+    if host.startswith("/"):
+        return True
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
+def transport_warning(host: str | None, *, encrypted: bool, verified: bool, fix: str = "") -> str | None:
+    """The WARNING to log once for a connection to ``host``, or None when it needs none.
+
+    None when the host is loopback (see :func:`is_loopback`) or the
+    connection is encrypted with a verified server. Otherwise a sentence
+    saying what an attacker on the network can do, followed by ``fix``
+    (how to turn verification on, in the backend's own option names).
+    """
+    if is_loopback(host) or (encrypted and verified):
+        return None
+    if not encrypted:
+        text = (
+            f"the connection to {host} is not encrypted: the password and every query cross the network "
+            "in clear text, and anyone on the path can read or change them"
+        )
+    else:
+        text = (
+            f"the connection to {host} is encrypted but the server's certificate is not verified: "
+            "anyone on the path can impersonate the server and read the password"
+        )
+    return f"{text} ({fix})" if fix else text
 
 
 @dataclass(frozen=True)
