@@ -155,26 +155,88 @@ class DSN:
         return self.redacted()
 
 
+_ENCODE_HINT = (
+    "percent-encode special characters in the user name, password and database name "
+    "('#' as %23, '@' as %40, '/' as %2F, '?' as %3F, ':' in a user name as %3A, '%' as %25)"
+)
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _ambiguity(rest: str) -> str | None:
+    """Why the text after ``scheme://`` cannot be read one way only, or None. Never quotes the text."""
+    if _CONTROL_RE.search(rest):
+        return "the DSN contains a control character (tab, newline, ...)"
+    if "#" in rest:
+        return "the DSN contains '#', which a URL reads as the start of a fragment that is ignored"
+    authority_end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    ats = rest.count("@")
+    if ats > 1:
+        return "the DSN contains more than one '@', so where the password ends is ambiguous"
+    if ats == 1 and rest.index("@") > authority_end:
+        return "the DSN has an '@' after a '/' or '?', so where the password ends is ambiguous"
+    return None
+
+
+def _port(hostport: str) -> int | str | None:
+    """The port of ``host[:port]`` (or ``[v6]:port``): an int, None when absent, or a message (never quoting it)."""
+    if hostport.startswith("["):
+        _, bracket, after = hostport.partition("]")
+        if not bracket or (after and not after.startswith(":")):
+            return "the DSN's IPv6 address must be written as [address] or [address]:port"
+        text = after[1:] if after else ""
+    else:
+        _, _, text = hostport.rpartition(":") if ":" in hostport else ("", "", "")
+    if not text:
+        return None
+    if not text.isascii() or not text.isdigit() or not 0 < int(text) < 65536:
+        return "the DSN's port must be a number from 1 to 65535"
+    return int(text)
+
+
 def parse_dsn(dsn: str, *schemes: str) -> DSN:
-    """Parse ``dsn``, whose scheme must be one of ``schemes``; raise ValueError (without the password) if malformed."""
+    """Parse ``dsn``, whose scheme must be one of ``schemes``.
+
+    A DSN that could be read more than one way is refused rather than
+    guessed at: a ``#`` (fragment), more than one ``@``, an ``@`` after the
+    first ``/`` or ``?`` (an unencoded ``/`` or ``?`` in the password), a
+    control character, a port that is not a number from 1 to 65535, or a
+    query key given twice. Every ValueError raised here contains no part of
+    the DSN except the scheme and query keys, and chains no exception that
+    does: a password can never leak through it.
+    """
+    shape = f"a DSN must look like {schemes[0]}://user:password@host:port/database"
     if not isinstance(dsn, str) or "://" not in dsn:
-        raise ValueError(f"a DSN must look like {schemes[0]}://user:password@host:port/database")
-    parts = urlsplit(dsn)
-    if parts.scheme not in schemes:
-        raise ValueError(f"DSN scheme must be one of {', '.join(schemes)}, not {parts.scheme!r}")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ValueError("DSN port must be a number from 1 to 65535") from None
-    database = unquote(parts.path.lstrip("/")) or None
+        raise ValueError(shape)
+    scheme, _, rest = dsn.partition("://")
+    if scheme not in schemes:
+        shown = repr(scheme) if re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]{0,20}", scheme) else "something else"
+        raise ValueError(f"DSN scheme must be one of {', '.join(schemes)}, not {shown}")
+    problem = _ambiguity(rest)
+    parts = None
+    if problem is None:
+        try:
+            parts = urlsplit(dsn)
+        except ValueError:
+            problem = "the DSN's host is malformed"
+    port = _port(parts.netloc.rpartition("@")[2]) if parts is not None else None
+    if isinstance(port, str):
+        problem = port
+    if problem is not None or parts is None or isinstance(port, str):
+        # Raised outside any except block: no chained exception can carry the DSN's text.
+        raise ValueError(f"{problem}; {_ENCODE_HINT}")
+    query: dict[str, str] = {}
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in query:
+            raise ValueError(f"DSN parameter {key!r} is given more than once")
+        query[key] = value
     return DSN(
-        scheme=parts.scheme,
+        scheme=scheme,
         host=parts.hostname,
         port=port,
         user=unquote(parts.username) if parts.username is not None else None,
         password=unquote(parts.password) if parts.password is not None else None,
-        database=database,
-        query=dict(parse_qsl(parts.query)),
+        database=unquote(parts.path.lstrip("/")) or None,
+        query=query,
     )
 
 

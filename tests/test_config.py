@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import pytest
 
-from aioelect._config import is_loopback, redact_dsn, transport_warning
+from aioelect._config import is_loopback, parse_dsn, redact_dsn, transport_warning
 
 # --- redaction by text ------------------------------------------------------------
 
@@ -58,3 +60,91 @@ def test_transport_warning_names_what_is_missing() -> None:
     unverified = transport_warning("db.example.com", encrypted=True, verified=False)
     assert unverified is not None and "not verified" in unverified
     assert transport_warning("db.example.com", encrypted=True, verified=True) is None
+
+
+# --- DSNs that do not parse unambiguously -------------------------------------------------
+
+SECRET = "1234#5/6?7@8x"
+
+
+def substrings(secret: str, length: int = 3) -> set[str]:
+    return {secret[i : i + length] for i in range(len(secret) - length + 1)}
+
+
+def assert_no_part_of(secret: str, exc: BaseException) -> None:
+    """Neither the error nor anything chained to it shows 3 characters in a row of ``secret``."""
+    seen: BaseException | None = exc
+    texts = []
+    while seen is not None:
+        texts += [str(seen), repr(seen)]
+        seen = seen.__cause__ or seen.__context__
+    for text in texts:
+        leaked = [part for part in substrings(secret) if part in text]
+        assert not leaked, f"{text!r} shows {leaked}"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "secret", "why"),
+    [
+        # '#' starts a fragment: read as host root, port 1234.
+        ("mysql://root:1234#5@db/app", "1234#5", "#"),
+        ("mysql://root:Xq9Zw#@db/app", "Xq9Zw#", "#"),
+        # '/' ends the authority early: the rest is read as the path.
+        ("mysql://root:abc/def@db/app", "abc/def", "@"),
+        # '?' starts the query early.
+        ("mysql://root:abc?def@db/app", "abc?def", "@"),
+        # A second '@' in the authority.
+        ("mysql://root:abc@def@db/app", "abc@def", "@"),
+        ("mysql://ro@ot:abcdef@db/app", "abcdef", "@"),
+        # An '@' after the authority.
+        ("postgresql://root:abcdef@db/app@other", "abcdef", "@"),
+        (f"mysql://root:{SECRET}@db:3306/app", SECRET, "percent-encode"),
+        # A control character (urlsplit would silently drop a tab or newline).
+        ("mysql://root:abc\tdef@db/app", "abc\tdef", "control"),
+    ],
+)
+def test_ambiguous_dsn_is_refused_without_showing_the_password(dsn: str, secret: str, why: str) -> None:
+    with pytest.raises(ValueError, match="percent-encode") as info:
+        parse_dsn(dsn, "mysql", "postgresql")
+    assert why in str(info.value)
+    assert_no_part_of(secret, info.value)
+
+
+@pytest.mark.parametrize(
+    "dsn", ["mysql://root:abcdef@db:qwxz/app", "mysql://root:abcdef@db:99999/app", "mysql://root:abcdef@db:-1/app"]
+)
+def test_bad_port_is_refused_without_showing_the_password(dsn: str) -> None:
+    with pytest.raises(ValueError, match="port") as info:
+        parse_dsn(dsn, "mysql")
+    assert_no_part_of("abcdef", info.value)
+    assert_no_part_of("qwxz", info.value)
+
+
+def test_duplicate_query_keys_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"ssl_mode.*more than once"):
+        parse_dsn("mysql://db/app?ssl_mode=DISABLED&ssl_mode=VERIFY_IDENTITY", "mysql")
+
+
+def test_percent_encoded_password_parses_exactly() -> None:
+    parsed = parse_dsn(f"mysql://r%40ot:{quote(SECRET, safe='')}@db:3306/app?ssl_mode=DISABLED", "mysql")
+    assert (parsed.user, parsed.password, parsed.host, parsed.port, parsed.database) == (
+        "r@ot",
+        SECRET,
+        "db",
+        3306,
+        "app",
+    )
+    assert parsed.query == {"ssl_mode": "DISABLED"}
+    assert SECRET not in repr(parsed) and SECRET not in str(parsed)
+    # A ':' in the password is unambiguous: the user ends at the first one.
+    assert parse_dsn("mysql://root:a:b@db/app", "mysql").password == "a:b"
+    assert parse_dsn("postgresql://[::1]:5433/app", "postgresql").port == 5433
+
+
+def test_dsn_shape_errors_do_not_echo_the_dsn() -> None:
+    with pytest.raises(ValueError, match="scheme") as info:
+        parse_dsn("postgres://root:abcdef@db/app", "mysql")
+    assert_no_part_of("abcdef", info.value)
+    with pytest.raises(ValueError, match="DSN") as info:
+        parse_dsn("root:abcdef@db/app", "mysql")
+    assert_no_part_of("abcdef", info.value)

@@ -97,3 +97,29 @@ async def test_password_never_appears_in_logs_reprs_or_errors(
     text = "\n".join(seen)
     assert "Access denied" in text  # the failures were captured...
     assert PASSWORD not in text  # ...and the password never was
+
+
+# --- passwords with URL delimiters --------------------------------------------------------
+
+ODD_PASSWORD = "12#34/5?6@7:8%9 x"
+
+
+async def test_percent_encoded_password_with_url_delimiters_connects(mariadb: MariaDBServer) -> None:
+    target = mariadb.create_user("odd_user", ODD_PASSWORD)  # the harness percent-encodes it
+    async with MySQLElector(target, name=unique_name(), fencing=True, identity="odd-leader") as elector:
+        with anyio.fail_after(10):
+            lead = await elector.acquire()
+        assert lead.held and await elector.leader() == "odd-leader"
+        await lead.release()
+
+
+@pytest.mark.parametrize("raw", ["1234#5", "ab/cd", "ab?cd", "ab@cd"])
+def test_unencoded_delimiter_in_password_is_refused_without_showing_it(mariadb: MariaDBServer, raw: str) -> None:
+    target = f"mysql://root:{raw}@127.0.0.1:{mariadb.port}/{mariadb.database}"
+    with pytest.raises(ValueError, match="percent-encode") as info:
+        MySQLElector(target, name=unique_name())
+    chained: BaseException | None = info.value
+    while chained is not None:
+        for part in (raw[i : i + 3] for i in range(len(raw) - 2)):
+            assert part not in str(chained) and part not in repr(chained)
+        chained = chained.__cause__ or chained.__context__
