@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import math
 import os
 import re
 import secrets
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import anyio
 
 from ._backend import Backend, Hold, monotonic
+from ._config import positive
 from ._errors import ElectionError, LeadershipLost
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
@@ -28,6 +30,9 @@ _E = TypeVar("_E", bound="Elector")
 _IDENTITY_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
 #: Upper bound on a backend release, so that closing never hangs on a dead server.
 RELEASE_TIMEOUT = 5.0
+#: While a voluntary release waits for leader work that ignores cancellation,
+#: the ERROR saying so is repeated this often (seconds).
+STILL_RUNNING_LOG_INTERVAL = 10.0
 
 
 def default_identity() -> str:
@@ -40,6 +45,18 @@ def validate_identity(identity: str) -> str:
     if not isinstance(identity, str) or not _IDENTITY_RE.match(identity):
         raise ValueError("identity must be 1 to 128 printable ASCII characters, not starting with a space")
     return identity
+
+
+async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
+    """Return as soon as one of ``waits`` returns; the others are cancelled."""
+    async with anyio.create_task_group() as tg:
+
+        async def one(wait: Callable[[], Awaitable[object]]) -> None:
+            await wait()
+            tg.cancel_scope.cancel()
+
+        for wait in waits:
+            tg.start_soon(one, wait)
 
 
 class _State(enum.Enum):
@@ -69,11 +86,23 @@ class Leadership:
       monotonic clock, so even before the background keeper has run).
     * Leadership is released when the task that acquired it finishes, when
       :meth:`release` is called, or when the elector is closed, whichever is
-      first. Work registered through :func:`leadership` or
-      :meth:`Elector.run` has stopped before the backend lets go.
+      first.
+    * On a release, work registered through :func:`leadership` or
+      :meth:`Elector.run` is cancelled and has stopped before the backend lets
+      go. Work that ignores cancellation for longer than ``stop_timeout``
+      keeps the lock held (and confirmed) until it stops: an ERROR is logged
+      at ``stop_timeout`` and every :data:`STILL_RUNNING_LOG_INTERVAL` seconds
+      after. A loss during that wait ends the leadership as a loss.
     * On loss, ``lost`` becomes True and :meth:`wait_lost` returns first; the
-      registered work is then cancelled and awaited (at most ``stop_timeout``
-      seconds), and only then is the backend told to release.
+      registered work is then cancelled and awaited for at most
+      ``stop_timeout`` seconds, and then the backend is told to release (the
+      lock may already belong to someone else). Work still running then is
+      logged as an ERROR and stays cancelled.
+    * A task that ends as soon as :meth:`Elector.acquire` returns (one made by
+      ``asyncio.wait_for()`` on Python 3.10 and 3.11, or by
+      ``create_task(elector.acquire())``) cannot hold leadership for anyone:
+      the leadership is lost at once, with an ERROR and a ``lost_reason`` that
+      name the cause and the fix. Never a silent release.
     """
 
     def __init__(self, elector: Elector, hold: Hold, log: ElectionLog) -> None:
@@ -85,6 +114,8 @@ class Leadership:
         self._lost_reason: str | None = None
         self._lost = anyio.Event()
         self._release_requested = anyio.Event()
+        # Set on a release request or a loss: the keeper stops the work, then lets go.
+        self._ending = anyio.Event()
         self._released = False
         self._done = anyio.Event()
         self._work: list[_Work] = []
@@ -143,11 +174,15 @@ class Leadership:
 
         Returns once the backend has let go (or gave up trying after a bounded
         time: a connection that is gone has released the lock by itself).
-        Cancelling the caller does not interrupt the release.
+        Registered work is cancelled first; work that ignores cancellation
+        past ``stop_timeout`` is waited for, lock held, for as long as it runs
+        (logged as an ERROR). Cancelling the caller does not interrupt the
+        release.
         """
         if not self._release_requested.is_set():
             self._releaser = asyncio.current_task()
             self._release_requested.set()
+            self._ending.set()
         with anyio.CancelScope(shield=True):
             await self._done.wait()
 
@@ -170,8 +205,25 @@ class Leadership:
         self._keeper = asyncio.get_running_loop().create_task(self._keep(), name=f"aioelect-keeper-{self.identity}")
         self._keeper.add_done_callback(self._keeper_done)
 
-    def _owner_done(self, _task: asyncio.Task[Any]) -> None:
+    def _owner_done(self, task: asyncio.Task[Any]) -> None:
+        if (
+            not self._release_requested.is_set()
+            and self._lost_reason is None
+            and not task.cancelled()
+            and task.exception() is None
+            and task.result() is self
+        ):
+            # The task existed only to run acquire(): nobody is left to hold the leadership for.
+            reason = (
+                f"the task that acquired this leadership ({task.get_name()}) ended as soon as acquire() returned, "
+                "which ends the leadership: asyncio.wait_for() on Python 3.10 and 3.11, and "
+                "create_task(elector.acquire()), run acquire() in a task of its own. Bound acquire() in the task "
+                "that leads instead: acquire(timeout=...), asyncio.timeout() or anyio.fail_after()"
+            )
+            self._log.error("%s", reason)
+            self._mark_lost(reason)
         self._release_requested.set()
+        self._ending.set()
 
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
@@ -196,62 +248,84 @@ class Leadership:
 
     # --- the keeper --------------------------------------------------------------
 
+    def _mark_lost(self, reason: str) -> None:
+        if self._lost_reason is not None or self._released:
+            return
+        self._lost_reason = reason
+        self._lost.set()
+        self._ending.set()
+        self._log.warning("leadership lost (%s); token=%s", reason, self.token)
+        self._elector._emit("lost", token=self.token, reason=reason)
+
     async def _keep(self) -> None:
         try:
-            reason = await self._watch()
-            if reason is not None:
-                self._lost_reason = reason
-                self._lost.set()
-                self._log.warning("leadership lost (%s); token=%s", reason, self.token)
-                self._elector._emit("lost", token=self.token, reason=reason)
-            await self._stop_work()
+            # Loss is watched for until the backend is told to let go, including while work stops.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._until_lost)
+                tg.start_soon(self._until_deadline)
+                await self._ending.wait()
+                await self._stop_work()
+                tg.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
                 await self._release_backend()
 
-    async def _watch(self) -> str | None:
-        """Wait for a loss (return its reason) or a release request (return None)."""
-        outcome: list[str | None] = []
+    async def _until_lost(self) -> None:
+        try:
+            reason = await self._hold.monitor(self._confirm)
+        except Exception as exc:  # a backend fault is a loss, never a crash
+            reason = f"monitor failed: {exc!r}"
+        self._mark_lost(reason)
 
-        async def until_lost(tg: anyio.abc.TaskGroup) -> None:
-            try:
-                reason = await self._hold.monitor(self._confirm)
-            except Exception as exc:  # a backend fault is a loss, never a crash
-                reason = f"monitor failed: {exc!r}"
-            outcome.append(reason)
-            tg.cancel_scope.cancel()
-
-        async def until_deadline(tg: anyio.abc.TaskGroup) -> None:
-            if self._deadline is None:
-                await anyio.sleep_forever()
-            assert self._deadline is not None
-            # Confirmations move the deadline, so sleep to it again until it holds.
-            while (left := self._confirmed_at + self._deadline - monotonic()) > 0:  # noqa: ASYNC110
-                await anyio.sleep(left)
-            outcome.append(f"renew deadline of {self._deadline:g}s exceeded without confirmation")
-            tg.cancel_scope.cancel()
-
-        async def until_released(tg: anyio.abc.TaskGroup) -> None:
-            await self._release_requested.wait()
-            outcome.append(None)
-            tg.cancel_scope.cancel()
-
-        async with anyio.create_task_group() as tg:
-            for watcher in (until_lost, until_deadline, until_released):
-                tg.start_soon(watcher, tg)
-        return outcome[0] if outcome else None
+    async def _until_deadline(self) -> None:
+        if self._deadline is None:
+            return
+        # Confirmations move the deadline, so sleep to it again until it holds.
+        while (left := self._confirmed_at + self._deadline - monotonic()) > 0:  # noqa: ASYNC110
+            await anyio.sleep(left)
+        self._mark_lost(f"renew deadline of {self._deadline:g}s exceeded without confirmation")
 
     async def _stop_work(self) -> None:
         # A task that called release() from inside its own work cannot wait for itself.
         pending = [w for w in self._work if w.task is not self._releaser]
         for work in pending:
             work.scope.cancel()
-        timeout = self._elector._stop_timeout
-        with anyio.move_on_after(timeout) as scope:
+        if not pending:
+            return
+
+        async def all_stopped() -> None:
             for work in pending:
                 await work.done.wait()
-        if scope.cancelled_caught:
-            self._log.error("leader work did not stop within %gs; releasing anyway", timeout)
+
+        cancelled_at = monotonic()
+        timeout = self._elector._stop_timeout
+        with anyio.move_on_after(timeout):
+            await all_stopped()
+        if self._lost_reason is None and not all(w.done.is_set() for w in pending):
+            # A voluntary release: the lock is still ours, so keep it rather than let a new leader
+            # start beside work that is still running.
+            self._log.error(
+                "leader work ignored cancellation for %gs (stop_timeout); keeping the lock until it stops",
+                timeout,
+            )
+            while self._lost_reason is None and not all(w.done.is_set() for w in pending):
+                with anyio.move_on_after(STILL_RUNNING_LOG_INTERVAL):
+                    await _first(all_stopped, self._lost.wait)
+                if self._lost_reason is None and not all(w.done.is_set() for w in pending):
+                    self._log.error(
+                        "leader work still running %.1fs after it was cancelled; keeping the lock until it stops",
+                        monotonic() - cancelled_at,
+                    )
+            if self._lost_reason is None:
+                self._log.warning("leader work stopped %.1fs after it was cancelled", monotonic() - cancelled_at)
+                return
+        if not all(w.done.is_set() for w in pending):
+            self._log.error(
+                "leader work still running %.1fs after it was cancelled, and leadership is lost (%s): releasing; "
+                "that work goes on without leadership until it stops (it stays cancelled)",
+                monotonic() - cancelled_at,
+                self._lost_reason,
+            )
 
     async def _release_backend(self) -> None:
         if self._owner is not None:
@@ -277,9 +351,11 @@ class Elector:
     Guarantees, for every backend:
 
     * :meth:`acquire` returns only once this candidate leads; cancelling it
-      leaves no lock, key, connection or task behind.
+      (or its ``timeout`` running out) leaves no lock, key, connection or
+      task behind.
     * One campaign or leadership at a time per elector; after a release the
-      same elector may campaign again.
+      same elector may campaign again, even while the previous leadership is
+      still being let go (:meth:`acquire` waits for that first).
     * Leadership is released when the acquiring task finishes, on
       :meth:`Leadership.release`, or on :meth:`aclose`; release is idempotent.
     * Loss is detected in the background and self-fencing applies (see
@@ -336,13 +412,50 @@ class Elector:
         """True while this elector holds a leadership that is :attr:`Leadership.held`."""
         return self._leadership is not None and self._leadership.held
 
-    async def acquire(self) -> Leadership:
+    # A timeout argument here, not only a scope around the call: asyncio.wait_for() on
+    # Python 3.10 and 3.11 would bind the leadership to a task of its own.
+    async def acquire(self, timeout: float | None = None) -> Leadership:  # noqa: ASYNC109
         """Campaign and return once this candidate is the leader.
+
+        The leadership is bound to the task that calls ``acquire()``: it is
+        released when that task ends. If a release of this elector's previous
+        leadership is still in progress (the acquiring task ended, or
+        :meth:`Leadership.release` was called elsewhere), waits for the
+        backend to let go first, then campaigns.
+
+        ``timeout`` (seconds) bounds the whole call: the built-in
+        :class:`TimeoutError` is raised if this candidate is not leader by
+        then, leaving nothing behind. Unlike ``asyncio.wait_for()`` on Python
+        3.10 and 3.11 it keeps the leadership bound to the caller, as
+        ``asyncio.timeout()`` and ``anyio.fail_after()`` do.
 
         Raises :class:`ElectionError` if this elector is already campaigning,
         leading or closed, or for a permanent backend error. Transient server
         errors are retried with backoff while campaigning.
         """
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+                raise ValueError(f"timeout must be a number of seconds, not {timeout!r}")
+            timeout = positive("timeout", timeout)
+        started = monotonic()
+        hold: Hold | None = None
+        with anyio.move_on_after(timeout if timeout is not None else math.inf):
+            hold = await self._campaign()
+        if hold is None:
+            raise TimeoutError(f"not leader of {self.name} within {timeout:g}s")
+        lead = Leadership(self, hold, self._log)
+        self._leadership = lead
+        self._state = _State.LEADING
+        lead._start(asyncio.current_task())
+        waited = monotonic() - started
+        self._log.info("leadership acquired after %.3fs; token=%s", waited, lead.token)
+        self._emit("acquired", token=lead.token, wait=waited)
+        return lead
+
+    async def _campaign(self) -> Hold:
+        # The previous leadership may still be letting go: the lock is ours until it has.
+        while (previous := self._leadership) is not None and self._state is _State.LEADING and not previous.held:
+            await previous._done.wait()
         if self._state is not _State.IDLE:
             raise ElectionError(f"acquire() on an elector that is {self._state.value}")
         if not self._timing_logged:
@@ -350,7 +463,6 @@ class Elector:
             self._log.info("campaigning; %s", self._backend.describe_timing())
         self._state = _State.CAMPAIGNING
         self._emit("campaigning")
-        started = monotonic()
         try:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
@@ -367,14 +479,7 @@ class Elector:
             with anyio.CancelScope(shield=True):
                 await hold.release()
             raise ElectionError("elector closed while campaigning")
-        lead = Leadership(self, hold, self._log)
-        self._leadership = lead
-        self._state = _State.LEADING
-        lead._start(asyncio.current_task())
-        waited = monotonic() - started
-        self._log.info("leadership acquired after %.3fs; token=%s", waited, lead.token)
-        self._emit("acquired", token=lead.token, wait=waited)
-        return lead
+        return hold
 
     def _ended(self, lead: Leadership) -> None:
         if self._leadership is lead:

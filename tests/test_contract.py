@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 
 import anyio
@@ -356,4 +357,164 @@ async def test_release_stops_work_before_the_lock_goes(case: BackendCase) -> Non
         assert work_stopped and work_stopped[0] <= took_over
         task.cancel()  # it may have ended already: its work scope was cancelled by the release
         with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_acquire_right_after_the_owner_task_ends(case: BackendCase) -> None:
+    # The keeper may still be letting go on the backend: acquire() waits for that, then campaigns.
+    async with case.make(unique_name()) as elector:
+        for _ in range(3):
+            got = asyncio.Event()
+            leads: list[Leadership] = []
+
+            async def hold(leads: list[Leadership] = leads, got: asyncio.Event = got) -> None:
+                leads.append(await elector.acquire())
+                got.set()
+                await asyncio.sleep(3600)
+
+            task = asyncio.create_task(hold())
+            with anyio.fail_after(10):
+                await got.wait()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            assert not leads[0].held
+            with anyio.fail_after(10):
+                again = await elector.acquire()
+            assert again.held and not leads[0].held
+            assert not leads[0].lost
+            if leads[0].token is not None and again.token is not None:
+                assert again.token > leads[0].token
+            await again.release()
+
+
+async def test_acquire_right_after_release_is_requested(case: BackendCase) -> None:
+    async with case.make(unique_name()) as elector:
+        for _ in range(3):
+            lead = await elector.acquire()
+            releasing = asyncio.create_task(lead.release())
+            await asyncio.sleep(0)  # the release has started but the backend has not let go yet
+            assert not lead.held
+            with anyio.fail_after(10):
+                again = await elector.acquire()
+            assert releasing.done(), "the new leadership began before the old one was let go"
+            assert again.held and not lead.held and not lead.lost
+            await again.release()
+
+
+async def test_acquire_still_refused_while_leading(case: BackendCase) -> None:
+    async with case.make(unique_name()) as elector:
+        lead = await elector.acquire()
+        with pytest.raises(ElectionError, match="leading"):
+            await elector.acquire()
+        with pytest.raises(ElectionError, match="leading"):
+            await elector.acquire(timeout=1)
+        assert lead.held
+        await lead.release()
+
+
+@requires("exclusive")
+async def test_acquire_timeout_leaves_nothing_and_keeps_the_binding(case: BackendCase) -> None:
+    name = unique_name()
+    async with case.make(name) as a, case.make(name) as b:
+        lead = await a.acquire()
+        before = await case.leftovers() if case.leftovers else None
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="not leader"):
+                await b.acquire(timeout=0.4)
+            assert 0.4 <= time.monotonic() - started < 3
+            assert not b.leading
+        if case.leftovers is not None:
+            assert before is not None
+            await wait_until_async(case.leftovers, before)
+        assert lead.held
+        await lead.release()
+        lead_b = await b.acquire(timeout=10)
+        await asyncio.sleep(0.1)  # the keeper has run: the leadership is bound to this task, not released
+        assert lead_b.held and not lead_b.lost
+        await lead_b.release()
+
+
+def stubborn_work(
+    elector: Elector, leads: list[Leadership], inside: asyncio.Event, stopped: list[float], cleanup: float
+) -> asyncio.Task[None]:
+    """Leader work whose cleanup ignores cancellation for ``cleanup`` seconds."""
+
+    async def work() -> None:
+        async with leadership(elector) as lead:
+            leads.append(lead)
+            inside.set()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.sleep(cleanup)
+                stopped.append(time.monotonic())
+
+    return asyncio.create_task(work())
+
+
+@requires("exclusive")
+async def test_voluntary_release_keeps_the_lock_until_stubborn_work_stops(
+    case: BackendCase, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("aioelect._elector.STILL_RUNNING_LOG_INTERVAL", 0.3, raising=False)
+    name = unique_name()
+    async with case.make(name, stop_timeout=0.2) as a, case.make(name) as b:
+        leads: list[Leadership] = []
+        inside = asyncio.Event()
+        stopped: list[float] = []
+        task = stubborn_work(a, leads, inside, stopped, cleanup=1.5)
+        with anyio.fail_after(10):
+            await inside.wait()
+        won: list[float] = []
+
+        async def follow() -> None:
+            lead = await b.acquire()
+            won.append(time.monotonic())
+            await lead.wait_lost()
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0.2)
+        with anyio.fail_after(15):
+            await leads[0].release()
+        assert stopped, "release() returned before the leader work stopped"
+        await wait_until(lambda: bool(won))
+        assert won[0] >= stopped[0], "the follower led while the old leader's work still ran"
+        assert not leads[0].lost
+        errors = [r.getMessage() for r in caplog.records if r.name == "aioelect" and r.levelno >= logging.ERROR]
+        keeping = [m for m in errors if "keeping the lock" in m]
+        assert len(keeping) >= 2, errors  # once at stop_timeout, then again while it waits
+        follower.cancel()
+        for t in (follower, task):
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
+@requires("depose")
+async def test_loss_while_waiting_for_stubborn_work_ends_leadership_as_a_loss(
+    case: BackendCase, caplog: pytest.LogCaptureFixture
+) -> None:
+    if case.depose is None:
+        pytest.skip("an external server (AIOELECT_*_DSN) cannot be faulted")
+    async with case.make(unique_name(), stop_timeout=0.2) as elector:
+        leads: list[Leadership] = []
+        inside = asyncio.Event()
+        stopped: list[float] = []
+        task = stubborn_work(elector, leads, inside, stopped, cleanup=8)
+        with anyio.fail_after(10):
+            await inside.wait()
+        releasing = asyncio.create_task(leads[0].release())
+        await asyncio.sleep(0.5)
+        assert not releasing.done(), "released while the work still ran"
+        await case.depose(elector)
+        with anyio.fail_after(6):
+            await releasing
+        assert not stopped, "the work stopped early: nothing was tested"
+        assert leads[0].lost and leads[0].lost_reason
+        errors = [r.getMessage() for r in caplog.records if r.name == "aioelect" and r.levelno >= logging.ERROR]
+        assert any("without leadership" in m for m in errors), errors
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, LeadershipLost):
             await task
