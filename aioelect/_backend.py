@@ -32,7 +32,10 @@ class Hold(abc.ABC):
 
     #: Fencing token of this leadership, or None when the backend has none.
     token: int | None = None
-    #: Monotonic time at which the campaign step that won was sent.
+    #: Monotonic time from which the leadership is dated: when a statement
+    #: that proved it held was *sent* (the server ran it later). The renew
+    #: deadline starts here, so it must not be older than the grant by more
+    #: than the backend's timing allows (see LockTiming's ``dated_after_grant``).
     acquired_at: float = 0.0
 
     @abc.abstractmethod
@@ -129,7 +132,9 @@ class SessionLockBackend(Backend):
     def __init__(self, name: str, timing: LockTiming) -> None:
         super().__init__(name)
         self.timing = timing
-        self.poll_interval = self.observe_interval = timing.poll_interval
+        self.poll_interval = timing.poll_interval
+        # leader() polls at least 0.1 s apart, whatever poll_interval is.
+        self.observe_interval = max(timing.poll_interval, 0.1)
         self.check_interval = timing.check_interval
         self.check_timeout = timing.check_timeout
         self.connect_timeout = timing.connect_timeout

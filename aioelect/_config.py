@@ -273,23 +273,46 @@ def tls_context(
     return context
 
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off"}
+_MYSQL_TLS_KEYS = ("ssl-mode", "ssl-ca", "ssl-cert", "ssl-key")
+_MYSQL_SSL_MODES = ("DISABLED", "REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY")
 
 
 def tls_from_query(query: dict[str, str]) -> ssl.SSLContext | None:
-    """The TLS context a DSN's query asks for, or None.
+    """The TLS context a MySQL DSN's query asks for, or None for a plaintext connection.
 
-    Understood: ``ssl-mode`` (DISABLED, REQUIRED, VERIFY_CA, VERIFY_IDENTITY;
-    default VERIFY_IDENTITY when any file is given), ``ssl-ca``, ``ssl-cert``,
-    ``ssl-key``.
+    Read, each in MySQL's spelling (``ssl-mode``) or PyMySQL's and
+    SQLAlchemy's (``ssl_mode``): ``ssl-mode`` (DISABLED, REQUIRED, VERIFY_CA,
+    VERIFY_IDENTITY, any case; VERIFY_IDENTITY when only files are given),
+    ``ssl-ca``, ``ssl-cert``, ``ssl-key``. Any other key, a key given in both
+    spellings, ``PREFERRED`` (it falls back to plaintext without a word and
+    never verifies the server) and ``DISABLED`` together with files are
+    ValueErrors that name the key.
     """
-    mode = query.get("ssl-mode", "").upper()
-    ca, cert, key = query.get("ssl-ca"), query.get("ssl-cert"), query.get("ssl-key")
-    if mode == "DISABLED" or (not mode and not (ca or cert)):
+    found: dict[str, str] = {}
+    for given, value in query.items():
+        canonical = given.replace("_", "-")
+        if canonical not in _MYSQL_TLS_KEYS:
+            accepted = ", ".join(f"{k} (or {k.replace('-', '_')})" for k in _MYSQL_TLS_KEYS)
+            raise ValueError(f"unsupported DSN parameter {given!r}; accepted: {accepted}")
+        if canonical in found:
+            raise ValueError(f"DSN parameter {canonical} is given in both spellings ({canonical} and {given})")
+        found[canonical] = value
+    mode = found.get("ssl-mode", "").upper()
+    ca, cert, key = found.get("ssl-ca"), found.get("ssl-cert"), found.get("ssl-key")
+    if mode == "PREFERRED":
+        raise ValueError(
+            "ssl-mode=PREFERRED is refused: it falls back to plaintext when the server offers no TLS, and it never "
+            "verifies the server; use VERIFY_IDENTITY (with ssl-ca for a private CA), or REQUIRED (encrypted, "
+            "server not verified) or DISABLED to say what you give up"
+        )
+    if mode and mode not in _MYSQL_SSL_MODES:
+        raise ValueError(f"ssl-mode must be one of {', '.join(_MYSQL_SSL_MODES)}, not {found['ssl-mode']!r}")
+    if mode == "DISABLED":
+        if ca or cert or key:
+            raise ValueError("ssl-mode=DISABLED contradicts ssl-ca, ssl-cert and ssl-key: remove one or the other")
         return None
-    if mode and mode not in ("REQUIRED", "VERIFY_CA", "VERIFY_IDENTITY"):
-        raise ValueError(f"ssl-mode must be DISABLED, REQUIRED, VERIFY_CA or VERIFY_IDENTITY, not {mode!r}")
+    if not mode and not (ca or cert or key):
+        return None
     mode = mode or "VERIFY_IDENTITY"
     return tls_context(ca=ca, cert=cert, key=key, verify=mode != "REQUIRED", verify_identity=mode == "VERIFY_IDENTITY")
 
@@ -300,7 +323,11 @@ class LockTiming:
 
     Guarantees ``check_interval + check_timeout <= renew_deadline < lease``:
     a healthy leader confirms before its deadline, and a silent one stops
-    before the server can drop its session and hand the lock on.
+    before the server can drop its session and hand the lock on. For a
+    backend that dates a new leadership from its lock request (which waits
+    on the server for up to ``poll_interval`` before the grant), also
+    ``poll_interval + check_interval + check_timeout <= renew_deadline``:
+    a candidate that waited long must not win and lose at once.
     """
 
     poll_interval: float
@@ -323,10 +350,15 @@ class LockTiming:
         server_timeout: str,
         min_lease: float,
         whole_lease: bool,
+        dated_after_grant: bool = False,
     ) -> LockTiming:
         """Validate the options (ValueError saying why); ``renew_deadline`` defaults to 0.7 * lease.
 
         ``server_timeout`` names the server setting ``lease`` becomes.
+        ``dated_after_grant`` says the backend dates a new leadership from a
+        statement sent after the lock was granted; otherwise it is dated from
+        the lock request, and ``poll_interval`` must leave room for the first
+        confirmation before the renew deadline.
         """
         if isinstance(lease, bool):
             raise ValueError(f"lease must be a number of seconds, not {lease!r}")
@@ -348,8 +380,17 @@ class LockTiming:
                 f"check_interval + check_timeout ({check_interval + check_timeout:g}s) must not exceed "
                 f"renew_deadline ({deadline:g}s): otherwise a healthy leader would fence itself"
             )
+        poll_interval = positive("poll_interval", poll_interval, maximum=3600)
+        first_check = poll_interval + check_interval + check_timeout
+        if not dated_after_grant and first_check > deadline:
+            raise ValueError(
+                f"poll_interval + check_interval + check_timeout ({first_check:g}s) must not exceed renew_deadline "
+                f"({deadline:g}s): a leadership is dated from its lock request, which can wait up to poll_interval "
+                "before it is granted, so a candidate that waited that long would win and lose at once; "
+                "lower poll_interval or raise lease"
+            )
         return cls(
-            poll_interval=positive("poll_interval", poll_interval, maximum=3600),
+            poll_interval=poll_interval,
             check_interval=check_interval,
             check_timeout=check_timeout,
             connect_timeout=positive("connect_timeout", connect_timeout),

@@ -6,7 +6,7 @@ from urllib.parse import quote
 
 import pytest
 
-from aioelect._config import is_loopback, parse_dsn, redact_dsn, transport_warning
+from aioelect._config import LockTiming, is_loopback, parse_dsn, redact_dsn, transport_warning
 
 # --- redaction by text ------------------------------------------------------------
 
@@ -148,3 +148,34 @@ def test_dsn_shape_errors_do_not_echo_the_dsn() -> None:
     with pytest.raises(ValueError, match="DSN") as info:
         parse_dsn("root:abcdef@db/app", "mysql")
     assert_no_part_of("abcdef", info.value)
+
+
+# --- lock timing ---------------------------------------------------------------------------
+
+
+def timing(**kw: object) -> LockTiming:
+    options: dict[str, object] = {
+        "poll_interval": 2.0,
+        "check_interval": 1.0,
+        "check_timeout": 2.0,
+        "connect_timeout": 5.0,
+        "lease": 10.0,
+        "renew_deadline": None,
+        "server_timeout": "wait_timeout",
+        "min_lease": 2,
+        "whole_lease": False,
+    }
+    return LockTiming.checked(**{**options, **kw})  # type: ignore[arg-type]
+
+
+def test_leadership_dated_from_the_request_needs_poll_interval_within_the_deadline() -> None:
+    """poll_interval=10, lease=10: dated from its request, a candidate that waited 10 s would start expired."""
+    with pytest.raises(ValueError, match=r"poll_interval \+ check_interval \+ check_timeout \(13s\).*win and lose"):
+        timing(poll_interval=10, lease=10)
+    with pytest.raises(ValueError, match="renew_deadline"):
+        timing(poll_interval=4.5)  # 4.5 + 1 + 2 > 7
+    assert timing(poll_interval=4).poll_interval == 4  # 4 + 1 + 2 = 7: the first check still fits
+
+
+def test_leadership_dated_after_the_grant_allows_any_poll_interval() -> None:
+    assert timing(poll_interval=10, lease=10, dated_after_grant=True).renew_deadline == 7

@@ -127,6 +127,49 @@ async def test_follower_polls_once_per_interval_on_one_connection(mariadb: Maria
         await lead.release()
 
 
+async def test_follower_that_waited_past_its_deadline_keeps_the_leadership_it_wins(mariadb: MariaDBServer) -> None:
+    """A follower whose lock request waited longer than renew_deadline still leads after winning.
+
+    The leadership is dated from a confirmation sent after the grant, not from
+    the request: dated from the request, it would start expired and be lost at once.
+    """
+    name = unique_name()
+    timing = {"lease": 4, "check_interval": 0.3, "check_timeout": 0.7, "poll_interval": 4}  # renew_deadline 2.8 s
+    async with MySQLElector(mariadb.dsn, name=name) as a, MySQLElector(mariadb.dsn, name=name, **timing) as b:
+        lead_a = await a.acquire()
+        follower = Follower(b)
+        await asyncio.sleep(3.2)  # b's GET_LOCK(name, 4) has been waiting longer than its 2.8 s deadline
+        await lead_a.release()
+        lead_b = await follower.wait(5)
+        won = time.monotonic()
+        await asyncio.sleep(0.5)
+        assert lead_b.held, f"won and lost at once: {lead_b.lost_reason}"
+        await asyncio.sleep(won + 2.8 + 0.5 - time.monotonic())  # past the first renew deadline
+        assert lead_b.held, lead_b.lost_reason
+        await follower.close()
+
+
+async def test_tiny_poll_interval_is_no_busy_loop(mariadb: MariaDBServer) -> None:
+    """A server may return GET_LOCK(name, t) at once for a small t (MySQL truncates it to whole seconds)."""
+    name = unique_name()
+    async with (
+        MySQLElector(mariadb.dsn, name=name) as leader,
+        MySQLElector(mariadb.dsn, name=name, poll_interval=0.001) as follower,
+    ):
+        lead = await leader.acquire()
+        task = asyncio.create_task(follower.acquire())
+        await asyncio.sleep(0.3)
+        selects = status(mariadb, "Com_select")
+        await asyncio.sleep(2.0)
+        polls = status(mariadb, "Com_select") - selects
+        # At most one GET_LOCK a second (plus slack), 2 checks by the leader, 1 for us.
+        assert polls <= 3 + 2 + 1 + 2, f"{polls} SELECTs in 2 s"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await lead.release()
+
+
 async def test_follower_takes_over_when_leader_connection_is_killed(mariadb: MariaDBServer) -> None:
     name = unique_name()
     async with MySQLElector(mariadb.dsn, name=name) as a, MySQLElector(mariadb.dsn, name=name) as b:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Iterator
 from urllib.parse import quote
 
@@ -29,13 +30,15 @@ def tls_mariadb(certs: Certificates) -> Iterator[MariaDBServer]:
         raise
     server.create_user("tls_user", PASSWORD)
     server.query("ALTER USER 'tls_user'@'%' REQUIRE X509", database="")
+    server.create_user("ssl_user", PASSWORD)
+    server.query("ALTER USER 'ssl_user'@'%' REQUIRE SSL", database="")
     yield server
     server.cleanup()
 
 
-def dsn(server: MariaDBServer, **query: str) -> str:
+def dsn(server: MariaDBServer, user: str = "tls_user", **query: str) -> str:
     params = "&".join(f"{k}={quote(v)}" for k, v in query.items())
-    return f"mysql://tls_user:{PASSWORD}@127.0.0.1:{server.port}/{server.database}" + (f"?{params}" if params else "")
+    return f"mysql://{user}:{PASSWORD}@127.0.0.1:{server.port}/{server.database}" + (f"?{params}" if params else "")
 
 
 async def test_right_ca_and_client_certificate_elect(tls_mariadb: MariaDBServer, certs: Certificates) -> None:
@@ -64,6 +67,105 @@ async def test_missing_client_certificate_is_refused(tls_mariadb: MariaDBServer,
     async with MySQLElector(dsn(tls_mariadb, **{"ssl-ca": certs.ca}), name=unique_name()) as elector:
         with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
             await elector.acquire()
+
+
+@pytest.mark.parametrize("spelling", ["ssl_", "ssl-"])
+async def test_both_tls_key_spellings_really_use_tls(
+    tls_mariadb: MariaDBServer, certs: Certificates, spelling: str
+) -> None:
+    """``ssl_mode``/``ssl_ca`` (PyMySQL's, SQLAlchemy's spelling) and ``ssl-mode``/``ssl-ca`` both mean TLS."""
+    target = dsn(tls_mariadb, "ssl_user", **{f"{spelling}mode": "VERIFY_IDENTITY", f"{spelling}ca": certs.ca})
+    elector = MySQLElector(target, name=unique_name(), fencing=True, identity="tls-leader")
+    async with elector:
+        with anyio.fail_after(10):
+            lead = await elector.acquire()
+        # ssl_user REQUIRE SSL: the server let us in only over TLS; and the elector's own connection says so.
+        assert lead.held and await elector.leader() == "tls-leader"
+        conn = await elector._backend._connect()  # type: ignore[attr-defined]
+        try:
+            cipher = await conn.scalar(
+                "SELECT VARIABLE_VALUE FROM information_schema.SESSION_STATUS WHERE VARIABLE_NAME = 'Ssl_cipher'",
+                timeout=5,
+            )
+        finally:
+            conn.close()
+        assert cipher, "the elector's connection is not encrypted"
+        await lead.release()
+
+
+async def test_tls_user_is_refused_without_the_tls_keys(tls_mariadb: MariaDBServer) -> None:
+    async with MySQLElector(dsn(tls_mariadb, "ssl_user"), name=unique_name()) as elector:
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
+            await elector.acquire()
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("sslmode=require", r"unsupported DSN parameter.*'sslmode'.*ssl_mode"),
+        ("ssl_mod=VERIFY_IDENTITY", r"'ssl_mod'.*ssl-ca"),
+        ("charset=utf8", r"'charset'"),
+        ("ssl_mode=VERIFY_IDENTITY&ssl-mode=DISABLED", "both"),
+        ("ssl_ca=/a.pem&ssl-ca=/b.pem", "both"),
+        ("ssl_mode=PREFERRED", "PREFERRED"),
+        ("ssl_mode=DISABLED&ssl_ca=/etc/hostname", "DISABLED"),
+        ("ssl_mode=SOMETIMES", "VERIFY_IDENTITY"),
+    ],
+)
+def test_unknown_or_contradictory_dsn_keys_are_refused_by_name(query: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MySQLElector(f"mysql://u:pw@127.0.0.1/db?{query}")
+
+
+def test_ssl_mode_values_are_case_insensitive(certs: Certificates) -> None:
+    MySQLElector(f"mysql://u@127.0.0.1/db?ssl_mode=verify_identity&ssl_ca={quote(certs.ca)}")
+    MySQLElector("mysql://u@127.0.0.1/db?ssl-mode=disabled")
+
+
+# --- one WARNING for a connection that can be read or impersonated on the network -----------
+
+
+def transport_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "connection to" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("", "not encrypted"),
+        ("?ssl_mode=DISABLED", "not encrypted"),
+        ("?ssl_mode=REQUIRED", "not verified"),
+        ("?ssl_mode=VERIFY_CA&ssl_ca={ca}", None),
+        ("?ssl_mode=VERIFY_IDENTITY&ssl_ca={ca}", None),
+        ("?ssl_ca={ca}", None),  # a CA alone means VERIFY_IDENTITY
+    ],
+)
+@pytest.mark.parametrize("host", ["db.example.com", "10.1.2.3", "127.0.0.1", "localhost", "[::1]"])
+def test_one_warning_per_elector_for_an_exposed_connection(
+    caplog: pytest.LogCaptureFixture, certs: Certificates, query: str, expected: str | None, host: str
+) -> None:
+    """Decided when the elector is built: no traffic goes to the non-loopback hosts."""
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    MySQLElector(f"mysql://u:{PASSWORD}@{host}:3306/db" + query.format(ca=quote(certs.ca)), name=unique_name())
+    seen = transport_warnings(caplog)
+    if expected is None or host in ("127.0.0.1", "localhost", "[::1]"):
+        assert seen == []
+    else:
+        assert len(seen) == 1 and expected in seen[0] and host in seen[0], seen
+    assert PASSWORD not in caplog.text
+
+
+def test_ssl_context_argument_is_judged_too(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    unverified = ssl.create_default_context()
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE
+    MySQLElector(host="db.example.com", ssl=unverified, name=unique_name())
+    MySQLElector(host="db.example.com", ssl=ssl.create_default_context(), name=unique_name())
+    seen = transport_warnings(caplog)
+    assert len(seen) == 1 and "not verified" in seen[0], seen
 
 
 def test_bad_tls_options() -> None:

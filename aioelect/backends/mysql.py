@@ -10,12 +10,19 @@ The lock lives exactly as long as the connection that took it, so:
 * the connection's ``wait_timeout`` is set to ``lease``, so the server itself
   drops a leader that has gone silent (frozen, cut off) after ``lease``
   seconds, and a follower takes over;
-* followers wait inside ``GET_LOCK(name, poll_interval)``, so they wake the
-  moment the lock is freed instead of at their next poll.
+* followers wait inside ``GET_LOCK(name, max(poll_interval, 1 s))``, so
+  they wake the moment the lock is freed instead of at their next poll
+  (whole seconds at least: MySQL truncates a fractional wait, and a wait of
+  0 would return at once; a request that still returns early is followed by
+  a client-side pause, so a campaign is never a busy loop);
+* a new leadership is dated from a statement sent on the lock connection
+  *after* ``GET_LOCK`` granted the lock, never from the request, which may
+  have waited on the server for up to the wait above.
 """
 
 from __future__ import annotations
 
+import math
 import ssl as _ssl
 import warnings
 from collections.abc import Sequence
@@ -24,7 +31,7 @@ from typing import Any
 import anyio
 
 from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic, until_recorded
-from .._config import LockTiming, parse_dsn, server_address, tls_from_query, validate_name
+from .._config import LockTiming, parse_dsn, server_address, tls_from_query, transport_warning, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 
@@ -62,6 +69,9 @@ _PERMANENT = {
 _NO_SUCH_TABLE = 1146
 _UNKNOWN_VARIABLE = 1193
 _MAX_NAME = 64
+#: The shortest wait a GET_LOCK request asks the server for: MySQL truncates
+#: fractional seconds, so a shorter wait may become 0 and return at once.
+_MIN_WAIT = 1.0
 
 
 def _code(exc: BaseException) -> int | None:
@@ -262,8 +272,8 @@ class _MySQLBackend(SessionLockBackend):
     async def _kill(self, connection_id: int) -> None:
         """End a server thread still waiting in GET_LOCK for a client that gave up.
 
-        Without this, the server would keep waiting (up to ``poll_interval``)
-        and could even take the lock for a connection nobody reads.
+        Without this, the server would keep waiting (up to ``poll_interval``,
+        at least a second) and could even take the lock for a connection nobody reads.
         """
         with anyio.move_on_after(self.connect_timeout + self.check_timeout, shield=True):
             try:
@@ -284,6 +294,7 @@ class _MySQLBackend(SessionLockBackend):
 
     async def campaign(self, identity: str) -> Hold:
         backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
+        wait = max(self.poll_interval, _MIN_WAIT)
         while True:
             conn: _Connection | None = None
             waiting = False
@@ -294,18 +305,20 @@ class _MySQLBackend(SessionLockBackend):
                     waiting = True
                     got = await conn.scalar(
                         "SELECT GET_LOCK(%s, %s)",
-                        (self.name, self.poll_interval),
-                        timeout=self.poll_interval + self.check_timeout,
+                        (self.name, math.ceil(wait)),
+                        timeout=math.ceil(wait) + self.check_timeout,
                     )
                     waiting = False
                     if got == 1:
-                        token = await self._fence(conn, identity) if self.fencing else None
-                        hold = _MySQLHold(self, conn, token, sent)
+                        hold = await self._won(conn, identity)
                         conn = None
                         return hold
                     if got is None:
                         raise pymysql.err.OperationalError(2013, "GET_LOCK was interrupted")
                     backoff.reset()
+                    early = sent + self.poll_interval - monotonic()
+                    if early > 0:  # the server did not wait: never ask again at once
+                        await anyio.sleep(early)
                     self.log.debug("lock busy; waiting again")
             except Exception as exc:
                 if _permanent(exc):
@@ -323,6 +336,26 @@ class _MySQLBackend(SessionLockBackend):
                     conn.close()
                     if waiting:
                         await self._kill(conn.id)
+
+    async def _won(self, conn: _Connection, identity: str) -> _MySQLHold:
+        """The hold for a lock ``conn`` was just granted, dated from a statement sent after the grant.
+
+        The request may have waited on the server for seconds before the
+        grant: dated from it, a leadership could start past its renew deadline.
+        A statement sent now and answered proves the session (and with it the
+        lock) alive when the server ran it, which is after ``confirmed``.
+        """
+        confirmed = monotonic()
+        if self.fencing:
+            token: int | None = await self._fence(conn, identity)
+        else:
+            token = None
+            mine = await conn.scalar(
+                "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (self.name,), timeout=self.check_timeout
+            )
+            if mine != 1:
+                raise pymysql.err.OperationalError(2013, "the lock was gone right after GET_LOCK granted it")
+        return _MySQLHold(self, conn, token, confirmed)
 
     async def _fence(self, conn: _Connection, identity: str) -> int:
         """Bump and return this name's token; only a lock holder ever writes it."""
@@ -410,7 +443,10 @@ class MySQLElector(Elector):
       (``GET_LOCK`` is per server: not across replicas, Galera or Group
       Replication nodes, which are refused unless ``allow_unsafe_topology``);
     * a follower takes over within milliseconds of a release or of the
-      leader's connection closing, and polls at most once per ``poll_interval``;
+      leader's connection closing, and polls at most once per ``poll_interval``
+      and at most once a second (each request waits on the server);
+    * a new leadership starts with its whole ``renew_deadline`` ahead: it is
+      dated from a statement sent after the lock was granted;
     * a leader whose lock or connection is gone stops within ``check_interval``
       plus ``check_timeout``; one that cannot confirm for ``renew_deadline``
       seconds fences itself; the server drops a silent leader after ``lease``
@@ -421,10 +457,20 @@ class MySQLElector(Elector):
       identities; without it, :meth:`leader` reports the holder's connection.
 
     ``dsn`` is ``mysql://user:password@host:port/database``; keyword arguments
-    override its parts. TLS: ``ssl`` takes an :class:`ssl.SSLContext`, or the
-    DSN says ``?ssl-ca=PATH&ssl-cert=PATH&ssl-key=PATH&ssl-mode=VERIFY_IDENTITY``
-    (modes as MySQL's: REQUIRED, VERIFY_CA, VERIFY_IDENTITY, DISABLED). A
-    refused certificate is a permanent error.
+    override its parts. Special characters in the user name, password or
+    database must be percent-encoded (``#`` as ``%23``, ``@`` as ``%40``,
+    ``/`` as ``%2F``, ``?`` as ``%3F``): a DSN that could be read more than one
+    way is a ValueError, which never shows the password.
+
+    TLS: ``ssl`` takes an :class:`ssl.SSLContext`, or the DSN says
+    ``?ssl_mode=VERIFY_IDENTITY&ssl_ca=PATH&ssl_cert=PATH&ssl_key=PATH`` (or
+    ``ssl-mode``, ``ssl-ca``... as the MySQL clients spell them). Modes as
+    MySQL's: VERIFY_IDENTITY (the default when a file is given), VERIFY_CA,
+    REQUIRED (encrypted, server not verified), DISABLED. ``PREFERRED`` is
+    refused: it falls back to plaintext silently and verifies nothing. Any
+    other DSN parameter is a ValueError that names it. A refused certificate
+    is a permanent error. An elector whose connection to a host other than
+    this machine is unencrypted or unverified logs one WARNING when built.
     """
 
     def __init__(
@@ -436,7 +482,7 @@ class MySQLElector(Elector):
         user: str | None = None,
         password: str | None = None,
         database: str | None = None,
-        name: str = "aioelect/leader",
+        name: str,
         poll_interval: float = 2.0,
         identity: str | None = None,
         connect_timeout: float = 5.0,
@@ -464,6 +510,7 @@ class MySQLElector(Elector):
             server_timeout="wait_timeout",
             min_lease=2,
             whole_lease=True,
+            dated_after_grant=True,
         )
         connect_args: dict[str, Any] = {
             "host": host,
@@ -473,8 +520,12 @@ class MySQLElector(Elector):
         }
         if database:
             connect_args["db"] = database
-        if ssl is None and parsed is not None:
-            ssl = tls_from_query(parsed.query)
+        dsn_tls = tls_from_query(parsed.query) if parsed is not None else None
+        if ssl is not None and parsed is not None and parsed.query:
+            raise ValueError("give TLS settings either as ssl= or in the DSN, not both")
+        if ssl is not None and not isinstance(ssl, _ssl.SSLContext):
+            raise ValueError(f"ssl must be an ssl.SSLContext, not {type(ssl).__name__}")
+        ssl = ssl if ssl is not None else dsn_tls
         if ssl is not None:
             connect_args["ssl"] = ssl
         backend = _MySQLBackend(
@@ -485,3 +536,11 @@ class MySQLElector(Elector):
             allow_unsafe_topology=allow_unsafe_topology,
         )
         super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
+        warning = transport_warning(
+            host,
+            encrypted=ssl is not None,
+            verified=ssl is not None and ssl.verify_mode != _ssl.CERT_NONE,
+            fix="add ?ssl_mode=VERIFY_IDENTITY&ssl_ca=PATH to the DSN, or pass ssl=",
+        )
+        if warning is not None:
+            backend.log.warning("%s", warning)
