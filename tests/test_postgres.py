@@ -120,12 +120,12 @@ def test_bad_input_raises_value_error() -> None:
     ]
     for kwargs, message in bad:
         with pytest.raises(ValueError, match=message) as info:
-            PostgresElector(**kwargs)
+            PostgresElector(**{"name": "t", **kwargs})
         assert "s3cret" not in str(info.value)
     elector = PostgresElector(dsn, name="ok", identity="me")
     assert "s3cret" not in repr(elector) and "s3cret" not in elector._backend.describe_timing()
     # postgres:// works too; keyword arguments override the DSN's parts.
-    assert PostgresElector("postgres://h/db", port=6000, lease=2.5, check_interval=0.5, check_timeout=1).name
+    assert PostgresElector("postgres://h/db", port=6000, lease=2.5, check_interval=0.5, check_timeout=1, name="t").name
 
 
 def test_application_name_is_cut_at_63_bytes() -> None:
@@ -182,6 +182,39 @@ async def test_takeover_after_release_under_100ms(postgres_dsn: str) -> None:
     median = statistics.median(delays)
     print(f"postgres takeover after release: median {median * 1000:.1f} ms, max {max(delays) * 1000:.1f} ms")
     assert median < 0.1, delays
+
+
+async def test_a_follower_that_waited_long_keeps_the_leadership_it_wins(
+    postgres_dsn: str, admin: asyncpg.Connection
+) -> None:
+    # poll_interval just under renew_deadline (0.7 * lease = 2.8 s): the winner waited about
+    # 2.5 s inside pg_advisory_lock. Its leadership is dated from a confirmation sent after
+    # the grant, so it keeps it past 2.8 s after its request was sent.
+    name = unique_name("pg")
+    slow: dict[str, Any] = {"lease": 4, "check_interval": 1.0, "check_timeout": 1.0, "poll_interval": 2.7}
+    async with make(postgres_dsn, name, "first", **slow) as a, make(postgres_dsn, name, "patient", **slow) as b:
+        lead_a = await a.acquire()
+        task = asyncio.create_task(b.acquire())
+        try:
+            with anyio.fail_after(10):
+                while not await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'patient' "
+                    "AND wait_event_type = 'Lock'"
+                ):
+                    await asyncio.sleep(0.01)
+            waiting = time.monotonic()
+            await asyncio.sleep(2.5)
+            await lead_a.release()
+            with anyio.fail_after(5):
+                lead_b = await task
+            won = time.monotonic()
+            await asyncio.sleep(max(0.0, waiting + 2.8 + 1.5 - time.monotonic()))
+            assert lead_b.held and not lead_b.lost, f"lost {time.monotonic() - won:.2f}s after winning: {lead_b}"
+            assert time.monotonic() - waiting > 4.0
+            await lead_b.release()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def test_cancelled_acquire_leaves_no_backend(postgres_dsn: str, admin: asyncpg.Connection) -> None:
@@ -343,11 +376,11 @@ async def test_tls_verify_full_elects_and_a_wrong_ca_is_permanent(
 
 def test_bad_tls_options() -> None:
     with pytest.raises(ValueError, match="does not exist"):
-        PostgresElector("postgresql://u@127.0.0.1/db?sslrootcert=/no/such/ca.pem")
+        PostgresElector("postgresql://u@127.0.0.1/db?sslrootcert=/no/such/ca.pem", name="t")
     with pytest.raises(ValueError, match="need sslmode"):
-        PostgresElector("postgresql://u@127.0.0.1/db?sslmode=prefer&sslrootcert=/etc/hostname")
+        PostgresElector("postgresql://u@127.0.0.1/db?sslmode=prefer&sslrootcert=/etc/hostname", name="t")
     with pytest.raises(ValueError, match="sslmode"):
-        PostgresElector("postgresql://u@127.0.0.1/db", ssl="sometimes")
+        PostgresElector("postgresql://u@127.0.0.1/db", ssl="sometimes", name="t")
 
 
 async def test_password_never_appears_in_logs_reprs_or_errors(
@@ -393,8 +426,9 @@ async def test_terminated_backend_is_a_loss(postgres_dsn: str, admin: asyncpg.Co
                     tg.start_soon(follow)
                     await asyncio.sleep(0.2)
                     pid = await holder_pid(admin, name)
-                    assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+                    # Timed from before the call: the loss can cancel this body before the call returns.
                     terminated = time.monotonic()
+                    assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
                     await asyncio.sleep(30)
             took = time.monotonic() - terminated
             print(f"postgres loss noticed {took * 1000:.1f} ms after pg_terminate_backend")
