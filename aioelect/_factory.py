@@ -1,4 +1,4 @@
-"""Choosing a backend: the original factory's priority, etcd > MySQL > local."""
+"""Choosing a backend: etcd > MySQL > PostgreSQL > file > local, the first one configured."""
 
 from __future__ import annotations
 
@@ -10,7 +10,15 @@ from ._elector import Elector
 
 __all__ = ["from_env", "new"]
 
+#: The name of a host-local election (file, local) given none: a lock file's path is already specific to it.
 DEFAULT_NAME = "aioelect/leader"
+
+_NAME_REQUIRED = (
+    "the {kind} backend needs an election name: pass name=... (AIOELECT_NAME for from_env() and the "
+    "aioelect command's --name). Every client of one {server} shares its lock names, so a default name would make "
+    "unrelated services that use the same server elect one leader between them; choose a name specific to "
+    "this service, such as 'billing/invoice-cron'"
+)
 
 
 def new(
@@ -24,26 +32,30 @@ def new(
 ) -> Elector:
     """Build an elector, choosing the first backend configured.
 
-    The original priority: etcd endpoints -> etcd; else a MySQL DSN -> MySQL;
+    The priority: etcd endpoints -> etcd; else a MySQL DSN -> MySQL;
     else a PostgreSQL DSN -> PostgreSQL; else a lock file path -> file; else
     local.
 
     ``options`` go to the chosen elector's constructor (``identity``,
     ``poll_interval``, ``ttl``...); an option the chosen backend does not
     take raises TypeError.
+
+    The server backends (etcd, MySQL, PostgreSQL) need ``name``: without
+    it, ValueError says why. The file and local backends default to
+    :data:`DEFAULT_NAME`.
     """
     if etcd:
         from .backends.etcd import EtcdElector
 
-        return EtcdElector(etcd, name=name if name is not None else "/" + DEFAULT_NAME, **options)
+        return EtcdElector(etcd, name=_required_name(name, "etcd", "etcd cluster"), **options)
     if mysql:
         from .backends.mysql import MySQLElector
 
-        return MySQLElector(mysql, name=name if name is not None else DEFAULT_NAME, **options)
+        return MySQLElector(mysql, name=_required_name(name, "mysql", "MySQL server"), **options)
     if postgres:
         from .backends.postgres import PostgresElector
 
-        return PostgresElector(postgres, name=name if name is not None else DEFAULT_NAME, **options)
+        return PostgresElector(postgres, name=_required_name(name, "postgres", "PostgreSQL database"), **options)
     if file:
         from .backends.file import FileElector
 
@@ -53,10 +65,17 @@ def new(
     return LocalElector(name=name if name is not None else DEFAULT_NAME, **options)
 
 
+def _required_name(name: str | None, kind: str, server: str) -> str:
+    if name is None or name == "":
+        raise ValueError(_NAME_REQUIRED.format(kind=kind, server=server))
+    return name
+
+
 def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Elector:
     """Build an elector with :func:`new` from ``AIOELECT_ETCD_ENDPOINTS``
     (comma separated), ``AIOELECT_MYSQL_DSN``, ``AIOELECT_POSTGRES_DSN``,
-    ``AIOELECT_FILE`` and ``AIOELECT_NAME`` (empty means unset).
+    ``AIOELECT_FILE`` and ``AIOELECT_NAME`` (empty means unset; required
+    with etcd, MySQL and PostgreSQL, see :func:`new`).
 
     ``options`` override the environment.
     """

@@ -337,8 +337,10 @@ def test_observe_prints_one_line_per_change(target: Target, spawner: Spawner, tm
         (["leader", "--mysql", "127.0.0.1:3306"], "DSN"),
         (["leader", "--mysql", "mysql://root@127.0.0.1:1/db", "--name", ""], "name"),
         (["leader", "--mysql", "mysql://root@127.0.0.1:1/db", "--password-file", "/no/such/file"], "password-file"),
-        (["leader", "--etcd", "127.0.0.1:1", "--poll-interval", "1"], "--poll-interval does not apply to the etcd"),
-        (["leader", "--etcd", "127.0.0.1:1", "--ttl", "2.5"], "whole number"),
+        (["leader", "--etcd", "127.0.0.1:1", "--name", "/t", "--poll-interval", "1"], "--poll-interval does not apply"),
+        (["leader", "--etcd", "127.0.0.1:1", "--name", "/t", "--ttl", "2.5"], "whole number"),
+        (["leader", "--mysql", "mysql://root@127.0.0.1:1/db"], "needs an election name"),
+        (["leader", "--etcd", "127.0.0.1:1"], "--name"),
         (["run", "--mysql", "mysql://root@127.0.0.1:1/db", "--grace", "nope", "--", "true"], "not a number"),
     ],
 )
@@ -367,7 +369,7 @@ def test_unreachable_server_exits_3_quickly(kind: str, command: str, tmp_path: P
     marker = tmp_path / "ran"
     extra = ["--", sys.executable, "-c", f"open({str(marker)!r}, 'w')"] if command == "run" else []
     started = time.monotonic()
-    result = cli(command, *backend, "--timeout", "5", *extra, timeout=30)
+    result = cli(command, *backend, "--name", "unreachable", "--timeout", "5", *extra, timeout=30)
     elapsed = time.monotonic() - started
     assert result.returncode == 3, result.stderr
     assert "unreachable" in result.stderr or "did not answer" in result.stderr

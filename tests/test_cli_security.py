@@ -192,9 +192,9 @@ def test_refused_tls_setups_exit_3_at_once(
 
 
 def test_tls_options_are_checked(tls_etcd: EtcdServer, certs: Certificates, tmp_path: Path) -> None:
-    missing = cli("leader", "--etcd", tls_etcd.endpoint, "--etcd-ca", str(tmp_path / "nope.pem"))
+    missing = cli("leader", "--etcd", tls_etcd.endpoint, "--name", "/t", "--etcd-ca", str(tmp_path / "nope.pem"))
     assert missing.returncode == 2 and "does not exist" in missing.stderr
-    alone = cli("leader", "--etcd", tls_etcd.endpoint, "--etcd-cert", certs.client_cert)
+    alone = cli("leader", "--etcd", tls_etcd.endpoint, "--name", "/t", "--etcd-cert", certs.client_cert)
     assert alone.returncode == 2 and "go together" in alone.stderr
     wrong_backend = cli("leader", "--file", str(tmp_path / "l.lock"), "--etcd-ca", certs.ca)
     assert wrong_backend.returncode == 2 and "--etcd-ca applies to etcd only" in wrong_backend.stderr

@@ -1,15 +1,21 @@
-"""The backend-independent contract, on the local backend, plus the factory."""
+"""The backend-independent contract, on the local backend, plus the factory.
+
+No test here starts a server: the file runs on every supported Python.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import sys
+import time
+from pathlib import Path
 
 import anyio
 import pytest
 
 import aioelect
-from aioelect import ElectionError, LeadershipLost, LocalElector, leadership
+from aioelect import ElectionError, FileElector, LeadershipLost, LocalElector, leadership
 
 
 async def test_acquire_returns_held_leadership() -> None:
@@ -187,12 +193,15 @@ def test_factory_priority() -> None:
     assert isinstance(mysql, aioelect.MySQLElector) and mysql.name == "job"
     assert "secret" not in repr(mysql)
     assert isinstance(aioelect.new(), LocalElector)
-    etcd = aioelect.new(etcd="127.0.0.1:2379", mysql="mysql://u@127.0.0.1/db")
+    pytest.importorskip("aetcd")
+    etcd = aioelect.new(etcd="127.0.0.1:2379", mysql="mysql://u@127.0.0.1/db", name="/job")
     assert etcd.backend == "etcd"
-    assert etcd.name == "/aioelect/leader"
+    assert etcd.name == "/job"
 
 
 def test_from_env_selection() -> None:
+    pytest.importorskip("aiomysql")
+    pytest.importorskip("aetcd")
     env = {"AIOELECT_MYSQL_DSN": "mysql://root@127.0.0.1:3306/db", "AIOELECT_NAME": "n1"}
     elector = aioelect.from_env(env)
     assert elector.backend == "mysql" and elector.name == "n1"
@@ -204,10 +213,199 @@ def test_from_env_selection() -> None:
 
 
 def test_factory_rejects_unknown_options() -> None:
+    pytest.importorskip("aiomysql")
     with pytest.raises(TypeError):
-        aioelect.new(mysql="mysql://root@127.0.0.1/db", bogus=1)
+        aioelect.new(mysql="mysql://root@127.0.0.1/db", name="job", bogus=1)
 
 
 def test_leadership_lost_carries_reason() -> None:
     exc = LeadershipLost("lock gone")
     assert exc.reason == "lock gone" and isinstance(exc, ElectionError)
+
+
+def errors_logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "aioelect" and r.levelno >= logging.ERROR]
+
+
+async def test_wait_for_around_acquire_is_never_silently_released(caplog: pytest.LogCaptureFixture) -> None:
+    async with LocalElector() as elector:
+        lead = await asyncio.wait_for(elector.acquire(), 5)
+        await asyncio.sleep(0.05)  # the keeper has run
+        if sys.version_info >= (3, 12):
+            # wait_for() runs acquire() in the caller's task: the leadership is bound to the caller.
+            assert lead.held
+            lead.check()
+            await lead.release()
+            assert not errors_logged(caplog)
+        else:
+            # wait_for() ran acquire() in a task of its own, which ended as acquire() returned.
+            assert not lead.held and lead.lost
+            assert lead.lost_reason is not None and "acquire(timeout=" in lead.lost_reason
+            with pytest.raises(LeadershipLost, match="wait_for"):
+                lead.check()
+            assert any("wait_for" in m and "acquire(timeout=" in m for m in errors_logged(caplog))
+        again = await elector.acquire()  # the elector is free again
+        assert again.held
+        await again.release()
+
+
+async def test_acquire_in_a_task_of_its_own_fails_loudly(caplog: pytest.LogCaptureFixture) -> None:
+    # What asyncio.wait_for() does on Python 3.10 and 3.11, on every Python.
+    async with LocalElector() as elector:
+        lead = await asyncio.create_task(elector.acquire())
+        with anyio.fail_after(5):
+            await lead.wait_lost()
+        assert not lead.held and lead.lost
+        assert lead.lost_reason is not None
+        for fix in ("acquire(timeout=", "asyncio.timeout()", "anyio.fail_after()"):
+            assert fix in lead.lost_reason
+        with pytest.raises(LeadershipLost, match="ended as soon as acquire"):
+            lead.check()
+        assert len(errors_logged(caplog)) == 1
+        await lead.release()  # returns once the backend has let go
+        assert await elector.leader() is None
+
+
+async def test_acquire_timeout_keeps_the_binding_to_the_caller() -> None:
+    async with LocalElector(identity="timed") as elector:
+        leads: list[aioelect.Leadership] = []
+        hold = asyncio.Event()
+
+        async def take() -> None:
+            leads.append(await elector.acquire(timeout=5))
+            await asyncio.sleep(0.05)
+            assert leads[0].held  # bound to this task, which is still running
+            hold.set()
+            await asyncio.sleep(0.05)
+
+        await asyncio.create_task(take())
+        assert hold.is_set()
+        with anyio.fail_after(5):
+            await leads[0]._done.wait()
+        assert not leads[0].held and not leads[0].lost  # released when the task ended, not lost
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.timeout() is new in Python 3.11")
+async def test_asyncio_timeout_keeps_the_binding() -> None:
+    async with LocalElector() as elector:
+        async with asyncio.timeout(5):  # type: ignore[attr-defined,unused-ignore]
+            lead = await elector.acquire()
+        await asyncio.sleep(0.05)
+        assert lead.held
+        await lead.release()
+
+
+async def test_anyio_fail_after_keeps_the_binding() -> None:
+    async with LocalElector() as elector:
+        with anyio.fail_after(5):
+            lead = await elector.acquire()
+        await asyncio.sleep(0.05)
+        assert lead.held
+        await lead.release()
+
+
+async def test_acquire_timeout_raises_and_leaves_the_elector_idle(tmp_path: Path) -> None:
+    # A lock file: candidates exclude each other without a server.
+    path = tmp_path / "timeout.lock"
+    async with FileElector(path, name="t") as a, FileElector(path, name="t") as b:
+        lead = await a.acquire()
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"not leader of t within 0\.3s"):
+            await b.acquire(timeout=0.3)
+        assert 0.3 <= time.monotonic() - started < 3
+        assert not b.leading and lead.held
+        await lead.release()
+        lead_b = await b.acquire(timeout=5)
+        assert lead_b.held
+        await lead_b.release()
+
+
+async def test_acquire_timeout_validation() -> None:
+    async with LocalElector() as elector:
+        for bad in (0, -1, float("nan"), float("inf"), "1"):
+            with pytest.raises(ValueError, match="timeout"):
+                await elector.acquire(timeout=bad)  # type: ignore[arg-type]
+        assert not elector.leading
+
+
+async def test_release_waits_for_work_that_ignores_cancellation(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("aioelect._elector.STILL_RUNNING_LOG_INTERVAL", 0.2, raising=False)
+    async with LocalElector(identity="stubborn", stop_timeout=0.2) as elector:
+        inside = asyncio.Event()
+        stopped: list[float] = []
+        leads: list[aioelect.Leadership] = []
+
+        async def work() -> None:
+            async with leadership(elector) as lead:
+                leads.append(lead)
+                inside.set()
+                try:
+                    await asyncio.sleep(3600)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await asyncio.sleep(1.0)
+                    stopped.append(time.monotonic())
+
+        task = asyncio.create_task(work())
+        await inside.wait()
+        releasing = asyncio.create_task(leads[0].release())
+        await asyncio.sleep(0.6)
+        # Past stop_timeout: the work still runs, so the lock is still ours.
+        assert not releasing.done()
+        assert await elector.leader() == "stubborn"
+        assert not leads[0].held
+        with anyio.fail_after(5):
+            await releasing
+        released = time.monotonic()
+        assert stopped and stopped[0] <= released
+        assert await elector.leader() is None
+        assert not leads[0].lost
+        keeping = [m for m in errors_logged(caplog) if "keeping the lock" in m]
+        assert len(keeping) >= 2, errors_logged(caplog)
+        await task
+
+
+def test_server_backends_require_a_name() -> None:
+    pytest.importorskip("aiomysql")
+    pytest.importorskip("asyncpg")
+    pytest.importorskip("aetcd")
+    for backend, target in (
+        ("mysql", "mysql://u@127.0.0.1:3306/db"),
+        ("postgres", "postgresql://u@127.0.0.1/db"),
+        ("etcd", "127.0.0.1:2379"),
+    ):
+        with pytest.raises(ValueError, match="name") as info:
+            aioelect.new(**{backend: target})
+        message = str(info.value)
+        assert "AIOELECT_NAME" in message and "name=" in message
+        assert "unrelated" in message  # says why
+    env_var = {
+        "mysql": ("AIOELECT_MYSQL_DSN", "mysql://u:hunter2@127.0.0.1:3306/db"),
+        "postgres": ("AIOELECT_POSTGRES_DSN", "postgresql://u:hunter2@127.0.0.1/db"),
+        "etcd": ("AIOELECT_ETCD_ENDPOINTS", "127.0.0.1:2379"),
+    }
+    for variable, value in env_var.values():
+        with pytest.raises(ValueError, match="AIOELECT_NAME") as info:
+            aioelect.from_env({variable: value})
+        assert "hunter2" not in str(info.value)
+        with pytest.raises(ValueError, match="AIOELECT_NAME"):
+            aioelect.from_env({variable: value, "AIOELECT_NAME": ""})
+        assert aioelect.from_env({variable: value, "AIOELECT_NAME": "billing-cron"}).name.endswith("billing-cron")
+    # Constructors: name is a required keyword.
+    from aioelect import EtcdElector, MySQLElector, PostgresElector
+
+    for build in (
+        lambda: MySQLElector("mysql://u@127.0.0.1:3306/db"),  # type: ignore[call-arg]
+        lambda: PostgresElector("postgresql://u@127.0.0.1/db"),  # type: ignore[call-arg]
+        lambda: EtcdElector("127.0.0.1:2379"),  # type: ignore[call-arg]
+    ):
+        with pytest.raises(TypeError, match="name"):
+            build()
+
+
+def test_host_local_backends_keep_a_default_name(tmp_path: Path) -> None:
+    assert aioelect.new().backend == "local"
+    elector = aioelect.new(file=str(tmp_path / "service.lock"))
+    assert elector.backend == "file" and elector.name

@@ -122,27 +122,27 @@ def test_endpoints_forms() -> None:
 def test_options_are_validated_with_reasons() -> None:
     ep = "127.0.0.1:2379"
     with pytest.raises(ValueError, match="whole number"):
-        EtcdElector(ep, ttl=2.5)  # type: ignore[arg-type]
+        EtcdElector(ep, ttl=2.5, name="/t")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least 2"):
-        EtcdElector(ep, ttl=1)
+        EtcdElector(ep, ttl=1, name="/t")
     with pytest.raises(ValueError, match="shorter than ttl"):
-        EtcdElector(ep, ttl=6, renew_deadline=6)
+        EtcdElector(ep, ttl=6, renew_deadline=6, name="/t")
     with pytest.raises(ValueError, match="keep-alive interval"):
-        EtcdElector(ep, ttl=6, renew_deadline=2)
+        EtcdElector(ep, ttl=6, renew_deadline=2, name="/t")
     with pytest.raises(ValueError, match="both or neither"):
-        EtcdElector(ep, username="root")
+        EtcdElector(ep, username="root", name="/t")
     with pytest.raises(ValueError, match="connect_timeout"):
-        EtcdElector(ep, connect_timeout=0)
+        EtcdElector(ep, connect_timeout=0, name="/t")
     with pytest.raises(ValueError, match="printable"):
         EtcdElector(ep, name="has space")
-    elector = EtcdElector(ep, ttl=6, username="root", password="s3cret-pw")
+    elector = EtcdElector(ep, ttl=6, username="root", password="s3cret-pw", name="/t")
     assert elector.renew_deadline == pytest.approx(4.0)
     assert elector._backend.renew_deadline == pytest.approx(4.0)
-    assert EtcdElector(ep, ttl=6, renew_deadline=5.5).renew_deadline == 5.5
+    assert EtcdElector(ep, ttl=6, renew_deadline=5.5, name="/t").renew_deadline == 5.5
     timing = elector._backend.describe_timing()
     assert "ttl=6s" in timing and "keep-alive every 2s" in timing and "renew_deadline=4s" in timing
     assert "s3cret-pw" not in repr(elector) + timing
-    assert elector.name == "/aioelect/leader" and elector.backend == "etcd"
+    assert elector.name == "/t" and elector.backend == "etcd"
 
 
 # --- the election as etcd's Go package runs it -------------------------------------------------------
@@ -484,7 +484,7 @@ async def test_a_compacted_watch_start_is_reported_for_resync(
 
 
 async def test_leader_unreachable_raises_backend_unavailable() -> None:
-    async with EtcdElector([f"127.0.0.1:{free_port()}"], connect_timeout=1) as elector:
+    async with EtcdElector([f"127.0.0.1:{free_port()}"], connect_timeout=1, name="/t") as elector:
         with anyio.fail_after(5), pytest.raises(BackendUnavailable):
             await elector.leader()
 
@@ -579,7 +579,11 @@ async def test_interop_we_lead_first(etcd: EtcdServer, electors: Callable[..., E
 async def test_degrade_to_local_when_etcd_is_unreachable(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="aioelect")
     elector = EtcdElector(
-        [f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"], identity="alone", ttl=TTL, connect_timeout=1
+        [f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"],
+        name="/t",
+        identity="alone",
+        ttl=TTL,
+        connect_timeout=1,
     )
     async with elector:
         with anyio.fail_after(5):

@@ -44,25 +44,25 @@ def status(server: MariaDBServer, variable: str) -> int:
 )
 def test_bad_options_raise_value_error(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        MySQLElector("mysql://root@127.0.0.1:3306/db", **kwargs)  # type: ignore[arg-type]
+        MySQLElector("mysql://root@127.0.0.1:3306/db", **{"name": "t", **kwargs})  # type: ignore[arg-type]
 
 
 def test_bad_dsn_and_missing_host() -> None:
     with pytest.raises(ValueError, match="scheme"):
-        MySQLElector("postgres://root@127.0.0.1/db")
+        MySQLElector("postgres://root@127.0.0.1/db", name="t")
     with pytest.raises(ValueError, match="DSN"):
-        MySQLElector("127.0.0.1:3306")
+        MySQLElector("127.0.0.1:3306", name="t")
     with pytest.raises(ValueError, match="dsn or a host"):
-        MySQLElector()
+        MySQLElector(name="t")
     with pytest.raises(ValueError, match="fencing"):
-        MySQLElector("mysql://root@127.0.0.1:3306", fencing=True)
+        MySQLElector("mysql://root@127.0.0.1:3306", fencing=True, name="t")
 
 
 def test_password_never_in_repr_or_errors() -> None:
-    elector = MySQLElector("mysql://user:s3cr3t-pw@127.0.0.1:3306/db")
+    elector = MySQLElector("mysql://user:s3cr3t-pw@127.0.0.1:3306/db", name="t")
     assert "s3cr3t-pw" not in repr(elector)
     with pytest.raises(ValueError) as info:
-        MySQLElector("mysql://user:s3cr3t-pw@127.0.0.1:notaport/db")
+        MySQLElector("mysql://user:s3cr3t-pw@127.0.0.1:notaport/db", name="t")
     assert "s3cr3t-pw" not in str(info.value)
 
 

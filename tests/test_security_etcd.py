@@ -132,25 +132,26 @@ async def refused(elector: EtcdElector) -> tuple[str, float]:
 def test_tls_options_are_validated(certs: Certificates, tmp_path: Path) -> None:
     ep = "127.0.0.1:2379"
     with pytest.raises(ValueError, match=r"ca_file .* does not exist"):
-        EtcdElector(ep, ca_file=str(tmp_path / "nope.pem"))
+        EtcdElector(ep, ca_file=str(tmp_path / "nope.pem"), name="/t")
     with pytest.raises(ValueError, match="cert_file and key_file go together"):
-        EtcdElector(ep, cert_file=certs.client_cert)
+        EtcdElector(ep, cert_file=certs.client_cert, name="/t")
     with pytest.raises(ValueError, match="cert_file and key_file go together"):
-        EtcdElector(ep, ca_file=certs.ca, key_file=certs.client_key)
+        EtcdElector(ep, ca_file=certs.ca, key_file=certs.client_key, name="/t")
     with pytest.raises(ValueError, match="mix http:// and https://"):
-        EtcdElector(["https://127.0.0.1:1", "http://127.0.0.1:2"])
+        EtcdElector(["https://127.0.0.1:1", "http://127.0.0.1:2"], name="/t")
     with pytest.raises(ValueError, match="plain HTTP but ca_file"):
-        EtcdElector("http://127.0.0.1:2379", ca_file=certs.ca)
+        EtcdElector("http://127.0.0.1:2379", ca_file=certs.ca, name="/t")
     garbage = tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")
     with pytest.raises(ValueError, match="no usable PEM CA"):
-        EtcdElector(ep, ca_file=str(garbage))
+        EtcdElector(ep, ca_file=str(garbage), name="/t")
     with pytest.raises(ValueError, match="cannot load the client certificate"):
-        EtcdElector(ep, cert_file=certs.client_cert, key_file=certs.server_key)  # the key of another certificate
+        # the key of another certificate
+        EtcdElector(ep, cert_file=certs.client_cert, key_file=certs.server_key, name="/t")
     # https:// alone (system CAs), or a scheme-less endpoint with TLS files, are TLS.
     assert [e.scheme for e in parse_endpoints("https://a:1,https://b:2")] == ["https", "https"]
-    EtcdElector("https://127.0.0.1:2379")
-    elector = EtcdElector(ep, ca_file=certs.ca, cert_file=certs.client_cert, key_file=certs.client_key)
+    EtcdElector("https://127.0.0.1:2379", name="/t")
+    elector = EtcdElector(ep, ca_file=certs.ca, cert_file=certs.client_cert, key_file=certs.client_key, name="/t")
     assert "https://127.0.0.1:2379" in elector._backend.describe_timing()
 
 

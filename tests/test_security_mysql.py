@@ -114,12 +114,12 @@ async def test_tls_user_is_refused_without_the_tls_keys(tls_mariadb: MariaDBServ
 )
 def test_unknown_or_contradictory_dsn_keys_are_refused_by_name(query: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        MySQLElector(f"mysql://u:pw@127.0.0.1/db?{query}")
+        MySQLElector(f"mysql://u:pw@127.0.0.1/db?{query}", name="t")
 
 
 def test_ssl_mode_values_are_case_insensitive(certs: Certificates) -> None:
-    MySQLElector(f"mysql://u@127.0.0.1/db?ssl_mode=verify_identity&ssl_ca={quote(certs.ca)}")
-    MySQLElector("mysql://u@127.0.0.1/db?ssl-mode=disabled")
+    MySQLElector(f"mysql://u@127.0.0.1/db?ssl_mode=verify_identity&ssl_ca={quote(certs.ca)}", name="t")
+    MySQLElector("mysql://u@127.0.0.1/db?ssl-mode=disabled", name="t")
 
 
 # --- one WARNING for a connection that can be read or impersonated on the network -----------
@@ -170,9 +170,9 @@ def test_ssl_context_argument_is_judged_too(caplog: pytest.LogCaptureFixture) ->
 
 def test_bad_tls_options() -> None:
     with pytest.raises(ValueError, match="does not exist"):
-        MySQLElector("mysql://u@127.0.0.1/db?ssl-ca=/no/such/ca.pem")
+        MySQLElector("mysql://u@127.0.0.1/db?ssl-ca=/no/such/ca.pem", name="t")
     with pytest.raises(ValueError, match="ssl-mode"):
-        MySQLElector("mysql://u@127.0.0.1/db?ssl-mode=SOMETIMES")
+        MySQLElector("mysql://u@127.0.0.1/db?ssl-mode=SOMETIMES", name="t")
 
 
 async def test_password_never_appears_in_logs_reprs_or_errors(

@@ -547,7 +547,7 @@ class PostgresElector(Elector):
         user: str | None = None,
         password: str | None = None,
         database: str | None = None,
-        name: str = "aioelect/leader",
+        name: str,
         poll_interval: float = 2.0,
         identity: str | None = None,
         connect_timeout: float = 5.0,

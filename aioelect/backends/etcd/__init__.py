@@ -116,7 +116,7 @@ class EtcdElector(Elector):
         self,
         endpoints: str | Sequence[str],
         *,
-        name: str = "/aioelect/leader",
+        name: str,
         ttl: int = 5,
         identity: str | None = None,
         username: str | None = None,
