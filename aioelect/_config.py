@@ -149,7 +149,8 @@ class DSN:
         if self.user is not None:
             auth = self.user + (":***" if self.password is not None else "") + "@"
         port = f":{self.port}" if self.port is not None else ""
-        return f"{self.scheme}://{auth}{self.host or ''}{port}/{self.database or ''}"
+        host = f"[{self.host}]" if self.host and ":" in self.host else (self.host or "")
+        return f"{self.scheme}://{auth}{host}{port}/{self.database or ''}"
 
     def __str__(self) -> str:
         return self.redacted()
@@ -184,6 +185,8 @@ def _port(hostport: str) -> int | str | None:
         if not bracket or (after and not after.startswith(":")):
             return "the DSN's IPv6 address must be written as [address] or [address]:port"
         text = after[1:] if after else ""
+    elif hostport.count(":") > 1:
+        return "the DSN's IPv6 address must be written as [address] or [address]:port"
     else:
         _, _, text = hostport.rpartition(":") if ":" in hostport else ("", "", "")
     if not text:

@@ -138,7 +138,10 @@ def test_percent_encoded_password_parses_exactly() -> None:
     assert SECRET not in repr(parsed) and SECRET not in str(parsed)
     # A ':' in the password is unambiguous: the user ends at the first one.
     assert parse_dsn("mysql://root:a:b@db/app", "mysql").password == "a:b"
-    assert parse_dsn("postgresql://[::1]:5433/app", "postgresql").port == 5433
+    v6 = parse_dsn("postgresql://[::1]:5433/app", "postgresql")
+    assert (v6.host, v6.port, str(v6)) == ("::1", 5433, "postgresql://[::1]:5433/app")
+    with pytest.raises(ValueError, match=r"\[address\]"):
+        parse_dsn("mysql://::1/app", "mysql")  # port 1 of host ''? Refused.
 
 
 def test_dsn_shape_errors_do_not_echo_the_dsn() -> None:
