@@ -8,17 +8,23 @@ intervals can be compared with each other and with the test process.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import fcntl
 import itertools
 import json
+import logging
 import os
 import random
+import select
 import shutil
 import signal
+import stat
 import statistics
 import tempfile
+import threading
 import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +102,9 @@ def locked_at(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {}
     record = file_backend._FileBackend._record
 
-    def timed(self: Any, identity: str) -> int:
+    def timed(self: Any, fd: int, identity: str) -> int | None:
         times.setdefault(identity, []).append(time.monotonic())
-        return record(self, identity)
+        return record(self, fd, identity)
 
     monkeypatch.setattr(file_backend._FileBackend, "_record", timed)
     return times
@@ -653,3 +659,436 @@ async def test_forked_child_does_not_stay_in_the_queue(tmp_path: Path) -> None:
         finally:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)  # noqa: ASYNC222 - returns at once after SIGKILL
+
+
+# --- a directory other users share (/tmp) ----------------------------------------------
+
+#: The second local user of these tests: "nobody" (any uid works for a forked child; no account is needed).
+STRANGER = 65534
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="acting as a second local user needs root")
+
+
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory like /tmp: every user may create files in it; sticky, so only owners remove theirs."""
+    base = Path(tempfile.mkdtemp(prefix="aioelect-shared-"))
+    try:
+        base.chmod(0o1777)
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _in_child(
+    action: Callable[[], str],
+    *,
+    uid: int = STRANGER,
+    gid: int = STRANGER,
+    groups: Sequence[int] = (),
+    timeout: float = 20,
+) -> str:
+    """Run ``action`` in a forked child as ``uid``/``gid``; return what it returned (or the error it raised).
+
+    No exec: the child has what this process imported (another user may not read the interpreter's files).
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        message = "child failed"
+        try:
+            os.close(read_end)
+            os.setgroups(list(groups))
+            os.setgid(gid)
+            os.setuid(uid)
+            message = action()
+        except BaseException as exc:
+            message = f"{type(exc).__name__}: {exc}"
+        finally:
+            os.write(write_end, message.encode()[:60000])
+            os._exit(0)
+    os.close(write_end)
+    chunks: list[bytes] = []
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, "the child did not finish"
+            if select.select([read_end], [], [], left)[0]:
+                chunk = os.read(read_end, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        return b"".join(chunks).decode()
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
+@contextlib.contextmanager
+def _stranger_holds(path: Path) -> Iterator[None]:
+    """Another user creates ``path`` (world-readable and writable) and holds an exclusive flock on it."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(STRANGER)
+            os.setuid(STRANGER)
+            os.umask(0)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.write(write_end, b"held")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        assert select.select([read_end], [], [], 10)[0], "the stranger did not start"
+        assert os.read(read_end, 16) == b"held"
+        yield
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+@contextlib.contextmanager
+def _unblock_fifo_after(delay: float, path: Path) -> Iterator[None]:
+    """After ``delay``, keep opening the FIFO at ``path`` for writing: a reader blocked in open() returns.
+
+    Only code that opens the FIFO and waits needs it; it turns such a hang into a slow failure.
+    """
+    stop = threading.Event()
+
+    def run() -> None:
+        if stop.wait(delay):
+            return
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+class Ticks:
+    """The longest gap between ticks of a task that sleeps 10 ms at a time: how long the loop was blocked."""
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+
+
+@contextlib.asynccontextmanager
+async def ticking() -> AsyncIterator[Ticks]:
+    ticks = Ticks()
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            ticks.longest = max(ticks.longest, now - last)
+            last = now
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(tick)
+        yield ticks
+        tg.cancel_scope.cancel()
+
+
+def _modes(path: Path) -> dict[str, int]:
+    names = {"lock": path, "sidecar": Path(str(path) + ".leader"), "waiting": Path(str(path) + ".waiting")}
+    return {what: stat.S_IMODE(p.stat().st_mode) for what, p in names.items()}
+
+
+async def _lead_once(elector: FileElector) -> int:
+    lead = await elector.acquire()
+    await lead.release()
+    assert lead.token is not None
+    return lead.token
+
+
+async def test_files_are_private_by_default_whatever_the_umask(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = os.umask(0)
+    try:
+        (tmp_path / "default").mkdir(mode=0o700)
+        path = tmp_path / "default" / "x.lock"
+        async with make(path, "a") as a:
+            await _lead_once(a)
+        assert _modes(path) == {"lock": 0o600, "sidecar": 0o600, "waiting": 0o600}
+        # A group of service users: exactly the mode asked for, even under a umask that removes it.
+        os.umask(0o077)
+        (tmp_path / "group").mkdir(mode=0o700)
+        path = tmp_path / "group" / "x.lock"
+        async with make(path, "a", mode=0o660) as a:
+            await _lead_once(a)
+        assert _modes(path) == {"lock": 0o660, "sidecar": 0o660, "waiting": 0o660}
+        # A file of ours that is wider than the mode is narrowed, with a warning.
+        os.umask(0o022)
+        (tmp_path / "wide").mkdir(mode=0o700)
+        path = tmp_path / "wide" / "x.lock"
+        path.touch(mode=0o644)
+        with caplog.at_level(logging.WARNING, logger="aioelect"):
+            async with make(path, "a") as a:
+                await _lead_once(a)
+        assert _modes(path)["lock"] == 0o600
+        assert any(str(path) in r.getMessage() and "0o644" in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        os.umask(old)
+
+
+def test_mode_never_lets_every_user_in(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    for bad in (0o666, 0o644, 0o640, 0o604, 0o400, 0o700, 0o770, 0o1600, -1, True, "0600", 1.5):
+        with pytest.raises(ValueError, match="mode"):
+            FileElector(tmp_path / "x.lock", mode=bad)  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="aioelect"):
+        FileElector(tmp_path / "x.lock", mode=0o660)
+    assert any("mode=0o660" in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
+    assert not (tmp_path / "x.lock").exists()
+
+
+@pytest.mark.parametrize("suffix", ["", ".leader", ".waiting"])
+async def test_a_symlink_at_a_path_is_refused(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / "x.lock"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere / "target"
+    if suffix == ".leader":
+        target.write_text(json.dumps({"identity": "planted", "token": 100}))
+    link = Path(str(path) + suffix)
+    os.symlink(target, link)
+    async with make(path, "a") as a:
+        with anyio.fail_after(5), pytest.raises(ElectionError, match="symbolic link") as info:
+            await a.acquire()
+        assert not a.leading
+    assert str(link) in str(info.value)
+    assert stat.S_ISLNK(os.lstat(link).st_mode), "the link is left for a person to look at"
+    if suffix != ".leader":
+        assert not target.exists(), "nothing may be created through a symbolic link"
+    assert lock_fds(path) == 0
+
+
+@pytest.mark.parametrize("suffix", ["", ".leader", ".waiting"])
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+async def test_a_fifo_or_directory_at_a_path_is_a_clear_error_never_a_hang(
+    tmp_path: Path, kind: str, suffix: str
+) -> None:
+    path = tmp_path / "x.lock"
+    target = Path(str(path) + suffix)
+    async with make(path, "a") as a:
+        if kind == "fifo":
+            os.mkfifo(target)
+        else:
+            os.mkdir(target)  # after construction: the constructor refuses a directory at path
+        with _unblock_fifo_after(3.0, target):
+            async with ticking() as ticks:
+                started = time.monotonic()
+                with anyio.fail_after(10), pytest.raises(ElectionError) as info:
+                    await a.acquire()
+                took = time.monotonic() - started
+                if suffix == ".leader":  # an observer meets it too, once someone holds the lock
+                    holder = os.open(path, os.O_RDONLY)
+                    try:
+                        fcntl.flock(holder, fcntl.LOCK_EX)
+                        with anyio.fail_after(10), pytest.raises(ElectionError, match="not a regular file"):
+                            await a.leader()
+                    finally:
+                        os.close(holder)
+        assert not a.leading
+    message = str(info.value)
+    assert str(target) in message and "not a regular file" in message, message
+    assert took < 2.0, f"took {took:.1f}s: something waited on the {kind}"
+    assert ticks.longest < 0.5, f"the event loop was blocked for {ticks.longest:.1f}s"
+    assert lock_fds(path) == 0
+
+
+@needs_root
+@pytest.mark.parametrize("suffix", ["", ".leader", ".waiting"])
+async def test_a_file_owned_by_another_user_is_refused(tmp_path: Path, suffix: str) -> None:
+    path = tmp_path / "x.lock"
+    target = Path(str(path) + suffix)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, json.dumps({"identity": "planted", "token": 7}).encode() if suffix == ".leader" else b"")
+    os.close(fd)
+    os.chown(target, STRANGER, STRANGER)
+    async with make(path, "a") as a:
+        with anyio.fail_after(5), pytest.raises(ElectionError) as info:
+            await a.acquire()
+        assert not a.leading
+    message = str(info.value)
+    assert str(target) in message and "owned by" in message and "nobody" in message, message
+    assert lock_fds(path) == 0
+
+
+@needs_root
+async def test_a_stranger_cannot_open_the_files_to_hold_the_lock(shared_dir: Path) -> None:
+    path = shared_dir / "x.lock"
+    async with make(path, "a") as a:
+        await _lead_once(a)
+
+    def try_to_lock() -> str:
+        results = []
+        for target in (path, Path(str(path) + ".leader"), Path(str(path) + ".waiting")):
+            try:
+                fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
+            except PermissionError:
+                results.append("denied")
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                results.append("locked")
+            except BlockingIOError:
+                results.append("busy")
+            finally:
+                os.close(fd)
+        return ",".join(results)
+
+    assert _in_child(try_to_lock) == "denied,denied,denied"
+
+
+@needs_root
+async def test_a_lock_file_planted_by_a_stranger_is_refused_not_waited_on(shared_dir: Path) -> None:
+    path = shared_dir / "x.lock"
+    with _stranger_holds(path):
+        async with make(path, "a") as a:
+            with anyio.fail_after(5), pytest.raises(ElectionError) as info:
+                await a.acquire()
+    message = str(info.value)
+    assert str(path) in message and "owned by" in message and "nobody" in message, message
+
+
+def test_a_directory_every_user_may_write_without_the_sticky_bit_is_refused(tmp_path: Path) -> None:
+    directory = tmp_path / "open"
+    directory.mkdir()
+    directory.chmod(0o777)
+    with pytest.raises(ValueError, match="sticky"):
+        FileElector(directory / "x.lock")
+    directory.chmod(0o1777)  # like /tmp: others may create files but not remove or rename ours
+    elector = FileElector(directory / "x.lock")
+    directory.chmod(0o777)
+
+    async def campaign() -> None:
+        async with elector:
+            with anyio.fail_after(5):
+                await elector.acquire()
+
+    with pytest.raises(ElectionError, match="sticky"):
+        anyio.run(campaign)
+
+
+@needs_root
+def test_mode_0660_shares_an_election_between_the_users_of_a_group(tmp_path: Path) -> None:
+    group = STRANGER  # "nogroup": the users below are in it, root is not
+
+    async def cycle(path: Path, identity: str, **kw: Any) -> int:
+        async with FileElector(path, identity=identity, check_interval=0.2, **kw) as elector:
+            return await _lead_once(elector)
+
+    warm = tmp_path / "warm"  # import what the children need while files can still be read
+    warm.mkdir()
+    assert asyncio.run(cycle(warm / "x.lock", "root")) == 1
+    base = Path(tempfile.mkdtemp(prefix="aioelect-group-"))
+    try:
+        os.chown(base, 0, group)
+        base.chmod(0o2770)  # setgid: new files belong to the group
+        path = base / "x.lock"
+        tokens = [
+            _in_child(lambda i=i: str(asyncio.run(cycle(path, f"u{i}", mode=0o660))), uid=60001 + i, gid=group)
+            for i in range(2)
+        ]
+        assert tokens == ["1", "2"], tokens
+        assert _modes(path) == {"lock": 0o660, "sidecar": 0o660, "waiting": 0o660}
+        assert path.stat().st_gid == group and (base / "x.lock.leader").stat().st_uid == 60002
+        # A user of the group that did not ask for group access refuses the others' files.
+        refused = _in_child(lambda: str(asyncio.run(cycle(path, "u3"))), uid=60003, gid=group)
+        assert refused.startswith("ElectionError") and "owned by" in refused, refused
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def test_deleting_the_sidecar_or_an_idle_lock_file_does_not_reset_the_token(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    async with make(path, "a") as a:
+        tokens = [await _lead_once(a)]
+        os.unlink(a.sidecar)  # a tmp cleaner
+        tokens.append(await _lead_once(a))
+        path.unlink()  # while nobody holds it
+        tokens.append(await _lead_once(a))
+    assert tokens == [1, 2, 3]
+
+
+async def test_a_lock_file_with_other_content_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    path.write_text("12345\n")  # a pid file, say
+    path.chmod(0o600)
+    async with make(path, "a") as a:
+        with anyio.fail_after(5), pytest.raises(ElectionError, match="not an aioelect lock file") as info:
+            await a.acquire()
+    assert str(path) in str(info.value)
+    assert path.read_text() == "12345\n"
+
+
+async def test_the_sidecar_is_read_within_a_bound(tmp_path: Path) -> None:
+    path = tmp_path / "x.lock"
+    sidecar = tmp_path / "x.lock.leader"
+    sidecar.write_bytes(json.dumps({"identity": "big", "token": 5}).encode() + b" " * (1 << 20))
+    sidecar.chmod(0o600)
+    async with make(path, "a") as a:
+        with anyio.fail_after(5), pytest.raises(ElectionError, match="larger than") as info:
+            await a.acquire()
+    assert str(sidecar) in str(info.value)
+
+
+async def test_no_file_io_on_the_event_loop_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Path lookups, reads, writes, fsync and renames run in worker threads: a slow disk, a FIFO
+    or a hung mount must not stop the event loop. Construction (validation) is done before."""
+    path = tmp_path / "x.lock"
+    a, b = make(path, "a", check_interval=0.05), make(path, "b", check_interval=0.05)
+    loop_thread = threading.get_ident()
+    seen: list[str] = []
+
+    def spy(name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kw: Any) -> Any:
+            if threading.get_ident() == loop_thread:
+                first = args[0] if args else None
+                if not (name == "os.read" and os.readlink(f"/proc/self/fd/{first}") == "anon_inode:inotify"):
+                    seen.append(f"{name}({first!r})")
+            return real(*args, **kw)
+
+        return call
+
+    for name in ("open", "stat", "lstat", "read", "pread", "write", "pwrite", "fsync", "replace", "rename", "unlink"):
+        monkeypatch.setattr(os, name, spy(f"os.{name}", getattr(os, name)))
+    monkeypatch.setattr(builtins, "open", spy("open", builtins.open))
+
+    async def follow(done: anyio.Event) -> None:
+        again = await b.acquire()
+        assert await a.leader() == "b"
+        await again.release()
+        done.set()
+
+    async with a, b:
+        lead = await a.acquire()
+        assert await b.leader() == "a"
+        done = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow, done)
+            await asyncio.sleep(0.3)  # a's check of its lock file runs a few times; b waits
+            await lead.release()
+            with anyio.fail_after(5):
+                await done.wait()
+    monkeypatch.undo()
+    assert not seen, seen

@@ -44,12 +44,28 @@ does). No extra dependency.
   tries. A release therefore goes to a waiting follower, and the releaser
   waits its turn like everyone else. The bound keeps a stuck waiter from
   keeping the lock free for long.
-* After locking, the leader writes its identity and a token (the previous
-  token + 1) to the sidecar ``path + ".leader"`` (JSON, replaced atomically by
-  rename): :meth:`~aioelect.Elector.leader` reads it, after checking with a
-  non-blocking shared lock that someone actually holds the lock. That check
-  runs on a descriptor kept open until ``aclose()``, so that observers do not
-  wake the followers (only closes do).
+* After locking, the leader keeps the new token (one more than the larger
+  of the lock file's and the sidecar's) in the lock file itself, rewritten
+  in place, and writes its identity and the token to the sidecar
+  ``path + ".leader"`` (JSON, replaced atomically by rename); both fsynced.
+  Deleting one of the two files (a tmp cleaner) does not make tokens start
+  again. :meth:`~aioelect.Elector.leader` reads the sidecar, after checking
+  with a non-blocking shared lock that someone actually holds the lock. That
+  check runs on a descriptor kept open until ``aclose()``, so that observers
+  do not wake the followers (only closes do).
+* **Other users.** A ``flock`` needs only read access, so whoever may open
+  the lock file may hold the lock forever. Files are created with ``mode``
+  (0600 by default, set exactly, whatever the umask); every open uses
+  ``O_NOFOLLOW`` (a symbolic link at a path is refused) and ``O_NONBLOCK``
+  (a FIFO at a path cannot block the open), and what was opened must be a
+  regular file owned by this user (or, with ``mode=0o660``, by a user of one
+  of our groups): anything else is a clear :class:`~aioelect.ElectionError`,
+  never a wait. The sidecar is read up to 64 KiB, whatever its size says.
+  A directory every user may write to without the sticky bit is refused.
+* **The event loop never waits for the disk.** Opening, reading, writing,
+  renaming and fsyncing run in worker threads; on the loop run only calls
+  on descriptors already open that cannot block (``flock`` with
+  ``LOCK_NB``, ``fstat``, ``close``) and the reads of the inotify descriptor.
 * The kernel never takes a ``flock`` from a live process, so there is no
   renew deadline: a leader only loses leadership if the lock file is deleted
   or replaced (checked every ``check_interval``). A frozen (SIGSTOPped)
@@ -65,6 +81,8 @@ import errno
 import fcntl
 import json
 import os
+import pwd
+import re
 import secrets
 import socket
 import stat
@@ -83,15 +101,40 @@ from .._config import positive, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 
-__all__ = ["FileElector", "SIDECAR_SUFFIX", "WAITING_SUFFIX"]
+__all__ = ["DEFAULT_MODE", "FileElector", "SIDECAR_SUFFIX", "WAITING_SUFFIX"]
 
 #: The sidecar holding the leader's identity and token is ``path + SIDECAR_SUFFIX``.
 SIDECAR_SUFFIX = ".leader"
 #: Waiting candidates hold a shared ``flock`` on ``path + WAITING_SUFFIX``.
 WAITING_SUFFIX = ".waiting"
 
+#: The files are created for their owner only unless ``mode=`` says otherwise.
+DEFAULT_MODE = 0o600
+#: The modes ``mode=`` accepts: the owner reads and writes, and so may a group. Nothing between: read
+#: access alone is enough to hold a ``flock``. Other users never get access (any of them could hold the
+#: lock forever).
+_MODES = (0o600, 0o660)
+
 # Errors that no retry can fix: the directory or file is missing, not ours, or read-only.
-_PERMANENT_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EROFS, errno.ELOOP}
+_PERMANENT_ERRNOS = {
+    errno.EACCES,
+    errno.EPERM,
+    errno.ENOENT,
+    errno.ENOTDIR,
+    errno.EISDIR,
+    errno.EROFS,
+    errno.ELOOP,
+    errno.ENXIO,
+    errno.ENODEV,
+}
+
+#: Every open: never through a symbolic link at the path, never waiting for a FIFO's other end.
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+#: The sidecar is read up to this size; a larger one is refused, whatever its st_size says.
+_SIDECAR_LIMIT = 64 * 1024
+#: The lock file holds the last token, fixed width so that it is rewritten in place.
+_TOKEN_RECORD = b"aioelect-token %019d\n"
+_TOKEN_PATTERN = re.compile(rb"aioelect-token (\d{1,19})\n")
 
 #: With inotify, how long after an event whose try failed to try once more: the kernel
 #: reports a dying holder's close just before it drops the lock.
@@ -108,6 +151,7 @@ _IN_CLOSE_WRITE = 0x00000008
 _IN_CLOSE_NOWRITE = 0x00000010
 _IN_Q_OVERFLOW = 0x00004000
 _IN_IGNORED = 0x00008000
+_IN_DONT_FOLLOW = 0x02000000
 _IN_NONBLOCK = os.O_NONBLOCK
 _IN_CLOEXEC = os.O_CLOEXEC
 _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then len bytes of name
@@ -221,17 +265,26 @@ class _Watcher:
             channel = self._channels[path] = _Channel()
         return channel
 
-    def watch(self, path: str, signal: _Signal) -> bool:
-        """Fire ``signal`` on every close of ``path``'s current inode; False (poll) if that fails.
+    def add(self, path: str) -> int:
+        """Start watching every close of ``path``'s current inode; its watch descriptor, -1 (poll) if that fails.
 
-        Idempotent per inode. Called before the first try, so no close after it is missed.
+        Idempotent per inode; a symbolic link at ``path`` is not followed. A path
+        lookup: called in a worker thread, before the first try, and followed by
+        :meth:`register` on the loop. A close between the two is not reported, but
+        it happened before our first try, which sees its effect.
         """
-        if self.fd < 0 or _inotify is None:
-            return False
+        fd = self.fd
+        if fd < 0 or _inotify is None:
+            return -1
         try:
-            wd = _inotify.add_watch(self.fd, path, _IN_CLOSE_WRITE | _IN_CLOSE_NOWRITE)
+            return _inotify.add_watch(fd, path, _IN_CLOSE_WRITE | _IN_CLOSE_NOWRITE | _IN_DONT_FOLLOW)
         except OSError as exc:  # ENOSPC: the per-user limit of watches
             self.error = f"inotify_add_watch failed: {exc.strerror}"
+            return -1
+
+    def register(self, wd: int, signal: _Signal) -> bool:
+        """Fire ``signal`` on the events of watch ``wd`` (from :meth:`add`); False (poll) if there is none."""
+        if wd < 0 or self.fd < 0:
             return False
         self._signals[wd] = signal
         return True
@@ -349,14 +402,74 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_close_in_child)
 
 
-def _same_file(fd: int, path: str) -> bool:
-    """True if ``path`` still names the file open on ``fd``."""
+def _at_path(path: str) -> os.stat_result | None:
+    """What ``path`` itself names (a symbolic link is not followed), None if nothing; a path lookup."""
     try:
-        at_path = os.stat(path)
+        return os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
-        return False
-    mine = os.fstat(fd)
-    return (at_path.st_dev, at_path.st_ino) == (mine.st_dev, mine.st_ino)
+        return None
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """True if ``path`` still names the file open on ``fd`` (not a symbolic link to it)."""
+    at_path = _at_path(path)
+    return at_path is not None and _same(at_path, os.fstat(fd))
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _user(uid: int) -> str:
+    """``name (uid N)`` for messages; reads the user database: call off the event loop."""
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _kind(mode: int) -> str:
+    kinds = (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISLNK, "a symbolic link"),
+    )
+    return next((name for test, name in kinds if test(mode)), "of an unknown type")
+
+
+def _directory_problem(directory: str) -> str | None:
+    """Why ``directory`` cannot hold an election's files safely, or None.
+
+    Refused: a directory every user may write to without the sticky bit. Any
+    of them could rename or delete the lock file and put another in its place,
+    and candidates locking the new file would lead beside the old leader until
+    its next check. With the sticky bit (as /tmp has) others may only add
+    files, which the owner checks refuse. A path lookup: call it off the loop.
+    """
+    st = os.stat(directory)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        return (
+            f"directory {directory} may be written by every user and is not sticky: any of them could replace "
+            "the lock file and let two candidates lead at once; use a directory of your own, or remove write "
+            "access for others (chmod o-w), or set the sticky bit as /tmp has (chmod +t)"
+        )
+    return None
+
+
+def _read_bounded(fd: int, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of ``fd`` from its start, None if there are more (st_size is not trusted)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        chunk = os.pread(fd, limit + 1 - size, size)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+        size += len(chunk)
+    return None
 
 
 def _close(fd: int) -> None:
@@ -413,13 +526,14 @@ class _FileHold(Hold):
         while True:
             await anyio.sleep(b.check_interval)
             sent = monotonic()
-            if self._fd < 0:
-                return "lock file descriptor was closed"
             try:
-                same = _same_file(self._fd, b.path)
+                at_path = await anyio.to_thread.run_sync(_at_path, b.path)  # a path lookup: off the loop
+                if self._fd < 0:
+                    return "lock file descriptor was closed"
+                mine = os.fstat(self._fd)  # on the loop: the descriptor is closed only here, by release()
             except OSError as exc:
                 return f"lock file check failed: {exc!r}"
-            if not same:
+            if at_path is None or not _same(at_path, mine):
                 return f"lock file {b.path} was deleted or replaced"
             confirm(sent)
 
@@ -448,11 +562,13 @@ class _FileHold(Hold):
 class _FileBackend(Backend):
     kind = "file"
 
-    def __init__(self, *, path: str, name: str, poll_interval: float, check_interval: float) -> None:
+    def __init__(self, *, path: str, name: str, poll_interval: float, check_interval: float, mode: int) -> None:
         super().__init__(name)
         self.path = path
+        self.directory = os.path.dirname(path)
         self.sidecar = path + SIDECAR_SUFFIX
         self.waiting = path + WAITING_SUFFIX
+        self.mode = mode
         self.poll_interval = poll_interval
         self.observe_interval = max(poll_interval, 0.1)
         self.check_interval = check_interval
@@ -461,11 +577,12 @@ class _FileBackend(Backend):
         #: How long a new campaign lets announced waiters go first, at most.
         self.handover = min(2 * poll_interval, _MAX_HANDOVER)
         self._polling_logged = False
-        self._queue_logged = False
         #: This loop's inotify watcher, once we campaigned; given up by aclose().
         self.watcher: _Watcher | None = None
         #: The descriptor leader() probes the lock on, once it was called; closed by aclose().
         self._probe_fd = -1
+        #: leader() probes in worker threads: one at a time on the shared descriptor.
+        self._probe_lock = threading.Lock()
 
     def describe_timing(self) -> str:
         how = (
@@ -478,37 +595,123 @@ class _FileBackend(Backend):
             "(the kernel keeps the lock while the leader's process lives, even frozen)"
         )
 
+    # --- opening files safely (worker threads only: path lookups may block) ------------
+
+    def _open(self, path: str, what: str, *, create: bool, write: bool, fix: bool) -> int:
+        """Open ``path``, a regular file this process may trust; ElectionError otherwise.
+
+        Never follows a symbolic link at ``path`` and never waits for a FIFO's
+        other end: what is there is looked at first, and checked again on the
+        open descriptor (it may have been swapped in between). ``fix``: a file
+        of ours whose permissions differ from ``mode`` is set to ``mode``
+        (with a warning if it let more users in). FileNotFoundError when
+        ``create`` is False and nothing is there.
+        """
+        before = _at_path(path)
+        if before is not None:
+            self._check(before, path, what)
+        elif not create:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+        flags = (os.O_RDWR if write else os.O_RDONLY) | _OPEN_FLAGS | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(path, flags, self.mode)
+        except FileNotFoundError:
+            if create:  # the directory is gone
+                raise ElectionError(f"cannot open {what} {path}: {os.strerror(errno.ENOENT)}") from None
+            raise
+        except OSError as exc:
+            raise self._open_error(path, what, exc) from None
+        try:
+            st = os.fstat(fd)
+            self._check(st, path, what)
+            bits = stat.S_IMODE(st.st_mode)
+            if fix and st.st_uid == os.geteuid() and bits != self.mode:
+                os.fchmod(fd, self.mode)  # also what a umask removed from a file we just created
+                if bits & ~self.mode:
+                    self.log.warning(
+                        "%s %s had mode %s, wider than mode=%s: set to %s, so that other users cannot open it "
+                        "and hold the lock",
+                        what,
+                        path,
+                        oct(bits),
+                        oct(self.mode),
+                        oct(self.mode),
+                    )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _check(self, st: os.stat_result, path: str, what: str) -> None:
+        """ElectionError unless ``st`` is a regular file of ours, or of our group when ``mode`` shares it."""
+        if not stat.S_ISREG(st.st_mode):
+            hint = (
+                "aioelect never follows one there (it could point anywhere)"
+                if stat.S_ISLNK(st.st_mode)
+                else "not a regular file"
+            )
+            raise ElectionError(f"{what} {path} is {_kind(st.st_mode)}, {hint}: remove it, or choose another path")
+        me = os.geteuid()
+        if st.st_uid == me:
+            return
+        bits = stat.S_IMODE(st.st_mode)
+        owner = f"{what} {path} is owned by {_user(st.st_uid)}, not by this process's user {_user(me)}"
+        if not self.mode & 0o070:
+            raise ElectionError(
+                f"{owner}: another user may have planted it. Remove it if it is not yours; for an election shared "
+                "by the users of a group, give every candidate mode=0o660 and a directory of that group"
+            )
+        if st.st_gid not in {os.getegid(), *os.getgroups()}:
+            raise ElectionError(f"{owner}, and its group (gid {st.st_gid}) is not one of this process's groups")
+        if bits & ~self.mode:
+            raise ElectionError(f"{owner}, with mode {oct(bits)}: wider than mode={oct(self.mode)}")
+
+    @staticmethod
+    def _open_error(path: str, what: str, exc: OSError) -> OSError | ElectionError:
+        """The error to raise for a failed open: ElectionError if no retry can fix it."""
+        if exc.errno == errno.ELOOP:
+            return ElectionError(
+                f"{what} {path} is a symbolic link, and aioelect never follows one there (it could point "
+                "anywhere): remove it, or choose another path"
+            )
+        if exc.errno in (errno.EISDIR, errno.ENXIO, errno.ENODEV):
+            return ElectionError(f"{what} {path} is not a regular file ({exc.strerror}): remove it")
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            at_path = _at_path(path)
+            who = (
+                f" (owned by {_user(at_path.st_uid)}, mode {oct(stat.S_IMODE(at_path.st_mode))})"
+                if at_path is not None
+                else ""
+            )
+            return ElectionError(f"cannot open {what} {path}: {exc.strerror}{who}")
+        if exc.errno in _PERMANENT_ERRNOS:
+            return ElectionError(f"cannot open {what} {path}: {exc.strerror}")
+        return exc
+
+    def _prepare(self, attempt: _Attempt, watcher: _Watcher) -> tuple[int, int]:
+        """Open the lock file and ``.waiting`` for a campaign and watch both; their watch descriptors.
+
+        Runs in a worker thread; the descriptors go into ``attempt`` as soon as they
+        exist, so that a campaign cancelled meanwhile still closes them.
+        """
+        problem = _directory_problem(self.directory)
+        if problem is not None:
+            raise ElectionError(problem)
+        attempt.lock_fd = self._open(self.path, "lock file", create=True, write=True, fix=True)
+        lock_wd = watcher.add(self.path)
+        attempt.waiting_fd = self._open(self.waiting, "queue file", create=True, write=False, fix=True)
+        return lock_wd, watcher.add(self.waiting)
+
     # --- campaign ----------------------------------------------------------------
 
-    def _open(self) -> int:
-        try:
-            # Read access is all flock needs, so candidates of other users may share a lock file.
-            return os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno in _PERMANENT_ERRNOS:
-                raise ElectionError(f"cannot open lock file {self.path}: {exc.strerror}") from None
-            raise
-
-    def _announce(self, attempt: _Attempt, watcher: _Watcher, channel: _Channel) -> asyncio.Event | None:
-        """Join the ``.waiting`` queue; if other candidates were waiting already, return the
-        event that fires when one of them leaves it (None: nobody waits, or no queue).
-
-        The queue only orders turns, it never guards anything: if it cannot be
-        used (permissions) campaigns go on without it.
-        """
-        try:
-            fd = os.open(self.waiting, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if not self._queue_logged:
-                self._queue_logged = True
-                self.log.info("cannot open %s (%s): a releaser may win again over waiters", self.waiting, exc.strerror)
-            return None
-        attempt.waiting_fd = fd
-        # Watched and read before looking, so that a waiter leaving after our look is not missed.
-        watched = watcher.watch(self.waiting, channel.left)
+    def _announce(self, attempt: _Attempt, watcher: _Watcher, channel: _Channel, wd: int) -> asyncio.Event | None:
+        """Join the ``.waiting`` queue (opened by :meth:`_prepare`); if other candidates were waiting
+        already, return the event that fires when one of them leaves it (None: nobody waits)."""
+        # Registered and read before looking, so that a waiter leaving after our look is not missed.
+        watched = watcher.register(wd, channel.left)
         left = channel.left.event
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # succeeds only if nobody holds it shared
+            fcntl.flock(attempt.waiting_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # succeeds only if nobody holds it shared
             others = False
         except BlockingIOError:
             others = True
@@ -531,15 +734,19 @@ class _FileBackend(Backend):
             attempt.announced = False
 
     async def _lock(self, attempt: _Attempt) -> float:
-        """Take the lock on a fresh descriptor of ``path``; return when the winning try was sent."""
+        """Take the lock on a fresh descriptor of ``path``; return when the winning try was sent.
+
+        Opening runs in a worker thread; the tries (``flock`` with ``LOCK_NB`` on a
+        descriptor already open) never block, and run on the loop.
+        """
         watcher = _watcher(self)
         channel = watcher.channel(self.path)
-        attempt.lock_fd = self._open()
-        events = watcher.watch(self.path, channel.closed)
+        lock_wd, waiting_wd = await anyio.to_thread.run_sync(self._prepare, attempt, watcher)
+        events = watcher.register(lock_wd, channel.closed)
         if not events and not self._polling_logged:
             self._polling_logged = True
             self.log.info("followers poll every %gs: %s", self.poll_interval, watcher.error or "no inotify")
-        left = self._announce(attempt, watcher, channel)
+        left = self._announce(attempt, watcher, channel, waiting_wd)
         if left is not None:
             # Let a waiter take this turn: until one leaves the queue (it won, or gave up), bounded.
             started = monotonic()
@@ -576,12 +783,12 @@ class _FileBackend(Backend):
             attempt = _Attempt()
             try:
                 sent = await self._lock(attempt)
-                # The file may have been replaced between our open and our lock: a lock on
-                # an inode nobody else opens any more guards nothing, so start over.
-                if not _same_file(attempt.lock_fd, self.path):
+                token = await anyio.to_thread.run_sync(self._record, attempt.lock_fd, identity)
+                if token is None:
+                    # The file was replaced between our open and our lock: a lock on an
+                    # inode nobody else opens any more guards nothing, so start over.
                     self.log.debug("lock file was replaced while locking; opening it again")
                     continue
-                token = await anyio.to_thread.run_sync(self._record, identity)
                 return _FileHold(self, attempt.take_lock_fd(), token, sent)
             except ElectionError:
                 raise
@@ -596,29 +803,57 @@ class _FileBackend(Backend):
                 attempt.close()
 
     def _read(self) -> dict[str, Any] | None:
-        """The sidecar's content, None if there is none; ElectionError if it is not ours."""
+        """The sidecar's content, None if there is none; ElectionError if it is not ours. Worker threads only."""
         try:
-            with open(self.sidecar, "rb") as fh:
-                raw = fh.read(64 * 1024)
+            fd = self._open(self.sidecar, "sidecar", create=False, write=False, fix=False)
         except FileNotFoundError:
             return None
+        try:
+            raw = _read_bounded(fd, _SIDECAR_LIMIT)
+        finally:
+            os.close(fd)
+        if raw is None:
+            raise ElectionError(
+                f"sidecar {self.sidecar} is larger than {_SIDECAR_LIMIT} bytes: not an aioelect leader file; "
+                "move it away"
+            )
         try:
             data = json.loads(raw)
             if not isinstance(data, dict) or not isinstance(data.get("token"), int):
                 raise ValueError("no token")
         except ValueError:
-            raise ElectionError(
-                f"{self.sidecar} is not an aioelect leader file; move it away (tokens restart from 1)"
-            ) from None
+            raise ElectionError(f"{self.sidecar} is not an aioelect leader file; move it away") from None
         return data
 
-    def _record(self, identity: str) -> int:
-        """Write identity and the next token to the sidecar, atomically; return the token.
+    def _stored_token(self, fd: int) -> int:
+        """The last token kept in the lock file (0 for a new, empty one). Worker threads only."""
+        raw = os.pread(fd, 4096, 0)
+        if not raw:
+            return 0
+        match = _TOKEN_PATTERN.fullmatch(raw)
+        if match is None:
+            raise ElectionError(
+                f"lock file {self.path} is not an aioelect lock file ({len(raw)} bytes of something else): "
+                "aioelect keeps its token there and never overwrites another file; choose a path of its own"
+            )
+        return int(match.group(1))
 
-        Runs only while we hold the lock, so no other candidate writes concurrently.
+    def _record(self, fd: int, identity: str) -> int | None:
+        """Keep the next token in the lock file, then write identity and token to the sidecar; return the token.
+
+        None if ``path`` no longer names the file open on ``fd`` (nothing written).
+        Runs in a worker thread, only while we hold the lock, so no other
+        candidate writes concurrently. The token is one more than the larger of
+        the lock file's and the sidecar's, so deleting either one (a tmp
+        cleaner) does not make tokens start again: both are fsynced.
         """
+        if not _same_file(fd, self.path):
+            return None
         previous = self._read()
-        token = int(previous["token"]) + 1 if previous else 1
+        last = max(self._stored_token(fd), int(previous["token"]) if previous else 0)
+        token = last + 1
+        os.pwrite(fd, _TOKEN_RECORD % token, 0)
+        os.fsync(fd)  # so that the token survives a host crash and never goes backwards
         data = {
             "identity": identity,
             "token": token,
@@ -628,20 +863,21 @@ class _FileBackend(Backend):
             "acquired_at": time.time(),
         }
         tmp = f"{self.sidecar}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode)
         try:
             try:
-                os.write(fd, json.dumps(data).encode() + b"\n")
-                os.fsync(fd)  # so that the token survives a host crash and never goes backwards
+                os.fchmod(out, self.mode)  # what the umask removed
+                os.write(out, json.dumps(data).encode() + b"\n")
+                os.fsync(out)
             finally:
-                os.close(fd)
+                os.close(out)
             os.replace(tmp, self.sidecar)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
         try:
-            dir_fd = os.open(os.path.dirname(self.path), os.O_RDONLY | os.O_CLOEXEC)
+            dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 os.fsync(dir_fd)
             finally:
@@ -650,10 +886,14 @@ class _FileBackend(Backend):
             pass  # best effort: the rename itself is atomic
         return token
 
-    async def aclose(self) -> None:
-        probe, self._probe_fd = self._probe_fd, -1
+    def _close_probe(self) -> None:
+        with self._probe_lock:
+            probe, self._probe_fd = self._probe_fd, -1
         if probe >= 0:
             _close(probe)
+
+    async def aclose(self) -> None:
+        self._close_probe()
         fd = _unwatch(self)
         if fd >= 0:
             await anyio.to_thread.run_sync(_close, fd)  # waits for a kernel grace period: off the loop
@@ -665,36 +905,40 @@ class _FileBackend(Backend):
 
         Probes on a descriptor kept open (reopened if the file was replaced): a close
         would wake every waiting follower for nothing. A follower whose try meets our
-        probe's instant shared lock tries again :data:`_RECHECK` later.
+        probe's instant shared lock tries again :data:`_RECHECK` later. Worker threads only.
         """
-        fd = self._probe_fd
-        if fd >= 0 and not _same_file(fd, self.path):
-            self._probe_fd = -1
-            os.close(fd)
-            fd = -1
-        if fd < 0:
+        with self._probe_lock:
+            fd = self._probe_fd
+            if fd >= 0 and not _same_file(fd, self.path):
+                self._probe_fd = -1
+                os.close(fd)
+                fd = -1
+            if fd < 0:
+                try:
+                    fd = self._probe_fd = self._open(self.path, "lock file", create=False, write=False, fix=False)
+                except FileNotFoundError:
+                    return False
             try:
-                fd = self._probe_fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return False
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return False
+
+    def _look(self) -> tuple[bool, str | None]:
+        """(someone holds the lock, the identity recorded in the sidecar). Worker threads only."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return False
+            if not self._locked():
+                return False, None
+            data = self._read()
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot read lock file {self.path}: {exc.strerror or exc!r}") from None
+        identity = data.get("identity") if data is not None else None
+        return True, identity if isinstance(identity, str) else None
 
     async def leader(self) -> str | None:
         async def look() -> tuple[bool, str | None]:
-            await anyio.lowlevel.checkpoint()
-            try:
-                if not self._locked():
-                    return False, None
-                data = self._read()
-            except OSError as exc:
-                raise BackendUnavailable(f"cannot read lock file {self.path}: {exc.strerror or exc!r}") from None
-            identity = data.get("identity") if data is not None else None
-            return True, identity if isinstance(identity, str) else None
+            return await anyio.to_thread.run_sync(self._look)
 
         # Only the first leader of a lock file is ever without a record.
         locked, identity = await until_recorded(look, lambda seen: not seen[0] or seen[1] is not None)
@@ -720,21 +964,55 @@ class FileElector(Elector):
       lock first: it stays out until a waiter leaves the queue, at most
       ``min(2 * poll_interval, 0.25 s)``;
     * each leadership gets a token one higher than the previous one for this
-      lock file (kept in ``path + ".leader"`` with the identity, fsynced);
+      lock file, kept (fsynced) both in the lock file itself and in
+      ``path + ".leader"`` with the identity: deleting the sidecar, or the
+      lock file while nobody holds it, does not make tokens start again
+      (deleting both does);
     * a leader loses leadership only if the lock file is deleted or replaced,
       noticed within ``check_interval``; there is no renew deadline, and a
-      frozen leader keeps leadership until it resumes or dies.
+      frozen leader keeps leadership until it resumes or dies;
+    * other users cannot take part: the files are created with ``mode``
+      (``0o600``, the owner only, by default; exactly that mode, whatever
+      the umask), and every file is opened without following a symbolic
+      link (``O_NOFOLLOW``) and without waiting (``O_NONBLOCK``), then
+      checked: a regular file, owned by this process's user. Anything else
+      at one of the paths (a symbolic link, a FIFO, a directory, a file of
+      another user) is an :class:`~aioelect.ElectionError` naming the path
+      and the problem, at once. A file of ours with a wider mode is
+      narrowed to ``mode``, with a warning;
+    * no file is opened, read or written on the event-loop thread (worker
+      threads do it): a FIFO, a slow disk or a hung mount cannot stop the
+      loop. Only non-blocking calls on descriptors already open (``flock``
+      with ``LOCK_NB``, ``fstat``, ``close``) run on it.
+
+    ``mode=0o660`` shares an election between the users of one group (read
+    access alone is enough to hold a ``flock``, so there is no mode between
+    the two): files of another
+    user are then accepted if their group is one of this process's groups
+    and their mode is not wider. Give the directory to that group, setgid
+    (``chmod 2770``), so that new files belong to it; in a sticky directory
+    (/tmp) users cannot replace each other's sidecar. Other users never get
+    access: any of them could hold the lock forever.
+
+    The directory must not let strangers replace files: one that every user
+    may write to without the sticky bit is refused. /tmp (sticky) works, but
+    any user can create the lock file there first, which then refuses every
+    campaign (an error, not two leaders); prefer a directory of your own
+    (``/run/<service>``, ``$XDG_RUNTIME_DIR``).
 
     ``name`` is only a label for logs and the sidecar. Besides the lock file,
     ``path + ".leader"`` and ``path + ".waiting"`` are created next to it and
     never deleted. A waiting candidate holds two descriptors (the lock file,
     ``.waiting``), and each event loop with waiting candidates one inotify
-    instance per lock file. Raises ValueError at construction if ``path``'s
-    directory does not exist, cannot be reached, is not a directory or is
-    not writable (the sidecar is replaced there), if ``path`` is a
-    directory, or if an existing lock file is not readable. The same
-    conditions arising later (directory removed, permissions changed) raise
-    :class:`~aioelect.ElectionError` from :meth:`acquire`, at once.
+    instance per lock file. Raises ValueError at construction if ``mode`` is
+    neither ``0o600`` nor ``0o660``, if ``path``'s directory does
+    not exist, cannot be reached, is not a directory, is not writable (the
+    sidecar is replaced there) or may be written by every user without the
+    sticky bit, if ``path`` is a directory, or if an existing lock file is
+    not readable and writable. The same conditions arising later (directory
+    removed, permissions changed) raise :class:`~aioelect.ElectionError`
+    from :meth:`acquire`, at once. Construction looks at the directory
+    (``stat``); make it before the event loop runs if that could block.
     """
 
     def __init__(
@@ -746,7 +1024,14 @@ class FileElector(Elector):
         poll_interval: float = 0.05,
         check_interval: float = 1.0,
         stop_timeout: float = 5.0,
+        mode: int = DEFAULT_MODE,
     ) -> None:
+        if isinstance(mode, bool) or not isinstance(mode, int) or mode not in _MODES:
+            raise ValueError(
+                f"mode must be 0o600 (the default: the owner only) or 0o660 (the users of a group too), not "
+                f"{mode!r}: whoever may read the lock file can hold the lock forever, so other users never get "
+                "access"
+            )
         try:
             text = os.fspath(path)
         except TypeError:
@@ -771,16 +1056,26 @@ class FileElector(Elector):
             raise ValueError(
                 f"directory {directory} is not writable: the lock file and its {SIDECAR_SUFFIX} sidecar live there"
             )
-        if os.path.exists(full) and not os.access(full, os.R_OK):
-            raise ValueError(f"lock file {full} is not readable")
+        problem = _directory_problem(directory)
+        if problem is not None:
+            raise ValueError(problem)
+        if os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
+            raise ValueError(f"lock file {full} is not readable and writable (the token is kept in it)")
         backend = _FileBackend(
             path=full,
             name=validate_name(name),
             poll_interval=positive("poll_interval", poll_interval, maximum=60),
             check_interval=positive("check_interval", check_interval, maximum=3600),
+            mode=mode,
         )
         super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
         self._file = backend
+        if mode != DEFAULT_MODE:
+            backend.log.warning(
+                "mode=%s: the users of the lock file's group can open it and hold the lock; every one of them is "
+                "trusted with this election",
+                oct(mode),
+            )
 
     @property
     def path(self) -> str:
