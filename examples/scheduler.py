@@ -11,6 +11,10 @@ Run one instance by hand against any backend configured in the environment
     AIOELECT_FILE=/tmp/sched.lock python examples/scheduler.py --instance a
     AIOELECT_FILE=/tmp/sched.lock python examples/scheduler.py --instance b
 
+A server backend also needs the election's name, specific to this service
+(``AIOELECT_MYSQL_DSN=mysql://app@db/app AIOELECT_NAME=scheduler ...``):
+without it ``from_env()`` refuses to build the elector.
+
 ``examples/demo.py`` starts three of them with ``--json`` and reads their
 events. Every job fire checks ``lead.check()`` right before it acts (the
 fencing discipline) and carries the leadership's fencing token, so a
