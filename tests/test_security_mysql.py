@@ -93,6 +93,25 @@ async def test_both_tls_key_spellings_really_use_tls(
         await lead.release()
 
 
+async def test_verify_identity_in_underscore_spelling_refuses_an_untrusted_server(
+    tls_mariadb: MariaDBServer, certs: Certificates
+) -> None:
+    target = dsn(tls_mariadb, "ssl_user", ssl_mode="VERIFY_IDENTITY", ssl_ca=certs.other_ca)
+    async with MySQLElector(target, name=unique_name()) as elector:
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="TLS handshake failed"):
+            await elector.acquire()
+
+
+async def test_required_encrypts_without_verifying(tls_mariadb: MariaDBServer, certs: Certificates) -> None:
+    """REQUIRED is what MySQL says: TLS, but any certificate is accepted (hence its WARNING off loopback)."""
+    target = dsn(tls_mariadb, "ssl_user", ssl_mode="REQUIRED", ssl_ca=certs.other_ca)
+    async with MySQLElector(target, name=unique_name()) as elector:
+        with anyio.fail_after(10):
+            lead = await elector.acquire()
+        assert lead.held  # ssl_user REQUIRE SSL: encrypted, though the CA does not match
+        await lead.release()
+
+
 async def test_tls_user_is_refused_without_the_tls_keys(tls_mariadb: MariaDBServer) -> None:
     async with MySQLElector(dsn(tls_mariadb, "ssl_user"), name=unique_name()) as elector:
         with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
