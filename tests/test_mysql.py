@@ -130,8 +130,10 @@ async def test_follower_polls_once_per_interval_on_one_connection(mariadb: Maria
 async def test_follower_that_waited_past_its_deadline_keeps_the_leadership_it_wins(mariadb: MariaDBServer) -> None:
     """A follower whose lock request waited longer than renew_deadline still leads after winning.
 
-    The leadership is dated from a confirmation sent after the grant, not from
-    the request: dated from the request, it would start expired and be lost at once.
+    The case poll_interval=10, lease=10 scaled down to 4 and 4. The leadership
+    is dated from a statement sent after the grant, not from the request:
+    dated from the request, it would start expired and be lost at once, on
+    every campaign.
     """
     name = unique_name()
     timing = {"lease": 4, "check_interval": 0.3, "check_timeout": 0.7, "poll_interval": 4}  # renew_deadline 2.8 s
