@@ -77,6 +77,11 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     ``AIOELECT_FILE`` and ``AIOELECT_NAME`` (empty means unset; required
     with etcd, MySQL and PostgreSQL, see :func:`new`).
 
+    ``AIOELECT_ETCD_DEGRADE_TO_LOCAL`` (``1``/``true``/``yes``/``on`` or
+    ``0``/``false``/``no``/``off``; anything else is a ValueError) sets the
+    etcd elector's ``degrade_to_local``, off when unset: leading locally
+    without mutual exclusion is never chosen by accident.
+
     ``options`` override the environment.
     """
     env = os.environ if environ is None else environ
@@ -87,5 +92,26 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
         "file": env.get("AIOELECT_FILE") or None,
         "name": env.get("AIOELECT_NAME") or None,
     }
+    degrade = _env_flag(env, ENV_ETCD_DEGRADE_TO_LOCAL)
+    if degrade is not None and settings["etcd"] and "degrade_to_local" not in options:
+        settings["degrade_to_local"] = degrade
     settings.update(options)
     return new(**settings)
+
+
+#: Opt-in to etcd's local leadership (without mutual exclusion) while etcd has never answered.
+ENV_ETCD_DEGRADE_TO_LOCAL = "AIOELECT_ETCD_DEGRADE_TO_LOCAL"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def _env_flag(env: Mapping[str, str], variable: str) -> bool | None:
+    """The boolean in ``variable`` (None when unset or empty); ValueError for anything but a clear yes or no."""
+    value = env.get(variable, "").strip()
+    if not value:
+        return None
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"{variable} must be one of {', '.join(_TRUE + _FALSE)}, not {value!r}")

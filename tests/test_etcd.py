@@ -23,11 +23,12 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelect import BackendUnavailable, ElectionError, EtcdElector
+import aioelect
+from aioelect import BackendUnavailable, ElectionError, Elector, EtcdElector
 from aioelect.backends.etcd import parse_endpoints
 from aioelect.backends.etcd.election import EtcdBackend
 from aioelect.backends.etcd.session import Session
-from aioelect.testing import EtcdServer, free_port, require_binary
+from aioelect.testing import EtcdServer, TCPProxy, free_port, require_binary
 
 from .backends import Follower
 
@@ -113,10 +114,53 @@ def test_endpoints_forms() -> None:
         ("http://u:secret@h:1", "credentials"),
         ("h:99999", "port"),
         ("h:1/path", "path"),
+        # Without a scheme an endpoint is plain HTTP: next to an https:// one it would carry the password in clear.
+        ("etcd1:2379,https://etcd2:2379", "mix"),
+        ("https://etcd1:2379,etcd2:2379", "mix"),
+        (["etcd1:2379", "https://etcd2:2379"], "mix"),
     ]:
         with pytest.raises(ValueError, match=why) as info:
             parse_endpoints(bad)
         assert "secret" not in str(info.value)
+    assert [e.scheme for e in parse_endpoints("https://a:1,https://b:2")] == ["https", "https"]
+    assert [e.scheme for e in parse_endpoints("a:1,http://b:2")] == [None, "http"]
+
+
+def test_mixed_schemes_are_refused_by_the_elector() -> None:
+    """One endpoint without a scheme next to an https:// one: refused, never plaintext to both."""
+    for endpoints in ("etcd1:2379,https://etcd2:2379", ["https://etcd1:2379", "etcd2:2379"]):
+        with pytest.raises(ValueError, match="mix") as info:
+            EtcdElector(endpoints, username="root", password="s3cret-pw", name="/t")
+        assert "https://" in str(info.value) and "s3cret-pw" not in str(info.value)
+
+
+def test_degrading_is_opt_in_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EtcdElector, new() and from_env() keep mutual exclusion unless asked; the variable is parsed strictly."""
+    for variable in list(os.environ):
+        if variable.startswith("AIOELECT_"):
+            monkeypatch.delenv(variable)
+    ep = "127.0.0.1:2379"
+
+    def degrades(elector: Elector) -> bool:
+        assert isinstance(elector._backend, EtcdBackend)
+        return elector._backend.degrade_to_local
+
+    assert not degrades(EtcdElector(ep, name="/t"))
+    assert not degrades(aioelect.new(etcd=ep, name="/t"))
+    assert not degrades(aioelect.from_env({"AIOELECT_ETCD_ENDPOINTS": ep}, name="/t"))
+    monkeypatch.setenv("AIOELECT_ETCD_ENDPOINTS", ep)
+    assert not degrades(aioelect.from_env(name="/t"))
+    assert degrades(EtcdElector(ep, degrade_to_local=True, name="/t"))
+    for value, expected in [("1", True), ("true", True), ("YES", True), ("on", True), ("0", False), ("false", False)]:
+        env = {"AIOELECT_ETCD_ENDPOINTS": ep, "AIOELECT_ETCD_DEGRADE_TO_LOCAL": value}
+        assert degrades(aioelect.from_env(env, name="/t")) is expected, value
+        # An explicit option overrides the environment.
+        assert degrades(aioelect.from_env(env, degrade_to_local=not expected, name="/t")) is not expected
+    for bad in ("2", "maybe", "tru", "1 0"):
+        with pytest.raises(ValueError, match="AIOELECT_ETCD_DEGRADE_TO_LOCAL"):
+            aioelect.from_env({"AIOELECT_ETCD_ENDPOINTS": ep, "AIOELECT_ETCD_DEGRADE_TO_LOCAL": bad}, name="/t")
+    with pytest.raises(ValueError, match="True or False"):
+        EtcdElector(ep, degrade_to_local="yes", name="/t")  # type: ignore[arg-type]
 
 
 def test_options_are_validated_with_reasons() -> None:
@@ -432,19 +476,28 @@ async def test_lease_revoked_between_campaigns_campaigns_with_a_new_one(
     await again.release()
 
 
-async def test_etcd_gone_between_campaigns_degrades_with_a_warning(
+async def test_an_elector_that_reached_etcd_never_degrades(
     fresh_etcd: EtcdServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A session kept from the last leadership does not count as etcd answering: the next campaign degrades."""
+    """Opted in, an elector degrades only if etcd never answered it: not after a leadership, nor after leader()."""
     caplog.set_level(logging.WARNING, logger="aioelect")
-    async with EtcdElector(fresh_etcd.endpoints, name=unique(), identity="alone", ttl=TTL, connect_timeout=1) as a:
-        await (await a.acquire()).release()
+    name = unique()
+    options: dict[str, Any] = {"name": name, "ttl": TTL, "connect_timeout": 1, "degrade_to_local": True}
+    async with (
+        EtcdElector(fresh_etcd.endpoints, identity="led-before", **options) as led,
+        EtcdElector(fresh_etcd.endpoints, identity="only-asked", **options) as asked,
+    ):
+        await (await led.acquire()).release()
+        assert await asked.leader() is None
         await anyio.to_thread.run_sync(fresh_etcd.stop)
-        with anyio.fail_after(10):
-            lead = await a.acquire()
-        assert lead.token is None, "a degraded, local leadership"
-        assert any("WITHOUT mutual exclusion" in r.getMessage() for r in caplog.records)
-        await lead.release()
+        followers = [Follower(led), Follower(asked)]
+        await asyncio.sleep(3.0)  # several failed lease grants each
+        try:
+            assert not any(f.won.is_set() for f in followers), "an elector that reached etcd led locally"
+            assert not any("mutual exclusion" in r.getMessage() for r in caplog.records)
+        finally:
+            for follower in followers:
+                await follower.close()
 
 
 # --- leader() and observe() ------------------------------------------------------------------
@@ -580,10 +633,11 @@ async def test_degrade_to_local_when_etcd_is_unreachable(caplog: pytest.LogCaptu
     caplog.set_level(logging.WARNING, logger="aioelect")
     elector = EtcdElector(
         [f"127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"],
-        name="/t",
         identity="alone",
         ttl=TTL,
         connect_timeout=1,
+        degrade_to_local=True,
+        name="/t",
     )
     async with elector:
         with anyio.fail_after(5):
@@ -592,10 +646,67 @@ async def test_degrade_to_local_when_etcd_is_unreachable(caplog: pytest.LogCaptu
         assert any("WITHOUT mutual exclusion" in m and "every instance" in m for m in warnings), warnings
         assert lead.token is None
         await asyncio.sleep(elector.renew_deadline + 0.5)
-        assert lead.held, "a degraded leadership never loses"
+        assert lead.held, "a degraded leadership lasts while etcd does not answer"
         assert await elector.leader() == "alone"
         await lead.release()
         assert not lead.lost
+
+
+async def test_default_never_degrades_when_etcd_is_unreachable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without the opt-in, EtcdElector, new() and leadership() stay followers while no endpoint answers."""
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    for variable in list(os.environ):
+        if variable.startswith("AIOELECT_"):
+            monkeypatch.delenv(variable)
+    down = f"127.0.0.1:{free_port()}"
+    options: dict[str, Any] = {"name": "/t", "ttl": TTL, "connect_timeout": 1}
+    async with EtcdElector(down, **options) as direct, aioelect.new(etcd=down, **options) as built:
+        for elector in (direct, built):
+            with anyio.move_on_after(2.0) as scope:
+                await elector.acquire()
+            assert scope.cancelled_caught, f"{elector!r} led without etcd"
+    with anyio.move_on_after(2.0) as scope:
+        async with aioelect.leadership(etcd=down, **options):
+            raise AssertionError("leadership() led without etcd")
+    assert scope.cancelled_caught
+    assert not any("mutual exclusion" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_degraded_leadership_ends_as_soon_as_etcd_answers(
+    etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Leading locally lasts only until etcd answers; the next campaign is on etcd, and never degrades again."""
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    with TCPProxy(etcd.host, etcd.port) as proxy:
+        proxy.drop()
+        async with EtcdElector(
+            [proxy.endpoint], name=unique(), identity="cut-off", ttl=TTL, connect_timeout=1, degrade_to_local=True
+        ) as elector:
+            with anyio.fail_after(5):
+                degraded = await elector.acquire()
+            assert degraded.token is None
+            await asyncio.sleep(elector.renew_deadline + 0.2)
+            assert degraded.held
+            healed = time.monotonic()
+            proxy.heal()
+            with anyio.fail_after(5):
+                await degraded.wait_lost()
+            took = time.monotonic() - healed
+            assert "etcd answered" in (degraded.lost_reason or ""), degraded.lost_reason
+            assert took < 3.0, f"the degraded leadership outlived etcd's answer by {took:.2f}s"
+            await degraded.release()
+            with anyio.fail_after(5):
+                lead = await elector.acquire()
+            assert isinstance(lead.token, int), "the next leadership is on etcd"
+            await lead.release()
+            proxy.drop()
+            follower = Follower(elector)
+            await asyncio.sleep(2.0)
+            assert not follower.won.is_set(), "etcd answered once: the elector never degrades again"
+            await follower.close()
+    assert sum("WITHOUT mutual exclusion" in r.getMessage() for r in caplog.records) == 1, "one warning, one degrade"
 
 
 async def test_no_degrade_waits_for_etcd_then_leads(fresh_etcd: EtcdServer) -> None:

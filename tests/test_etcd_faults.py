@@ -225,6 +225,100 @@ async def test_session_expiring_while_campaigning_behind_a_stalled_link(
         await follower.close()
 
 
+class Census:
+    """Candidates each in ``run()`` (campaigning again after every loss); counts who leads every 10 ms."""
+
+    def __init__(self, electors: list[EtcdElector]) -> None:
+        self.electors = electors
+        self.most = 0
+        self.losses: list[str] = []
+        for elector in electors:
+            elector.add_listener(lambda event: self.losses.append(str(event.reason)) if event.kind == "lost" else None)
+        self._tasks = [asyncio.create_task(elector.run(anyio.sleep_forever)) for elector in electors]
+        self._sampler = asyncio.create_task(self._sample())
+
+    def leaders(self) -> list[str]:
+        return [e.identity for e in self.electors if e.leading]
+
+    async def _sample(self) -> None:
+        while True:
+            self.most = max(self.most, len(self.leaders()))
+            await asyncio.sleep(0.01)
+
+    async def one_leader_for(self, seconds: float) -> None:
+        """Every sample over ``seconds`` shows exactly one leader, always the same."""
+        first = self.leaders()
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            now = self.leaders()
+            assert len(now) == 1 and now == first, f"leaders {now}, then {first}"
+            await asyncio.sleep(0.01)
+
+    async def close(self) -> None:
+        for task in (*self._tasks, self._sampler):
+            task.cancel()
+        await asyncio.gather(*self._tasks, self._sampler, return_exceptions=True)
+
+
+@pytest.mark.parametrize("degrade", [None, True], ids=["default", "degrade-opted-in"])
+async def test_cut_off_leader_never_leads_locally_one_leader_after_heal(
+    fresh_etcd: EtcdServer, closing: list[EtcdElector], degrade: bool | None
+) -> None:
+    """A leader cut off from etcd loses, campaigns again and stays a follower: it reached etcd before, so it
+    never leads locally, even opted in to degrading; after the partition heals there is exactly one leader."""
+    name = unique()
+    ttl = 2
+    options: dict[str, object] = {"ttl": ttl, "connect_timeout": 1}
+    if degrade is not None:
+        options["degrade_to_local"] = degrade
+    with TCPProxy(fresh_etcd.host, fresh_etcd.port) as proxy:
+        cut = make(closing, [proxy.endpoint], name, "cut-off", **options)
+        direct = make(closing, fresh_etcd.endpoints, name, "direct", **options)
+        census = Census([cut])
+        try:
+            await eventually(lambda: census.leaders() == ["cut-off"], 5, "the proxied candidate to lead")
+            census.electors.append(direct)
+            census._tasks.append(asyncio.create_task(direct.run(anyio.sleep_forever)))
+            await asyncio.sleep(0.5)
+            assert census.leaders() == ["cut-off"]
+            proxy.stall()
+            await eventually(lambda: census.leaders() == ["direct"], ttl + 5, "the direct candidate to take over")
+            await asyncio.sleep(ttl + 1.0)  # the cut-off one fails lease grants meanwhile
+            assert census.leaders() == ["direct"], "the cut-off candidate leads locally"
+            proxy.heal()
+            await census.one_leader_for(3.0)
+            assert census.most == 1, "two leaders at once"
+            assert any("renew deadline" in r or "session ended" in r for r in census.losses), census.losses
+        finally:
+            await census.close()
+
+
+async def test_degraded_leader_steps_down_when_etcd_answers_one_leader_after_heal(
+    fresh_etcd: EtcdServer, closing: list[EtcdElector], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Opted in and cut off from its first request, a candidate leads locally beside etcd's leader (what the
+    option gives up); once the partition heals its local leadership is lost and run() campaigns on etcd."""
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    name = unique()
+    with TCPProxy(fresh_etcd.host, fresh_etcd.port) as proxy:
+        proxy.drop()
+        cut = make(closing, [proxy.endpoint], name, "degraded", ttl=2, connect_timeout=1, degrade_to_local=True)
+        direct = make(closing, fresh_etcd.endpoints, name, "direct", ttl=2, connect_timeout=1, degrade_to_local=True)
+        census = Census([direct, cut])
+        try:
+            await eventually(lambda: len(census.leaders()) == 2, 10, "both to lead (one locally)")
+            assert any("WITHOUT mutual exclusion" in r.getMessage() for r in caplog.records)
+            healed = time.monotonic()
+            proxy.heal()
+            await eventually(lambda: census.leaders() == ["direct"], 5, "the degraded leader to step down")
+            log.warning("degraded leadership ended %.3fs after etcd answered again", time.monotonic() - healed)
+            assert any("etcd answered" in reason for reason in census.losses), census.losses
+            await census.one_leader_for(3.0)
+            assert await cut.leader() == "direct", "the former degraded leader now sees etcd's leader"
+        finally:
+            await census.close()
+
+
 async def _has(server: EtcdServer, name: str, value: str) -> bool:
     return any(kv["value"] == value for kv in await keys(server, name))
 

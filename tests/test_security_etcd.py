@@ -23,6 +23,8 @@ import pytest
 
 from aioelect import BackendUnavailable, ElectionError, EtcdElector
 from aioelect.backends.etcd import parse_endpoints
+from aioelect.backends.etcd.election import EtcdBackend
+from aioelect.backends.etcd.session import Connection
 from aioelect.testing import (
     Certificates,
     EtcdServer,
@@ -388,3 +390,49 @@ async def test_password_never_appears_in_logs_reprs_events_or_errors(
     assert "rejected the credentials" in text and "does not accept" in text and "client certificate" in text
     # ...and the password never was.
     assert PASSWORD not in text
+
+
+# --- plaintext on the network ------------------------------------------------------------------
+
+
+def connection(elector: EtcdElector) -> Connection:
+    backend = elector._backend
+    assert isinstance(backend, EtcdBackend)
+    return backend.conn
+
+
+def test_plain_http_to_a_host_that_is_not_loopback_warns_once(
+    certs: Certificates, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The decision, and its one WARNING per elector, without sending anything to a host that is not loopback."""
+    caplog.set_level(logging.DEBUG, logger="aioelect")
+    conn = connection(
+        EtcdElector(["etcd-1.example:2379", "http://127.0.0.1:2379"], username="root", password=PASSWORD, name="/t")
+    )
+    warning = conn.transport_warning()
+    assert warning is not None and "etcd-1.example:2379" in warning and "not encrypted" in warning
+    assert "127.0.0.1" not in warning and "https://" in warning, warning
+    for _ in range(3):
+        conn.warn_transport()
+    warned = [r for r in caplog.records if "not encrypted" in r.getMessage()]
+    assert [r.levelno for r in warned] == [logging.WARNING], "exactly one WARNING per elector"
+    assert PASSWORD not in caplog.text
+    for quiet in (["127.0.0.1:2379"], ["localhost:2379", "http://127.8.9.10:23790"], ["[::1]:2379", "LOCALHOST:1"]):
+        assert connection(EtcdElector(quiet, name="/t")).transport_warning() is None, quiet
+    # TLS always verifies the server (there is no option to skip it): nothing to warn about.
+    assert (
+        connection(EtcdElector(["https://etcd-1.example:2379"], ca_file=certs.ca, name="/t")).transport_warning()
+        is None
+    )
+
+
+async def test_plain_http_to_loopback_connects_without_a_transport_warning(
+    etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="aioelect")
+    async with EtcdElector(etcd.endpoints, name=election(), ttl=2) as elector:
+        with anyio.fail_after(5):
+            lead = await elector.acquire()
+        await lead.release()
+        assert connection(elector)._transport_checked, "the check ran on the way to a real connection"
+    assert not any("not encrypted" in r.getMessage() for r in caplog.records)

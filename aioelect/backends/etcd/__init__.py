@@ -25,8 +25,10 @@ MIN_TTL = 2
 def parse_endpoints(endpoints: str | Sequence[str]) -> list[Endpoint]:
     """Parse ``host:port``, ``http://host:port`` or ``https://host:port`` (a list or one comma-separated string).
 
-    An endpoint given with a scheme keeps it in :attr:`Endpoint.scheme`;
-    mixing ``http://`` and ``https://`` is a ValueError.
+    An endpoint given with a scheme keeps it in :attr:`Endpoint.scheme`.
+    Every endpoint is reached the same way: ``https://`` on some endpoints
+    and not on others (``http://`` or no scheme) is a ValueError, never
+    plain HTTP to some or all of them.
     """
     if isinstance(endpoints, str):
         items = endpoints.split(",")
@@ -55,8 +57,12 @@ def parse_endpoints(endpoints: str | Sequence[str]) -> list[Endpoint]:
         parsed.append(Endpoint(parts.hostname, port or DEFAULT_PORT, scheme))
     if not parsed:
         raise ValueError("at least one etcd endpoint is needed")
-    if len({e.scheme for e in parsed if e.scheme is not None}) > 1:
-        raise ValueError("endpoints mix http:// and https://: every member of one cluster is reached the same way")
+    if len({e.scheme == "https" for e in parsed}) > 1:
+        plain = next(e for e in parsed if e.scheme != "https")
+        raise ValueError(
+            f"endpoints mix http:// and https://: {plain} is plain HTTP ({'http://' if plain.scheme else 'no scheme'}) "
+            "beside https:// endpoints; every member of one cluster is reached the same way: write https:// on each"
+        )
     return parsed
 
 
@@ -89,10 +95,17 @@ class EtcdElector(Elector):
       does not verify, a client certificate missing or refused, TLS on one
       side only): that is never taken for an unreachable etcd, so it never
       degrades to local leadership;
-    * if no endpoint can be reached when a campaign starts, it leads locally
-      with a WARNING when ``degrade_to_local`` (no mutual exclusion then:
-      every instance that cannot reach etcd may lead), else it retries with
-      backoff and stays a follower until etcd answers.
+    * while etcd cannot be reached, a candidate retries with backoff and
+      stays a follower until etcd answers;
+    * only with ``degrade_to_local=True`` (off by default; the environment
+      variable ``AIOELECT_ETCD_DEGRADE_TO_LOCAL`` of :func:`aioelect.from_env`)
+      may it lead locally instead, WITHOUT mutual exclusion (every instance
+      that cannot reach etcd may lead), with a WARNING, and only while etcd
+      has never answered this elector since it was created: never after a
+      campaign, a leadership or a :meth:`leader` call reached etcd, so never
+      after a loss. A degraded leadership keeps asking etcd and is lost
+      (``lost_reason`` says "etcd answered") as soon as etcd answers; the
+      next campaign, by :meth:`run` or the caller, is on etcd.
 
     ``endpoints`` is a list, or a comma-separated string, of ``host:port``,
     ``http://host:port`` or ``https://host:port``. TLS is used with
@@ -102,8 +115,12 @@ class EtcdElector(Elector):
     host (an IP address in its subjectAltName for ``127.0.0.1:2379``);
     ``cert_file`` and ``key_file`` (PEM, unencrypted key) are the client
     certificate for etcd's ``--client-cert-auth``. The files are checked
-    here and read again at each reconnection. ``username``/``password`` work
-    with or without TLS (use TLS so that the password is not sent in clear).
+    here and read again at each reconnection; TLS always verifies the
+    server (there is no option to skip it). ``https://`` on some endpoints
+    only is a ValueError. ``username``/``password`` work with or without TLS
+    (use TLS so that the password is not sent in clear): without TLS, the
+    first connection logs one WARNING per elector naming the endpoints that
+    are not loopback (127.0.0.0/8, ``::1``, ``localhost``).
 
     ``ttl`` is the session lease in whole seconds (at least 2); keep-alives
     go out every ``ttl / 3`` (on one long-lived gRPC stream); ``renew_deadline``
@@ -121,7 +138,7 @@ class EtcdElector(Elector):
         identity: str | None = None,
         username: str | None = None,
         password: str | None = None,
-        degrade_to_local: bool = True,
+        degrade_to_local: bool = False,
         connect_timeout: float = 5.0,
         renew_deadline: float | None = None,
         stop_timeout: float = 5.0,
@@ -136,7 +153,8 @@ class EtcdElector(Elector):
             raise ValueError(
                 f"endpoint http://{plain[0]} is plain HTTP but ca_file/cert_file/key_file ask for TLS: use https://"
             )
-        tls = EtcdTLS.load(ca_file, cert_file, key_file) if tls_files or parsed[0].scheme == "https" else None
+        https = parsed[0].scheme == "https"  # every endpoint's, as parse_endpoints checked
+        tls = EtcdTLS.load(ca_file, cert_file, key_file) if tls_files or https else None
         name = validate_name(name, max_length=1024)
         if isinstance(ttl, bool) or not float(positive("ttl", ttl)).is_integer():
             raise ValueError(f"ttl must be a whole number of seconds (etcd leases have whole-second TTLs), not {ttl!r}")

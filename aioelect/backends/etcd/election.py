@@ -49,14 +49,6 @@ class _KeyLost(Exception):
     """Our candidate key vanished while our lease lives (deleted by hand): put it again."""
 
 
-class _Unreachable(Exception):
-    """No endpoint answered since the campaign started: the caller may degrade to local leadership."""
-
-    def __init__(self, cause: Transient) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
 class EtcdHold(Hold):
     """Leadership held as the candidate key with the lowest create revision."""
 
@@ -161,8 +153,19 @@ class EtcdHold(Hold):
                     await b.drop(session)
 
 
+#: Why a degraded leadership ends.
+ETCD_ANSWERED = "etcd answered: the local leadership taken without mutual exclusion ends; campaign on etcd"
+
+
 class DegradedHold(Hold):
-    """Local leadership while etcd cannot be reached: nothing can take it away."""
+    """Local leadership while etcd has never answered this elector (``degrade_to_local=True``).
+
+    Guarantees: it lasts only until etcd answers. It asks etcd every
+    ``keepalive_interval`` (and notices any other request of the elector
+    that etcd answers, :meth:`EtcdBackend.leader` included) and is lost as
+    soon as one is answered, with a reason starting "etcd answered", so that
+    the next campaign is on etcd.
+    """
 
     def __init__(self, backend: EtcdBackend, identity: str) -> None:
         self._backend = backend
@@ -170,10 +173,27 @@ class DegradedHold(Hold):
         self.acquired_at = monotonic()
 
     async def monitor(self, confirm: Confirm) -> str:
-        # Nothing to renew: confirm on time so that the keeper's renew deadline never fences us.
+        _, reason = await first_of(lambda: self._confirm_on_time(confirm), self._until_etcd_answers)
+        return str(reason)
+
+    async def _confirm_on_time(self, confirm: Confirm) -> None:
+        # Nothing to renew: confirm on time so that the keeper's renew deadline does not fence us.
         while True:
             confirm(monotonic())
             await anyio.sleep(self._backend.keepalive_interval)
+
+    async def _until_etcd_answers(self) -> str:
+        b = self._backend
+        while not b.conn.ever_answered:
+            try:
+                await b.first_candidate()
+            except Transient as exc:
+                b.log.debug("etcd still unreachable (%s); leading locally", exc)
+            except ElectionError as exc:
+                return f"{ETCD_ANSWERED} ({exc})"
+            if not b.conn.ever_answered:
+                await anyio.sleep(b.keepalive_interval)
+        return ETCD_ANSWERED
 
     async def release(self) -> None:
         if self._backend.degraded is self:
@@ -234,7 +254,7 @@ class EtcdBackend(Backend):
 
     def describe_timing(self) -> str:
         degrade = (
-            "degrades to local leadership if etcd cannot be reached"
+            "leads locally WITHOUT mutual exclusion while etcd has never answered (degrade_to_local=True)"
             if self.degrade_to_local
             else "waits for etcd if it cannot be reached"
         )
@@ -412,8 +432,6 @@ class EtcdBackend(Backend):
     async def campaign(self, identity: str) -> Hold:
         value = identity.encode()
         backoff = Backoff(first=0.1, maximum=2.0)
-        started = monotonic()
-        contacted = False
         while True:
             session = self.session
             if session is not None and session.done.is_set():
@@ -432,33 +450,27 @@ class EtcdBackend(Backend):
                         request_timeout=self.request_timeout,
                     )
                 except Transient as exc:
-                    if not contacted and not exc.answered and self.degrade_to_local:
+                    # Only an etcd that never answered this elector: after any contact, another
+                    # candidate may lead on etcd, and leading locally would be a second leader.
+                    if self.degrade_to_local and not self.conn.ever_answered:
                         return self._degrade(identity, exc)
-                    contacted = contacted or exc.answered
                     delay = backoff.next_delay()
                     self.report_error(f"cannot start an etcd session ({exc})", delay)
                     await anyio.sleep(delay)
                     continue
-                contacted = True
                 self.session = session
                 self.sessions.add(session)
             try:
-                return await self._campaign_in(session, value, backoff, contacted=contacted, since=started)
+                return await self._campaign_in(session, value, backoff)
             except SessionEnded as exc:
                 self.log.info("session ended while campaigning (%s); campaigning again with a new session", exc)
-            except _Unreachable as exc:
-                return self._degrade(identity, exc.cause)
-            contacted = contacted or self.conn.answered_at >= started
 
-    async def _campaign_in(
-        self, session: Session, value: bytes, backoff: Backoff, *, contacted: bool, since: float
-    ) -> Hold:
+    async def _campaign_in(self, session: Session, value: bytes, backoff: Backoff) -> Hold:
         """Campaign with ``session`` until we lead; raise SessionEnded if it ends first.
 
         Anything but success (cancellation included) deletes our key and ends
-        the session (revokes its lease). Raises ``_Unreachable`` if etcd has
-        not answered since ``since`` (a session kept from an earlier
-        campaign) and ``degrade_to_local`` allows leading locally.
+        the session (revokes its lease). Never degrades: a session means etcd
+        answered.
         """
         key = self.prefix + f"{session.lease_id:x}".encode()
         won = False
@@ -473,9 +485,6 @@ class EtcdBackend(Backend):
                     if exc.lease_gone:
                         session.expire("etcd reports the lease gone")
                         raise SessionEnded(str(exc)) from None
-                    contacted = contacted or exc.answered or self.conn.answered_at >= since
-                    if not contacted and self.degrade_to_local:
-                        raise _Unreachable(exc) from None
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({exc})", delay)
                     with anyio.move_on_after(delay):
@@ -522,9 +531,9 @@ class EtcdBackend(Backend):
 
     def _degrade(self, identity: str, exc: Transient) -> Hold:
         self.log.warning(
-            "etcd cannot be reached at %s (%s); degrade_to_local=True, so leading locally WITHOUT mutual "
-            "exclusion: every instance that cannot reach etcd may become leader at the same time. "
-            "Pass degrade_to_local=False to wait for etcd instead.",
+            "etcd at %s has never answered this elector (%s); degrade_to_local=True, so leading locally WITHOUT "
+            "mutual exclusion: every instance that cannot reach etcd may become leader at the same time. This "
+            "leadership is lost as soon as etcd answers. Leave degrade_to_local off to wait for etcd instead.",
             self.conn.describe(),
             exc,
         )

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import anyio
 
 from ..._backend import Backoff, Confirm, monotonic
+from ..._config import is_loopback, transport_warning
 from ..._errors import ElectionError
 from ..._log import ElectionLog
 
@@ -659,6 +660,7 @@ class Connection:
         self.closed = False
         #: Monotonic time of the last request that etcd answered, with a result or an error (-inf: none yet).
         self.answered_at = float("-inf")
+        self._transport_checked = False
 
     def __repr__(self) -> str:
         return f"<Connection {self.describe()}>"
@@ -666,6 +668,38 @@ class Connection:
     @property
     def log(self) -> ElectionLog:
         return self._log()
+
+    @property
+    def ever_answered(self) -> bool:
+        """True once any etcd member has answered any request of this connection (with a result or an error)."""
+        return self.answered_at > float("-inf")
+
+    def transport_warning(self) -> str | None:
+        """Why this connection is exposed on the network, or None.
+
+        Plain HTTP to an endpoint that is not loopback is; TLS always
+        verifies the server here, so TLS never is.
+        """
+        if self.tls is not None:
+            return None
+        remote = [e for e in self.endpoints if not is_loopback(e.host)]
+        if not remote:
+            return None
+        return transport_warning(
+            "etcd at " + ", ".join(str(e) for e in remote),
+            encrypted=False,
+            verified=False,
+            fix="use https:// endpoints, with ca_file unless the system CAs sign etcd's certificate",
+        )
+
+    def warn_transport(self) -> None:
+        """Log :meth:`transport_warning` as a WARNING, once per connection (so once per elector)."""
+        if self._transport_checked:
+            return
+        self._transport_checked = True
+        warning = self.transport_warning()
+        if warning is not None:
+            self.log.warning("%s", warning)
 
     def describe(self) -> str:
         if self.tls is None:
@@ -685,6 +719,7 @@ class Connection:
             if current is not None and not current.retired.is_set():
                 return current
             endpoint = self.endpoints[self._index]
+            self.warn_transport()
             channel = await self._open(endpoint)
             self._current = channel
             self._channels.add(channel)
@@ -724,6 +759,7 @@ class Connection:
             raise failure from None
         if with_auth:
             self._reached.add(endpoint)
+            self.answered_at = monotonic()
         self.log.debug("connected to etcd at %s", endpoint)
         return _Channel(client, endpoint)
 
@@ -899,6 +935,8 @@ class Connection:
                     if failure is exc:
                         raise
                     raise failure from None
+                if created is not grpc.aio.EOF:
+                    self.answered_at = monotonic()
                 created = self.check_watch_response(created, channel, "watch")
                 if not created.created:
                     raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
