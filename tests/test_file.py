@@ -970,6 +970,20 @@ async def test_a_lock_file_planted_by_a_stranger_is_refused_not_waited_on(shared
     assert str(path) in message and "owned by" in message and "nobody" in message, message
 
 
+@needs_root
+def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    """Its owner could rename the lock file away and let a second candidate lead on a new one."""
+    directory = tmp_path / "theirs"
+    directory.mkdir(mode=0o755)
+    os.chown(directory, STRANGER, STRANGER)
+    with pytest.raises(ValueError, match=r"owned by nobody \(uid 65534\)"):
+        FileElector(directory / "x.lock")
+    with pytest.raises(ValueError, match="owned by nobody"):
+        FileElector(directory / "x.lock", mode=0o660)  # its group is not one of ours either
+    os.chown(directory, 0, 0)
+    FileElector(directory / "x.lock")  # root's directories are trusted
+
+
 def test_a_directory_every_user_may_write_without_the_sticky_bit_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "open"
     directory.mkdir()

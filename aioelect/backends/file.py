@@ -61,7 +61,9 @@ does). No extra dependency.
   regular file owned by this user (or, with ``mode=0o660``, by a user of one
   of our groups): anything else is a clear :class:`~aioelect.ElectionError`,
   never a wait. The sidecar is read up to 64 KiB, whatever its size says.
-  A directory every user may write to without the sticky bit is refused.
+  A directory every user may write to without the sticky bit is refused, and
+  so is one owned by another user than ours or root (with ``mode=0o660``:
+  unless it belongs to one of our groups).
 * **The event loop never waits for the disk.** Opening, reading, writing,
   renaming and fsyncing run in worker threads; on the loop run only calls
   on descriptors already open that cannot block (``flock`` with
@@ -440,14 +442,17 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "of an unknown type")
 
 
-def _directory_problem(directory: str) -> str | None:
+def _directory_problem(directory: str, mode: int) -> str | None:
     """Why ``directory`` cannot hold an election's files safely, or None.
 
-    Refused: a directory every user may write to without the sticky bit. Any
-    of them could rename or delete the lock file and put another in its place,
-    and candidates locking the new file would lead beside the old leader until
-    its next check. With the sticky bit (as /tmp has) others may only add
-    files, which the owner checks refuse. A path lookup: call it off the loop.
+    Whoever may rename files in it can move the lock file away while it is
+    held, and candidates locking a new one would lead beside the old leader
+    until its next check. Refused therefore: a directory every user may write
+    to without the sticky bit (with it, as /tmp has, others may only add
+    files, which the owner checks refuse), and a directory owned by another
+    user than this process's or root, unless ``mode`` shares the election
+    with a group and the directory belongs to one of our groups. A path
+    lookup: call it off the event loop.
     """
     st = os.stat(directory)
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
@@ -456,6 +461,15 @@ def _directory_problem(directory: str) -> str | None:
             "the lock file and let two candidates lead at once; use a directory of your own, or remove write "
             "access for others (chmod o-w), or set the sticky bit as /tmp has (chmod +t)"
         )
+    if st.st_uid not in (os.geteuid(), 0):
+        shared = mode & 0o070 and st.st_gid in {os.getegid(), *os.getgroups()}
+        if not shared:
+            return (
+                f"directory {directory} is owned by {_user(st.st_uid)}, not by this process's user "
+                f"{_user(os.geteuid())} or root: its owner could replace the lock file and let two candidates "
+                "lead at once; use a directory of your own (for a group of users: one of that group, with "
+                "mode=0o660)"
+            )
     return None
 
 
@@ -694,7 +708,7 @@ class _FileBackend(Backend):
         Runs in a worker thread; the descriptors go into ``attempt`` as soon as they
         exist, so that a campaign cancelled meanwhile still closes them.
         """
-        problem = _directory_problem(self.directory)
+        problem = _directory_problem(self.directory, self.mode)
         if problem is not None:
             raise ElectionError(problem)
         attempt.lock_fd = self._open(self.path, "lock file", create=True, write=True, fix=True)
@@ -995,7 +1009,9 @@ class FileElector(Elector):
     access: any of them could hold the lock forever.
 
     The directory must not let strangers replace files: one that every user
-    may write to without the sticky bit is refused. /tmp (sticky) works, but
+    may write to without the sticky bit is refused, and so is one owned by
+    another user than this process's or root (with ``mode=0o660``: unless
+    it belongs to one of our groups). /tmp (sticky) works, but
     any user can create the lock file there first, which then refuses every
     campaign (an error, not two leaders); prefer a directory of your own
     (``/run/<service>``, ``$XDG_RUNTIME_DIR``).
@@ -1005,14 +1021,15 @@ class FileElector(Elector):
     never deleted. A waiting candidate holds two descriptors (the lock file,
     ``.waiting``), and each event loop with waiting candidates one inotify
     instance per lock file. Raises ValueError at construction if ``mode`` is
-    neither ``0o600`` nor ``0o660``, if ``path``'s directory does
-    not exist, cannot be reached, is not a directory, is not writable (the
-    sidecar is replaced there) or may be written by every user without the
-    sticky bit, if ``path`` is a directory, or if an existing lock file is
-    not readable and writable. The same conditions arising later (directory
-    removed, permissions changed) raise :class:`~aioelect.ElectionError`
-    from :meth:`acquire`, at once. Construction looks at the directory
-    (``stat``); make it before the event loop runs if that could block.
+    neither ``0o600`` nor ``0o660``; if ``path``'s directory does not exist,
+    cannot be reached, is not a directory, is not writable (the sidecar is
+    replaced there), may be written by every user without the sticky bit,
+    or is owned by another user; if ``path`` is a directory; or if an
+    existing lock file is not readable and writable. The same conditions
+    arising later (directory removed, permissions changed) raise
+    :class:`~aioelect.ElectionError` from :meth:`acquire`, at once.
+    Construction looks at the directory (``stat``): construct electors
+    before the event loop runs if that could block.
     """
 
     def __init__(
@@ -1056,7 +1073,7 @@ class FileElector(Elector):
             raise ValueError(
                 f"directory {directory} is not writable: the lock file and its {SIDECAR_SUFFIX} sidecar live there"
             )
-        problem = _directory_problem(directory)
+        problem = _directory_problem(directory, mode)
         if problem is not None:
             raise ValueError(problem)
         if os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
