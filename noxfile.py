@@ -1,0 +1,88 @@
+"""The interpreter matrix: ``nox -s matrix`` runs the suite that needs no server on every supported Python.
+
+Sessions:
+
+- ``matrix-3.10`` ... ``matrix-3.13``: a fresh environment per interpreter with the package, its
+  drivers and its test dependencies, then the tests that need no server: the contract
+  suite on the local, file and memory backends, the elector core, the file backend, command-line
+  parsing, and the version-specific asyncio tests.
+- ``tests``: the whole suite, servers included, on the interpreter running nox and in its
+  environment (``make pytest`` runs the same command in ``.venv``).
+
+An interpreter that cannot be found is skipped, except with ``--error-on-missing-interpreters``
+(``make test`` passes it when ``CI`` is set), where it fails the run. Interpreters installed with
+pyenv are found without activating them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+import nox
+
+#: Every Python the package claims (pyproject's classifiers and README name the same list).
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+
+#: The tests that need no server, by file; ``None`` takes the whole file, otherwise a ``-k`` filter.
+NO_SERVER: dict[str, str | None] = {
+    "tests/test_contract.py": "local or file or memory",
+    "tests/test_elector.py": None,
+    "tests/test_file.py": None,
+    "tests/test_cli.py": "bad_usage or help or console_script",
+    "tests/test_asyncio_versions.py": None,
+}
+
+nox.options.sessions = ["matrix", "tests"]
+nox.options.default_venv_backend = "uv|virtualenv"
+# A missing interpreter is reported (skipped, or an error in CI), never fetched from the network.
+nox.options.download_python = "never"
+
+_PATH = os.environ.get("PATH", "")
+
+
+def _pyenv_bin_dirs() -> list[str]:
+    """The ``bin`` folder of the newest pyenv-installed patch release of each of :data:`PYTHONS`.
+
+    pyenv's shims run only the versions selected with ``pyenv global``/``local``; the folders
+    themselves hold a working ``pythonX.Y`` whatever is selected.
+    """
+    root = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    found: list[str] = []
+    for minor in PYTHONS:
+        releases = [
+            (int(path.name.rsplit(".", 1)[1]), path / "bin")
+            for path in root.glob(f"{minor}.*")
+            if re.fullmatch(rf"{re.escape(minor)}\.\d+", path.name) and (path / "bin" / f"python{minor}").exists()
+        ]
+        if releases:
+            found.append(str(max(releases)[1]))
+    return found
+
+
+# Ahead of pyenv's shims, which would be found first and then refuse to run an unselected version.
+os.environ["PATH"] = os.pathsep.join([*_pyenv_bin_dirs(), _PATH])
+
+
+def no_server_args() -> list[str]:
+    files = list(NO_SERVER)
+    stem = {path: Path(path).stem for path in files}
+    selected = [stem[path] if only is None else f"({stem[path]} and ({only}))" for path, only in NO_SERVER.items()]
+    return [*files, "-k", " or ".join(selected)]
+
+
+@nox.session(python=PYTHONS)
+def matrix(session: nox.Session) -> None:
+    """The tests that need no server, on one interpreter."""
+    session.install(".[all,test]")
+    session.run("python", "--version")
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *no_server_args(), *session.posargs)
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """The whole suite (servers included) on the interpreter running nox, in its environment."""
+    # The caller's PATH: pyenv's folders ahead of it would change which ``python3`` the tests start.
+    session.run(sys.executable, "-m", "pytest", *session.posargs, env={"PATH": _PATH})
