@@ -46,11 +46,14 @@ def unique_name(prefix: str = "t") -> str:
     return f"{prefix}-{secrets.token_hex(4)}"
 
 
-async def handover_delays(a: Elector, b: Elector, *, rounds: int, pause: tuple[float, float]) -> list[float]:
+async def handover_delays(
+    a: Elector, b: Elector, *, rounds: int, pause: tuple[float, float], consecutive: bool = True
+) -> list[float]:
     """Pass leadership between ``a`` and ``b`` ``rounds`` times; return how long each takeover took.
 
     The leader releases after a random pause in ``pause`` (so at a random phase of the
-    other's wait); each successor must be the other candidate, with the next token.
+    other's wait); each successor must be the other candidate, with the next token
+    (``consecutive``) or a larger one.
     """
     delays: list[float] = []
     won: asyncio.Queue[tuple[float, Leadership, asyncio.Event]] = asyncio.Queue()
@@ -75,7 +78,10 @@ async def handover_delays(a: Elector, b: Elector, *, rounds: int, pause: tuple[f
             at, successor, handed_on = await won.get()
             delays.append(at - released)
             assert successor.identity != lead.identity
-            assert successor.token == (lead.token or 0) + 1
+            if consecutive:
+                assert successor.token == (lead.token or 0) + 1
+            else:
+                assert successor.token is not None and successor.token > (lead.token or 0)
             lead = successor
         tg.cancel_scope.cancel()
     return delays

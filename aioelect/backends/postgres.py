@@ -25,8 +25,16 @@ The lock lives exactly as long as the server session that took it, so:
   TCP keepalives (``tcp_keepalives_*``) are set too; they only detect a dead
   or unreachable client host, never a stopped process whose kernel answers;
 * the identity is the session's ``application_name`` (truncated to 63
-  bytes), visible in ``pg_stat_activity``; with ``fencing=True`` the full
-  identity and a token are kept in table ``aioelect_leaders``.
+  bytes), visible in ``pg_stat_activity``;
+* with ``fencing=True`` a leadership's token is the server's transaction id
+  (``pg_current_xact_id()``), taken after the lock is held and written to
+  the WAL before it is handed out: it needs no table and no privilege, and
+  transaction ids only grow;
+* with ``schema=`` each leader also records its full identity and token in
+  ``<schema>.aioelect_leaders``, a table the connecting role must own;
+* every session runs with ``search_path = pg_catalog, pg_temp`` and every
+  name is schema-qualified: nothing another role creates can stand in for
+  what aioelect calls.
 """
 
 from __future__ import annotations
@@ -34,13 +42,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import os
 import ssl as _ssl
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
 from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic, until_recorded
-from .._config import LockTiming, parse_dsn, server_address, tls_context, validate_name
+from .._config import LockTiming, parse_dsn, server_address, transport_warning, validate_name
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 
@@ -49,41 +59,110 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("the PostgreSQL backend needs asyncpg: pip install 'aioelect[postgres]'") from exc
 
-__all__ = ["PostgresElector", "advisory_key", "application_name", "lock_ids", "KEY_SQL", "FENCING_TABLE", "FENCING_DDL"]
+__all__ = [
+    "PostgresElector",
+    "advisory_key",
+    "application_name",
+    "lock_ids",
+    "KEY_SQL",
+    "FENCING_TABLE",
+    "fencing_ddl",
+]
 
-#: The table that keeps fencing tokens and the holders' identities.
+#: The table, in the schema given by ``schema=``, that keeps the leaders' identities and tokens.
 FENCING_TABLE = "aioelect_leaders"
-FENCING_DDL = f"""CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (
+
+
+def _ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _table(schema: str) -> str:
+    return f"{_ident(schema)}.{FENCING_TABLE}"
+
+
+def fencing_ddl(schema: str) -> str:
+    """The statement that creates the leaders table in ``schema`` (run as the role that will use it)."""
+    return f"""CREATE TABLE IF NOT EXISTS {_table(schema)} (
   name text PRIMARY KEY,
   token bigint NOT NULL,
   holder text NOT NULL,
   pid integer NOT NULL,
-  acquired_at timestamptz NOT NULL DEFAULT now()
+  acquired_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 )"""
+
+
 #: The same key as :func:`advisory_key`, computed by PostgreSQL 11+ from the name in ``$1``.
 KEY_SQL = "SELECT ('x' || left(encode(sha256(convert_to($1, 'UTF8')), 'hex'), 16))::bit(64)::bigint"
 
 #: application_name is cut by the server at NAMEDATALEN - 1 bytes.
 _MAX_APPLICATION_NAME = 63
+_MAX_IDENTIFIER = 63
+#: Functions and operators resolve in pg_catalog only; relations are always written schema-qualified.
+_SEARCH_PATH = "pg_catalog, pg_temp"
 _SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 _TLS_FILES = ("sslrootcert", "sslcert", "sslkey")
-_CURRENT_DB = "(SELECT oid FROM pg_database WHERE datname = current_database())"
+_CURRENT_DB = "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
 # A bigint advisory lock shows in pg_locks as classid = high 32 bits, objid = low 32 bits, objsubid = 1.
 _LOCK_ROW = f"locktype = 'advisory' AND database = {_CURRENT_DB} AND classid = $1 AND objid = $2 AND objsubid = 1"
-_HELD_BY_ME = f"SELECT EXISTS (SELECT 1 FROM pg_locks WHERE {_LOCK_ROW} AND granted AND pid = pg_backend_pid())"
+_HELD_BY_ME = (
+    f"SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE {_LOCK_ROW} AND granted "
+    "AND pid = pg_catalog.pg_backend_pid())"
+)
 _HOLDER = f"""SELECT l.pid, a.application_name, a.backend_start
-FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.database = {_CURRENT_DB} AND l.classid = $1 AND l.objid = $2
   AND l.objsubid = 1 AND l.granted
 LIMIT 1"""
-_LOCK = "SELECT pg_advisory_lock($1)"
-_UNLOCK = "SELECT pg_advisory_unlock($1)"
-_FENCED_HOLDER = f"SELECT holder FROM {FENCING_TABLE} WHERE name = $1 AND pid = $2 AND acquired_at >= $3"
-_FENCE = (
-    f"INSERT INTO {FENCING_TABLE} AS f (name, token, holder, pid) VALUES ($1, 1, $2, pg_backend_pid()) "
-    "ON CONFLICT (name) DO UPDATE SET token = f.token + 1, holder = EXCLUDED.holder, pid = EXCLUDED.pid, "
-    "acquired_at = now() RETURNING token"
+_LOCK = "SELECT pg_catalog.pg_advisory_lock($1)"
+_UNLOCK = "SELECT pg_catalog.pg_advisory_unlock($1)"
+# The token is this statement's transaction id. A transaction that only takes an id commits
+# without flushing the WAL, so a crash right after could hand the same id out again; the
+# transactional logical message makes the commit write WAL, so a synchronous commit flushes it
+# (and waits for synchronous standbys) before the token is returned.
+_TOKEN = (
+    "SELECT pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8, "
+    "pg_catalog.pg_logical_emit_message(true, 'aioelect', ''::pg_catalog.text)"
 )
+_TOKEN_BEFORE_13 = (
+    "SELECT pg_catalog.txid_current(), pg_catalog.pg_logical_emit_message(true, 'aioelect', ''::pg_catalog.text)"
+)
+_MESSAGE_FUNCTION = "pg_catalog.pg_logical_emit_message(boolean, pg_catalog.text, pg_catalog.text)"
+_CAN_TOKEN = f"SELECT pg_catalog.has_function_privilege('{_MESSAGE_FUNCTION}', 'EXECUTE')"
+# Who may change the leaders table: its schema's owner (pg_database_owner stands for the
+# database's owner) and the table's owner. Both must be us or a superuser.
+_TABLE_INFO = f"""SELECT me.rolname AS me,
+  n.oid IS NOT NULL AS schema_exists,
+  pg_catalog.pg_get_userbyid(o.oid) AS schema_owner,
+  (o.oid = me.oid OR o.rolsuper) AS schema_trusted,
+  n.oid IS NOT NULL AND pg_catalog.has_schema_privilege(n.oid, 'USAGE') AS can_use,
+  n.oid IS NOT NULL AND pg_catalog.has_schema_privilege(n.oid, 'CREATE') AS can_create,
+  c.relkind::pg_catalog.text AS relkind,
+  pg_catalog.pg_get_userbyid(c.relowner) AS table_owner,
+  c.relowner = me.oid AS table_mine
+FROM pg_catalog.pg_roles me
+LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = $1
+LEFT JOIN pg_catalog.pg_roles o ON o.oid = CASE
+  WHEN pg_catalog.pg_get_userbyid(n.nspowner) = 'pg_database_owner'
+  THEN (SELECT d.datdba FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+  ELSE n.nspowner END
+LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = '{FENCING_TABLE}'
+WHERE me.rolname = CURRENT_USER"""
+
+
+def _record_sql(schema: str) -> str:
+    return (
+        f"INSERT INTO {_table(schema)} AS f (name, token, holder, pid) "
+        "VALUES ($1, $2, $3, pg_catalog.pg_backend_pid()) "
+        "ON CONFLICT (name) DO UPDATE SET token = EXCLUDED.token, holder = EXCLUDED.holder, "
+        "pid = EXCLUDED.pid, acquired_at = pg_catalog.now()"
+    )
+
+
+def _recorded_holder_sql(schema: str) -> str:
+    return f"SELECT holder FROM {_table(schema)} WHERE name = $1 AND pid = $2 AND acquired_at >= $3"
+
 
 # Errors that no retry can fix: authentication, unknown database, privileges, SQL, client configuration.
 _PERMANENT: tuple[type[BaseException], ...] = (
@@ -111,24 +190,114 @@ def application_name(identity: str) -> str:
     return identity.encode("utf-8")[:_MAX_APPLICATION_NAME].decode("utf-8", "ignore")
 
 
-def _tls_from_dsn(tls: dict[str, str]) -> _ssl.SSLContext | str | None:
-    """What the DSN's libpq-style TLS parameters ask for: an sslmode, a context built from files, or None."""
-    mode = tls.get("sslmode")
+class _NoTls(ConnectionError):
+    """The server offers no TLS but the sslmode requires it: no retry can fix it."""
+
+
+@dataclass(frozen=True)
+class _Tls:
+    """How every connection is encrypted, resolved once with libpq's rules.
+
+    ``attempts`` are tried in order: ``False`` is plaintext, a context is TLS.
+    ``prefer`` tries TLS and falls back to plaintext when the server has no
+    TLS or the TLS attempt fails; ``allow`` tries plaintext first and TLS when
+    the server refuses it; the other modes make one attempt.
+    """
+
+    mode: str
+    attempts: tuple[_ssl.SSLContext | bool, ...]
+    #: Every connection is encrypted (no plaintext attempt at all).
+    encrypted: bool
+    #: The server's certificate chain is verified on every TLS attempt.
+    verified: bool
+
+
+def _home_file(name: str) -> str | None:
+    """``~/.postgresql/<name>`` if it exists (libpq's default location), else None."""
+    path = os.path.join(os.path.expanduser("~"), ".postgresql", name)
+    return path if os.path.exists(path) else None
+
+
+def _given_file(option: str, value: str | None) -> str | None:
+    if value is not None and value != "" and not os.path.isfile(value):
+        raise ValueError(f"{option} file {value!r} does not exist")
+    return value or None
+
+
+def _resolve_tls(tls: dict[str, str], ssl: _ssl.SSLContext | str | None, host: str) -> _Tls:
+    """The TLS plan of libpq for the DSN's ``tls`` parameters, the ``ssl`` argument and the PG* variables.
+
+    As libpq: sslmode from ``ssl``, the DSN or ``PGSSLMODE``, default
+    ``prefer``; sslrootcert, sslcert and sslkey from the DSN, ``PGSSLROOTCERT``,
+    ``PGSSLCERT``, ``PGSSLKEY`` or ``~/.postgresql/`` (root.crt,
+    postgresql.crt, postgresql.key). A root certificate makes every TLS
+    attempt verify the chain (so ``require`` verifies as ``verify-ca`` does);
+    ``verify-full`` also checks the host name; ``sslrootcert=system`` uses the
+    system's CAs and needs ``verify-full``. Stricter than libpq: a file named
+    that does not exist is a ValueError, and a root certificate named in the
+    DSN or ``PGSSLROOTCERT`` without any sslmode means ``verify-full``.
+    """
+    if isinstance(ssl, _ssl.SSLContext):
+        return _Tls("context", (ssl,), encrypted=True, verified=ssl.verify_mode != _ssl.CERT_NONE)
+    mode = ssl if ssl is not None else tls.get("sslmode") or os.environ.get("PGSSLMODE") or None
     if mode is not None and mode not in _SSL_MODES:
         raise ValueError(f"sslmode must be one of {', '.join(_SSL_MODES)}, not {mode!r}")
-    files = {k: tls[k] for k in _TLS_FILES if k in tls}
-    if not files:
-        return mode
-    mode = mode or "verify-full"
-    if mode not in ("require", "verify-ca", "verify-full"):
-        raise ValueError(f"{', '.join(files)} need sslmode require, verify-ca or verify-full, not {mode!r}")
-    return tls_context(
-        ca=files.get("sslrootcert"),
-        cert=files.get("sslcert"),
-        key=files.get("sslkey"),
-        verify=mode != "require",
-        verify_identity=mode == "verify-full",
-    )
+    given_root = tls.get("sslrootcert") or os.environ.get("PGSSLROOTCERT") or None
+    if mode is None:
+        mode = "verify-full" if given_root else "prefer"
+    if mode == "disable" or host.startswith("/"):  # libpq never uses TLS on a Unix socket
+        return _Tls(mode, (False,), encrypted=host.startswith("/"), verified=host.startswith("/"))
+    context = _ssl.SSLContext(_ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = _ssl.TLSVersion.TLSv1_2
+    if given_root == "system":
+        if mode != "verify-full":
+            raise ValueError(f"sslrootcert=system needs sslmode=verify-full, not {mode!r}")
+        context.load_default_certs()
+        root: str | None = "system"
+    else:
+        root = _given_file("sslrootcert", given_root) or _home_file("root.crt")
+        if root is None and mode in ("verify-ca", "verify-full"):
+            raise ValueError(
+                f"sslmode={mode} needs a root certificate: sslrootcert=PATH (or PGSSLROOTCERT, "
+                "~/.postgresql/root.crt), or sslrootcert=system for the system's CAs"
+            )
+        if root is not None:
+            try:
+                context.load_verify_locations(cafile=root)
+            except (OSError, _ssl.SSLError) as exc:
+                raise ValueError(f"cannot load the root certificate {root!r}: {exc}") from None
+    context.check_hostname = mode == "verify-full"
+    context.verify_mode = _ssl.CERT_REQUIRED if root is not None else _ssl.CERT_NONE
+    cert = _given_file("sslcert", tls.get("sslcert") or os.environ.get("PGSSLCERT")) or _home_file("postgresql.crt")
+    key = _given_file("sslkey", tls.get("sslkey") or os.environ.get("PGSSLKEY")) or _home_file("postgresql.key")
+    if cert is not None:
+        try:
+            context.load_cert_chain(cert, key)
+        except (OSError, _ssl.SSLError) as exc:
+            raise ValueError(f"cannot load the client certificate: {exc}") from None
+    verified = root is not None
+    if mode == "allow":
+        return _Tls(mode, (False, context), encrypted=False, verified=verified)
+    if mode == "prefer":
+        return _Tls(mode, (context, False), encrypted=False, verified=verified)
+    return _Tls(mode, (context,), encrypted=True, verified=verified)
+
+
+def _try_next(plan: _Tls, attempt: _ssl.SSLContext | bool, exc: BaseException) -> bool:
+    """Whether libpq would make the plan's next attempt after ``attempt`` failed with ``exc``.
+
+    On a server error (authentication, pg_hba) for both ``allow`` and
+    ``prefer``; for ``prefer``, also when the server has no TLS or the TLS
+    handshake failed. Never on a timeout or an unreachable server.
+    """
+    if isinstance(exc, asyncpg.PostgresError):
+        return True
+    return attempt is not False and (isinstance(exc, (_ssl.SSLError, _NoTls)) or _tls_refused(exc) is not None)
+
+
+def _no_tls(exc: BaseException) -> bool:
+    """asyncpg's answer to a server that said no to TLS (a bare ConnectionError)."""
+    return type(exc) is ConnectionError and "rejected SSL upgrade" in str(exc)
 
 
 def _tls_refused(exc: BaseException) -> _ssl.SSLCertVerificationError | None:
@@ -144,6 +313,8 @@ def _tls_refused(exc: BaseException) -> _ssl.SSLCertVerificationError | None:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "timed out"
+    if isinstance(exc, _NoTls):
+        return str(exc)
     refused = _tls_refused(exc)
     if refused is not None:
         return f"TLS handshake failed: {refused.verify_message or refused.reason or refused}"
@@ -153,7 +324,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def _permanent(exc: BaseException) -> bool:
-    return isinstance(exc, _PERMANENT) or _tls_refused(exc) is not None
+    return isinstance(exc, (*_PERMANENT, _NoTls)) or _tls_refused(exc) is not None
 
 
 def _ms(seconds: float) -> int:
@@ -284,18 +455,22 @@ class _PostgresBackend(SessionLockBackend):
         self,
         *,
         connect_args: dict[str, Any],
+        tls: _Tls,
         name: str,
         timing: LockTiming,
         fencing: bool,
+        schema: str | None,
     ) -> None:
         super().__init__(name, timing)
         self._connect_args = connect_args
+        self._tls = tls
         self.key = advisory_key(name)
         self.classid, self.objid = lock_ids(self.key)
         self.fencing = fencing
-        self._fencing_ready = False
+        self.schema = schema
         self._warned_old_server = False
         self._info: _Connection | None = None
+        self._info_table_ok = False
         self._info_lock = anyio.Lock()
 
     def describe_timing(self) -> str:
@@ -304,16 +479,40 @@ class _PostgresBackend(SessionLockBackend):
     # --- connections -------------------------------------------------------------
 
     async def _open(self, app: str) -> _Connection:
+        """A new connection, encrypted as the sslmode says (libpq's attempts and fallbacks)."""
+        attempts = self._tls.attempts
+        for index, attempt in enumerate(attempts):
+            try:
+                return await self._open_once(app, attempt)
+            except Exception as exc:
+                if index + 1 < len(attempts) and _try_next(self._tls, attempt, exc):
+                    self.log.debug(
+                        "sslmode=%s: %s; trying again %s",
+                        self._tls.mode,
+                        _describe(exc),
+                        "without TLS" if attempts[index + 1] is False else "with TLS",
+                    )
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    async def _open_once(self, app: str, ssl: _ssl.SSLContext | bool) -> _Connection:
         try:
             with anyio.fail_after(self.connect_timeout + 1):
                 raw = await asyncpg.connect(
                     timeout=self.connect_timeout,
-                    server_settings={"application_name": app},
+                    # search_path in the startup packet: it holds before anything (asyncpg's own queries too) runs.
+                    server_settings={"application_name": app, "search_path": _SEARCH_PATH},
                     statement_cache_size=0,  # nothing cached, so nothing closed behind our back
+                    ssl=ssl,
                     **self._connect_args,
                 )
         except TimeoutError:
             raise ConnectionError(f"connect timed out after {self.connect_timeout:g}s") from None
+        except ConnectionError as exc:
+            if _no_tls(exc):
+                raise _NoTls(f"the server does not support TLS, but sslmode={self._tls.mode} requires it") from None
+            raise
         return _Connection(raw)
 
     async def _connect(self, identity: str) -> _Connection:
@@ -344,8 +543,10 @@ class _PostgresBackend(SessionLockBackend):
                     conn.server_version,
                     keepalive_idle + 3 * keepalive_interval,
                 )
+            # A token's commit must reach the WAL on disk (and synchronous standbys) before it is used.
+            settings.append("SET synchronous_commit = on")
             await conn.execute("; ".join(settings), timeout=self.check_timeout)
-            if await conn.fetchval("SELECT pg_is_in_recovery()", timeout=self.check_timeout):
+            if await conn.fetchval("SELECT pg_catalog.pg_is_in_recovery()", timeout=self.check_timeout):
                 raise ElectionError(
                     "the server is a standby (pg_is_in_recovery() is true): advisory locks are local to one "
                     "server, so every candidate must connect to the same primary"
@@ -356,9 +557,16 @@ class _PostgresBackend(SessionLockBackend):
             # the lock would be held until the process resumed. A prepared statement is one
             # Bind/Execute/Sync packet, so a frozen leader's session is always plainly idle.
             statements = [_LOCK, _HELD_BY_ME, _UNLOCK]
-            if self.fencing:
-                await self._ensure_fencing_table(conn)
-                statements.append(_FENCE)
+            if self._tokens:
+                if not await conn.fetchval(_CAN_TOKEN, timeout=self.check_timeout):
+                    raise ElectionError(
+                        f"fencing tokens need EXECUTE on function {_MESSAGE_FUNCTION} (granted to PUBLIC by "
+                        "default; it makes each token durable before it is used): grant it, or set fencing=False"
+                    )
+                statements.append(self._token_sql(conn))
+            if self.schema is not None:
+                await self._ensure_table(conn, self.schema)
+                statements.append(_record_sql(self.schema))
             await conn.prepare(*statements, timeout=self.check_timeout)
         except BaseException:
             conn.close()
@@ -378,13 +586,15 @@ class _PostgresBackend(SessionLockBackend):
                 try:
                     if conn.server_version >= 14:  # waits until the backend has exited
                         await conn.fetchval(
-                            "SELECT pg_terminate_backend($1, $2)",
+                            "SELECT pg_catalog.pg_terminate_backend($1, $2)",
                             pid,
                             _ms(self.check_timeout),
                             timeout=self.check_timeout + 1,
                         )
                     else:
-                        await conn.fetchval("SELECT pg_terminate_backend($1)", pid, timeout=self.check_timeout)
+                        await conn.fetchval(
+                            "SELECT pg_catalog.pg_terminate_backend($1)", pid, timeout=self.check_timeout
+                        )
                 finally:
                     await conn.aclose(self.check_timeout)
             except Exception as exc:
@@ -400,7 +610,6 @@ class _PostgresBackend(SessionLockBackend):
             try:
                 conn = await self._connect(identity)
                 while True:
-                    sent = monotonic()
                     waiting = True
                     try:
                         await conn.fetchval(_LOCK, self.key, timeout=self.poll_interval + self.check_timeout)
@@ -410,8 +619,13 @@ class _PostgresBackend(SessionLockBackend):
                         self.log.debug("lock busy; waiting again")
                         continue
                     waiting = False
-                    token = await self._fence(conn, identity) if self.fencing else None
-                    hold = _PostgresHold(self, conn, token, sent)
+                    token = await self._take_token(conn, identity) if self._tokens else None
+                    # The lock may have been granted up to poll_interval after the request was sent:
+                    # date the leadership from a confirmation sent now, after the grant.
+                    confirmed = monotonic()
+                    if not await conn.fetchval(_HELD_BY_ME, self.classid, self.objid, timeout=self.check_timeout):
+                        raise ConnectionError("pg_advisory_lock returned but pg_locks does not show the lock as ours")
+                    hold = _PostgresHold(self, conn, token if self.fencing else None, confirmed)
                     conn = None
                     return hold
             except Exception as exc:
@@ -433,24 +647,80 @@ class _PostgresBackend(SessionLockBackend):
                     if waiting:
                         await self._kill(conn.pid)
 
-    async def _ensure_fencing_table(self, conn: _Connection) -> None:
-        """Create the fencing table if missing; done before the lock is taken."""
-        if self._fencing_ready:
-            return
-        # CREATE ... IF NOT EXISTS still needs CREATE on the schema, so only run it when missing.
-        if await conn.fetchval("SELECT to_regclass($1) IS NULL", FENCING_TABLE, timeout=self.check_timeout):
-            # Another candidate may create it at the same moment; the loser sees the table's
-            # row type or catalog entry appear under it (42710, 23505) or the table itself (42P07).
-            with contextlib.suppress(
-                asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError, asyncpg.DuplicateTableError
-            ):
-                await conn.execute(FENCING_DDL, timeout=self.check_timeout * 5)
-        self._fencing_ready = True
+    @property
+    def _tokens(self) -> bool:
+        """A token is taken for fencing, and for the leaders table's record."""
+        return self.fencing or self.schema is not None
 
-    async def _fence(self, conn: _Connection, identity: str) -> int:
-        """Bump and return this name's token; only the lock holder ever writes it."""
-        token = await conn.fetchval(_FENCE, self.name, identity, timeout=self.check_timeout)
-        return int(token)
+    @staticmethod
+    def _token_sql(conn: _Connection) -> str:
+        return _TOKEN if conn.server_version >= 13 else _TOKEN_BEFORE_13
+
+    async def _table_usable(self, conn: _Connection, schema: str) -> bool:
+        """Whether ``schema``'s leaders table exists; ElectionError if another role could change it.
+
+        Its schema must be owned by us or a superuser (a schema's owner can
+        swap any table in it), and the table must be an ordinary table we own:
+        another owner's triggers, rules or row security policies would run
+        with our privileges (the CVE-2018-1058 class).
+        """
+        info = await conn.fetchrow(_TABLE_INFO, schema, timeout=self.check_timeout)
+        table = f"{schema}.{FENCING_TABLE}"
+        avoid = "or set schema=None (fencing tokens need no table)"
+        if info is None:
+            raise ElectionError("cannot find the connecting role in pg_roles")
+        me = info["me"]
+        if not info["schema_exists"]:
+            raise ElectionError(f'schema "{schema}" does not exist (option schema): create it, owned by {me}, {avoid}')
+        if not info["schema_trusted"]:
+            raise ElectionError(
+                f"schema {schema} is owned by {info['schema_owner']}, not by {me} or a superuser: its owner could "
+                f"replace {table} with a table of their own at any time; use a schema owned by {me}, {avoid}"
+            )
+        if not info["can_use"]:
+            raise ElectionError(f"role {me} lacks USAGE on schema {schema}: grant it, {avoid}")
+        if info["relkind"] is None:
+            return False
+        if not info["table_mine"]:
+            raise ElectionError(
+                f"table {table} is owned by {info['table_owner']}, not by {me}: aioelect only uses a leaders table "
+                f"its own role owns (another owner's triggers, rules or policies would run as {me}); drop it, "
+                f"use another schema, {avoid}"
+            )
+        if info["relkind"] != "r":
+            raise ElectionError(f"{table} is not an ordinary table (relkind {info['relkind']!r}); drop it, {avoid}")
+        return True
+
+    async def _ensure_table(self, conn: _Connection, schema: str) -> None:
+        """Create the leaders table if missing, then check it; done before the lock is taken."""
+        if await self._table_usable(conn, schema):
+            return
+        info = await conn.fetchrow(_TABLE_INFO, schema, timeout=self.check_timeout)
+        if not info["can_create"]:
+            raise ElectionError(
+                f"table {schema}.{FENCING_TABLE} does not exist and role {info['me']} lacks CREATE on schema "
+                f"{schema}: grant it (GRANT CREATE ON SCHEMA {_ident(schema)} TO {_ident(info['me'])}), create the "
+                f"table as {info['me']}, or set schema=None (fencing tokens need no table)"
+            )
+        # Another candidate may create it at the same moment; the loser sees the table's
+        # row type or catalog entry appear under it (42710, 23505) or the table itself (42P07).
+        with contextlib.suppress(
+            asyncpg.DuplicateObjectError, asyncpg.UniqueViolationError, asyncpg.DuplicateTableError
+        ):
+            await conn.execute(fencing_ddl(schema), timeout=self.check_timeout * 5)
+        if not await self._table_usable(conn, schema):  # checked again: someone else may have won the race
+            raise ElectionError(f"table {schema}.{FENCING_TABLE} vanished right after it was created")
+
+    async def _take_token(self, conn: _Connection, identity: str) -> int:
+        """This leadership's token, durable on the server; taken while holding the lock.
+
+        Transaction ids only grow, and this one was assigned after the lock
+        was granted, so it is larger than every earlier leader's token.
+        """
+        token = int(await conn.fetchval(self._token_sql(conn), timeout=self.check_timeout))
+        if self.schema is not None:
+            await conn.fetchval(_record_sql(self.schema), self.name, token, identity, timeout=self.check_timeout)
+        return token
 
     # --- who leads -----------------------------------------------------------------
 
@@ -460,10 +730,13 @@ class _PostgresBackend(SessionLockBackend):
                 try:
                     if self._info is None or self._info.broken:
                         self._info = await self._open("aioelect-observer")
+                        self._info_table_ok = False
                     return await self._leader_on(self._info)
                 except Exception as exc:
                     if _permanent(exc):
                         raise ElectionError(f"PostgreSQL refused the query: {_describe(exc)}") from None
+                    if isinstance(exc, ElectionError):
+                        raise
                     if self._info is not None:
                         self._info.close()
                         self._info = None
@@ -474,19 +747,20 @@ class _PostgresBackend(SessionLockBackend):
         raise AssertionError("unreachable")
 
     async def _leader_on(self, conn: _Connection) -> str | None:
+        schema = self.schema
+
         async def look() -> tuple[Any, Any]:
+            if schema is not None and not self._info_table_ok:  # refused before it is ever read
+                self._info_table_ok = await self._table_usable(conn, schema)
             row = await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
-            if row is None or row["backend_start"] is None:
-                return row, None
-            try:
-                holder = await conn.fetchval(
-                    _FENCED_HOLDER, self.name, row["pid"], row["backend_start"], timeout=self.check_timeout
-                )
-            except (asyncpg.UndefinedTableError, asyncpg.InsufficientPrivilegeError):
-                holder = None  # no fencing table (yet), or not ours to read
+            if row is None or row["backend_start"] is None or schema is None or not self._info_table_ok:
+                return row, None  # nobody leads, not ours to see, or no leaders table (yet)
+            holder = await conn.fetchval(
+                _recorded_holder_sql(schema), self.name, row["pid"], row["backend_start"], timeout=self.check_timeout
+            )
             return row, holder
 
-        if self.fencing:  # candidates that fence record their full identity just after taking the lock
+        if schema is not None:  # candidates record their full identity just after taking the lock
             row, holder = await until_recorded(look, lambda seen: seen[0] is None or seen[1] is not None)
         else:
             row, holder = await look()
@@ -522,20 +796,40 @@ class PostgresElector(Elector):
       silent (frozen, cut off) leader's session after ``lease`` seconds
       (``idle_session_timeout``, PostgreSQL 14+; on older servers only TCP
       keepalives, which never end a stopped but live process);
-    * with ``fencing=True`` each leadership gets a token that increases across
-      all leaders of ``name`` and across server restarts (table
-      ``aioelect_leaders``, created if missing), and :meth:`leader` reports
-      full identities; otherwise it reports ``application_name`` (63 bytes).
+    * with ``fencing=True`` each leadership gets a token (the server's
+      transaction id, taken once the lock is held and durable before it is
+      returned) larger than every earlier leader's token of ``name`` on this
+      server, across restarts and crashes; it needs no table and no privilege;
+    * with ``schema="..."`` each leader also records its full identity and
+      token in ``<schema>.aioelect_leaders`` (created if missing, which needs
+      CREATE on the schema) and :meth:`leader` reports full identities;
+      otherwise it reports ``application_name`` (63 bytes). The table must be
+      owned by the connecting role and the schema by it or a superuser, else
+      :class:`~aioelect.ElectionError` says who owns it: another owner could
+      run code with our privileges. Nothing is ever looked up through the
+      user's ``search_path``.
 
     Wrong passwords, unknown databases and missing privileges raise
-    :class:`~aioelect.ElectionError` at once; connection errors are retried
-    with backoff. ``dsn`` is ``postgresql://user:password@host:port/database``
-    (``postgres://`` too); keyword arguments override its parts. TLS: ``ssl``
-    takes an :class:`ssl.SSLContext` or an sslmode (``disable`` ...
-    ``verify-full``), or the DSN says ``?sslmode=...&sslrootcert=PATH&sslcert=
-    PATH&sslkey=PATH`` as libpq does (with files, the default mode is
-    ``verify-full``, and ``require`` encrypts without verifying). A refused
-    server certificate is a permanent error.
+    :class:`~aioelect.ElectionError` at once, naming the privilege and the
+    option that avoids it; connection errors are retried with backoff.
+    ``dsn`` is ``postgresql://user:password@host:port/database``
+    (``postgres://`` too); keyword arguments override its parts.
+
+    TLS follows libpq: ``sslmode`` (the DSN's, ``ssl="..."`` or
+    ``PGSSLMODE``; default ``prefer``), ``sslrootcert``, ``sslcert``,
+    ``sslkey`` (the DSN's, ``PGSSLROOTCERT``/``PGSSLCERT``/``PGSSLKEY`` or
+    ``~/.postgresql/``). ``prefer`` encrypts when the server offers TLS and
+    falls back to plaintext otherwise; without a root certificate it does not
+    verify the server. With a root certificate ``require`` verifies the chain
+    as ``verify-ca`` does; ``verify-full`` also checks the host name;
+    ``sslrootcert=system`` (with ``verify-full``) uses the system's CAs. Two
+    choices are stricter than libpq: a file named that does not exist is a
+    ValueError, and a root certificate given without any sslmode means
+    ``verify-full``. ``ssl`` may also be an :class:`ssl.SSLContext` (used as
+    it is, never without TLS). A refused certificate, or a server without TLS
+    when the mode requires it, is a permanent error. One WARNING is logged
+    when the host is not loopback and the connection may be unencrypted or
+    its server unverified.
     """
 
     def __init__(
@@ -556,6 +850,7 @@ class PostgresElector(Elector):
         lease: float = 10,
         renew_deadline: float | None = None,
         fencing: bool = False,
+        schema: str | None = None,
         ssl: _ssl.SSLContext | str | None = None,
         stop_timeout: float = 5.0,
     ) -> None:
@@ -568,12 +863,14 @@ class PostgresElector(Elector):
                 f"unsupported DSN parameter(s): {', '.join(sorted(query))} "
                 "(read: sslmode, sslrootcert, sslcert, sslkey)"
             )
-        if ssl is None:
-            ssl = _tls_from_dsn(tls)
-        elif isinstance(ssl, str) and ssl not in _SSL_MODES:
-            raise ValueError(f"sslmode must be one of {', '.join(_SSL_MODES)}, not {ssl!r}")
-        elif not isinstance(ssl, (str, _ssl.SSLContext)):
+        if ssl is not None and not isinstance(ssl, (str, _ssl.SSLContext)):
             raise ValueError("ssl must be an ssl.SSLContext or an sslmode string")
+        plan = _resolve_tls(tls, ssl, host)
+        if schema is not None:
+            if not isinstance(schema, str) or not schema or "\x00" in schema:
+                raise ValueError(f"schema must be a non-empty schema name or None, not {schema!r}")
+            if len(schema.encode("utf-8")) > _MAX_IDENTIFIER:
+                raise ValueError(f"schema must be at most {_MAX_IDENTIFIER} bytes long (PostgreSQL's NAMEDATALEN)")
         timing = LockTiming.checked(
             poll_interval=poll_interval,
             check_interval=check_interval,
@@ -584,6 +881,7 @@ class PostgresElector(Elector):
             server_timeout="idle_session_timeout",
             min_lease=1,
             whole_lease=False,
+            dated_after_grant=True,
         )
         if fencing not in (True, False):
             raise ValueError(f"fencing must be True or False, not {fencing!r}")
@@ -593,12 +891,26 @@ class PostgresElector(Elector):
             "user": user if user is not None else (parsed.user if parsed and parsed.user else "postgres"),
             "password": password if password is not None else (parsed.password if parsed else None),
             "database": database if database is not None else (parsed.database if parsed else None),
-            "ssl": ssl,
         }
         backend = _PostgresBackend(
             connect_args=connect_args,
+            tls=plan,
             name=validate_name(name),
             timing=timing,
             fencing=bool(fencing),
+            schema=schema,
         )
         super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
+        fix = (
+            "use sslmode=verify-full with sslrootcert=PATH, or sslrootcert=system"
+            if plan.mode in ("disable", "allow", "prefer")
+            else "give sslrootcert=PATH so the server's certificate is verified"
+        )
+        if plan.mode == "prefer":
+            fix = "sslmode=prefer falls back to plaintext when TLS fails or is not offered; " + fix
+        # prefer: TLS whenever the server offers it, but an attacker can refuse TLS or present any
+        # certificate and get plaintext, so it is never verified.
+        encrypted, verified = (True, False) if plan.mode == "prefer" else (plan.encrypted, plan.verified)
+        warning = transport_warning(host, encrypted=encrypted, verified=verified, fix=fix)
+        if warning is not None:
+            backend.log.warning("%s", warning)
