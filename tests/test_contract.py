@@ -502,7 +502,7 @@ async def test_loss_while_waiting_for_stubborn_work_ends_leadership_as_a_loss(
         leads: list[Leadership] = []
         inside = asyncio.Event()
         stopped: list[float] = []
-        task = stubborn_work(elector, leads, inside, stopped, cleanup=8)
+        task = stubborn_work(elector, leads, inside, stopped, cleanup=4)
         with anyio.fail_after(10):
             await inside.wait()
         releasing = asyncio.create_task(leads[0].release())
