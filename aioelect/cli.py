@@ -361,7 +361,9 @@ def _backend_options() -> argparse.ArgumentParser:
     g.add_argument("--mysql", metavar="DSN", help=f"mysql://user@host:port/database [{ENV_MYSQL}]")
     g.add_argument("--postgres", metavar="DSN", help=f"postgresql://user@host:port/database [{ENV_POSTGRES}]")
     g.add_argument("--file", metavar="PATH", help=f"lock file shared by the candidates on one machine [{ENV_FILE}]")
-    g.add_argument("--name", help=f"election name: lock name or etcd key prefix [{ENV_NAME}]")
+    g.add_argument(
+        "--name", help=f"election name: lock name or etcd key prefix; required with a server backend [{ENV_NAME}]"
+    )
     g.add_argument("--identity", help=f"this candidate's identity, shown by `leader` [{ENV_IDENTITY}]")
     g.add_argument("--ttl", type=_positive, metavar="SECONDS", help="etcd lease TTL (default 5)")
     g.add_argument(
