@@ -765,3 +765,13 @@ async def _check_credentials(server: EtcdServer) -> None:
         assert await good.leader() is None
         again = await good.acquire()
         await again.release()
+    # A refusal is an answer: an elector that etcd refused never degrades afterwards, opted in or not.
+    async with EtcdElector(
+        server.endpoints, name=name, username="root", password="wrong-pw", degrade_to_local=True, connect_timeout=1
+    ) as refused:
+        with pytest.raises(ElectionError, match="rejected the credentials"):
+            await refused.acquire()
+        await anyio.to_thread.run_sync(server.stop)
+        with anyio.move_on_after(2.0) as scope:
+            await refused.acquire()
+        assert scope.cancelled_caught, "an elector that etcd had refused led locally"

@@ -753,6 +753,8 @@ class Connection:
             failure = classify(exc, "authentication" if with_auth else "connect", endpoint, self.username)
             if failure is None:
                 raise
+            if isinstance(failure, ElectionError):
+                self.answered_at = monotonic()  # etcd refused the credentials: it answered
             failure = await self._explain(failure, endpoint)
             if isinstance(failure, Transient) and failure.rotate:
                 self._rotate()
@@ -795,6 +797,8 @@ class Connection:
             return exc
         if isinstance(failure, Transient):
             self.fail(channel, failure)
+        elif failure is not exc:
+            self.answered_at = monotonic()  # a refusal that etcd itself gave (permission, credentials)
         return failure
 
     @contextlib.asynccontextmanager
