@@ -891,6 +891,7 @@ class _FileBackend(Backend):
                 os.unlink(tmp)
             raise
         try:
+            # The directory of the configured path, symbolic links in it included: O_DIRECTORY, not O_NOFOLLOW.
             dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 os.fsync(dir_fd)
