@@ -50,6 +50,7 @@ import errno
 import glob
 import importlib
 import json
+import logging
 import os
 import pwd
 import queue
@@ -78,6 +79,10 @@ __all__ = [
     "ServerStartError",
     "free_port",
     "require_binary",
+    "ENV_ETCD_DIR",
+    "ENV_ETCD_VERSION",
+    "expected_etcd_version",
+    "etcd_tool_version",
     "MariaDBServer",
     "EtcdServer",
     "EtcdCluster",
@@ -89,6 +94,8 @@ _T = TypeVar("_T")
 _S = TypeVar("_S", bound="_Started")
 
 LOOPBACK = "127.0.0.1"
+
+log = logging.getLogger("aioelect.testing")
 
 
 # ---------------------------------------------------------------------------
@@ -146,13 +153,47 @@ def _default_search_dirs() -> list[str]:
     return ["/usr/sbin", "/usr/local/sbin", "/sbin", "/usr/local/bin", *pg_dirs]
 
 
+#: Directory holding the ``etcd`` and ``etcdctl`` (and ``etcdutl``) every etcd test must use.
+ENV_ETCD_DIR = "AIOELECT_TEST_ETCD_DIR"
+#: ``3.5`` or ``3.5.1``: the version those executables must report, else the harness refuses them.
+ENV_ETCD_VERSION = "AIOELECT_TEST_ETCD_VERSION"
+
+_ETCD_TOOLS = frozenset({"etcd", "etcdctl", "etcdutl"})
+
+
 def require_binary(name: str, *alternatives: str, search_dirs: Iterable[str] = ()) -> str:
     """Return the absolute path of an executable, or raise :class:`MissingBinaryError`.
 
     ``name`` and then each of ``alternatives`` is looked up in ``search_dirs``,
     then on ``PATH``, then in ``/usr/sbin``, ``/usr/local/sbin``, ``/sbin`` and
     ``/usr/lib/postgresql/*/bin`` (newest version first).
+
+    ``etcd``, ``etcdctl`` and ``etcdutl`` follow two environment variables, so
+    that one run tests one etcd version end to end (server and ``etcdctl``):
+
+    * ``AIOELECT_TEST_ETCD_DIR``: they are taken from that directory and from
+      nowhere else;
+    * ``AIOELECT_TEST_ETCD_VERSION`` (``3.5`` or ``3.5.1``): the executable
+      must report that version.
+
+    An unmet request (no such executable in the directory, another version,
+    a malformed version) raises :class:`HarnessError`, never a skip or a
+    fallback to another etcd.
     """
+    if name in _ETCD_TOOLS:
+        pinned = os.environ.get(ENV_ETCD_DIR, "").strip()
+        if pinned:
+            path = os.path.join(os.path.abspath(pinned), name)
+            if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+                raise HarnessError(f"{ENV_ETCD_DIR}={pinned!r} has no executable {name!r}")
+        else:
+            path = _find_binary(name, alternatives, search_dirs)
+        _check_etcd_version(name, path)
+        return path
+    return _find_binary(name, alternatives, search_dirs)
+
+
+def _find_binary(name: str, alternatives: Sequence[str], search_dirs: Iterable[str]) -> str:
     extra = list(search_dirs)
     for candidate in (name, *alternatives):
         for directory in extra:
@@ -168,6 +209,68 @@ def require_binary(name: str, *alternatives: str, search_dirs: Iterable[str] = (
                 return path
     names = " or ".join(repr(n) for n in (name, *alternatives))
     raise MissingBinaryError(f"required executable {names} not found on PATH or in standard locations")
+
+
+def expected_etcd_version() -> str | None:
+    """The etcd version ``AIOELECT_TEST_ETCD_VERSION`` asks for (``3.5`` or ``3.5.1``), or None.
+
+    Raises :class:`HarnessError` when the value is not such a version.
+    """
+    raw = os.environ.get(ENV_ETCD_VERSION, "").strip()
+    if not raw:
+        return None
+    if not re.fullmatch(r"\d+\.\d+(?:\.\d+)?", raw):
+        raise HarnessError(f"{ENV_ETCD_VERSION}={raw!r} is not a version such as 3.5 or 3.5.1")
+    return raw
+
+
+def etcd_version_matches(version: str, expected: str) -> bool:
+    """True if ``version`` (``3.5.1``) is ``expected`` (``3.5`` or ``3.5.1``), compared component by component."""
+    want = expected.split(".")
+    return re.split(r"[.+-]", version)[: len(want)] == want
+
+
+_ETCD_VERSION_LINE = re.compile(r"^\s*(?:etcd|etcdctl|etcdutl) version:\s*v?(\d+\.\d+\.\d+\S*)", re.I | re.M)
+_tool_versions: dict[str, str] = {}
+_tool_versions_lock = threading.Lock()
+
+
+def etcd_tool_version(path: str, tool: str | None = None) -> str:
+    """The version (``3.5.1``) that the executable ``path`` reports; ``tool`` defaults to its file name.
+
+    Runs ``etcd --version`` or ``etcdctl version`` / ``etcdutl version``
+    once per path (cached), bounded to 20 s; raises :class:`HarnessError` when
+    it fails or prints no version.
+    """
+    with _tool_versions_lock:
+        cached = _tool_versions.get(path)
+    if cached is not None:
+        return cached
+    tool = tool or os.path.basename(path)
+    argv = [path, "--version"] if tool == "etcd" else [path, "version"]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=20.0, env=dict(os.environ, ETCDCTL_API="3"), check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise HarnessError(f"could not run {' '.join(argv)}: {exc}") from exc
+    match = _ETCD_VERSION_LINE.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        output = (done.stdout + done.stderr).strip()[-500:]
+        raise HarnessError(f"{' '.join(argv)} reported no version (exit status {done.returncode}): {output!r}")
+    version = match.group(1)
+    with _tool_versions_lock:
+        _tool_versions[path] = version
+    return version
+
+
+def _check_etcd_version(tool: str, path: str) -> None:
+    expected = expected_etcd_version()
+    if expected is None:
+        return
+    version = etcd_tool_version(path, tool)
+    if not etcd_version_matches(version, expected):
+        raise HarnessError(f"{ENV_ETCD_VERSION}={expected} but {path} is {tool} {version}")
 
 
 def _wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05, what: str = "condition") -> None:
@@ -936,8 +1039,23 @@ def _http_json(url: str, timeout: float, body: bytes | None = None) -> Any:
         return json.loads(resp.read().decode())
 
 
+_started_etcd: dict[str, str] = {}
+_started_etcd_lock = threading.Lock()
+
+
+def started_etcd_versions() -> dict[str, str]:
+    """``{path: version}`` of every ``etcd`` executable an :class:`EtcdServer` of this process started."""
+    with _started_etcd_lock:
+        return dict(_started_etcd)
+
+
 class EtcdServer(_ManagedServer):
-    """A throwaway etcd member (etcd 3.4, v3 API only) on 127.0.0.1.
+    """A throwaway etcd member (v3 API only) on 127.0.0.1.
+
+    The ``etcd`` executable is the one :func:`require_binary` finds (see
+    ``AIOELECT_TEST_ETCD_DIR`` and ``AIOELECT_TEST_ETCD_VERSION`` there);
+    :attr:`binary_version` is what it reports, logged at INFO on every start,
+    and :meth:`server_version` is what the running member reports.
 
     By default a single-member cluster.  ``initial_cluster`` / ``name`` /
     ports are set by :class:`EtcdCluster` to make it one member of many.
@@ -965,6 +1083,7 @@ class EtcdServer(_ManagedServer):
         stop_timeout: float = 15.0,
     ) -> None:
         self._etcd = require_binary("etcd")
+        self.binary_version = etcd_tool_version(self._etcd, "etcd")
         super().__init__(extra_args=extra_args, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.name = name
         self._auto_ports = client_port is None and peer_port is None and initial_cluster is None
@@ -975,6 +1094,11 @@ class EtcdServer(_ManagedServer):
         self.cluster_token = cluster_token or f"aioelect-{secrets.token_hex(6)}"
         self.client_scheme = client_scheme
         self.snapshot_count = snapshot_count
+
+    @property
+    def binary(self) -> str:
+        """Absolute path of the ``etcd`` executable this member runs."""
+        return self._etcd
 
     @property
     def port(self) -> int:
@@ -1039,8 +1163,24 @@ class EtcdServer(_ManagedServer):
             *self.extra_args,
         ]
 
+    def _spawn(self) -> None:
+        super()._spawn()
+        with _started_etcd_lock:
+            _started_etcd[self._etcd] = self.binary_version
+        log.info("starting etcd %s (%s) as %s on %s", self.binary_version, self._etcd, self.name, self.client_url)
+
     def _probe(self) -> bool:
         return self.healthy(timeout=1.0)
+
+    def server_version(self, timeout: float = 2.0) -> str:
+        """The version the running member reports (``etcd_server_version`` on its metrics listener)."""
+        url = self.metrics_url
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            text = resp.read().decode()
+        match = re.search(r'^etcd_server_version\{server_version="([^"]+)"\} 1', text, re.M)
+        if match is None:
+            raise HarnessError(f"{url} has no etcd_server_version metric")
+        return match.group(1)
 
     def healthy(self, timeout: float = 2.0) -> bool:
         """True if the member's ``/health`` reports healthy (it sees a leader)."""
@@ -1705,7 +1845,7 @@ def external_server(kind: str) -> str | None:
     return value or None
 
 
-__all__ += ["servers_required", "external_server"]
+__all__ += ["servers_required", "external_server", "started_etcd_versions", "etcd_version_matches"]
 
 
 # ---------------------------------------------------------------------------
@@ -1889,6 +2029,29 @@ if TYPE_CHECKING or "pytest" in sys.modules:
         finally:
             for proxy in proxies:
                 proxy.close()
+
+    def _etcd_tools_line() -> str:
+        """Which ``etcd``/``etcdctl`` the harness uses, and their versions (errors are shown, not raised)."""
+        parts = []
+        for tool in ("etcd", "etcdctl"):
+            try:
+                path = require_binary(tool)
+                parts.append(f"{tool} {etcd_tool_version(path, tool)} ({path})")
+            except HarnessError as exc:
+                parts.append(f"{tool}: {exc}")
+        pinned = [f"{env}={os.environ[env]}" for env in (ENV_ETCD_DIR, ENV_ETCD_VERSION) if os.environ.get(env)]
+        return "aioelect.testing etcd: " + ", ".join(parts) + (f" [{' '.join(pinned)}]" if pinned else "")
+
+    def pytest_report_header(config: pytest.Config) -> list[str]:
+        """The etcd version under test, in the header of every run (hidden by ``-q``)."""
+        return [_etcd_tools_line()]
+
+    def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+        """The etcd versions that really ran, at the end of every run (``-q`` too) that started one."""
+        started = started_etcd_versions()
+        if started:
+            ran = ", ".join(f"etcd {version} ({path})" for path, version in sorted(started.items()))
+            terminalreporter.write_line(f"aioelect.testing started: {ran}")
 
     __all__ += [
         "server_unavailable",
