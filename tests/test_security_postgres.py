@@ -180,6 +180,38 @@ async def test_allow_and_disable_stay_plaintext_on_a_tls_server(tls_postgres: Po
             await lead.release()
 
 
+@pytest.fixture(scope="module")
+def tls_only_postgres(certs: Certificates) -> Iterator[PostgresServer]:
+    """TLS as ``tls_postgres``, and pg_hba refuses plaintext connections."""
+    try:
+        server = _tls_server(certs, certs.server_cert, certs.server_key)
+    except MissingBinaryError as exc:
+        server_unavailable(str(exc))
+    try:
+        server.start()
+        hba = Path(server.data_dir) / "pg_hba.conf"
+        hba.write_text("hostnossl all all 127.0.0.1/32 reject\n" + hba.read_text())
+        server.query("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 10  # the reload is asynchronous
+        while not server.query("SELECT count(*) FROM pg_hba_file_rules WHERE type = 'hostnossl'")[0][0]:
+            assert time.monotonic() < deadline, "pg_hba.conf was not reloaded"
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.cleanup()
+
+
+async def test_allow_turns_to_tls_when_the_server_refuses_plaintext(tls_only_postgres: PostgresServer) -> None:
+    async with PostgresElector(
+        f"{base(tls_only_postgres)}?sslmode=allow", name=unique_name("pg"), identity="allow-tls", **FAST
+    ) as elector:
+        lead = await elector.acquire()
+        assert encrypted(tls_only_postgres, "allow-tls")
+        await lead.release()
+    async with PostgresElector(f"{base(tls_only_postgres)}?sslmode=disable", name=unique_name("pg"), **FAST) as e:
+        await refused_at_once(e, "28000")
+
+
 async def test_require_on_a_server_without_tls_is_permanent(postgres: PostgresServer) -> None:
     async with PostgresElector(f"{base(postgres)}?sslmode=require", name=unique_name("pg"), **FAST) as elector:
         await refused_at_once(elector, "does not support TLS")
