@@ -561,7 +561,8 @@ class _PostgresBackend(SessionLockBackend):
                 if not await conn.fetchval(_CAN_TOKEN, timeout=self.check_timeout):
                     raise ElectionError(
                         f"fencing tokens need EXECUTE on function {_MESSAGE_FUNCTION} (granted to PUBLIC by "
-                        "default; it makes each token durable before it is used): grant it, or set fencing=False"
+                        "default; it makes each token durable before it is used): grant it, or set fencing=False "
+                        "(and schema=None)"
                     )
                 statements.append(self._token_sql(conn))
             if self.schema is not None:
