@@ -7,7 +7,9 @@
 
 Passwords come only from ``AIOELECT_PASSWORD`` or ``--password-file`` (or
 inside a DSN); they are never printed: every message this command writes is
-scrubbed of them.
+scrubbed of them, and every DSN it shows is redacted by text. Text that came
+from a server (identities, error messages) is printed with its control and
+other non-printable characters escaped.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import ctypes
 import datetime
 import json
@@ -32,6 +35,7 @@ from urllib.parse import quote, unquote, urlsplit, urlunsplit
 import anyio
 
 from ._backend import Backoff
+from ._config import redact_dsn
 from ._elector import Elector, Leadership
 from ._errors import BackendUnavailable, ElectionError
 
@@ -61,10 +65,21 @@ ENV_ETCD_KEY = "AIOELECT_ETCD_KEY"
 #: Set in CMD's environment by ``run``.
 ENV_TOKEN = "AIOELECT_TOKEN"
 
+#: aioelect's secret variables: ``run`` keeps them out of CMD's environment unless ``--pass-secret NAME``.
+#: Any other ``AIOELECT_`` variable whose name holds ``PASSWORD`` or ends in ``_DSN`` is withheld too.
+SECRET_ENV = (ENV_PASSWORD, ENV_MYSQL, ENV_POSTGRES)
+
 #: Backends in the factory's priority order, with their option and variable.
 _BACKENDS = (("etcd", ENV_ETCD), ("mysql", ENV_MYSQL), ("postgres", ENV_POSTGRES), ("file", ENV_FILE))
 
 log = logging.getLogger("aioelect.cli")
+
+#: Seconds of the safety margin kept for a loss to be noticed and SIGKILL to take effect.
+_KILL_RESERVE = 0.5
+#: --grace where leadership cannot be taken away while this process lives (file backend).
+_DEFAULT_GRACE = 10.0
+#: How long processes killed with SIGKILL get to be gone.
+_KILL_WAIT = 2.0
 
 #: Variables this process set in its own environment, kept out of CMD's.
 _ADDED_ENV: list[str] = []
@@ -120,13 +135,22 @@ Campaign, and run CMD only while this process is the leader.
 
 * SIGINT and SIGTERM are forwarded to CMD (to its process group); aioelect
   then exits with CMD's status. Before CMD starts they stop the campaign.
-* If leadership is lost, CMD gets SIGTERM, then SIGKILL after --grace seconds.
+* If leadership is lost, CMD's process group gets SIGTERM, then SIGKILL after
+  --grace seconds, and the lock is released only once the group is gone.
+  --grace must end before the lock can pass to another candidate: at most
+  the backend's safety margin (lease less renew deadline: 3s on MySQL and
+  PostgreSQL with the default --lease, 1.67s on etcd with the default --ttl)
+  less {_KILL_RESERVE:g}s; by default half the margin.
+* When CMD exits, processes it left in its process group are stopped the
+  same way before the leadership is released.
 * Without --forever, aioelect exits with CMD's status once CMD ends; with
   --forever it campaigns again (after --restart-delay) until interrupted.
 * CMD runs in its own process group and is killed (SIGKILL) if aioelect
   itself dies (Linux), so a crashed supervisor never leaves CMD running.
 * CMD's environment gets {ENV_IDENTITY} (ours) and {ENV_TOKEN} (the
-  fencing token of this leadership, empty if the backend has none).
+  fencing token of this leadership, empty if the backend has none). It does
+  not get aioelect's secrets ({", ".join(SECRET_ENV)}, any other
+  AIOELECT_*PASSWORD* or AIOELECT_*_DSN) unless --pass-secret NAME.
 """
 
 
@@ -149,7 +173,8 @@ class _Secrets:
 
     def add(self, value: str | None) -> None:
         if value:
-            self._values.update({value, quote(value, safe=""), quote(value)})
+            for form in {value, unquote(value)}:
+                self._values.update({form, quote(form, safe=""), quote(form)})
 
     def scrub(self, text: str) -> str:
         for value in sorted(self._values, key=len, reverse=True):
@@ -161,16 +186,53 @@ _secrets = _Secrets()
 
 
 class _ScrubbingFormatter(logging.Formatter):
+    """Log lines as :func:`_shown` makes them; only a traceback keeps its line breaks."""
+
     def format(self, record: logging.LogRecord) -> str:
-        return _secrets.scrub(super().format(record))
+        record = copy.copy(record)
+        record.msg, record.args = _escape(record.getMessage()), None
+        return _secrets.scrub(redact_dsn(super().format(record)))
 
 
 def _dsn_password(dsn: str) -> str | None:
-    try:
-        password = urlsplit(dsn).password
-    except ValueError:
+    """The password of ``dsn`` found by text (after the first ``:`` between ``://`` and the last ``@``).
+
+    Read by text rather than parsed, so that a DSN that does not parse
+    (an unencoded ``#``, ``/``, ``?`` or ``@``) still has all of it scrubbed.
+    """
+    start, end = dsn.find("://"), dsn.rfind("@")
+    if start < 0 or end < start + 3:
         return None
-    return unquote(password) if password else None
+    _, colon, password = dsn[start + 3 : end].partition(":")
+    return password if colon and password else None
+
+
+def _escape(text: str) -> str:
+    """``text`` with control and other non-printable characters as ``\\xNN``/``\\uNNNN`` escapes.
+
+    Identities and server messages come from other clients: printed as they
+    are, they could move the cursor, rewrite the terminal or forge lines.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape_char(c) for c in text)
+
+
+_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(char: str) -> str:
+    if char in _SHORT_ESCAPES:
+        return _SHORT_ESCAPES[char]
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def _shown(text: str) -> str:
+    """``text`` as this command may print it: DSNs redacted, secrets scrubbed, non-printables escaped."""
+    return _escape(_secrets.scrub(redact_dsn(text)))
 
 
 def _with_password(dsn: str, password: str) -> str:
@@ -179,19 +241,6 @@ def _with_password(dsn: str, password: str) -> str:
     userinfo, at, hostport = parts.netloc.rpartition("@")
     user = userinfo.split(":", 1)[0] if at else ""
     return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{hostport}"))
-
-
-def _redact(dsn: str) -> str:
-    """``dsn`` with its password, if any, shown as ``***``."""
-    try:
-        parts = urlsplit(dsn)
-        has_password = parts.password is not None
-    except ValueError:
-        return _secrets.scrub(dsn)
-    if not has_password:
-        return _secrets.scrub(dsn)
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    return urlunsplit(parts._replace(netloc=f"{userinfo.split(':', 1)[0]}:***@{hostport}"))
 
 
 # --- configuration ------------------------------------------------------------------
@@ -277,13 +326,22 @@ def configure(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
         if kind != "etcd":
             raise UsageError(f"--ttl applies to etcd only, not to the {kind} backend")
         options["ttl"] = int(args.ttl) if float(args.ttl).is_integer() else args.ttl  # etcd wants whole seconds
+    if getattr(args, "lease", None) is not None:
+        if kind not in ("mysql", "postgres"):
+            raise UsageError(f"--lease applies to the SQL backends only, not to the {kind} backend (etcd: --ttl)")
+        options["lease"] = int(args.lease) if float(args.lease).is_integer() else args.lease
     if args.poll_interval is not None:
         options["poll_interval"] = args.poll_interval
+    if getattr(args, "command", None) == "run":
+        # CMD is the leader's work: after a loss the lock is released only once CMD is stopped.
+        options["stop_timeout"] = max(args.grace or 0.0, _DEFAULT_GRACE) + 2 * _KILL_WAIT + 1
     for flag in ("etcd_user", "etcd_ca", "etcd_cert", "etcd_key"):
         if getattr(args, flag) is not None and kind != "etcd":
             raise UsageError(f"--{flag.replace('_', '-')} applies to etcd only, not to the {kind} backend")
     etcd_user = args.etcd_user or environ.get(ENV_ETCD_USER) or None
 
+    for variable in (ENV_MYSQL, ENV_POSTGRES):  # scrubbed even when another backend is chosen
+        _secrets.add(_dsn_password(environ.get(variable, "")))
     target: str | list[str]
     if kind == "etcd":
         endpoints = [e.strip() for e in value.split(",") if e.strip()]
@@ -308,14 +366,14 @@ def configure(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
                 options[option] = path
     elif kind in ("mysql", "postgres"):
         _secrets.add(_dsn_password(value))
-        target = _with_password(value, password) if password is not None else value
-        where = _redact(value)
+        where = redact_dsn(value)
         from ._config import parse_dsn
 
         try:
             database = parse_dsn(value, *(("mysql", "mariadb") if kind == "mysql" else ("postgresql", "postgres")))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+        target = _with_password(value, password) if password is not None else value
         # Fencing gives CMD a token, and records full identities (MySQL names no holder without it).
         if not args.no_fencing and (database.database or kind == "postgres"):
             options["fencing"] = True
@@ -366,6 +424,12 @@ def _backend_options() -> argparse.ArgumentParser:
     )
     g.add_argument("--identity", help=f"this candidate's identity, shown by `leader` [{ENV_IDENTITY}]")
     g.add_argument("--ttl", type=_positive, metavar="SECONDS", help="etcd lease TTL (default 5)")
+    g.add_argument(
+        "--lease",
+        type=_positive,
+        metavar="SECONDS",
+        help="SQL backends: how long the server keeps the lock of a leader it no longer hears from (default 10)",
+    )
     g.add_argument(
         "--poll-interval", type=_positive, metavar="SECONDS", help="how often followers and `observe` poll (SQL)"
     )
@@ -427,9 +491,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--grace",
         type=_non_negative,
-        default=10.0,
         metavar="SECONDS",
-        help="after a loss, how long CMD has between SIGTERM and SIGKILL (default 10)",
+        help="how long CMD's process group has between SIGTERM and SIGKILL after a loss; at most the "
+        f"backend's safety margin less {_KILL_RESERVE:g}s (default: half the margin; "
+        f"{_DEFAULT_GRACE:g} on the file backend)",
+    )
+    run.add_argument(
+        "--pass-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"hand secret variable NAME ({', '.join(SECRET_ENV)}) to CMD, which never gets them otherwise; "
+        "repeatable; logged as a warning",
     )
     run.add_argument("--forever", action="store_true", help="campaign again after CMD exits or is stopped")
     run.add_argument(
@@ -516,6 +589,78 @@ _prctl = _load_prctl()
 _PR_SET_PDEATHSIG = 1
 
 
+def _withheld(variable: str) -> bool:
+    """Whether ``variable`` is one of aioelect's secrets, kept out of CMD's environment."""
+    return variable in SECRET_ENV or (
+        variable.startswith("AIOELECT_") and ("PASSWORD" in variable or variable.endswith("_DSN"))
+    )
+
+
+def _safety_margin(elector: Elector) -> tuple[float, float, float] | None:
+    """``(margin, lease, renew_deadline)``: how long before a cut-off leader's lock can pass on it knows of
+    its loss; None for a backend whose leadership cannot be taken away while this process lives."""
+    backend = elector._backend
+    deadline = backend.renew_deadline
+    lease = getattr(backend, "lease", None) or getattr(backend, "ttl", None)
+    if deadline is None or not isinstance(lease, (int, float)):
+        return None
+    return float(lease) - deadline, float(lease), deadline
+
+
+def _choose_grace(given: float | None, elector: Elector, kind: str) -> float:
+    """The grace CMD gets after a loss: ``given`` if it fits in the safety margin (else UsageError)."""
+    found = _safety_margin(elector)
+    if found is None:
+        return _DEFAULT_GRACE if given is None else given
+    margin, lease, deadline = found
+    limit = max(0.0, margin - _KILL_RESERVE)
+    if given is not None and given > limit:
+        longer = "--ttl" if kind == "etcd" else "--lease"
+        raise UsageError(
+            f"--grace {given:g} is too long for the {kind} backend: CMD must be dead before the lock can pass to "
+            f"another candidate, and a cut-off leader learns of its loss only {margin:.3g}s before that (the "
+            f"safety margin: lease {lease:g}s less renew deadline {deadline:.3g}s), {_KILL_RESERVE:g}s of which "
+            f"are kept for SIGKILL; give --grace {limit:.3g} or less, or a longer {longer}"
+        )
+    if limit == 0:
+        log.warning(
+            "the %s backend's safety margin (%.3gs) leaves no time for SIGTERM: after a loss CMD gets SIGKILL at "
+            "once, and may still run briefly after the lock can pass on; use a longer %s",
+            kind,
+            margin,
+            "--ttl" if kind == "etcd" else "--lease",
+        )
+    return min(margin / 2, limit) if given is None else given
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` has a live (not zombie) member."""
+    if sys.platform.startswith("linux"):
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            entries = []
+        for entry in entries:
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            if fields[0] != b"Z" and int(fields[2]) == pgid:
+                return True
+        if entries:
+            return False
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _child_setup() -> None:  # pragma: no cover - runs in the forked child
     os.setpgid(0, 0)
     if _prctl is not None:
@@ -528,7 +673,8 @@ class _Runner:
     def __init__(self, elector: Elector, cmd: Sequence[str], args: argparse.Namespace) -> None:
         self.elector = elector
         self.cmd = list(cmd)
-        self.grace: float = args.grace
+        self.grace: float = args.grace if args.grace is not None else _DEFAULT_GRACE
+        self.pass_secrets: list[str] = list(args.pass_secret)
         self.forever: bool = args.forever
         self.restart_delay: float = args.restart_delay
         self.child: asyncio.subprocess.Process | None = None
@@ -543,9 +689,10 @@ class _Runner:
             self._campaign_scope.cancel()
         if self.child is not None and self.child.returncode is None:
             log.info("forwarding %s to CMD (pid %d)", signal.Signals(sig).name, self.child.pid)
-            self._signal_child(sig)
+            self._signal_group(sig)
 
-    def _signal_child(self, sig: int) -> None:
+    def _signal_group(self, sig: int) -> None:
+        """Send ``sig`` to CMD's process group: CMD and every process it started that stayed in it."""
         assert self.child is not None
         try:
             os.killpg(self.child.pid, sig)
@@ -597,7 +744,8 @@ class _Runner:
         """Run CMD under ``lead``; return its exit status, or None if it could not start as leader."""
         if self.stopping.is_set():
             return self._stopped_status()
-        env = dict(os.environ)
+        # aioelect's secrets stay with aioelect unless handed over by name.
+        env = {k: v for k, v in os.environ.items() if not _withheld(k) or k in self.pass_secrets}
         env[ENV_IDENTITY] = lead.identity
         env[ENV_TOKEN] = "" if lead.token is None else str(lead.token)
         for key in _ADDED_ENV:  # our own settings, not the user's
@@ -616,31 +764,57 @@ class _Runner:
         child = self.child
         log.info("leader (token %s): started %s, pid %d", lead.token, os.path.basename(self.cmd[0]), child.pid)
         if self.signals:  # arrived while CMD was being started
-            self._signal_child(self.signals[-1])
+            self._signal_group(self.signals[-1])
         exited = asyncio.ensure_future(child.wait())
         lost = asyncio.ensure_future(lead.wait_lost())
-        try:
-            await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
-            if not exited.done():
-                log.warning("leadership lost (%s): stopping CMD (pid %d)", lead.lost_reason, child.pid)
-                await self._stop_child(exited)
-            status = _exit_status(await exited)
-        finally:
-            lost.cancel()
-            if not exited.done():  # cancelled ourselves: never leave CMD running
-                self._signal_child(signal.SIGKILL)
-                with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-                    await exited
+        # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
+        # lock only once CMD's whole process group is gone (the finally below).
+        with lead._guard():
+            try:
+                await asyncio.wait({exited, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                lost.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self._stop_group(lead, exited)
+        status = _exit_status(await exited) if exited.done() and not exited.cancelled() else 128 + signal.SIGKILL
         log.info("CMD exited with status %d", status)
         return status
 
-    async def _stop_child(self, exited: asyncio.Future[int]) -> None:
-        self._signal_child(signal.SIGTERM)
-        with anyio.move_on_after(self.grace) as scope:
+    async def _stop_group(self, lead: Leadership, exited: asyncio.Future[int]) -> None:
+        """Leave nothing of CMD's process group running; called before every release."""
+        assert self.child is not None
+        pgid = self.child.pid
+        if not exited.done():
+            if not lead.lost:  # cancelled ourselves: never leave CMD running
+                self._signal_group(signal.SIGKILL)
+                await self._group_gone(pgid, exited, _KILL_WAIT)
+                return
+            log.warning("leadership lost (%s): stopping CMD (pid %d) and its process group", lead.lost_reason, pgid)
+        elif _group_alive(pgid):
+            log.warning(
+                "processes still running in CMD's process group %d after CMD exited: stopping them before the "
+                "leadership is released",
+                pgid,
+            )
+        else:
+            return
+        self._signal_group(signal.SIGTERM)
+        if await self._group_gone(pgid, exited, self.grace):
+            return
+        log.warning("CMD's process group still running %gs after SIGTERM: sending SIGKILL", self.grace)
+        self._signal_group(signal.SIGKILL)
+        if not await self._group_gone(pgid, exited, _KILL_WAIT):
+            log.error("CMD's process group %d survived SIGKILL for %gs", pgid, _KILL_WAIT)
+
+    @staticmethod
+    async def _group_gone(pgid: int, exited: asyncio.Future[int], timeout: float) -> bool:  # noqa: ASYNC109
+        """Wait up to ``timeout`` for CMD to exit and its process group to empty; True if both did."""
+        with anyio.move_on_after(timeout):
             await asyncio.shield(exited)
-        if scope.cancelled_caught:
-            log.warning("CMD still running %gs after SIGTERM: sending SIGKILL", self.grace)
-            self._signal_child(signal.SIGKILL)
+            while _group_alive(pgid):  # noqa: ASYNC110 - nothing signals a group emptying: poll /proc
+                await anyio.sleep(0.02)
+            return True
+        return False
 
 
 # --- leader and observe ------------------------------------------------------------------
@@ -666,21 +840,26 @@ def _now() -> str:
 
 
 def _out(line: str) -> None:
-    """One line of data on stdout (identities are not secrets), flushed at once."""
-    sys.stdout.write(line + "\n")
+    """One line of data on stdout (identities are not secrets), non-printables escaped, flushed at once."""
+    sys.stdout.write(_escape(line) + "\n")
     sys.stdout.flush()
 
 
+def _json(value: object) -> str:
+    """``value`` as one line of JSON in printable ASCII (DEL, which JSON allows raw, escaped too)."""
+    return json.dumps(value).replace("\x7f", "\\u007f")
+
+
 def _err(line: str) -> None:
-    """One message on stderr, scrubbed of every secret."""
-    sys.stderr.write(_secrets.scrub(line) + "\n")
+    """One message on stderr: DSNs redacted, secrets scrubbed, non-printables escaped."""
+    sys.stderr.write(_shown(line) + "\n")
     sys.stderr.flush()
 
 
 async def _leader(elector: Elector, config: Config, args: argparse.Namespace) -> int:
     who = await _probe(elector, config, args.timeout)
     if args.json:
-        _out(json.dumps({"leader": who}))
+        _out(_json({"leader": who}))
     elif who is not None:
         _out(who)
     else:
@@ -691,7 +870,7 @@ async def _leader(elector: Elector, config: Config, args: argparse.Namespace) ->
 async def _observe(elector: Elector, config: Config, args: argparse.Namespace) -> int:
     def emit(who: str | None) -> None:
         if args.json:
-            _out(json.dumps({"time": _now(), "leader": who, "backend": config.kind, "name": elector.name}))
+            _out(_json({"time": _now(), "leader": who, "backend": config.kind, "name": elector.name}))
         else:
             _out(f"{_now()}  " + (f"leader {who}" if who is not None else "no leader"))
 
@@ -784,6 +963,9 @@ async def _amain(command: str, config: Config, args: argparse.Namespace, cmd: Se
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
+        if runner is not None:
+            runner.grace = _choose_grace(args.grace, elector, config.kind)
+            log.debug("--grace %gs", runner.grace)
         if runner is not None and args.metrics_port is not None:
             _serve_metrics(elector, args.metrics_host, args.metrics_port)
         if runner is not None:
@@ -813,7 +995,7 @@ async def _amain(command: str, config: Config, args: argparse.Namespace, cmd: Se
 
 
 def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    parser.error(_secrets.scrub(message))
+    parser.error(_shown(message))
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -837,7 +1019,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         _usage_error(subparser, f"{args.command} takes no command after --")
     if args.verbose and args.quiet:
         _usage_error(subparser, "give only one of --verbose and --quiet")
+    for variable in getattr(args, "pass_secret", []):
+        if not _withheld(variable):
+            _usage_error(subparser, f"--pass-secret {variable}: not a secret variable, CMD gets it anyway")
     _setup_logging(args)
+    for variable in getattr(args, "pass_secret", []):
+        log.warning("--pass-secret: CMD gets %s, one of aioelect's secrets, in its environment", variable)
     if "GRPC_ENABLE_FORK_SUPPORT" not in os.environ:
         # CMD is exec'd right after fork: gRPC's (etcd's) fork handlers only add noise on stderr.
         os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "false"

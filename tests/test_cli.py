@@ -7,6 +7,7 @@ lines to a file while it runs, so the file shows who ran the command when.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from aioelect.testing import MariaDBServer, free_port
+from aioelect.testing import EtcdServer, MariaDBServer, TCPProxy, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("mysql", "etcd", "postgres", "file")
@@ -415,3 +416,139 @@ def test_console_script_is_installed() -> None:
         pytest.skip("the aioelect console script is not installed in this environment")
     result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=30)
     assert result.returncode == 0 and result.stdout.startswith("aioelect ")
+
+
+# --- work that outlives the lock: --grace and CMD's process group -----------------------------
+
+#: CMD for the process-group tests: ignores SIGTERM, starts a child (in its group) that ignores it too,
+#: writes "PGID CHILD-PID" to argv[1], then runs until killed. With "exit" as argv[2], it exits at once instead.
+GROUP = """\
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(120)"])
+with open(sys.argv[1] + ".tmp", "w") as fh:
+    fh.write(f"{os.getpgrp()} {child.pid}\\n")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+if len(sys.argv) > 2 and sys.argv[2] == "exit":
+    sys.exit(0)
+time.sleep(120)
+"""
+
+#: CMD of the successor: writes the live (non-zombie) processes of process group argv[2] to argv[1] at start.
+SURVIVORS = """\
+import os, sys
+pgid, alive = int(sys.argv[2]), []
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            alive.append(entry)
+with open(sys.argv[1], "w") as fh:
+    fh.write(" ".join(alive) + "\\n")
+"""
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of process group ``pgid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def kill_group(pgid: int) -> None:
+    """Teardown: never leave the test's command group behind, whatever happened."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(
+    ("backend", "grace", "margin"),
+    [("mysql", "2.6", "3s"), ("mysql", "10", "3s"), ("etcd", "1.5", "1.67s"), ("etcd-ttl3", "0.6", "1s")],
+)
+def test_grace_longer_than_the_safety_margin_is_refused_with_the_reason(
+    backend: str, grace: str, margin: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    if backend == "mysql":
+        options = ["--mysql", request.getfixturevalue("mysql_dsn")]
+    else:
+        options = ["--etcd", ",".join(request.getfixturevalue("etcd_endpoints"))]
+        options += ["--ttl", "3"] if backend == "etcd-ttl3" else []
+    marker = tmp_path / "ran"
+    result = cli("run", *options, "--name", f"grace-{secrets.token_hex(4)}", "--grace", grace,
+                 "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--grace" in result.stderr and "margin" in result.stderr and margin in result.stderr, result.stderr
+    assert "before the lock can pass" in result.stderr, result.stderr
+    assert not marker.exists(), "CMD ran with a grace the backend cannot honour"
+
+
+def test_grace_within_the_margin_is_accepted(mysql_dsn: str, tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    result = cli("run", "--mysql", mysql_dsn, "--name", f"grace-{secrets.token_hex(4)}", "--grace", "2",
+                 "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert marker.exists()
+
+
+def test_cut_off_leaders_whole_command_group_is_dead_before_a_successor_starts(
+    etcd: EtcdServer, tcp_proxy_factory: Callable[[str, int], TCPProxy], spawner: Spawner, tmp_path: Path
+) -> None:
+    proxy = tcp_proxy_factory("127.0.0.1", etcd.port)
+    name = f"/cli-group/{secrets.token_hex(4)}"
+    group_script, survivors_script = tmp_path / "group.py", tmp_path / "survivors.py"
+    group_script.write_text(GROUP)
+    survivors_script.write_text(SURVIVORS)
+    started, seen = tmp_path / "group-started", tmp_path / "survivors-seen"
+    # The default --grace: it must fit in the margin of --ttl 3 (renew deadline 2s: 1s of margin).
+    leader = spawner.start("run", "--etcd", proxy.endpoint, "--ttl", "3", "--name", name, "--identity", "cut-off",
+                           "--", sys.executable, str(group_script), str(started))  # fmt: skip
+    wait_until("the leader's command and its child", started.exists, 20)
+    pgid, child = map(int, started.read_text().split())
+    try:
+        assert set(group_members(pgid)) >= {pgid, child}
+        successor = spawner.start("run", "--etcd", etcd.endpoint, "--ttl", "3", "--name", name,
+                                  "--identity", "successor", "--",
+                                  sys.executable, str(survivors_script), str(seen), str(pgid))  # fmt: skip
+        time.sleep(1.0)  # the successor is campaigning
+        assert not seen.exists(), "the successor ran while the leader held the lock"
+        proxy.stall()  # the leader is cut off: it loses at its renew deadline, its lease expires 1s later
+        wait_until("the successor to lead and run its command", seen.exists, 20)
+        alive = seen.read_text().split()
+        assert alive == [], f"processes of the deposed leader's command still ran when the successor started: {alive}"
+        assert "leadership lost" in spawner.stderr(leader)
+        assert spawner.wait(successor) == 0
+    finally:
+        kill_group(pgid)
+
+
+def test_processes_left_in_cmds_group_are_killed_before_the_release(
+    mysql_dsn: str, spawner: Spawner, tmp_path: Path
+) -> None:
+    group_script = tmp_path / "group.py"
+    group_script.write_text(GROUP)
+    started = tmp_path / "group-started"
+    proc = spawner.start("run", "--mysql", mysql_dsn, "--name", f"left-{secrets.token_hex(4)}", "--grace", "0.5",
+                         "--", sys.executable, str(group_script), str(started), "exit")  # fmt: skip
+    try:
+        assert spawner.wait(proc, timeout=30) == 0, spawner.stderr(proc)
+        pgid, child = map(int, started.read_text().split())
+        assert group_members(pgid) == [], "a process of CMD's group outlived the leadership"
+        assert not pid_alive(child)
+        assert "still running in CMD's process group" in spawner.stderr(proc)
+    finally:
+        if started.exists():
+            kill_group(int(started.read_text().split()[0]))

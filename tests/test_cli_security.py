@@ -11,14 +11,16 @@ import re
 import secrets
 import signal
 import socket
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
-from aioelect.testing import Certificates, EtcdServer, free_port
+from aioelect.testing import Certificates, EtcdServer, MariaDBServer, free_port
 
 from .test_cli import ROOT, Lines, Spawner, cli, wait_until
 from .test_security_etcd import PASSWORD, start_tls_etcd
@@ -213,10 +215,10 @@ def test_password_never_appears_in_output_help_or_errors(
         cli("leader", "-v", *options, AIOELECT_PASSWORD=PASSWORD),
         cli("leader", "-v", *options, "--password-file", str(password_file)),
         cli("leader", "-v", *options, AIOELECT_PASSWORD=PASSWORD + "-wrong"),
-        cli("leader", "-v", *options[:-4], AIOELECT_PASSWORD=PASSWORD),  # no --name/--ttl: default name
+        cli("leader", "-v", *options[:-4], AIOELECT_PASSWORD=PASSWORD),  # no --name: refused, a name is required
         cli("leader", "--etcd-user", "root", "--file", "x", AIOELECT_PASSWORD=PASSWORD),  # usage error
     ]
-    assert [r.returncode for r in results] == [0, 0, 1, 1, 3, 1, 2], [r.stderr for r in results]
+    assert [r.returncode for r in results] == [0, 0, 1, 1, 3, 2, 2], [r.stderr for r in results]
     outputs.extend(r.stdout + r.stderr for r in results)
     lines = Lines(tmp_path / "ran.txt")
     proc = spawner.run_cmd(*options, "-v", "--identity", "pw", out=lines.path, mode="once", AIOELECT_PASSWORD=PASSWORD)
@@ -225,3 +227,123 @@ def test_password_never_appears_in_output_help_or_errors(
     text = "\n".join(outputs)
     assert "rejected the credentials" in text and "leadership acquired" in text  # the runs did say things...
     assert PASSWORD not in text  # ...and never the password
+
+
+# --- secrets kept from CMD ------------------------------------------------------------------------
+
+#: CMD that dumps its environment (JSON) to argv[1].
+DUMP_ENV = "import json, os, sys; json.dump(dict(os.environ), open(sys.argv[1], 'w'))"
+
+
+def test_cmd_does_not_inherit_aioelects_secrets(mariadb: MariaDBServer, tmp_path: Path) -> None:
+    secret = f"Env-{secrets.token_hex(6)}"
+    mariadb.create_user("cli_env", secret)
+    environment = {
+        "AIOELECT_MYSQL_DSN": f"mysql://cli_env@127.0.0.1:{mariadb.port}/{mariadb.database}",
+        "AIOELECT_POSTGRES_DSN": f"postgresql://cli_env:{secret}@127.0.0.1:1/unused",
+        "AIOELECT_PASSWORD": secret,
+        "AIOELECT_NAME": f"env-{secrets.token_hex(4)}",
+        "UNRELATED_SETTING": "kept",
+    }
+    dump = tmp_path / "env.json"
+    result = cli("run", "--", sys.executable, "-c", DUMP_ENV, str(dump), **environment)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(dump.read_text())
+    leaked = sorted(k for k in seen if k in ("AIOELECT_PASSWORD", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN"))
+    assert leaked == [], f"CMD got aioelect's secrets: {leaked}"
+    assert not [k for k, v in seen.items() if secret in v], "the password reached CMD's environment"
+    assert seen["UNRELATED_SETTING"] == "kept" and seen["AIOELECT_NAME"] == environment["AIOELECT_NAME"]
+    assert seen["AIOELECT_TOKEN"] and seen["AIOELECT_IDENTITY"]
+
+    # Handed over only when asked for by name, and never silently.
+    asked = cli("run", "-q", "--pass-secret", "AIOELECT_PASSWORD", "--", sys.executable, "-c", DUMP_ENV, str(dump),
+                **environment)  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    seen = json.loads(dump.read_text())
+    assert seen.get("AIOELECT_PASSWORD") == secret and "AIOELECT_MYSQL_DSN" not in seen
+    # -q prints warnings only: the hand-over is one of them, without the secret itself.
+    assert "--pass-secret" in asked.stderr and "AIOELECT_PASSWORD" in asked.stderr and secret not in asked.stderr
+
+    refused = cli("run", "--pass-secret", "HOME", "--", "true", **environment)
+    assert refused.returncode == 2 and "--pass-secret" in refused.stderr
+
+
+# --- identities written by other clients -------------------------------------------------------------
+
+HOSTILE = "evil\x1b[2J\x1b]0;pwned\x07\nfake line\r\x7f\u202e\x85end"
+
+
+def _raw_controls(text: str) -> list[str]:
+    """Control and other non-printable characters in ``text``, the newlines that end lines excepted."""
+    return [c for line in text.split("\n") for c in line if not c.isprintable()]
+
+
+def test_identities_written_by_other_clients_are_printed_escaped(
+    etcd: EtcdServer, spawner: Spawner, tmp_path: Path
+) -> None:
+    name = f"/cli-escape/{secrets.token_hex(4)}"
+    grant = etcd.etcdctl("lease", "grant", "60", check=True).stdout.split()[1]
+    # Another client's candidate key, as election.go writes it: {prefix}/{lease id in hex} = identity.
+    etcd.etcdctl("put", "--lease", grant, f"{name}/{grant}", HOSTILE, check=True)
+    try:
+        options = ["--etcd", etcd.endpoint, "--name", name]
+        plain = cli("leader", *options)
+        assert plain.returncode == 0, plain.stderr
+        assert _raw_controls(plain.stdout) == [] and plain.stdout.count("\n") == 1, repr(plain.stdout)
+        assert "\\x1b[2J" in plain.stdout and "\\n" in plain.stdout, repr(plain.stdout)
+        as_json = cli("leader", "--json", *options)
+        assert _raw_controls(as_json.stdout) == [], repr(as_json.stdout)
+        assert json.loads(as_json.stdout) == {"leader": HOSTILE}  # JSON keeps the value exact
+
+        watchers = [spawner.start("observe", *options), spawner.start("observe", "--json", *options)]
+        wait_until("both observers to print the leader", lambda: all(spawner.stdout(w) for w in watchers), 20)
+        for watcher in watchers:
+            watcher.send_signal(signal.SIGINT)
+            assert spawner.wait(watcher) == 0
+            out = spawner.stdout(watcher)
+            assert _raw_controls(out) == [] and out.count("\n") == 1, repr(out)
+            assert _raw_controls(spawner.stderr(watcher)) == []
+    finally:
+        etcd.etcdctl("lease", "revoke", grant)
+
+
+# --- DSNs shown redacted by text ---------------------------------------------------------------------
+
+PASSWORD_PARTS = ("Alpha1", "Bravo2", "Charlie3", "Delta4", "Echo5", "4321")
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers (a server that hangs)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) -> None:
+    scheme = "mysql" if kind == "mysql" else "postgresql"
+    awkward = "Alpha1#Bravo2@Charlie3?Delta4/Echo5"
+    dsns = [
+        f"{scheme}://someone:{awkward}@127.0.0.1:{silent_port}/db",  # raw
+        f"{scheme}://someone:{quote(awkward, safe='')}@127.0.0.1:{silent_port}/db",  # percent-encoded: times out
+        # Digits first: a lenient parser reads someone:4321 as host and port and drops the rest as a fragment...
+        f"{scheme}://someone:4321#Bravo2@Charlie3?Delta4/Echo5@127.0.0.1:{free_port()}/db",
+        # ...or, here, connects to 127.0.0.1:{silent_port}, a server that hangs: the timeout message.
+        f"{scheme}://127.0.0.1:{silent_port}#Bravo2@Charlie3?Delta4/Echo5@127.0.0.1:{free_port()}/db",
+    ]
+    variable = "AIOELECT_MYSQL_DSN" if kind == "mysql" else "AIOELECT_POSTGRES_DSN"
+    outputs = []
+    for dsn in dsns:
+        for command in (["leader"], ["observe"], ["run", "--", "true"]):
+            head, tail = command[:1], command[1:]
+            given = {"env": {variable: dsn}} if head == ["observe"] else {"args": [f"--{kind}", dsn]}
+            result = cli(*head, *given.get("args", []), "--name", "n", "--timeout", "2", "-v", *tail, timeout=30,
+                         **given.get("env", {}))  # fmt: skip
+            assert result.returncode in (2, 3), result.stderr
+            assert "Traceback" not in result.stderr
+            outputs.append(result.stdout + result.stderr)
+    text = "\n".join(outputs)
+    shown = [part for part in PASSWORD_PARTS if part in text]
+    assert shown == [], f"parts of the password were printed: {shown}\n{text}"
