@@ -223,6 +223,16 @@ async def test_require_on_a_server_without_tls_is_permanent(postgres: PostgresSe
         await lead.release()
 
 
+async def test_pgsslmode_is_read_as_libpq_reads_it(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGSSLMODE", "require")
+    async with PostgresElector(base(postgres), name=unique_name("pg"), **FAST) as elector:
+        await refused_at_once(elector, "does not support TLS")
+    # The DSN's sslmode wins over the environment.
+    async with PostgresElector(f"{base(postgres)}?sslmode=disable", name=unique_name("pg"), **FAST) as elector:
+        lead = await elector.acquire()
+        await lead.release()
+
+
 def test_verification_needs_a_root_certificate(certs: Certificates) -> None:
     for mode in ("verify-ca", "verify-full"):
         with pytest.raises(ValueError, match="root certificate"):
