@@ -230,6 +230,7 @@ class Leadership:
             self._log.error("leadership keeper failed", exc_info=task.exception())
         # Whatever happened, nobody may wait forever on a finished keeper.
         self._released = True
+        self._elector._ended(self)
         self._done.set()
 
     @contextlib.contextmanager
@@ -456,6 +457,7 @@ class Elector:
         # The previous leadership may still be letting go: the lock is ours until it has.
         while (previous := self._leadership) is not None and self._state is _State.LEADING and not previous.held:
             await previous._done.wait()
+            self._ended(previous)  # a no-op once the keeper has let go: never a loop on a finished keeper
         if self._state is not _State.IDLE:
             raise ElectionError(f"acquire() on an elector that is {self._state.value}")
         if not self._timing_logged:
