@@ -76,7 +76,7 @@ def no_server_args() -> list[str]:
 @nox.session(python=PYTHONS)
 def matrix(session: nox.Session) -> None:
     """The tests that need no server, on one interpreter."""
-    session.install(".[all,test]")
+    session.install("-e", ".[all,test]")  # subprocesses import the same aioelect as the tests
     session.run("python", "--version")
     session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *no_server_args(), *session.posargs)
 
