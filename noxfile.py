@@ -3,8 +3,8 @@
 Sessions:
 
 - ``matrix-3.10`` ... ``matrix-3.13``: a fresh environment per interpreter with the package, its
-  drivers and its test dependencies, then the tests that need no server: the contract
-  suite on the local, file and memory backends, the elector core, the file backend, command-line
+  drivers and its test dependencies, then the tests that need no server (:data:`NO_SERVER`): the
+  contract suite on the backends that need none, the elector core, the file backend, command-line
   parsing, and the version-specific asyncio tests.
 - ``tests``: the whole suite, servers included, on the interpreter running nox and in its
   environment (``make pytest`` runs the same command in ``.venv``).
@@ -26,7 +26,8 @@ import nox
 #: Every Python the package claims (pyproject's classifiers and README name the same list).
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
-#: The tests that need no server, by file; ``None`` takes the whole file, otherwise a ``-k`` filter.
+#: The tests that need no server, by file; ``None`` takes the whole file, otherwise a ``-k`` filter
+#: (contract test ids name their backend: ``test_x[file]``).
 NO_SERVER: dict[str, str | None] = {
     "tests/test_contract.py": "local or file or memory",
     "tests/test_elector.py": None,
