@@ -100,7 +100,7 @@ def test_exports_reach_the_services_with_their_credentials() -> None:
     ],
 )
 async def test_from_env_builds_each_backend_from_the_exports(variable: str, kind: type[Elector]) -> None:
-    elector = from_env({variable: exports(TEXT)[variable]})
+    elector = from_env({variable: exports(TEXT)[variable], "AIOELECT_NAME": "compose-check"})
     try:
         assert isinstance(elector, kind)
     finally:
