@@ -281,7 +281,7 @@ async def test_acquire_timeout_keeps_the_binding_to_the_caller() -> None:
         await asyncio.create_task(take())
         assert hold.is_set()
         with anyio.fail_after(5):
-            await leads[0]._done.wait()
+            await leads[0].release()  # waits for the release the task's end started
         assert not leads[0].held and not leads[0].lost  # released when the task ended, not lost
 
 
