@@ -149,8 +149,9 @@ Campaign, and run CMD only while this process is the leader.
   itself dies (Linux), so a crashed supervisor never leaves CMD running.
 * CMD's environment gets {ENV_IDENTITY} (ours) and {ENV_TOKEN} (the
   fencing token of this leadership, empty if the backend has none). It does
-  not get aioelect's secrets ({", ".join(SECRET_ENV)}, any other
-  AIOELECT_*PASSWORD* or AIOELECT_*_DSN) unless --pass-secret NAME.
+  not get aioelect's secrets unless --pass-secret NAME: {ENV_PASSWORD},
+  {ENV_MYSQL}, {ENV_POSTGRES}, and any other AIOELECT_*
+  variable whose name holds PASSWORD or ends in _DSN.
 """
 
 
@@ -385,6 +386,13 @@ def configure(args: argparse.Namespace, environ: Mapping[str, str]) -> Config:
 # --- argument parsing ----------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its own error messages (which quote the arguments, DSNs included) shown redacted."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(_shown(message))
+
+
 _N = TypeVar("_N", int, float)
 
 
@@ -408,8 +416,8 @@ _non_negative = _number(float, lambda v: 0 <= v < math.inf, "a finite number >= 
 _port = _number(int, lambda v: 1 <= v <= 65535, "a port, 1 to 65535")
 
 
-def _backend_options() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+def _backend_options() -> _Parser:
+    common = _Parser(add_help=False)
     g = common.add_argument_group("backend options")
     g.add_argument(
         "--etcd",
@@ -471,7 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``aioelect`` argument parser (``run``, ``leader``, ``observe``)."""
     common = _backend_options()
     fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="aioelect",
         description="Leader election from the shell: run a command only while leader, show or watch the leader.",
         epilog=_EPILOG,
@@ -995,7 +1003,7 @@ async def _amain(command: str, config: Config, args: argparse.Namespace, cmd: Se
 
 
 def _usage_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    parser.error(_shown(message))
+    parser.error(message)  # shown redacted by _Parser
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

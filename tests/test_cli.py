@@ -496,12 +496,20 @@ def test_grace_longer_than_the_safety_margin_is_refused_with_the_reason(
     assert not marker.exists(), "CMD ran with a grace the backend cannot honour"
 
 
-def test_grace_within_the_margin_is_accepted(mysql_dsn: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "options", [["--grace", "2"], ["--lease", "30", "--grace", "8"]], ids=["default-lease", "lease-30"]
+)
+def test_grace_within_the_margin_is_accepted(mysql_dsn: str, options: list[str], tmp_path: Path) -> None:
     marker = tmp_path / "ran"
-    result = cli("run", "--mysql", mysql_dsn, "--name", f"grace-{secrets.token_hex(4)}", "--grace", "2",
+    result = cli("run", "--mysql", mysql_dsn, "--name", f"grace-{secrets.token_hex(4)}", *options,
                  "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert marker.exists()
+
+
+def test_lease_applies_to_sql_backends_only(etcd_endpoints: list[str]) -> None:
+    result = cli("run", "--etcd", ",".join(etcd_endpoints), "--name", "/t", "--lease", "30", "--", "true")
+    assert result.returncode == 2 and "--lease applies to the SQL backends only" in result.stderr, result.stderr
 
 
 def test_cut_off_leaders_whole_command_group_is_dead_before_a_successor_starts(
@@ -526,11 +534,14 @@ def test_cut_off_leaders_whole_command_group_is_dead_before_a_successor_starts(
         time.sleep(1.0)  # the successor is campaigning
         assert not seen.exists(), "the successor ran while the leader held the lock"
         proxy.stall()  # the leader is cut off: it loses at its renew deadline, its lease expires 1s later
+        stalled = time.monotonic()
         wait_until("the successor to lead and run its command", seen.exists, 20)
         alive = seen.read_text().split()
         assert alive == [], f"processes of the deposed leader's command still ran when the successor started: {alive}"
-        assert "leadership lost" in spawner.stderr(leader)
+        stderr = spawner.stderr(leader)
+        assert "leadership lost" in stderr and "sending SIGKILL" in stderr, stderr  # SIGTERM alone did not do
         assert spawner.wait(successor) == 0
+        print(f"successor ran {time.monotonic() - stalled:.2f}s after the cut; the leader logged:\n{stderr}")
     finally:
         kill_group(pgid)
 

@@ -344,6 +344,9 @@ def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) 
             assert result.returncode in (2, 3), result.stderr
             assert "Traceback" not in result.stderr
             outputs.append(result.stdout + result.stderr)
+        misspelt = cli("leader", f"--{kind}-dsn", dsn, "--name", "n")  # argparse's own error quotes the arguments
+        assert misspelt.returncode == 2 and "unrecognized arguments" in misspelt.stderr, misspelt.stderr
+        outputs.append(misspelt.stdout + misspelt.stderr)
     text = "\n".join(outputs)
     shown = [part for part in PASSWORD_PARTS if part in text]
     assert shown == [], f"parts of the password were printed: {shown}\n{text}"
