@@ -512,28 +512,44 @@ def test_lease_applies_to_sql_backends_only(etcd_endpoints: list[str]) -> None:
     assert result.returncode == 2 and "--lease applies to the SQL backends only" in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("kind", ["etcd", "mysql"])
 def test_cut_off_leaders_whole_command_group_is_dead_before_a_successor_starts(
-    etcd: EtcdServer, tcp_proxy_factory: Callable[[str, int], TCPProxy], spawner: Spawner, tmp_path: Path
+    kind: str,
+    request: pytest.FixtureRequest,
+    tcp_proxy_factory: Callable[[str, int], TCPProxy],
+    spawner: Spawner,
+    tmp_path: Path,
 ) -> None:
-    proxy = tcp_proxy_factory("127.0.0.1", etcd.port)
-    name = f"/cli-group/{secrets.token_hex(4)}"
+    # Short leases, default --grace (half the margin): etcd --ttl 3 (renew deadline 2s, 1s of margin),
+    # MySQL --lease 5 (wait_timeout 5s, renew deadline 3.5s, 1.5s of margin).
+    if kind == "etcd":
+        etcd: EtcdServer = request.getfixturevalue("etcd")
+        proxy = tcp_proxy_factory("127.0.0.1", etcd.port)
+        name = f"/cli-group/{secrets.token_hex(4)}"
+        through_proxy = ["--etcd", proxy.endpoint, "--ttl", "3", "--name", name]
+        direct = ["--etcd", etcd.endpoint, "--ttl", "3", "--name", name]
+    else:
+        mariadb: MariaDBServer = request.getfixturevalue("mariadb")
+        proxy = tcp_proxy_factory("127.0.0.1", mariadb.port)
+        name = f"cli-group-{secrets.token_hex(4)}"
+        dsn = f"mysql://root@127.0.0.1:{{}}/{mariadb.database}"
+        through_proxy = ["--mysql", dsn.format(proxy.port), "--lease", "5", "--name", name]
+        direct = ["--mysql", dsn.format(mariadb.port), "--lease", "5", "--name", name, "--poll-interval", "0.2"]
     group_script, survivors_script = tmp_path / "group.py", tmp_path / "survivors.py"
     group_script.write_text(GROUP)
     survivors_script.write_text(SURVIVORS)
     started, seen = tmp_path / "group-started", tmp_path / "survivors-seen"
-    # The default --grace: it must fit in the margin of --ttl 3 (renew deadline 2s: 1s of margin).
-    leader = spawner.start("run", "--etcd", proxy.endpoint, "--ttl", "3", "--name", name, "--identity", "cut-off",
+    leader = spawner.start("run", *through_proxy, "--identity", "cut-off",
                            "--", sys.executable, str(group_script), str(started))  # fmt: skip
     wait_until("the leader's command and its child", started.exists, 20)
     pgid, child = map(int, started.read_text().split())
     try:
         assert set(group_members(pgid)) >= {pgid, child}
-        successor = spawner.start("run", "--etcd", etcd.endpoint, "--ttl", "3", "--name", name,
-                                  "--identity", "successor", "--",
+        successor = spawner.start("run", *direct, "--identity", "successor", "--",
                                   sys.executable, str(survivors_script), str(seen), str(pgid))  # fmt: skip
         time.sleep(1.0)  # the successor is campaigning
         assert not seen.exists(), "the successor ran while the leader held the lock"
-        proxy.stall()  # the leader is cut off: it loses at its renew deadline, its lease expires 1s later
+        proxy.stall()  # the leader is cut off: it loses at its renew deadline, the server drops it later
         stalled = time.monotonic()
         wait_until("the successor to lead and run its command", seen.exists, 20)
         alive = seen.read_text().split()
