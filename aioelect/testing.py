@@ -286,9 +286,6 @@ def _wait_until(predicate: Callable[[], bool], timeout: float, interval: float =
 
 # --- child-process plumbing -------------------------------------------------
 
-_PR_SET_PDEATHSIG = 1
-
-
 def _load_prctl() -> Callable[..., int] | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -303,26 +300,39 @@ def _load_prctl() -> Callable[..., int] | None:
 _prctl = _load_prctl()
 
 
-def _make_preexec(run_as: pwd.struct_passwd | None) -> Callable[[], None]:
-    """Build the ``preexec_fn`` run in the forked child before ``exec``.
+# The first program every harness child runs, in a fresh interpreter: it imports what it needs
+# while it may still read the interpreter's files (another user may not), drops privileges, arms
+# the parent-death signal (after the credential change, which clears it), makes sure the test
+# process still exists, and execs the real program under the same pid.
+_CHILD_SHIM = """\
+import ctypes, os, sys
+parent, sig, uid, gid, argv = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:]
+if uid >= 0:
+    os.setgroups([gid])
+    os.setgid(gid)
+    os.setuid(uid)
+if sig:
+    if ctypes.CDLL(None, use_errno=True).prctl(1, sig, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        sys.exit("aioelect harness: prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent:
+        os._exit(1)
+os.execvp(argv[0], argv)
+"""
 
-    It drops privileges to ``run_as`` (if given) *before* arming the
-    parent-death signal, because a credential change clears it.
+
+def _child_argv(argv: Sequence[str], run_as: pwd.struct_passwd | None) -> list[str]:
+    """``argv`` behind :data:`_CHILD_SHIM`.
+
+    Children are started without a ``preexec_fn``, so CPython starts them
+    with ``vfork`` and no ``fork`` handler of any library loaded in the test
+    process runs in them: grpcio's (from 1.80, grpc/grpc#43055) can abort a
+    forked child before ``exec`` while gRPC channels are busy.
     """
-    parent_pid = os.getpid()
-    prctl = _prctl
-
-    def preexec() -> None:
-        if run_as is not None:
-            os.setgroups([run_as.pw_gid])
-            os.setgid(run_as.pw_gid)
-            os.setuid(run_as.pw_uid)
-        if prctl is not None:
-            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-            if os.getppid() != parent_pid:  # parent already died before prctl
-                os._exit(1)
-
-    return preexec
+    if not sys.executable:
+        raise HarnessError("cannot start a child process: the path of the Python interpreter is unknown")
+    sig = int(signal.SIGKILL) if _prctl is not None else 0
+    uid, gid = (run_as.pw_uid, run_as.pw_gid) if run_as is not None else (-1, -1)
+    return [sys.executable, "-I", "-S", "-c", _CHILD_SHIM, str(os.getpid()), str(sig), str(uid), str(gid), *argv]
 
 
 class _Spawner:
@@ -370,18 +380,28 @@ def _popen(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` in its own session, output appended to ``log_path``."""
-    preexec = _make_preexec(run_as)
+    """Start ``argv`` in its own session, output appended to ``log_path``.
+
+    The child runs as ``run_as`` (if given), dies with the test process
+    (``PR_SET_PDEATHSIG``, Linux) and keeps the pid returned here.  A program
+    that cannot be found raises :class:`FileNotFoundError` here.
+    """
+    program = argv[0]
+    if os.sep not in program:
+        found = shutil.which(program, path=(os.environ if env is None else env).get("PATH", os.defpath))
+        if found is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+        program = found
+    child_argv = _child_argv([program, *argv[1:]], run_as)
 
     def spawn() -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as log:
             return subprocess.Popen(
-                list(argv),
+                child_argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=preexec,
                 env=env,
                 cwd=cwd,
                 close_fds=True,

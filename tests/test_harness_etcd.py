@@ -8,10 +8,12 @@ for the ``etcdctl elect`` interoperability tests) is of the same version.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
 
+import anyio
 import pytest
 
 from aioelect.testing import (
@@ -100,3 +102,42 @@ def test_etcd_version_matching() -> None:
     assert not etcd_version_matches("3.5.10", "3.5.1")
     assert not etcd_version_matches("3.4.23", "3.5")
     assert not etcd_version_matches("3.50.0", "3.5")
+
+
+async def test_servers_start_while_grpc_channels_of_the_test_process_are_busy(etcd: EtcdServer, tmp_path: Path) -> None:
+    """A child the harness spawns reaches ``exec`` even while the test process's gRPC channels are busy.
+
+    grpcio (from 1.80, grpc/grpc#43055) aborts a *forked* child before ``exec`` now and then when
+    gRPC channels are active, so an etcd member (or any server) started mid-test could die at once
+    with SIGABRT. Harness children are therefore started without ``fork`` handlers running in them.
+    """
+    import aetcd
+
+    from aioelect.testing import _popen  # the one primitive every server, helper and member starts through
+
+    host, port = etcd.endpoint.rsplit(":", 1)
+    stop = asyncio.Event()
+
+    async def busy() -> None:
+        async with aetcd.Client(host=host, port=int(port)) as client:
+            while not stop.is_set():
+                await client.get(b"aioelect-harness-busy")
+
+    def spawn_many(count: int) -> list[int]:
+        statuses = []
+        for _ in range(count):
+            proc = _popen(["true"], log_path=str(tmp_path / "spawn.log"))
+            statuses.append(proc.wait(timeout=10))
+        return statuses
+
+    rpcs = asyncio.create_task(busy())
+    try:
+        await asyncio.sleep(0.3)
+        with anyio.fail_after(60):
+            statuses = await anyio.to_thread.run_sync(spawn_many, 120)
+    finally:
+        stop.set()
+        await rpcs
+    failed = [s for s in statuses if s != 0]
+    log = (tmp_path / "spawn.log").read_text(errors="replace")[-800:] if failed else ""
+    assert not failed, f"{len(failed)} of 120 children died before exec (statuses {sorted(set(failed))}): {log}"
