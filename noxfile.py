@@ -79,6 +79,14 @@ def matrix(session: nox.Session) -> None:
     """The tests that need no server, on one interpreter."""
     session.install("-e", ".[all,test]")  # subprocesses import the same aioelect as the tests
     session.run("python", "--version")
+    if not session.posargs:
+        # A renamed test must not drop a file from the matrix unnoticed.
+        collected = session.run(
+            "python", "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *no_server_args(), silent=True
+        )
+        empty = [path for path in NO_SERVER if f"{path}::" not in str(collected)]
+        if empty:
+            session.error(f"no test selected in {', '.join(empty)}: update NO_SERVER in noxfile.py")
     session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *no_server_args(), *session.posargs)
 
 
