@@ -3,8 +3,8 @@
 noxfile.py runs this file on 3.10, 3.11, 3.12 and 3.13. The differences it covers:
 
 - ``asyncio.wait_for`` runs its argument in a new task up to 3.11 and in the caller's task from
-  3.12 on; ``asyncio.timeout()`` (3.11+) and ``anyio.fail_after()`` (every version) always run it
-  in the caller's task, so a leadership acquired under them stays bound to the caller.
+  3.12 on; ``acquire(timeout=...)``, ``asyncio.timeout()`` (3.11+) and ``anyio.fail_after()`` keep
+  acquire() in the caller's task on every version, so the leadership stays bound to the caller.
 - ``asyncio.timeout()`` tells its own cancellation from an outer one by the task's cancellation
   count (3.11+): aioelect must neither swallow a cancellation nor leave one pending.
 - eager tasks (3.12+) run a new task's first step inside ``create_task()``.
@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,33 @@ SCOPES = [
 Scope = Callable[[float], contextlib.AbstractAsyncContextManager[Any]]
 
 
+async def acquire_under_fail_after(elector: Elector, seconds: float) -> Leadership:
+    with anyio.fail_after(seconds):
+        return await elector.acquire()
+
+
+async def acquire_under_asyncio_timeout(elector: Elector, seconds: float) -> Leadership:
+    async with asyncio_timeout(seconds):
+        return await elector.acquire()
+
+
+async def acquire_with_timeout_argument(elector: Elector, seconds: float) -> Leadership:
+    return await elector.acquire(timeout=seconds)
+
+
+#: The ways to bound acquire() that keep it in the caller's task, on the versions that have them.
+ACQUIRE_WITHIN = [
+    pytest.param(acquire_with_timeout_argument, id="acquire(timeout)"),
+    pytest.param(acquire_under_fail_after, id="anyio.fail_after"),
+    pytest.param(
+        acquire_under_asyncio_timeout,
+        id="asyncio.timeout",
+        marks=pytest.mark.skipif(not PY311, reason="asyncio.timeout() is new in Python 3.11"),
+    ),
+]
+AcquireWithin = Callable[[Elector, float], Awaitable[Leadership]]
+
+
 def pending_cancellations() -> int:
     """Cancellation requests the current task has not consumed (3.11+ counts them; 0 before)."""
     task = asyncio.current_task()
@@ -95,16 +122,15 @@ async def test_wait_for_runs_its_argument_in_the_callers_task_only_from_3_12() -
 # --- deadlines that keep the binding ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("scope", SCOPES)
-async def test_leadership_acquired_under_a_deadline_is_bound_to_the_caller(scope: Scope) -> None:
+@pytest.mark.parametrize("acquire_within", ACQUIRE_WITHIN)
+async def test_leadership_acquired_under_a_deadline_is_bound_to_the_caller(acquire_within: AcquireWithin) -> None:
     async with LocalElector(identity="bound") as elector:
         acquired = asyncio.Event()
         finish = asyncio.Event()
         leads: list[Leadership] = []
 
         async def owner() -> None:
-            async with scope(5):
-                leads.append(await elector.acquire())
+            leads.append(await acquire_within(elector, 5))
             acquired.set()
             await finish.wait()
 
@@ -125,17 +151,16 @@ async def test_leadership_acquired_under_a_deadline_is_bound_to_the_caller(scope
                 await asyncio.sleep(0.01)
 
 
-@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.parametrize("acquire_within", ACQUIRE_WITHIN)
 async def test_deadline_while_campaigning_raises_timeout_and_leaves_the_elector_idle(
-    scope: Scope, tmp_path: Path
+    acquire_within: AcquireWithin, tmp_path: Path
 ) -> None:
     leader, follower = file_candidates(tmp_path)
     async with leader, follower:
         first = await leader.acquire()
         started = time.monotonic()
         with pytest.raises(TimeoutError):
-            async with scope(0.3):
-                await follower.acquire()
+            await acquire_within(follower, 0.3)
         assert time.monotonic() - started < 3.0
         assert pending_cancellations() == 0, "a cancellation request was left pending on the caller"
         assert await follower.leader() == "cand-0"
@@ -148,8 +173,10 @@ async def test_deadline_while_campaigning_raises_timeout_and_leaves_the_elector_
         await second.release()
 
 
-@pytest.mark.parametrize("scope", SCOPES)
-async def test_outer_cancellation_inside_a_deadline_stays_a_cancellation(scope: Scope, tmp_path: Path) -> None:
+@pytest.mark.parametrize("acquire_within", ACQUIRE_WITHIN)
+async def test_outer_cancellation_inside_a_deadline_stays_a_cancellation(
+    acquire_within: AcquireWithin, tmp_path: Path
+) -> None:
     """Cancelling a task whose acquire() waits under a deadline: CancelledError, not TimeoutError, not lost."""
     leader, follower = file_candidates(tmp_path)
     async with leader, follower:
@@ -158,10 +185,9 @@ async def test_outer_cancellation_inside_a_deadline_stays_a_cancellation(scope: 
         outcome: list[BaseException] = []
 
         async def campaign() -> None:
+            campaigning.set()
             try:
-                async with scope(30):
-                    campaigning.set()
-                    await follower.acquire()
+                await acquire_within(follower, 30)
             except BaseException as exc:
                 outcome.append(exc)
                 raise
