@@ -1,7 +1,7 @@
 """aioelect's benchmark suite: aioelect against its peers, on the same throwaway servers, in one run.
 
 ``python -m bench`` (or ``make bench``) starts MariaDB, etcd and PostgreSQL
-with :mod:`aioelect.testing`, runs each implementation's candidates as
+with the tests' harness (:mod:`tests.harness`), runs each implementation's candidates as
 separate processes (``bench/candidates/``) through six scenarios, and writes
 ``bench/RESULTS.md`` and ``bench/takeover.png``. The peers (tooz, etcd3gw...)
 are bench-only requirements (``bench/requirements.txt``), never aioelect's.

@@ -445,7 +445,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
         f"- **Machine:** {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}, "
         f"Python {m['python']}; load average {m['load_before']} before, {m['load_after']} after. The machine is "
         "shared with other work and noisy: read medians and ratios, not single values.",
-        "- **Servers** (throwaway, 127.0.0.1, started by the suite with `aioelect.testing`): "
+        "- **Servers** (throwaway, 127.0.0.1, started by the suite with the tests' harness, `tests/harness/`): "
         + ", ".join(f"{k} {v}" for k, v in data.get("servers", {}).items()),
         "- **Libraries:** " + ", ".join(f"{k} {v}" for k, v in data.get("libraries", {}).items()),
         f"- **Repetitions:** {settings.get('reps')} per scenario; {settings.get('candidates')} candidates for"

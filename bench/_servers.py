@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 
-from aioelect.testing import EtcdServer, MariaDBServer, PostgresServer
+from tests.harness import EtcdServer, MariaDBServer, PostgresServer
 
 __all__ = ["Servers", "process_usage"]
 

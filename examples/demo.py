@@ -5,7 +5,7 @@ adds ``--backend mysql``. It
 
 1. starts a backend: with no ``--backend``, a lock file in a temporary
    directory (nothing to install); ``mysql``, ``etcd`` and ``postgres`` start
-   a throwaway server with :mod:`aioelect.testing` unless
+   a throwaway server with the repository's test harness (``tests/harness/``) unless
    ``AIOELECT_MYSQL_DSN`` / ``AIOELECT_ETCD_ENDPOINTS`` /
    ``AIOELECT_POSTGRES_DSN`` points at one; ``local`` shows what happens
    without mutual exclusion;
@@ -104,7 +104,9 @@ def setup_backend(kind: str, stack: contextlib.ExitStack, workdir: str) -> Backe
         env["AIOELECT_FILE"] = path
         return Backend("file", env, [], f"lock file {path}", takeover_bound=10.0)
 
-    from aioelect import testing
+    # The throwaway servers come from the repository's test harness (tests/harness/), which the package does not ship.
+    sys.path.insert(0, os.path.dirname(HERE))
+    from tests import harness as testing
 
     given = os.environ.get(ENV_VARS[kind], "").strip()
     server: Any = None

@@ -157,7 +157,8 @@ def local_case(request: pytest.FixtureRequest) -> BackendCase:
 
 def mysql_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect import MySQLElector
-    from aioelect.testing import MariaDBServer
+
+    from .harness import MariaDBServer
 
     dsn: str = request.getfixturevalue("mysql_dsn")
     server: MariaDBServer | None = owned_server(request, "mariadb")
@@ -190,7 +191,8 @@ def etcd_case(request: pytest.FixtureRequest) -> BackendCase:
     import anyio
 
     from aioelect import EtcdElector
-    from aioelect.testing import EtcdServer
+
+    from .harness import EtcdServer
 
     endpoints: list[str] = request.getfixturevalue("etcd_endpoints")
     server: EtcdServer | None = owned_server(request, "etcd")
@@ -230,7 +232,8 @@ def etcd_case(request: pytest.FixtureRequest) -> BackendCase:
 def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect import PostgresElector
     from aioelect.backends.postgres import advisory_key, lock_ids
-    from aioelect.testing import PostgresServer
+
+    from .harness import PostgresServer
 
     dsn: str = request.getfixturevalue("postgres_dsn")
     server: PostgresServer | None = owned_server(request, "postgres")

@@ -14,7 +14,8 @@ from .faults import EventProcess
 if TYPE_CHECKING:
     from .test_cli import Spawner
 
-pytest_plugins = ["aioelect.testing"]
+# The real-server harness's fixtures (mariadb, etcd, postgres, certs, tcp_proxy_factory...).
+pytest_plugins = ["tests.harness.plugin"]
 
 logging.getLogger("aioelect").setLevel(logging.DEBUG)
 
@@ -33,7 +34,7 @@ def procs() -> Iterator[list[EventProcess]]:
 @pytest.fixture
 def spawner(tmp_path: Path) -> Iterator[Spawner]:
     """``aioelect`` command-line processes; every one is killed and reaped afterwards."""
-    from .test_cli import Spawner  # imported late: it imports aioelect.testing, which pytest must load first
+    from .test_cli import Spawner  # imported late: a conftest that imports test modules would collect them twice
 
     started = Spawner(tmp_path)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from aioelect.testing import TCPProxy
+    from .harness import TCPProxy
 
 CANDIDATE = Path(__file__).parent / "candidates" / "candidate.py"
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from aioelect.testing import EtcdServer, MariaDBServer, TCPProxy, free_port
+from .harness import EtcdServer, MariaDBServer, TCPProxy, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 BACKENDS = ("mysql", "etcd", "postgres", "file")

@@ -20,8 +20,7 @@ from urllib.parse import quote
 
 import pytest
 
-from aioelect.testing import Certificates, EtcdServer, MariaDBServer, free_port
-
+from .harness import Certificates, EtcdServer, MariaDBServer, free_port
 from .test_cli import ROOT, Lines, Spawner, cli, wait_until
 from .test_security_etcd import PASSWORD, start_tls_etcd
 

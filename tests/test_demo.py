@@ -79,7 +79,8 @@ def test_demo_on_mysql(tmp_path: Path, mysql_dsn: str) -> None:
 
 def test_demo_starts_its_own_mariadb(tmp_path: Path) -> None:
     """``make demo BACKEND=mysql`` on a machine where only the server packages are installed."""
-    from aioelect.testing import MissingBinaryError, require_binary, server_unavailable
+    from .harness import MissingBinaryError, require_binary
+    from .harness.plugin import server_unavailable
 
     try:
         require_binary("mariadbd", "mysqld")

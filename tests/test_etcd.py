@@ -28,9 +28,9 @@ from aioelect import BackendUnavailable, ElectionError, Elector, EtcdElector
 from aioelect.backends.etcd import parse_endpoints
 from aioelect.backends.etcd.election import EtcdBackend
 from aioelect.backends.etcd.session import Session
-from aioelect.testing import EtcdServer, TCPProxy, free_port, require_binary
 
 from .backends import Follower
+from .harness import EtcdServer, TCPProxy, free_port, require_binary
 
 pytestmark = pytest.mark.timeout(60)
 

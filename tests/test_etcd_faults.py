@@ -13,10 +13,10 @@ import anyio
 import pytest
 
 from aioelect import EtcdElector
-from aioelect.testing import EtcdCluster, EtcdServer, TCPProxy
 
 from .backends import Follower
 from .faults import Candidates, check_invariants
+from .harness import EtcdCluster, EtcdServer, TCPProxy
 from .test_etcd import ctl, eventually, keys, leases, unique
 
 pytestmark = pytest.mark.timeout(90)

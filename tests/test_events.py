@@ -9,9 +9,9 @@ import anyio
 import pytest
 
 from aioelect import Event, LocalElector, MySQLElector, leadership
-from aioelect.testing import MariaDBServer, free_port
 
 from .backends import unique_name
+from .harness import MariaDBServer, free_port
 
 
 async def test_listener_sees_transitions_in_order() -> None:

@@ -12,10 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from aioelect.testing import MariaDBServer
-
 from .backends import unique_name
 from .faults import CHECK_INTERVAL, CHECK_TIMEOUT, LEASE, MARGIN, OPTIONS, Candidates, check_invariants
+from .harness import MariaDBServer
 
 
 @pytest.fixture

@@ -10,10 +10,9 @@ import time
 
 import pytest
 
-from aioelect.testing import MariaDBServer, PostgresServer, TCPProxy
-
 from .backends import unique_name
 from .faults import CHECK_INTERVAL, CHECK_TIMEOUT, LEASE, MARGIN, OPTIONS, Candidates, check_invariants
+from .harness import MariaDBServer, PostgresServer, TCPProxy
 
 
 @pytest.mark.parametrize(("backend", "server_fixture"), [("mysql", "fresh_mariadb"), ("postgres", "fresh_postgres")])

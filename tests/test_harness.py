@@ -1,4 +1,4 @@
-"""Tests that the real-server harness (aioelect.testing) really works.
+"""Tests that the real-server harness (tests/harness) really works.
 
 Every server here is real and every wait is bounded; the file runs in well
 under a minute.
@@ -23,7 +23,7 @@ from typing import Any
 import pymysql
 import pytest
 
-from aioelect.testing import (
+from .harness import (
     EtcdCluster,
     EtcdServer,
     MariaDBServer,
@@ -32,8 +32,8 @@ from aioelect.testing import (
     TCPProxy,
     free_port,
     require_binary,
-    server_unavailable,
 )
+from .harness.plugin import server_unavailable
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ def test_children_die_with_the_test_process() -> None:
     the server was started from a short-lived thread."""
     code = (
         "import threading, time\n"
-        "from aioelect.testing import EtcdServer\n"
+        "from tests.harness import EtcdServer\n"
         "s = EtcdServer()\n"
         "t = threading.Thread(target=s.start); t.start(); t.join()\n"
         "time.sleep(0.3)\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from aioelect.testing import (
+from .harness import (
     ENV_ETCD_DIR,
     ENV_ETCD_VERSION,
     EtcdServer,
@@ -26,8 +26,8 @@ from aioelect.testing import (
     etcd_version_matches,
     expected_etcd_version,
     require_binary,
-    server_unavailable,
 )
+from .harness.plugin import server_unavailable
 
 
 def _major_minor(version: str) -> str:
@@ -113,7 +113,7 @@ async def test_servers_start_while_grpc_channels_of_the_test_process_are_busy(et
     """
     import aetcd
 
-    from aioelect.testing import _popen  # the one primitive every server, helper and member starts through
+    from .harness.processes import popen  # the one primitive every server, helper and member starts through
 
     host, port = etcd.endpoint.rsplit(":", 1)
     stop = asyncio.Event()
@@ -126,7 +126,7 @@ async def test_servers_start_while_grpc_channels_of_the_test_process_are_busy(et
     def spawn_many(count: int) -> list[int]:
         statuses = []
         for _ in range(count):
-            proc = _popen(["true"], log_path=str(tmp_path / "spawn.log"))
+            proc = popen(["true"], log_path=str(tmp_path / "spawn.log"))
             statuses.append(proc.wait(timeout=10))
         return statuses
 

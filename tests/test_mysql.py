@@ -11,9 +11,9 @@ import anyio
 import pytest
 
 from aioelect import BackendUnavailable, ElectionError, LeadershipLost, MySQLElector, leadership
-from aioelect.testing import MariaDBServer, free_port
 
 from .backends import Follower, unique_name
+from .harness import MariaDBServer, free_port
 
 pytestmark = pytest.mark.usefixtures("mariadb")
 

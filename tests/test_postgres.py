@@ -27,10 +27,11 @@ import pytest
 
 from aioelect import BackendUnavailable, ElectionError, Elector, Leadership, LeadershipLost, PostgresElector, leadership
 from aioelect.backends.postgres import KEY_SQL, advisory_key, application_name, lock_ids
-from aioelect.testing import Certificates, MissingBinaryError, PostgresServer, free_port, server_unavailable
 
 from .backends import Follower, handover_delays, unique_name, with_database
 from .faults import CANDIDATE, EventProcess
+from .harness import Certificates, MissingBinaryError, PostgresServer, free_port
+from .harness.plugin import server_unavailable
 
 FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
 #: Options of the candidate processes in the fault tests.

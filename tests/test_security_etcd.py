@@ -25,17 +25,10 @@ from aioelect import BackendUnavailable, ElectionError, EtcdElector
 from aioelect.backends.etcd import parse_endpoints
 from aioelect.backends.etcd.election import EtcdBackend
 from aioelect.backends.etcd.session import Connection
-from aioelect.testing import (
-    Certificates,
-    EtcdServer,
-    MissingBinaryError,
-    TCPProxy,
-    free_port,
-    require_binary,
-    server_unavailable,
-)
 
 from .backends import Follower, unique_name
+from .harness import Certificates, EtcdServer, MissingBinaryError, TCPProxy, free_port, require_binary
+from .harness.plugin import server_unavailable
 
 pytestmark = pytest.mark.timeout(60)
 

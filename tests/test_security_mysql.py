@@ -11,9 +11,9 @@ import anyio
 import pytest
 
 from aioelect import ElectionError, MySQLElector
-from aioelect.testing import Certificates, MariaDBServer
 
 from .backends import unique_name
+from .harness import Certificates, MariaDBServer
 
 PASSWORD = "tls-Secret-4711"
 

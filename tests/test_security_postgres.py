@@ -20,9 +20,10 @@ import asyncpg
 import pytest
 
 from aioelect import ElectionError, PostgresElector
-from aioelect.testing import Certificates, MissingBinaryError, PostgresServer, server_unavailable
 
 from .backends import unique_name, with_database
+from .harness import Certificates, MissingBinaryError, PostgresServer
+from .harness.plugin import server_unavailable
 
 FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
 

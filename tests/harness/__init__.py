@@ -1,0 +1,57 @@
+"""Real servers for aioelect's own tests and benchmarks: throwaway, on 127.0.0.1, faults on demand.
+
+Nothing here ships in the wheel; users test their code with
+:mod:`aioelect.testing` instead. The parts, one job each:
+
+* :mod:`.servers` -- :class:`MariaDBServer`, :class:`EtcdServer`,
+  :class:`EtcdCluster`, :class:`PostgresServer`, all with the lifecycle of
+  :mod:`.lifecycle` (start, stop, kill, freeze, thaw, restart, cleanup).
+* :mod:`.proxy` -- :class:`TCPProxy`, a fault-injecting TCP proxy.
+* :mod:`.certificates` -- :class:`Certificates`, a throwaway CA for TLS tests.
+* :mod:`.processes` -- children that die with the test process, bounded waits.
+* :mod:`.binaries` -- finding server executables; which etcd runs
+  (``AIOELECT_TEST_ETCD_DIR``, ``AIOELECT_TEST_ETCD_VERSION``).
+* :mod:`.plugin` -- the pytest fixtures (registered by ``tests/conftest.py``).
+
+Only the standard library is imported here: ``pymysql`` and ``asyncpg`` load
+when a server is queried, and pytest only with :mod:`.plugin`.
+"""
+
+from __future__ import annotations
+
+from .binaries import (
+    ENV_ETCD_DIR,
+    ENV_ETCD_VERSION,
+    etcd_tool_version,
+    etcd_version_matches,
+    expected_etcd_version,
+    require_binary,
+)
+from .certificates import Certificates
+from .errors import HarnessError, MissingBinaryError, ServerStartError
+from .processes import LOOPBACK, free_port
+from .proxy import TCPProxy
+from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
+from .servers.mariadb import MariaDBServer
+from .servers.postgres import PostgresServer
+
+__all__ = [
+    "ENV_ETCD_DIR",
+    "ENV_ETCD_VERSION",
+    "LOOPBACK",
+    "Certificates",
+    "EtcdCluster",
+    "EtcdServer",
+    "HarnessError",
+    "MariaDBServer",
+    "MissingBinaryError",
+    "PostgresServer",
+    "ServerStartError",
+    "TCPProxy",
+    "etcd_tool_version",
+    "etcd_version_matches",
+    "expected_etcd_version",
+    "free_port",
+    "require_binary",
+    "started_etcd_versions",
+]
