@@ -9,16 +9,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._elector import Elector, Leadership, leadership
+from ._electors import LocalElector
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost
 from ._events import Event
 from ._factory import from_env, new
-from .backends.local import LocalElector
 
 if TYPE_CHECKING:
-    from .backends.etcd import EtcdElector
-    from .backends.file import FileElector
-    from .backends.mysql import MySQLElector
-    from .backends.postgres import PostgresElector
+    from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector
 
 __all__ = [
     "BackendUnavailable",
@@ -37,6 +34,7 @@ __all__ = [
     "new",
 ]
 
+#: The electors that resolve on first use, and the backend module (with its driver) each one needs.
 _LAZY = {
     "EtcdElector": "aioelect.backends.etcd",
     "FileElector": "aioelect.backends.file",
@@ -46,9 +44,12 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
+    backend = _LAZY.get(name)
+    if backend is None:
         raise AttributeError(f"module 'aioelect' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    importlib.import_module(backend)  # ImportError naming the extra when the driver is missing
+    from . import _electors
+
+    return getattr(_electors, name)

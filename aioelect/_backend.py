@@ -20,7 +20,16 @@ from ._config import LockTiming
 from ._errors import BackendUnavailable
 from ._log import ElectionLog
 
-__all__ = ["Backend", "Backoff", "Confirm", "Hold", "SessionLockBackend", "monotonic", "until_recorded"]
+__all__ = [
+    "Backend",
+    "Backoff",
+    "Confirm",
+    "Hold",
+    "Reporter",
+    "SessionLockBackend",
+    "monotonic",
+    "until_recorded",
+]
 
 #: Called by a backend with the monotonic time at which a confirmation that
 #: succeeded was *sent*: the server cannot have handed leadership on before it.
@@ -51,8 +60,30 @@ class Hold(abc.ABC):
         """Give leadership up. Idempotent; a connection already gone is not an error."""
 
 
+class Reporter:
+    """Where a backend reports: the elector's log, and each retried error as an ``error`` event.
+
+    The elector above hands one to its backend through :meth:`Backend.attach`;
+    the backend only calls it, and never learns who listens.
+    """
+
+    def __init__(self, log: ElectionLog, on_error: Callable[[str], None] | None = None) -> None:
+        self.log = log
+        self._on_error = on_error
+
+    def error(self, what: str) -> None:
+        """Report a transient error that is being retried."""
+        if self._on_error is not None:
+            self._on_error(what)
+
+
 class Backend(abc.ABC):
-    """What a backend must be able to do."""
+    """What a backend must be able to do.
+
+    A backend's constructor validates its options (ValueError for bad ones)
+    and records in :attr:`warnings` what they give up; it reports through the
+    :class:`Reporter` it is attached to, and writes nowhere else.
+    """
 
     #: Short name used in logs, metrics and reprs ("mysql", "etcd", ...).
     kind: ClassVar[str]
@@ -61,14 +92,24 @@ class Backend(abc.ABC):
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.log = ElectionLog(self.kind, name, "-")
-        #: Set by the elector: reports a retried error as an ``error`` event.
-        self.on_error: Callable[[str], None] = lambda reason: None
+        #: What the options give up (unencrypted transport, shared access...): logged once at WARNING by the
+        #: elector that uses this backend.
+        self.warnings: list[str] = []
+        self._reporter = Reporter(ElectionLog(self.kind, name, "-"))
+
+    def attach(self, reporter: Reporter) -> None:
+        """Report through ``reporter`` from now on (the elector calls this once, before campaigning)."""
+        self._reporter = reporter
+
+    @property
+    def log(self) -> ElectionLog:
+        """The log of the elector this backend is attached to."""
+        return self._reporter.log
 
     def report_error(self, what: str, delay: float) -> None:
         """Log a transient error that will be retried after ``delay`` seconds, and report it."""
         self.log.warning("%s; retrying in %.2fs", what, delay)
-        self.on_error(what)
+        self._reporter.error(what)
 
     @property
     def renew_deadline(self) -> float | None:

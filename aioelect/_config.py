@@ -7,12 +7,16 @@ import math
 import os
 import re
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = [
     "DSN",
     "LockTiming",
+    "dsn_password",
+    "check_options",
     "is_loopback",
     "parse_dsn",
     "positive",
@@ -36,6 +40,19 @@ def validate_name(name: str, *, max_length: int = 255) -> str:
     if not _NAME_RE.match(name):
         raise ValueError(f"name {name!r} must be printable ASCII without spaces")
     return name
+
+
+def check_options(who: str, options: Mapping[str, object], spec: Any) -> None:
+    """TypeError, as Python raises for a call, unless ``options`` fit ``spec`` (a TypedDict of options).
+
+    Every key must be one ``spec`` names, and every key it requires must be there.
+    """
+    for key in options:
+        if key not in spec.__required_keys__ and key not in spec.__optional_keys__:
+            raise TypeError(f"{who}() got an unexpected keyword argument {key!r}")
+    for key in sorted(spec.__required_keys__):
+        if key not in options:
+            raise TypeError(f"{who}() missing required keyword argument: {key!r}")
 
 
 def positive(option: str, value: float, *, maximum: float | None = None) -> float:
@@ -78,6 +95,19 @@ def redact_dsn(text: str) -> str:
     user, colon, _ = userinfo.partition(":")
     shown = f"{user}:***" if colon and user and _PLAIN_USER_RE.match(user) else "***"
     return f"{text[:start]}{shown}{text[end:]}"
+
+
+def dsn_password(text: str) -> str | None:
+    """The password in ``text`` that :func:`redact_dsn` hides: after the first ``:`` between ``://`` and the last ``@``.
+
+    Found by text rather than parsed, so that the password of a DSN that
+    does not parse is found too; None when there is none.
+    """
+    start, end = text.find("://"), text.rfind("@")
+    if start < 0 or end < start + 3:
+        return None
+    _, colon, password = text[start + 3 : end].partition(":")
+    return password if colon and password else None
 
 
 def is_loopback(host: str | None) -> bool:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._backend import Backend, Hold, monotonic
+from ._backend import Backend, Hold, Reporter, monotonic
 from ._config import positive
 from ._errors import ElectionError, LeadershipLost
 from ._events import Event, EventKind, Listener
@@ -375,8 +375,9 @@ class Elector:
         self._leadership: Leadership | None = None
         self._campaign_scope: anyio.CancelScope | None = None
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
-        backend.log = self._log
-        backend.on_error = lambda reason: self._emit("error", reason=reason)
+        backend.attach(Reporter(self._log, lambda reason: self._emit("error", reason=reason)))
+        for warning in backend.warnings:
+            self._log.warning("%s", warning)
         self._timing_logged = False
         self._listeners: list[Listener] = []
 

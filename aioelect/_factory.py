@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._elector import Elector
+from ._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector
 
 __all__ = ["from_env", "new"]
 
@@ -45,23 +46,13 @@ def new(
     :data:`DEFAULT_NAME`.
     """
     if etcd:
-        from .backends.etcd import EtcdElector
-
         return EtcdElector(etcd, name=_required_name(name, "etcd", "etcd cluster"), **options)
     if mysql:
-        from .backends.mysql import MySQLElector
-
         return MySQLElector(mysql, name=_required_name(name, "mysql", "MySQL server"), **options)
     if postgres:
-        from .backends.postgres import PostgresElector
-
         return PostgresElector(postgres, name=_required_name(name, "postgres", "PostgreSQL database"), **options)
     if file:
-        from .backends.file import FileElector
-
         return FileElector(file, name=name if name is not None else DEFAULT_NAME, **options)
-    from .backends.local import LocalElector
-
     return LocalElector(name=name if name is not None else DEFAULT_NAME, **options)
 
 

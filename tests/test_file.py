@@ -100,13 +100,13 @@ def locked_at(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[float]]:
     """When each identity's campaign took the lock: before the fsynced sidecar write, whose
     duration depends on the disk (other work on this machine can make it tens of ms)."""
     times: dict[str, list[float]] = {}
-    record = file_backend._FileBackend._record
+    record = file_backend.FileBackend._record
 
     def timed(self: Any, fd: int, identity: str) -> int | None:
         times.setdefault(identity, []).append(time.monotonic())
         return record(self, fd, identity)
 
-    monkeypatch.setattr(file_backend._FileBackend, "_record", timed)
+    monkeypatch.setattr(file_backend.FileBackend, "_record", timed)
     return times
 
 

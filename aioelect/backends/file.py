@@ -93,17 +93,19 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 import anyio.to_thread
 
 from .._backend import Backend, Backoff, Confirm, Hold, monotonic, until_recorded
-from .._config import positive, validate_name
-from .._elector import Elector
+from .._config import check_options, positive, validate_name
 from .._errors import BackendUnavailable, ElectionError
 
-__all__ = ["DEFAULT_MODE", "FileElector", "SIDECAR_SUFFIX", "WAITING_SUFFIX"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["DEFAULT_MODE", "FileBackend", "FileOptions", "SIDECAR_SUFFIX", "WAITING_SUFFIX"]
 
 #: The sidecar holding the leader's identity and token is ``path + SIDECAR_SUFFIX``.
 SIDECAR_SUFFIX = ".leader"
@@ -237,7 +239,7 @@ class _Watcher:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.users: weakref.WeakSet[_FileBackend] = weakref.WeakSet()
+        self.users: weakref.WeakSet[FileBackend] = weakref.WeakSet()
         self.fd = -1
         self.error: str | None = None
         self._channels: dict[str, _Channel] = {}
@@ -348,7 +350,7 @@ def _close_later(fd: int) -> None:
         threading.Thread(target=_close, args=(fd,), name="aioelect-inotify-close", daemon=True).start()
 
 
-def _watcher(backend: _FileBackend) -> _Watcher:
+def _watcher(backend: FileBackend) -> _Watcher:
     """The running loop's watcher, kept for ``backend`` until it is closed (:func:`_unwatch`)."""
     loop = asyncio.get_running_loop()
     for key, other in list(_watchers.items()):
@@ -367,7 +369,7 @@ def _watcher(backend: _FileBackend) -> _Watcher:
     return watcher
 
 
-def _unwatch(backend: _FileBackend) -> int:
+def _unwatch(backend: FileBackend) -> int:
     """Drop ``backend``'s use of its watcher; return the descriptor to close if it was the last user."""
     watcher, backend.watcher = backend.watcher, None
     if watcher is None:
@@ -528,7 +530,7 @@ class _Attempt:
 
 
 class _FileHold(Hold):
-    def __init__(self, backend: _FileBackend, fd: int, token: int, acquired_at: float) -> None:
+    def __init__(self, backend: FileBackend, fd: int, token: int, acquired_at: float) -> None:
         self._backend = backend
         self._fd = fd
         self.token = token
@@ -573,19 +575,77 @@ class _FileHold(Hold):
                 os.close(fd)
 
 
-class _FileBackend(Backend):
+class FileOptions(TypedDict, total=False):
+    """The options of a lock-file election; :class:`FileBackend` validates them."""
+
+    #: A label for logs and the sidecar (default ``aioelect/leader``).
+    name: str
+    #: Seconds between a follower's tries where inotify is unavailable (default 0.05, at most 60).
+    poll_interval: float
+    #: Seconds between the leader's checks that its lock file is still in place (default 1, at most 3600).
+    check_interval: float
+    #: The files' mode: ``0o600`` (the default, the owner only) or ``0o660`` (a group's users too).
+    mode: int
+
+
+class FileBackend(Backend):
+    """``flock`` elections on one host, built from a lock file path and :class:`FileOptions`.
+
+    The constructor validates every option and looks at the directory
+    (``stat``; ValueError for what cannot work); it opens no file.
+    """
+
     kind = "file"
 
-    def __init__(self, *, path: str, name: str, poll_interval: float, check_interval: float, mode: int) -> None:
+    def __init__(self, path: str | os.PathLike[str], **options: Unpack[FileOptions]) -> None:
+        check_options("FileElector", options, FileOptions)
+        mode = options.get("mode", DEFAULT_MODE)
+        if isinstance(mode, bool) or not isinstance(mode, int) or mode not in _MODES:
+            raise ValueError(
+                f"mode must be 0o600 (the default: the owner only) or 0o660 (the users of a group too), not "
+                f"{mode!r}: whoever may read the lock file can hold the lock forever, so other users never get "
+                "access"
+            )
+        try:
+            text = os.fspath(path)
+        except TypeError:
+            raise ValueError(f"path must be a file path, not {path!r}") from None
+        if not isinstance(text, str) or not text:
+            raise ValueError("path must be a non-empty file path")
+        full = os.path.abspath(os.path.expanduser(text))
+        directory = os.path.dirname(full)
+        try:
+            is_dir = stat.S_ISDIR(os.stat(directory).st_mode)
+        except FileNotFoundError:
+            raise ValueError(f"directory {directory} of lock file {full} does not exist") from None
+        except NotADirectoryError:
+            is_dir = False
+        except PermissionError:
+            raise ValueError(f"directory {directory} of lock file {full}: permission denied") from None
+        if not is_dir:
+            raise ValueError(f"{directory} (the lock file's directory) is not a directory")
+        if os.path.isdir(full):
+            raise ValueError(f"{full} is a directory; path must name the lock file")
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise ValueError(
+                f"directory {directory} is not writable: the lock file and its {SIDECAR_SUFFIX} sidecar live there"
+            )
+        problem = _directory_problem(directory, mode)
+        if problem is not None:
+            raise ValueError(problem)
+        if os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
+            raise ValueError(f"lock file {full} is not readable and writable (the token is kept in it)")
+        name = validate_name(options.get("name", "aioelect/leader"))
+        poll_interval = positive("poll_interval", options.get("poll_interval", 0.05), maximum=60)
         super().__init__(name)
-        self.path = path
-        self.directory = os.path.dirname(path)
-        self.sidecar = path + SIDECAR_SUFFIX
-        self.waiting = path + WAITING_SUFFIX
+        self.path = full
+        self.directory = directory
+        self.sidecar = full + SIDECAR_SUFFIX
+        self.waiting = full + WAITING_SUFFIX
         self.mode = mode
         self.poll_interval = poll_interval
         self.observe_interval = max(poll_interval, 0.1)
-        self.check_interval = check_interval
+        self.check_interval = positive("check_interval", options.get("check_interval", 1.0), maximum=3600)
         #: With inotify, the retry interval without events.
         self.fallback = max(poll_interval, _FALLBACK)
         #: How long a new campaign lets announced waiters go first, at most.
@@ -597,6 +657,11 @@ class _FileBackend(Backend):
         self._probe_fd = -1
         #: leader() probes in worker threads: one at a time on the shared descriptor.
         self._probe_lock = threading.Lock()
+        if mode != DEFAULT_MODE:
+            self.warnings.append(
+                f"mode={oct(mode)}: the users of the lock file's group can open it and hold the lock; every one of "
+                "them is trusted with this election"
+            )
 
     def describe_timing(self) -> str:
         how = (
@@ -960,147 +1025,3 @@ class _FileBackend(Backend):
         if not locked:
             return None
         return identity if identity is not None else f"unknown holder of {self.path}"
-
-
-class FileElector(Elector):
-    """A candidate in a single-host election on an exclusive ``flock``.
-
-    Guarantees (beyond :class:`~aioelect.Elector`'s):
-
-    * mutual exclusion between processes (and electors) **on one host**
-      that use the same lock file ``path`` on a local file system (not NFS);
-    * on Linux, a follower takes over within milliseconds of a release and
-      of the leader's process dying for any reason (the kernel drops the
-      lock and inotify reports the close), and a waiting follower costs
-      nothing but one try per ``max(poll_interval, 1 s)``; where inotify is
-      unavailable, followers try every ``poll_interval`` and take over within it;
-    * a candidate that starts campaigning while others wait (a leader that
-      released and campaigns again, or a newcomer) lets one of them take the
-      lock first: it stays out until a waiter leaves the queue, at most
-      ``min(2 * poll_interval, 0.25 s)``;
-    * each leadership gets a token one higher than the previous one for this
-      lock file, kept (fsynced) both in the lock file itself and in
-      ``path + ".leader"`` with the identity: deleting the sidecar, or the
-      lock file while nobody holds it, does not make tokens start again
-      (deleting both does);
-    * a leader loses leadership only if the lock file is deleted or replaced,
-      noticed within ``check_interval``; there is no renew deadline, and a
-      frozen leader keeps leadership until it resumes or dies;
-    * other users cannot take part: the files are created with ``mode``
-      (``0o600``, the owner only, by default; exactly that mode, whatever
-      the umask), and every file is opened without following a symbolic
-      link (``O_NOFOLLOW``) and without waiting (``O_NONBLOCK``), then
-      checked: a regular file, owned by this process's user. Anything else
-      at one of the paths (a symbolic link, a FIFO, a directory, a file of
-      another user) is an :class:`~aioelect.ElectionError` naming the path
-      and the problem, at once. A file of ours with a wider mode is
-      narrowed to ``mode``, with a warning;
-    * no file is opened, read or written on the event-loop thread (worker
-      threads do it): a FIFO, a slow disk or a hung mount cannot stop the
-      loop. Only non-blocking calls on descriptors already open (``flock``
-      with ``LOCK_NB``, ``fstat``, ``close``) run on it.
-
-    ``mode=0o660`` shares an election between the users of one group (read
-    access alone is enough to hold a ``flock``, so there is no mode between
-    the two): files of another
-    user are then accepted if their group is one of this process's groups
-    and their mode is not wider. Give the directory to that group, setgid
-    (``chmod 2770``), so that new files belong to it; in a sticky directory
-    (/tmp) users cannot replace each other's sidecar. Other users never get
-    access: any of them could hold the lock forever.
-
-    The directory must not let strangers replace files: one that every user
-    may write to without the sticky bit is refused, and so is one owned by
-    another user than this process's or root (with ``mode=0o660``: unless
-    it belongs to one of our groups). /tmp (sticky) works, but
-    any user can create the lock file there first, which then refuses every
-    campaign (an error, not two leaders); prefer a directory of your own
-    (``/run/<service>``, ``$XDG_RUNTIME_DIR``).
-
-    ``name`` is only a label for logs and the sidecar. Besides the lock file,
-    ``path + ".leader"`` and ``path + ".waiting"`` are created next to it and
-    never deleted. A waiting candidate holds two descriptors (the lock file,
-    ``.waiting``), and each event loop with waiting candidates one inotify
-    instance per lock file. Raises ValueError at construction if ``mode`` is
-    neither ``0o600`` nor ``0o660``; if ``path``'s directory does not exist,
-    cannot be reached, is not a directory, is not writable (the sidecar is
-    replaced there), may be written by every user without the sticky bit,
-    or is owned by another user; if ``path`` is a directory; or if an
-    existing lock file is not readable and writable. The same conditions
-    arising later (directory removed, permissions changed) raise
-    :class:`~aioelect.ElectionError` from :meth:`acquire`, at once.
-    Construction looks at the directory (``stat``): construct electors
-    before the event loop runs if that could block.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        name: str = "aioelect/leader",
-        identity: str | None = None,
-        poll_interval: float = 0.05,
-        check_interval: float = 1.0,
-        stop_timeout: float = 5.0,
-        mode: int = DEFAULT_MODE,
-    ) -> None:
-        if isinstance(mode, bool) or not isinstance(mode, int) or mode not in _MODES:
-            raise ValueError(
-                f"mode must be 0o600 (the default: the owner only) or 0o660 (the users of a group too), not "
-                f"{mode!r}: whoever may read the lock file can hold the lock forever, so other users never get "
-                "access"
-            )
-        try:
-            text = os.fspath(path)
-        except TypeError:
-            raise ValueError(f"path must be a file path, not {path!r}") from None
-        if not isinstance(text, str) or not text:
-            raise ValueError("path must be a non-empty file path")
-        full = os.path.abspath(os.path.expanduser(text))
-        directory = os.path.dirname(full)
-        try:
-            is_dir = stat.S_ISDIR(os.stat(directory).st_mode)
-        except FileNotFoundError:
-            raise ValueError(f"directory {directory} of lock file {full} does not exist") from None
-        except NotADirectoryError:
-            is_dir = False
-        except PermissionError:
-            raise ValueError(f"directory {directory} of lock file {full}: permission denied") from None
-        if not is_dir:
-            raise ValueError(f"{directory} (the lock file's directory) is not a directory")
-        if os.path.isdir(full):
-            raise ValueError(f"{full} is a directory; path must name the lock file")
-        if not os.access(directory, os.W_OK | os.X_OK):
-            raise ValueError(
-                f"directory {directory} is not writable: the lock file and its {SIDECAR_SUFFIX} sidecar live there"
-            )
-        problem = _directory_problem(directory, mode)
-        if problem is not None:
-            raise ValueError(problem)
-        if os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
-            raise ValueError(f"lock file {full} is not readable and writable (the token is kept in it)")
-        backend = _FileBackend(
-            path=full,
-            name=validate_name(name),
-            poll_interval=positive("poll_interval", poll_interval, maximum=60),
-            check_interval=positive("check_interval", check_interval, maximum=3600),
-            mode=mode,
-        )
-        super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
-        self._file = backend
-        if mode != DEFAULT_MODE:
-            backend.log.warning(
-                "mode=%s: the users of the lock file's group can open it and hold the lock; every one of them is "
-                "trusted with this election",
-                oct(mode),
-            )
-
-    @property
-    def path(self) -> str:
-        """The absolute path of the lock file."""
-        return self._file.path
-
-    @property
-    def sidecar(self) -> str:
-        """The JSON file with the leader's ``identity``, ``token``, ``pid``, ``host`` and ``acquired_at``."""
-        return self._file.sidecar

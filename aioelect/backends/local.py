@@ -1,22 +1,37 @@
-"""The local backend: always leader at once, for single-instance development."""
+"""The local backend: always leader at once, for single-instance development.
+
+It owns nothing outside this process: tokens count up per name within it,
+and there is no mutual exclusion with any other process.
+"""
 
 from __future__ import annotations
 
 import itertools
+from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 
 from .._backend import Backend, Confirm, Hold, monotonic
-from .._elector import Elector
+from .._config import check_options, validate_name
 
-__all__ = ["LocalElector"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["LocalBackend", "LocalOptions"]
 
 # Tokens count up per name within this process: the only history local has.
 _counters: dict[str, itertools.count[int]] = {}
 
 
+class LocalOptions(TypedDict, total=False):
+    """The options of a local election; :class:`LocalBackend` validates them."""
+
+    #: A label for logs, and the name tokens are counted under (default ``aioelect/leader``).
+    name: str
+
+
 class _LocalHold(Hold):
-    def __init__(self, backend: _LocalBackend, identity: str, token: int) -> None:
+    def __init__(self, backend: LocalBackend, identity: str, token: int) -> None:
         self._backend = backend
         self._identity = identity
         self.token = token
@@ -31,11 +46,14 @@ class _LocalHold(Hold):
             self._backend.holder = None
 
 
-class _LocalBackend(Backend):
+class LocalBackend(Backend):
+    """Leadership granted at once, never taken away; :meth:`leader` is this backend's holder."""
+
     kind = "local"
 
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
+    def __init__(self, **options: Unpack[LocalOptions]) -> None:
+        check_options("LocalElector", options, LocalOptions)
+        super().__init__(validate_name(options.get("name", "aioelect/leader")))
         self.holder: str | None = None
 
     def describe_timing(self) -> str:
@@ -49,19 +67,3 @@ class _LocalBackend(Backend):
 
     async def leader(self) -> str | None:
         return self.holder
-
-
-class LocalElector(Elector):
-    """Always the leader at once: for a single instance in development.
-
-    Offers no mutual exclusion between processes. Tokens increase within the
-    process for each name. :meth:`leader` reports this elector's identity
-    while it leads, None otherwise.
-    """
-
-    def __init__(
-        self, *, name: str = "aioelect/leader", identity: str | None = None, stop_timeout: float = 5.0
-    ) -> None:
-        from .._config import validate_name
-
-        super().__init__(_LocalBackend(validate_name(name)), identity=identity, stop_timeout=stop_timeout)

@@ -26,14 +26,24 @@ import math
 import ssl as _ssl
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
 from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic, until_recorded
-from .._config import LockTiming, parse_dsn, server_address, tls_from_query, transport_warning, validate_name
-from .._elector import Elector
+from .._config import (
+    LockTiming,
+    check_options,
+    parse_dsn,
+    server_address,
+    tls_from_query,
+    transport_warning,
+    validate_name,
+)
 from .._errors import BackendUnavailable, ElectionError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 try:
     import aiomysql
@@ -41,7 +51,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("the MySQL backend needs aiomysql: pip install 'aioelect[mysql]'") from exc
 
-__all__ = ["MySQLElector", "FENCING_TABLE", "FENCING_DDL"]
+__all__ = ["FENCING_DDL", "FENCING_TABLE", "MySQLBackend", "MySQLOptions"]
 
 #: The table that keeps fencing tokens and the holders' identities.
 FENCING_TABLE = "aioelect_leaders"
@@ -161,7 +171,7 @@ class _Connection:
 
 
 class _MySQLHold(Hold):
-    def __init__(self, backend: _MySQLBackend, conn: _Connection, token: int | None, acquired_at: float) -> None:
+    def __init__(self, backend: MySQLBackend, conn: _Connection, token: int | None, acquired_at: float) -> None:
         self._backend = backend
         self._conn = conn
         self.token = token
@@ -197,27 +207,106 @@ class _MySQLHold(Hold):
             conn.close()
 
 
-class _MySQLBackend(SessionLockBackend):
+class _Named(TypedDict):
+    #: The election's name: the ``GET_LOCK`` name, at most 64 characters.
+    name: str
+
+
+class MySQLOptions(_Named, total=False):
+    """The options of a MySQL/MariaDB election; :class:`MySQLBackend` validates them."""
+
+    #: Server host, port, user, password and database: each overrides the DSN's part.
+    host: str | None
+    port: int | None
+    user: str | None
+    password: str | None
+    database: str | None
+    #: Seconds a follower waits per ``GET_LOCK`` request (default 2; at least a second on the server).
+    poll_interval: float
+    #: Seconds to connect (default 5).
+    connect_timeout: float
+    #: Seconds between the leader's lock checks (default 1), and the bound on one (default 2).
+    check_interval: float
+    check_timeout: float
+    #: Whole seconds of the session's ``wait_timeout``: the server drops a silent leader after it (default 10).
+    lease: int
+    #: Seconds a leader may go without a confirmed check before it fences itself (default: derived from the others).
+    renew_deadline: float | None
+    #: Keep increasing tokens and the holders' identities in table ``aioelect_leaders`` (default False).
+    fencing: bool
+    #: Accept Galera and Group Replication, where ``GET_LOCK`` is per node (default False).
+    allow_unsafe_topology: bool
+    #: TLS context for the connections (else the DSN's ``ssl_mode``...; default none).
+    ssl: _ssl.SSLContext | None
+
+
+class MySQLBackend(SessionLockBackend):
+    """``GET_LOCK`` elections on one MySQL/MariaDB server, built from a DSN and :class:`MySQLOptions`.
+
+    The constructor validates every option (ValueError naming it, never the
+    password) and connects to nothing.
+    """
+
     kind = "mysql"
     server_timeout = "wait_timeout"
 
-    def __init__(
-        self,
-        *,
-        connect_args: dict[str, Any],
-        name: str,
-        timing: LockTiming,
-        fencing: bool,
-        allow_unsafe_topology: bool,
-    ) -> None:
-        super().__init__(name, timing)
+    def __init__(self, dsn: str | None = None, **options: Unpack[MySQLOptions]) -> None:
+        check_options("MySQLElector", options, MySQLOptions)
+        parsed = parse_dsn(dsn, "mysql", "mariadb") if dsn is not None else None
+        host, port = server_address(
+            parsed, options.get("host"), options.get("port"), default_port=3306, who="MySQLElector"
+        )
+        user, password = options.get("user"), options.get("password")
+        database = options.get("database")
+        database = database if database is not None else (parsed.database if parsed else None)
+        fencing = options.get("fencing", False)
+        if fencing and not database:
+            raise ValueError("fencing=True needs a database for the aioelect_leaders table")
+        timing = LockTiming.checked(
+            poll_interval=options.get("poll_interval", 2.0),
+            check_interval=options.get("check_interval", 1.0),
+            check_timeout=options.get("check_timeout", 2.0),
+            connect_timeout=options.get("connect_timeout", 5.0),
+            lease=options.get("lease", 10),
+            renew_deadline=options.get("renew_deadline"),
+            server_timeout="wait_timeout",
+            min_lease=2,
+            whole_lease=True,
+            dated_after_grant=True,
+        )
+        connect_args: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "user": user if user is not None else (parsed.user if parsed and parsed.user else "root"),
+            "password": password if password is not None else (parsed.password if parsed and parsed.password else ""),
+        }
+        if database:
+            connect_args["db"] = database
+        dsn_tls = tls_from_query(parsed.query) if parsed is not None else None
+        ssl = options.get("ssl")
+        if ssl is not None and parsed is not None and parsed.query:
+            raise ValueError("give TLS settings either as ssl= or in the DSN, not both")
+        if ssl is not None and not isinstance(ssl, _ssl.SSLContext):
+            raise ValueError(f"ssl must be an ssl.SSLContext, not {type(ssl).__name__}")
+        ssl = ssl if ssl is not None else dsn_tls
+        if ssl is not None:
+            connect_args["ssl"] = ssl
+        super().__init__(validate_name(options["name"], max_length=_MAX_NAME), timing)
         self._connect_args = connect_args
         self.fencing = fencing
-        self.allow_unsafe_topology = allow_unsafe_topology
+        self.allow_unsafe_topology = options.get("allow_unsafe_topology", False)
         self._topology_checked = False
         self._fencing_ready = False
         self._info: _Connection | None = None
         self._info_lock = anyio.Lock()
+        warning = transport_warning(
+            host,
+            encrypted=ssl is not None,
+            verified=ssl is not None and ssl.verify_mode != _ssl.CERT_NONE,
+            fix="add ?ssl_mode=VERIFY_IDENTITY&ssl_ca=PATH to the DSN, or pass ssl=",
+        )
+        if warning is not None:
+            self.warnings.append(warning)
 
     # --- connections -------------------------------------------------------------
 
@@ -432,115 +521,3 @@ class _MySQLBackend(SessionLockBackend):
         if self._info is not None:
             self._info.close()
             self._info = None
-
-
-class MySQLElector(Elector):
-    """A candidate in a MySQL/MariaDB ``GET_LOCK`` election.
-
-    Guarantees (beyond :class:`~aioelect.Elector`'s):
-
-    * mutual exclusion as long as every candidate talks to the same server
-      (``GET_LOCK`` is per server: not across replicas, Galera or Group
-      Replication nodes, which are refused unless ``allow_unsafe_topology``);
-    * a follower takes over within milliseconds of a release or of the
-      leader's connection closing, and polls at most once per ``poll_interval``
-      and at most once a second (each request waits on the server);
-    * a new leadership starts with its whole ``renew_deadline`` ahead: it is
-      dated from a statement sent after the lock was granted;
-    * a leader whose lock or connection is gone stops within ``check_interval``
-      plus ``check_timeout``; one that cannot confirm for ``renew_deadline``
-      seconds fences itself; the server drops a silent leader after ``lease``
-      seconds;
-    * with ``fencing=True`` each leadership gets a token that increases across
-      all leaders of ``name`` and across server restarts (table
-      ``aioelect_leaders``, created if missing), and :meth:`leader` reports
-      identities; without it, :meth:`leader` reports the holder's connection.
-
-    ``dsn`` is ``mysql://user:password@host:port/database``; keyword arguments
-    override its parts. Special characters in the user name, password or
-    database must be percent-encoded (``#`` as ``%23``, ``@`` as ``%40``,
-    ``/`` as ``%2F``, ``?`` as ``%3F``): a DSN that could be read more than one
-    way is a ValueError, which never shows the password.
-
-    TLS: ``ssl`` takes an :class:`ssl.SSLContext`, or the DSN says
-    ``?ssl_mode=VERIFY_IDENTITY&ssl_ca=PATH&ssl_cert=PATH&ssl_key=PATH`` (or
-    ``ssl-mode``, ``ssl-ca``... as the MySQL clients spell them). Modes as
-    MySQL's: VERIFY_IDENTITY (the default when a file is given), VERIFY_CA,
-    REQUIRED (encrypted, server not verified), DISABLED. ``PREFERRED`` is
-    refused: it falls back to plaintext silently and verifies nothing. Any
-    other DSN parameter is a ValueError that names it. A refused certificate
-    is a permanent error. An elector whose connection to a host other than
-    this machine is unencrypted or unverified logs one WARNING when built.
-    """
-
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        host: str | None = None,
-        port: int | None = None,
-        user: str | None = None,
-        password: str | None = None,
-        database: str | None = None,
-        name: str,
-        poll_interval: float = 2.0,
-        identity: str | None = None,
-        connect_timeout: float = 5.0,
-        check_interval: float = 1.0,
-        check_timeout: float = 2.0,
-        lease: int = 10,
-        renew_deadline: float | None = None,
-        fencing: bool = False,
-        allow_unsafe_topology: bool = False,
-        ssl: _ssl.SSLContext | None = None,
-        stop_timeout: float = 5.0,
-    ) -> None:
-        parsed = parse_dsn(dsn, "mysql", "mariadb") if dsn is not None else None
-        host, port = server_address(parsed, host, port, default_port=3306, who="MySQLElector")
-        database = database if database is not None else (parsed.database if parsed else None)
-        if fencing and not database:
-            raise ValueError("fencing=True needs a database for the aioelect_leaders table")
-        timing = LockTiming.checked(
-            poll_interval=poll_interval,
-            check_interval=check_interval,
-            check_timeout=check_timeout,
-            connect_timeout=connect_timeout,
-            lease=lease,
-            renew_deadline=renew_deadline,
-            server_timeout="wait_timeout",
-            min_lease=2,
-            whole_lease=True,
-            dated_after_grant=True,
-        )
-        connect_args: dict[str, Any] = {
-            "host": host,
-            "port": port,
-            "user": user if user is not None else (parsed.user if parsed and parsed.user else "root"),
-            "password": password if password is not None else (parsed.password if parsed and parsed.password else ""),
-        }
-        if database:
-            connect_args["db"] = database
-        dsn_tls = tls_from_query(parsed.query) if parsed is not None else None
-        if ssl is not None and parsed is not None and parsed.query:
-            raise ValueError("give TLS settings either as ssl= or in the DSN, not both")
-        if ssl is not None and not isinstance(ssl, _ssl.SSLContext):
-            raise ValueError(f"ssl must be an ssl.SSLContext, not {type(ssl).__name__}")
-        ssl = ssl if ssl is not None else dsn_tls
-        if ssl is not None:
-            connect_args["ssl"] = ssl
-        backend = _MySQLBackend(
-            connect_args=connect_args,
-            name=validate_name(name, max_length=_MAX_NAME),
-            timing=timing,
-            fencing=fencing,
-            allow_unsafe_topology=allow_unsafe_topology,
-        )
-        super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
-        warning = transport_warning(
-            host,
-            encrypted=ssl is not None,
-            verified=ssl is not None and ssl.verify_mode != _ssl.CERT_NONE,
-            fix="add ?ssl_mode=VERIFY_IDENTITY&ssl_ca=PATH to the DSN, or pass ssl=",
-        )
-        if warning is not None:
-            backend.log.warning("%s", warning)

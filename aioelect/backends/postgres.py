@@ -45,14 +45,16 @@ import math
 import os
 import ssl as _ssl
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
 from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic, until_recorded
-from .._config import LockTiming, parse_dsn, server_address, transport_warning, validate_name
-from .._elector import Elector
+from .._config import LockTiming, check_options, parse_dsn, server_address, transport_warning, validate_name
 from .._errors import BackendUnavailable, ElectionError
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 try:
     import asyncpg
@@ -60,7 +62,8 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("the PostgreSQL backend needs asyncpg: pip install 'aioelect[postgres]'") from exc
 
 __all__ = [
-    "PostgresElector",
+    "PostgresBackend",
+    "PostgresOptions",
     "advisory_key",
     "application_name",
     "lock_ids",
@@ -339,7 +342,7 @@ class _Connection:
     closed; a plain server-side SQL error leaves it usable.
 
     The lock connection runs nothing but :attr:`statements` while it holds the
-    lock (see :meth:`_PostgresBackend._connect`).
+    lock (see :meth:`PostgresBackend._connect`).
     """
 
     def __init__(self, raw: asyncpg.Connection) -> None:
@@ -409,7 +412,7 @@ class _Connection:
 
 
 class _PostgresHold(Hold):
-    def __init__(self, backend: _PostgresBackend, conn: _Connection, token: int | None, acquired_at: float) -> None:
+    def __init__(self, backend: PostgresBackend, conn: _Connection, token: int | None, acquired_at: float) -> None:
         self._backend = backend
         self._conn = conn
         self.token = token
@@ -447,31 +450,120 @@ class _PostgresHold(Hold):
             await conn.aclose(b.check_timeout)
 
 
-class _PostgresBackend(SessionLockBackend):
+class _Named(TypedDict):
+    #: The election's name; the advisory lock's key is derived from it.
+    name: str
+
+
+class PostgresOptions(_Named, total=False):
+    """The options of a PostgreSQL election; :class:`PostgresBackend` validates them."""
+
+    #: Server host, port, user, password and database: each overrides the DSN's part.
+    host: str | None
+    port: int | None
+    user: str | None
+    password: str | None
+    database: str | None
+    #: Seconds between a follower's lock attempts (default 2).
+    poll_interval: float
+    #: Seconds to connect (default 5).
+    connect_timeout: float
+    #: Seconds between the leader's lock checks (default 1), and the bound on one (default 2).
+    check_interval: float
+    check_timeout: float
+    #: Seconds of the session's ``idle_session_timeout``: the server ends a silent leader's session (default 10).
+    lease: float
+    #: Seconds a leader may go without a confirmed check before it fences itself (default: derived from the others).
+    renew_deadline: float | None
+    #: Give each leadership a token, the server's transaction id (default False).
+    fencing: bool
+    #: Schema of the ``aioelect_leaders`` table that records full identities (default none: no table).
+    schema: str | None
+    #: An sslmode (``"verify-full"``...) or a TLS context (default: the DSN's, ``PGSSLMODE``, else ``prefer``).
+    ssl: _ssl.SSLContext | str | None
+
+
+class PostgresBackend(SessionLockBackend):
+    """Advisory-lock elections on one PostgreSQL primary, built from a DSN and :class:`PostgresOptions`.
+
+    The constructor validates every option (ValueError naming it, never the
+    password), resolves TLS as libpq does, and connects to nothing.
+    """
+
     kind = "postgres"
     server_timeout = "idle_session_timeout"
 
-    def __init__(
-        self,
-        *,
-        connect_args: dict[str, Any],
-        tls: _Tls,
-        name: str,
-        timing: LockTiming,
-        fencing: bool,
-        schema: str | None,
-    ) -> None:
+    def __init__(self, dsn: str | None = None, **options: Unpack[PostgresOptions]) -> None:
+        check_options("PostgresElector", options, PostgresOptions)
+        parsed = parse_dsn(dsn, "postgresql", "postgres") if dsn is not None else None
+        host, port = server_address(
+            parsed, options.get("host"), options.get("port"), default_port=5432, who="PostgresElector"
+        )
+        query = dict(parsed.query) if parsed else {}
+        tls = {k: query.pop(k) for k in ("sslmode", *_TLS_FILES) if k in query}
+        if query:
+            raise ValueError(
+                f"unsupported DSN parameter(s): {', '.join(sorted(query))} "
+                "(read: sslmode, sslrootcert, sslcert, sslkey)"
+            )
+        ssl = options.get("ssl")
+        if ssl is not None and not isinstance(ssl, (str, _ssl.SSLContext)):
+            raise ValueError("ssl must be an ssl.SSLContext or an sslmode string")
+        plan = _resolve_tls(tls, ssl, host)
+        schema = options.get("schema")
+        if schema is not None:
+            if not isinstance(schema, str) or not schema or "\x00" in schema:
+                raise ValueError(f"schema must be a non-empty schema name or None, not {schema!r}")
+            if len(schema.encode("utf-8")) > _MAX_IDENTIFIER:
+                raise ValueError(f"schema must be at most {_MAX_IDENTIFIER} bytes long (PostgreSQL's NAMEDATALEN)")
+        timing = LockTiming.checked(
+            poll_interval=options.get("poll_interval", 2.0),
+            check_interval=options.get("check_interval", 1.0),
+            check_timeout=options.get("check_timeout", 2.0),
+            connect_timeout=options.get("connect_timeout", 5.0),
+            lease=options.get("lease", 10),
+            renew_deadline=options.get("renew_deadline"),
+            server_timeout="idle_session_timeout",
+            min_lease=1,
+            whole_lease=False,
+            dated_after_grant=True,
+        )
+        fencing = options.get("fencing", False)
+        if fencing not in (True, False):
+            raise ValueError(f"fencing must be True or False, not {fencing!r}")
+        user, password, database = options.get("user"), options.get("password"), options.get("database")
+        connect_args: dict[str, Any] = {
+            "host": host,
+            "port": port,
+            "user": user if user is not None else (parsed.user if parsed and parsed.user else "postgres"),
+            "password": password if password is not None else (parsed.password if parsed else None),
+            "database": database if database is not None else (parsed.database if parsed else None),
+        }
+        name = validate_name(options["name"])
         super().__init__(name, timing)
         self._connect_args = connect_args
-        self._tls = tls
+        self._tls = plan
         self.key = advisory_key(name)
         self.classid, self.objid = lock_ids(self.key)
-        self.fencing = fencing
+        self.fencing = bool(fencing)
         self.schema = schema
         self._warned_old_server = False
         self._info: _Connection | None = None
         self._info_table_ok = False
         self._info_lock = anyio.Lock()
+        fix = (
+            "use sslmode=verify-full with sslrootcert=PATH, or sslrootcert=system"
+            if plan.mode in ("disable", "allow", "prefer")
+            else "give sslrootcert=PATH so the server's certificate is verified"
+        )
+        if plan.mode == "prefer":
+            fix = "sslmode=prefer falls back to plaintext when TLS fails or is not offered; " + fix
+        # prefer: TLS whenever the server offers it, but an attacker can refuse TLS or present any
+        # certificate and get plaintext, so it is never verified.
+        encrypted, verified = (True, False) if plan.mode == "prefer" else (plan.encrypted, plan.verified)
+        warning = transport_warning(host, encrypted=encrypted, verified=verified, fix=fix)
+        if warning is not None:
+            self.warnings.append(warning)
 
     def describe_timing(self) -> str:
         return f"key={self.key} " + super().describe_timing()
@@ -778,140 +870,3 @@ class _PostgresBackend(SessionLockBackend):
         if self._info is not None:
             info, self._info = self._info, None
             await info.aclose(self.check_timeout)
-
-
-class PostgresElector(Elector):
-    """A candidate in a PostgreSQL advisory-lock election.
-
-    Guarantees (beyond :class:`~aioelect.Elector`'s):
-
-    * mutual exclusion as long as every candidate talks to the same primary
-      and database (advisory locks are per server and per database; a standby
-      is refused with :class:`~aioelect.ElectionError`);
-    * a follower takes over within milliseconds of a release or of the
-      leader's session ending, and sends at most one query per
-      ``poll_interval`` while waiting;
-    * a leader whose session ends stops at once; one whose lock check fails
-      stops within ``check_interval`` plus ``check_timeout``; one that cannot
-      confirm for ``renew_deadline`` seconds fences itself; the server ends a
-      silent (frozen, cut off) leader's session after ``lease`` seconds
-      (``idle_session_timeout``, PostgreSQL 14+; on older servers only TCP
-      keepalives, which never end a stopped but live process);
-    * with ``fencing=True`` each leadership gets a token (the server's
-      transaction id, taken once the lock is held and durable before it is
-      returned) larger than every earlier leader's token of ``name`` on this
-      server, across restarts and crashes; it needs no table and no privilege;
-    * with ``schema="..."`` each leader also records its full identity and
-      token in ``<schema>.aioelect_leaders`` (created if missing, which needs
-      CREATE on the schema) and :meth:`leader` reports full identities;
-      otherwise it reports ``application_name`` (63 bytes). The table must be
-      owned by the connecting role and the schema by it or a superuser, else
-      :class:`~aioelect.ElectionError` says who owns it: another owner could
-      run code with our privileges. Nothing is ever looked up through the
-      user's ``search_path``.
-
-    Wrong passwords, unknown databases and missing privileges raise
-    :class:`~aioelect.ElectionError` at once, naming the privilege and the
-    option that avoids it; connection errors are retried with backoff.
-    ``dsn`` is ``postgresql://user:password@host:port/database``
-    (``postgres://`` too); keyword arguments override its parts.
-
-    TLS follows libpq: ``sslmode`` (the DSN's, ``ssl="..."`` or
-    ``PGSSLMODE``; default ``prefer``), ``sslrootcert``, ``sslcert``,
-    ``sslkey`` (the DSN's, ``PGSSLROOTCERT``/``PGSSLCERT``/``PGSSLKEY`` or
-    ``~/.postgresql/``). ``prefer`` encrypts when the server offers TLS and
-    falls back to plaintext otherwise; without a root certificate it does not
-    verify the server. With a root certificate ``require`` verifies the chain
-    as ``verify-ca`` does; ``verify-full`` also checks the host name;
-    ``sslrootcert=system`` (with ``verify-full``) uses the system's CAs. Two
-    choices are stricter than libpq: a file named that does not exist is a
-    ValueError, and a root certificate given without any sslmode means
-    ``verify-full``. ``ssl`` may also be an :class:`ssl.SSLContext` (used as
-    it is, never without TLS). A refused certificate, or a server without TLS
-    when the mode requires it, is a permanent error. One WARNING is logged
-    when the host is not loopback and the connection may be unencrypted or
-    its server unverified.
-    """
-
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        host: str | None = None,
-        port: int | None = None,
-        user: str | None = None,
-        password: str | None = None,
-        database: str | None = None,
-        name: str,
-        poll_interval: float = 2.0,
-        identity: str | None = None,
-        connect_timeout: float = 5.0,
-        check_interval: float = 1.0,
-        check_timeout: float = 2.0,
-        lease: float = 10,
-        renew_deadline: float | None = None,
-        fencing: bool = False,
-        schema: str | None = None,
-        ssl: _ssl.SSLContext | str | None = None,
-        stop_timeout: float = 5.0,
-    ) -> None:
-        parsed = parse_dsn(dsn, "postgresql", "postgres") if dsn is not None else None
-        host, port = server_address(parsed, host, port, default_port=5432, who="PostgresElector")
-        query = dict(parsed.query) if parsed else {}
-        tls = {k: query.pop(k) for k in ("sslmode", *_TLS_FILES) if k in query}
-        if query:
-            raise ValueError(
-                f"unsupported DSN parameter(s): {', '.join(sorted(query))} "
-                "(read: sslmode, sslrootcert, sslcert, sslkey)"
-            )
-        if ssl is not None and not isinstance(ssl, (str, _ssl.SSLContext)):
-            raise ValueError("ssl must be an ssl.SSLContext or an sslmode string")
-        plan = _resolve_tls(tls, ssl, host)
-        if schema is not None:
-            if not isinstance(schema, str) or not schema or "\x00" in schema:
-                raise ValueError(f"schema must be a non-empty schema name or None, not {schema!r}")
-            if len(schema.encode("utf-8")) > _MAX_IDENTIFIER:
-                raise ValueError(f"schema must be at most {_MAX_IDENTIFIER} bytes long (PostgreSQL's NAMEDATALEN)")
-        timing = LockTiming.checked(
-            poll_interval=poll_interval,
-            check_interval=check_interval,
-            check_timeout=check_timeout,
-            connect_timeout=connect_timeout,
-            lease=lease,
-            renew_deadline=renew_deadline,
-            server_timeout="idle_session_timeout",
-            min_lease=1,
-            whole_lease=False,
-            dated_after_grant=True,
-        )
-        if fencing not in (True, False):
-            raise ValueError(f"fencing must be True or False, not {fencing!r}")
-        connect_args: dict[str, Any] = {
-            "host": host,
-            "port": port,
-            "user": user if user is not None else (parsed.user if parsed and parsed.user else "postgres"),
-            "password": password if password is not None else (parsed.password if parsed else None),
-            "database": database if database is not None else (parsed.database if parsed else None),
-        }
-        backend = _PostgresBackend(
-            connect_args=connect_args,
-            tls=plan,
-            name=validate_name(name),
-            timing=timing,
-            fencing=bool(fencing),
-            schema=schema,
-        )
-        super().__init__(backend, identity=identity, stop_timeout=stop_timeout)
-        fix = (
-            "use sslmode=verify-full with sslrootcert=PATH, or sslrootcert=system"
-            if plan.mode in ("disable", "allow", "prefer")
-            else "give sslrootcert=PATH so the server's certificate is verified"
-        )
-        if plan.mode == "prefer":
-            fix = "sslmode=prefer falls back to plaintext when TLS fails or is not offered; " + fix
-        # prefer: TLS whenever the server offers it, but an attacker can refuse TLS or present any
-        # certificate and get plaintext, so it is never verified.
-        encrypted, verified = (True, False) if plan.mode == "prefer" else (plan.encrypted, plan.verified)
-        warning = transport_warning(host, encrypted=encrypted, verified=verified, fix=fix)
-        if warning is not None:
-            backend.log.warning("%s", warning)

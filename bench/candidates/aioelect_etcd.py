@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aioelect.backends.etcd import EtcdElector
+from aioelect import EtcdElector
 
 from ._runner import Candidate, Options, main
 from .aioelect_mysql import AioelectCandidate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from aioelect.backends.file import FileElector
+from aioelect import FileElector
 
 from ._runner import Candidate, Options, main
 from .aioelect_mysql import AioelectCandidate

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from aioelect import Elector, Leadership
-from aioelect.backends.mysql import MySQLElector
+from aioelect import Elector, Leadership, MySQLElector
 
 from ._runner import Candidate, Options, main
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aioelect.backends.postgres import PostgresElector
+from aioelect import PostgresElector
 
 from ._runner import Candidate, Options, main
 from .aioelect_mysql import AioelectCandidate

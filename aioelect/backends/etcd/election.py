@@ -26,17 +26,34 @@ deletion one transaction checks that our key still stands under our lease
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from ..._backend import Backend, Backoff, Confirm, Hold, monotonic
+from ..._config import check_options, positive, validate_name
 from ..._errors import BackendUnavailable, ElectionError
-from .session import Compacted, Connection, Endpoint, EtcdTLS, Retired, Session, SessionEnded, Transient, first_of
+from .session import (
+    Compacted,
+    Connection,
+    EtcdTLS,
+    Retired,
+    Session,
+    SessionEnded,
+    Transient,
+    first_of,
+    parse_endpoints,
+)
 
-__all__ = ["EtcdBackend"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["EtcdBackend", "EtcdOptions"]
+
+#: etcd grants no lease shorter than its minimum TTL (2 s with default timings).
+MIN_TTL = 2
 
 _DELETE = rpc.Event.DELETE
 
@@ -204,39 +221,98 @@ class DegradedHold(Hold):
         return self._identity
 
 
+class _Named(TypedDict):
+    #: The election's name: candidates' keys live under ``{name}/`` (at most 1024 characters).
+    name: str
+
+
+class EtcdOptions(_Named, total=False):
+    """The options of an etcd election; :class:`EtcdBackend` validates them."""
+
+    #: The session lease in whole seconds, at least 2 (default 5); keep-alives go out every ``ttl / 3``.
+    ttl: int
+    #: etcd credentials: both or neither.
+    username: str | None
+    password: str | None
+    #: Lead locally, WITHOUT mutual exclusion, while etcd has never answered (default False).
+    degrade_to_local: bool
+    #: Seconds to authenticate, and the bound on each request to one endpoint (default 5).
+    connect_timeout: float
+    #: Seconds a leader may go without an acknowledged keep-alive (default ``2 * ttl / 3``).
+    renew_deadline: float | None
+    #: PEM files: the CA that signs etcd's certificate (default: the system CAs), the client certificate and key.
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+
+
 class EtcdBackend(Backend):
+    """Elections on an etcd cluster, built from its endpoints and :class:`EtcdOptions`.
+
+    The constructor validates every option (ValueError naming it, never the
+    password) and reads the TLS files; it connects to nothing.
+    """
+
     kind = "etcd"
 
-    def __init__(
-        self,
-        *,
-        endpoints: Sequence[Endpoint],
-        name: str,
-        ttl: int,
-        renew_deadline: float,
-        connect_timeout: float,
-        username: str | None,
-        password: str | None,
-        degrade_to_local: bool,
-        tls: EtcdTLS | None = None,
-    ) -> None:
+    def __init__(self, endpoints: str | Sequence[str], **options: Unpack[EtcdOptions]) -> None:
+        check_options("EtcdElector", options, EtcdOptions)
+        ca_file, cert_file, key_file = options.get("ca_file"), options.get("cert_file"), options.get("key_file")
+        ttl: int = options.get("ttl", 5)
+        renew_deadline = options.get("renew_deadline")
+        username, password = options.get("username"), options.get("password")
+        degrade_to_local = options.get("degrade_to_local", False)
+        parsed = parse_endpoints(endpoints)
+        tls_files = any(f is not None for f in (ca_file, cert_file, key_file))
+        plain = [e for e in parsed if e.scheme == "http"]
+        if plain and tls_files:
+            raise ValueError(
+                f"endpoint http://{plain[0]} is plain HTTP but ca_file/cert_file/key_file ask for TLS: use https://"
+            )
+        https = parsed[0].scheme == "https"  # every endpoint's, as parse_endpoints checked
+        tls = EtcdTLS.load(ca_file, cert_file, key_file) if tls_files or https else None
+        name = validate_name(options["name"], max_length=1024)
+        if isinstance(ttl, bool) or not float(positive("ttl", ttl)).is_integer():
+            raise ValueError(f"ttl must be a whole number of seconds (etcd leases have whole-second TTLs), not {ttl!r}")
+        ttl = int(ttl)
+        if ttl < MIN_TTL:
+            raise ValueError(f"ttl must be at least {MIN_TTL} seconds: etcd grants no shorter lease")
+        interval = ttl / 3
+        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else ttl * 2 / 3
+        if deadline >= ttl:
+            raise ValueError(
+                f"renew_deadline ({deadline:g}s) must be shorter than ttl ({ttl}s): a leader must stop "
+                "before its lease can expire and another candidate take over"
+            )
+        if deadline <= interval:
+            raise ValueError(
+                f"renew_deadline ({deadline:g}s) must be longer than the keep-alive interval ttl/3 ({interval:.3g}s): "
+                "otherwise a healthy leader would fence itself between two keep-alives"
+            )
+        connect_timeout = positive("connect_timeout", options.get("connect_timeout", 5.0))
+        if (username is None) != (password is None):
+            raise ValueError("username and password go together: pass both or neither")
+        if username is not None and (not isinstance(username, str) or not username):
+            raise ValueError("username must be a non-empty string")
+        if password is not None and not isinstance(password, str):
+            raise ValueError("password must be a string")
+        if not isinstance(degrade_to_local, bool):
+            raise ValueError(f"degrade_to_local must be True or False, not {degrade_to_local!r}")
         super().__init__(name)
         self.prefix = (name + "/").encode()
         self._prefix_end = prefix_range_end(self.prefix)
         self.ttl = ttl
         self.keepalive_interval = ttl / 3
-        self._renew_deadline = renew_deadline
+        self._renew_deadline = deadline
         # Half the slack between two keep-alives and the deadline: a slow one is retried in time.
-        self.session_keepalive_timeout = max(
-            0.1, min(self.keepalive_interval, renew_deadline - self.keepalive_interval) / 2
-        )
+        self.session_keepalive_timeout = max(0.1, min(self.keepalive_interval, deadline - self.keepalive_interval) / 2)
         self.connect_timeout = connect_timeout
         self.request_timeout = connect_timeout
         # Resign and revoke end before the elector gives up on a release (5 s).
         self.release_timeout = min(connect_timeout, 4.0)
         self.degrade_to_local = degrade_to_local
         self.conn = Connection(
-            endpoints,
+            parsed,
             username=username,
             password=password,
             connect_timeout=connect_timeout,
