@@ -9,6 +9,9 @@ API only.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -175,3 +178,14 @@ def test_the_cli_is_a_package_of_small_modules() -> None:
     sizes = {path.name: len(path.read_text().splitlines()) for path in _sources(PACKAGE / "cli")}
     assert {"__init__.py", "_args.py", "_commands.py", "_supervisor.py", "_output.py"} <= set(sizes)
     assert max(sizes.values()) <= 400, sizes
+
+
+def test_the_command_refuses_an_unreadable_variable_by_name(tmp_path: Path) -> None:
+    """The command reads the same Settings: a variable it cannot read is a usage error (2) naming it, secret unshown."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOELECT_")}
+    env.update(PYTHONPATH=str(PACKAGE.parent), AIOELECT_ETCD_DEGRADE_TO_LOCAL="maybe", AIOELECT_PASSWORD=PASSWORD)
+    argv = [sys.executable, "-m", "aioelect", "leader", "--file", str(tmp_path / "x.lock")]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "AIOELECT_ETCD_DEGRADE_TO_LOCAL" in result.stderr and "Traceback" not in result.stderr
+    assert PASSWORD not in result.stderr + result.stdout
