@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._elector import Elector, Leadership, leadership
+from ._api import leadership
+from ._elector import Elector, Leadership
 from ._electors import LocalElector
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost
 from ._events import Event

@@ -1,4 +1,12 @@
-"""The contract users see, written once above every backend."""
+"""The contract users see, written once above every backend: :class:`Elector`, :class:`Leadership`, the keeper.
+
+It drives any :class:`~aioelect._backend.Backend` it is given and imports
+none: which backend an elector uses is chosen above, in
+:mod:`aioelect._electors` and :mod:`aioelect._factory`. It guarantees, for
+every backend, what :class:`Elector` and :class:`Leadership` say: leadership
+bound to the acquiring task, loss detected in the background, self-fencing
+on the renew deadline, and leader work stopped before the lock is let go.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from ._errors import ElectionError, LeadershipLost
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
 
-__all__ = ["Elector", "Leadership", "leadership", "default_identity", "validate_identity"]
+__all__ = ["Elector", "Leadership", "default_identity", "leading", "validate_identity"]
 
 T = TypeVar("T")
 _E = TypeVar("_E", bound="Elector")
@@ -87,7 +95,7 @@ class Leadership:
     * Leadership is released when the task that acquired it finishes, when
       :meth:`release` is called, or when the elector is closed, whichever is
       first.
-    * On a release, work registered through :func:`leadership` or
+    * On a release, work registered through :func:`aioelect.leadership` or
       :meth:`Elector.run` is cancelled and has stopped before the backend lets
       go. Work that ignores cancellation for longer than ``stop_timeout``
       keeps the lock held (and confirmed) until it stops: an ERROR is logged
@@ -573,7 +581,7 @@ class Elector:
         """
         while True:
             try:
-                async with leadership(self):
+                async with leading(self):
                     return await work(*args)
             except LeadershipLost as exc:
                 self._log.warning("work cancelled (%s); campaigning again", exc.reason)
@@ -598,31 +606,18 @@ class Elector:
 
 
 @contextlib.asynccontextmanager
-async def leadership(elector: Elector | None = None, **options: Any) -> AsyncIterator[Leadership]:
-    """Run the body only as leader.
+async def leading(elector: Elector) -> AsyncIterator[Leadership]:
+    """Campaign on ``elector``, run the body as leader work, and release when it ends.
 
-    ``async with leadership(elector) as lead:`` campaigns, runs the body as
-    leader, and releases leadership when the body ends. If leadership is lost
-    the body is cancelled and :class:`LeadershipLost` is raised from the
-    ``async with``. With no elector, one is built with :func:`aioelect.from_env`
-    (``options`` are passed to it) and closed afterwards.
+    The body is cancelled on loss, and :class:`LeadershipLost` is raised from
+    the ``async with``; the leadership is released however the body ends.
+    The scope that :meth:`Elector.run` and :func:`aioelect.leadership` share.
     """
-    owned = elector is None
-    if elector is None:
-        from ._factory import from_env
-
-        elector = from_env(**options)
-    elif options:
-        raise TypeError("leadership() takes options only when it builds the elector")
+    lead = await elector.acquire()
     try:
-        lead = await elector.acquire()
-        try:
-            with lead._guard():
-                yield lead
-            if lead.lost:
-                raise LeadershipLost(lead.lost_reason or "lost")
-        finally:
-            await lead.release()
+        with lead._guard():
+            yield lead
+        if lead.lost:
+            raise LeadershipLost(lead.lost_reason or "lost")
     finally:
-        if owned:
-            await elector.aclose()
+        await lead.release()
