@@ -8,6 +8,7 @@ from typing import Any
 
 from ._elector import Elector
 from ._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector
+from ._settings import Settings
 
 __all__ = ["from_env", "new"]
 
@@ -75,34 +76,9 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
 
     ``options`` override the environment.
     """
-    env = os.environ if environ is None else environ
-    settings: dict[str, Any] = {
-        "etcd": env.get("AIOELECT_ETCD_ENDPOINTS") or None,
-        "mysql": env.get("AIOELECT_MYSQL_DSN") or None,
-        "postgres": env.get("AIOELECT_POSTGRES_DSN") or None,
-        "file": env.get("AIOELECT_FILE") or None,
-        "name": env.get("AIOELECT_NAME") or None,
-    }
-    degrade = _env_flag(env, ENV_ETCD_DEGRADE_TO_LOCAL)
-    if degrade is not None and settings["etcd"] and "degrade_to_local" not in options:
-        settings["degrade_to_local"] = degrade
-    settings.update(options)
-    return new(**settings)
-
-
-#: Opt-in to etcd's local leadership (without mutual exclusion) while etcd has never answered.
-ENV_ETCD_DEGRADE_TO_LOCAL = "AIOELECT_ETCD_DEGRADE_TO_LOCAL"
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _env_flag(env: Mapping[str, str], variable: str) -> bool | None:
-    """The boolean in ``variable`` (None when unset or empty); ValueError for anything but a clear yes or no."""
-    value = env.get(variable, "").strip()
-    if not value:
-        return None
-    if value.lower() in _TRUE:
-        return True
-    if value.lower() in _FALSE:
-        return False
-    raise ValueError(f"{variable} must be one of {', '.join(_TRUE + _FALSE)}, not {value!r}")
+    settings = Settings.from_environ(os.environ if environ is None else environ)
+    chosen: dict[str, Any] = {**settings.targets, "name": settings.name}
+    if settings.etcd_degrade_to_local is not None and settings.etcd_endpoints and "degrade_to_local" not in options:
+        chosen["degrade_to_local"] = settings.etcd_degrade_to_local
+    chosen.update(options)
+    return new(**chosen)

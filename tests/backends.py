@@ -303,6 +303,32 @@ def file_case(request: pytest.FixtureRequest) -> BackendCase:
     return BackendCase("file", make, leftovers=leftovers_, depose=depose_, empty_store=empty_store)
 
 
+def memory_case(request: pytest.FixtureRequest) -> BackendCase:
+    from aioelect.testing import MemoryElector
+
+    made: list[MemoryElector] = []
+
+    def make(name: str, **kw: Any) -> Elector:
+        elector = MemoryElector(name=name, **kw)
+        made.append(elector)
+        return elector
+
+    async def leftovers_() -> int:
+        """Leaderships held and campaigns waiting in the elections of this test."""
+        elections = {elector.name: elector.election for elector in made}
+        return sum((e.holder is not None) + e.waiting for e in elections.values())
+
+    async def depose_(elector: Elector) -> None:
+        assert isinstance(elector, MemoryElector)
+        elector.depose()
+
+    @contextlib.asynccontextmanager
+    async def empty_store() -> AsyncIterator[Callable[..., Elector]]:
+        yield make  # a new name is an election nothing has used
+
+    return BackendCase("memory", make, leftovers=leftovers_, depose=depose_, empty_store=empty_store)
+
+
 #: What each backend can do, known before any server starts: "exclusive"
 #: (candidates exclude each other), "depose" (leadership can be taken away from
 #: outside), "leftovers" (server-side resources can be counted), "empty_store"
@@ -313,6 +339,7 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "etcd": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "postgres": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "file": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
+    "memory": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
 }
 
 CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {
@@ -321,4 +348,5 @@ CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {
     "etcd": etcd_case,
     "postgres": postgres_case,
     "file": file_case,
+    "memory": memory_case,
 }

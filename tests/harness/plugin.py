@@ -69,8 +69,6 @@ def external_server(kind: str) -> str | None:
     return value or None
 
 
-
-
 def server_unavailable(reason: str) -> NoReturn:
     """Skip the current test, or fail it when :func:`servers_required` (CI)."""
     if servers_required():

@@ -1,0 +1,188 @@
+"""aioelect's environment variables: every name defined here once, read into one typed settings object.
+
+:func:`aioelect.from_env` and the ``aioelect`` command both read the
+environment through :meth:`Settings.from_environ`. This module guarantees:
+
+* every ``AIOELECT_*`` variable the library and the command read is named
+  by a constant here, and nowhere else;
+* an empty variable means unset;
+* a value that cannot be read raises ValueError naming the variable and
+  never quoting the value of a secret variable;
+* a secret (a password, or a DSN that may hold one) never appears in the
+  ``repr()`` of :class:`Settings`;
+* :func:`is_secret` says which variables are secrets, so that the command
+  keeps them out of the environment of the programs it starts.
+
+It imports nothing of aioelect's but :mod:`aioelect._config`, so every
+layer may use it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ._config import redact_dsn
+
+__all__ = [
+    "BACKEND_VARIABLES",
+    "ENV_ETCD_CA",
+    "ENV_ETCD_CERT",
+    "ENV_ETCD_DEGRADE_TO_LOCAL",
+    "ENV_ETCD_ENDPOINTS",
+    "ENV_ETCD_KEY",
+    "ENV_ETCD_USER",
+    "ENV_FILE",
+    "ENV_IDENTITY",
+    "ENV_MYSQL_DSN",
+    "ENV_NAME",
+    "ENV_PASSWORD",
+    "ENV_POSTGRES_DSN",
+    "ENV_TOKEN",
+    "SECRET_VARIABLES",
+    "Settings",
+    "is_secret",
+]
+
+#: Comma-separated etcd endpoints (``host:port`` or ``https://host:port``).
+ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
+#: ``mysql://user:password@host:port/database``.
+ENV_MYSQL_DSN = "AIOELECT_MYSQL_DSN"
+#: ``postgresql://user:password@host:port/database``.
+ENV_POSTGRES_DSN = "AIOELECT_POSTGRES_DSN"
+#: The path of a lock file (one machine only).
+ENV_FILE = "AIOELECT_FILE"
+#: The election name (lock name or etcd key prefix).
+ENV_NAME = "AIOELECT_NAME"
+#: This candidate's identity.
+ENV_IDENTITY = "AIOELECT_IDENTITY"
+#: The password of the DSN's user or of the etcd user.
+ENV_PASSWORD = "AIOELECT_PASSWORD"
+#: The etcd user name.
+ENV_ETCD_USER = "AIOELECT_ETCD_USER"
+#: etcd over TLS: the CA certificate (PEM) that verifies the server.
+ENV_ETCD_CA = "AIOELECT_ETCD_CA"
+#: etcd over TLS: the client certificate (PEM).
+ENV_ETCD_CERT = "AIOELECT_ETCD_CERT"
+#: etcd over TLS: the client certificate's unencrypted key (PEM).
+ENV_ETCD_KEY = "AIOELECT_ETCD_KEY"
+#: Opt-in to etcd's local leadership (without mutual exclusion) while etcd has never answered.
+ENV_ETCD_DEGRADE_TO_LOCAL = "AIOELECT_ETCD_DEGRADE_TO_LOCAL"
+#: Set by ``aioelect run`` in the environment of the command it runs: the fencing token of its leadership.
+ENV_TOKEN = "AIOELECT_TOKEN"
+
+#: The backends in the factory's priority order, each with the variable that configures it.
+BACKEND_VARIABLES = (
+    ("etcd", ENV_ETCD_ENDPOINTS),
+    ("mysql", ENV_MYSQL_DSN),
+    ("postgres", ENV_POSTGRES_DSN),
+    ("file", ENV_FILE),
+)
+
+#: The secret variables aioelect defines. Any other ``AIOELECT_`` variable whose name holds
+#: ``PASSWORD`` or ends in ``_DSN`` is a secret too (see :func:`is_secret`).
+SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN)
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def is_secret(variable: str) -> bool:
+    """Whether ``variable`` may hold a secret of aioelect's (a password, or a DSN that may carry one)."""
+    return variable in SECRET_VARIABLES or (
+        variable.startswith("AIOELECT_") and ("PASSWORD" in variable or variable.endswith("_DSN"))
+    )
+
+
+def _flag(environ: Mapping[str, str], variable: str) -> bool | None:
+    """The boolean in ``variable`` (None when unset or empty); ValueError for anything but a clear yes or no."""
+    value = environ.get(variable, "").strip()
+    if not value:
+        return None
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ValueError(f"{variable} must be one of {', '.join(_TRUE + _FALSE)}, not {value!r}")
+
+
+def _redacted(value: str | None) -> str | None:
+    return None if value is None else redact_dsn(value)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What aioelect's environment variables say; None for a variable unset or empty.
+
+    Values are kept as given (a DSN with its password, endpoints as one
+    comma-separated string); the consumers validate them. ``repr()`` shows
+    DSNs redacted and never the password.
+    """
+
+    etcd_endpoints: str | None = None
+    mysql_dsn: str | None = field(default=None, repr=False)
+    postgres_dsn: str | None = field(default=None, repr=False)
+    file: str | None = None
+    name: str | None = None
+    identity: str | None = None
+    password: str | None = field(default=None, repr=False)
+    etcd_user: str | None = None
+    etcd_ca: str | None = None
+    etcd_cert: str | None = None
+    etcd_key: str | None = None
+    #: ``AIOELECT_ETCD_DEGRADE_TO_LOCAL``: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``.
+    etcd_degrade_to_local: bool | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> Settings:
+        """Read ``environ``; ValueError (naming the variable) for a value that cannot be read."""
+
+        def text(variable: str) -> str | None:
+            return environ.get(variable) or None
+
+        return cls(
+            etcd_endpoints=text(ENV_ETCD_ENDPOINTS),
+            mysql_dsn=text(ENV_MYSQL_DSN),
+            postgres_dsn=text(ENV_POSTGRES_DSN),
+            file=text(ENV_FILE),
+            name=text(ENV_NAME),
+            identity=text(ENV_IDENTITY),
+            password=text(ENV_PASSWORD),
+            etcd_user=text(ENV_ETCD_USER),
+            etcd_ca=text(ENV_ETCD_CA),
+            etcd_cert=text(ENV_ETCD_CERT),
+            etcd_key=text(ENV_ETCD_KEY),
+            etcd_degrade_to_local=_flag(environ, ENV_ETCD_DEGRADE_TO_LOCAL),
+        )
+
+    @property
+    def targets(self) -> dict[str, str | None]:
+        """Each backend's configured target (endpoints, DSN, path) or None, in the factory's priority order."""
+        return {"etcd": self.etcd_endpoints, "mysql": self.mysql_dsn, "postgres": self.postgres_dsn, "file": self.file}
+
+    def backend(self) -> tuple[str, str] | None:
+        """``(kind, target)`` of the first backend configured in priority order, or None if none is."""
+        for kind, target in self.targets.items():
+            if target is not None:
+                return kind, target
+        return None
+
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{name}={value!r}"
+            for name, value in (
+                ("etcd_endpoints", self.etcd_endpoints),
+                ("mysql_dsn", _redacted(self.mysql_dsn)),
+                ("postgres_dsn", _redacted(self.postgres_dsn)),
+                ("file", self.file),
+                ("name", self.name),
+                ("identity", self.identity),
+                ("password", None if self.password is None else "***"),
+                ("etcd_user", self.etcd_user),
+                ("etcd_ca", self.etcd_ca),
+                ("etcd_cert", self.etcd_cert),
+                ("etcd_key", self.etcd_key),
+                ("etcd_degrade_to_local", self.etcd_degrade_to_local),
+            )
+        )
+        return f"Settings({shown})"

@@ -1,0 +1,304 @@
+"""The ``aioelect`` command line: its options, help texts and argparse's errors shown redacted.
+
+Built on argparse's public API only. :func:`build_parser` returns the
+parser together with each command's own parser, so that a usage error is
+reported with the usage of the command it concerns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn, TypeVar
+
+from .._settings import (
+    ENV_ETCD_CA,
+    ENV_ETCD_CERT,
+    ENV_ETCD_ENDPOINTS,
+    ENV_ETCD_KEY,
+    ENV_ETCD_USER,
+    ENV_FILE,
+    ENV_IDENTITY,
+    ENV_MYSQL_DSN,
+    ENV_NAME,
+    ENV_PASSWORD,
+    ENV_POSTGRES_DSN,
+    ENV_TOKEN,
+    SECRET_VARIABLES,
+)
+from ._output import shown
+from ._supervisor import DEFAULT_GRACE, KILL_RESERVE
+
+__all__ = ["Parsers", "build_parser", "split_command"]
+
+_EPILOG = f"""\
+backend selection:
+  Give one of --etcd, --mysql, --postgres or --file. Without any, the
+  environment is read like aioelect.from_env(): {ENV_ETCD_ENDPOINTS},
+  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, {ENV_FILE}, in that
+  priority. A backend named on the command line replaces the environment's.
+
+environment:
+  {ENV_ETCD_ENDPOINTS:<24} comma-separated etcd endpoints (host:port or https://host:port)
+  {ENV_MYSQL_DSN:<24} mysql://user@host:port/database
+  {ENV_POSTGRES_DSN:<24} postgresql://user@host:port/database
+  {ENV_FILE:<24} path of a lock file (one machine only)
+  {ENV_NAME:<24} election name (lock name / key prefix)
+  {ENV_IDENTITY:<24} this candidate's identity (default hostname:pid:random)
+  {ENV_PASSWORD:<24} password for the DSN's user or the etcd user; never printed
+  {ENV_ETCD_USER:<24} etcd user name
+  {ENV_ETCD_CA:<24} etcd: CA certificate (PEM) that verifies the server
+  {ENV_ETCD_CERT:<24} etcd: client certificate (PEM), with {ENV_ETCD_KEY}
+  {ENV_ETCD_KEY:<24} etcd: the client certificate's unencrypted key (PEM)
+
+TLS:
+  etcd        https:// endpoints, or --etcd-ca/--etcd-cert/--etcd-key (which
+              imply TLS for endpoints without a scheme). Without --etcd-ca
+              the system CAs verify the server.
+  MySQL       in the DSN: ?ssl-ca=PATH&ssl-cert=PATH&ssl-key=PATH
+              &ssl-mode=VERIFY_IDENTITY (or VERIFY_CA, REQUIRED, DISABLED)
+  PostgreSQL  in the DSN: ?sslmode=verify-full&sslrootcert=PATH&sslcert=PATH
+              &sslkey=PATH (libpq's names and modes)
+  A certificate that is refused or not trusted exits with status 3 at once.
+
+metrics (run):
+  --metrics-port PORT serves Prometheus metrics on http://HOST:PORT/metrics
+  (HOST: --metrics-host, default 127.0.0.1), e.g. aioelect_is_leader 1.0
+  while this process leads; needs prometheus-client (aioelect[prometheus]).
+
+exit status:
+  0    success (observe: interrupted by SIGINT/SIGTERM)
+  1    leader: there is no leader
+  2    bad usage or configuration
+  3    backend unreachable, refused (wrong password, unknown database...),
+       or its driver not installed
+  run: CMD's exit status; 128+N when CMD died of signal N (143: SIGTERM,
+       137: SIGKILL), or when aioelect was stopped by signal N before CMD
+       started; 126/127 when CMD cannot be executed / is not found.
+"""
+
+_RUN_DESCRIPTION = f"""\
+Campaign, and run CMD only while this process is the leader.
+
+* SIGINT and SIGTERM are forwarded to CMD (to its process group); aioelect
+  then exits with CMD's status. Before CMD starts they stop the campaign.
+* If leadership is lost, CMD's process group gets SIGTERM, then SIGKILL after
+  --grace seconds, and the lock is released only once the group is gone.
+  --grace must end before the lock can pass to another candidate: at most
+  the backend's safety margin (lease less renew deadline: 3s on MySQL and
+  PostgreSQL with the default --lease, 1.67s on etcd with the default --ttl)
+  less {KILL_RESERVE:g}s; by default half the margin.
+* When CMD exits, processes it left in its process group are stopped the
+  same way before the leadership is released.
+* Without --forever, aioelect exits with CMD's status once CMD ends; with
+  --forever it campaigns again (after --restart-delay) until interrupted.
+* CMD runs in its own process group and is killed (SIGKILL) if aioelect
+  itself dies (Linux), so a crashed supervisor never leaves CMD running.
+* CMD's environment gets {ENV_IDENTITY} (ours) and {ENV_TOKEN} (the
+  fencing token of this leadership, empty if the backend has none). It does
+  not get aioelect's secrets unless --pass-secret NAME: {ENV_PASSWORD},
+  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, and any other AIOELECT_*
+  variable whose name holds PASSWORD or ends in _DSN.
+"""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its own error messages (which quote the arguments, DSNs included) shown redacted."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(shown(message))
+
+
+_N = TypeVar("_N", int, float)
+
+
+def _number(convert: Callable[[str], _N], accept: Callable[[_N], bool], wanted: str) -> Callable[[str], _N]:
+    """An argparse type that converts the text and refuses values ``accept`` rejects (``wanted`` says which)."""
+
+    def parse(text: str) -> _N:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, not {text!r}")
+        return value
+
+    return parse
+
+
+_positive = _number(float, lambda v: 0 < v < math.inf, "a finite number > 0")
+_non_negative = _number(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+_port = _number(int, lambda v: 1 <= v <= 65535, "a port, 1 to 65535")
+
+
+def _backend_options() -> _Parser:
+    common = _Parser(add_help=False)
+    g = common.add_argument_group("backend options")
+    g.add_argument(
+        "--etcd",
+        metavar="ENDPOINTS",
+        help=f"comma-separated etcd endpoints (host:port, https://host:port) [{ENV_ETCD_ENDPOINTS}]",
+    )
+    g.add_argument("--mysql", metavar="DSN", help=f"mysql://user@host:port/database [{ENV_MYSQL_DSN}]")
+    g.add_argument("--postgres", metavar="DSN", help=f"postgresql://user@host:port/database [{ENV_POSTGRES_DSN}]")
+    g.add_argument("--file", metavar="PATH", help=f"lock file shared by the candidates on one machine [{ENV_FILE}]")
+    g.add_argument(
+        "--name", help=f"election name: lock name or etcd key prefix; required with a server backend [{ENV_NAME}]"
+    )
+    g.add_argument("--identity", help=f"this candidate's identity, shown by `leader` [{ENV_IDENTITY}]")
+    g.add_argument("--ttl", type=_positive, metavar="SECONDS", help="etcd lease TTL (default 5)")
+    g.add_argument(
+        "--lease",
+        type=_positive,
+        metavar="SECONDS",
+        help="SQL backends: how long the server keeps the lock of a leader it no longer hears from (default 10)",
+    )
+    g.add_argument(
+        "--poll-interval", type=_positive, metavar="SECONDS", help="how often followers and `observe` poll (SQL)"
+    )
+    g.add_argument(
+        "--password-file",
+        metavar="PATH",
+        help=f"read the password from PATH (first line) instead of {ENV_PASSWORD}; it replaces a DSN's password",
+    )
+    g.add_argument("--etcd-user", metavar="USER", help=f"etcd user name [{ENV_ETCD_USER}]")
+    g.add_argument(
+        "--etcd-ca", metavar="PATH", help=f"etcd over TLS: CA (PEM) to verify the server with [{ENV_ETCD_CA}]"
+    )
+    g.add_argument(
+        "--etcd-cert",
+        metavar="PATH",
+        help=f"etcd over TLS: client certificate (PEM) for --client-cert-auth [{ENV_ETCD_CERT}]",
+    )
+    g.add_argument("--etcd-key", metavar="PATH", help=f"etcd over TLS: the client certificate's key [{ENV_ETCD_KEY}]")
+    g.add_argument(
+        "--no-fencing",
+        action="store_true",
+        help="SQL backends: do not keep tokens and identities in table aioelect_leaders "
+        "(MySQL's `leader` then shows a connection, not an identity)",
+    )
+    g.add_argument(
+        "--timeout",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for the server at start before exiting with status 3 (default 10)",
+    )
+    out = common.add_argument_group("output")
+    out.add_argument("-v", "--verbose", action="store_true", help="also log the library's informational messages")
+    out.add_argument("-q", "--quiet", action="store_true", help="print only warnings and errors on stderr")
+    return common
+
+
+@dataclass(frozen=True)
+class Parsers:
+    """The ``aioelect`` parser and each command's own parser."""
+
+    main: argparse.ArgumentParser
+    commands: dict[str, argparse.ArgumentParser]
+
+    def of(self, command: str | None) -> argparse.ArgumentParser:
+        """The parser of ``command`` (the main parser for an unknown one): its usage goes with an error."""
+        return self.commands.get(command or "", self.main)
+
+
+def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``argv`` cut at the first ``--``: aioelect's arguments, and CMD with its arguments (empty without ``--``)."""
+    if "--" not in argv:
+        return argv, []
+    split = argv.index("--")
+    return argv[:split], argv[split + 1 :]
+
+
+def build_parser() -> Parsers:
+    """The ``aioelect`` argument parsers (``run``, ``leader``, ``observe``)."""
+    common = _backend_options()
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = _Parser(
+        prog="aioelect",
+        description="Leader election from the shell: run a command only while leader, show or watch the leader.",
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run = sub.add_parser(
+        "run",
+        parents=[common],
+        help="run CMD only while leader",
+        usage="aioelect run [options] -- CMD [ARGS...]",
+        description=_RUN_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    run.add_argument(
+        "--grace",
+        type=_non_negative,
+        metavar="SECONDS",
+        help="how long CMD's process group has between SIGTERM and SIGKILL after a loss; at most the "
+        f"backend's safety margin less {KILL_RESERVE:g}s (default: half the margin; "
+        f"{DEFAULT_GRACE:g} on the file backend)",
+    )
+    run.add_argument(
+        "--pass-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"hand secret variable NAME ({', '.join(SECRET_VARIABLES)}) to CMD, which never gets them otherwise; "
+        "repeatable; logged as a warning",
+    )
+    run.add_argument("--forever", action="store_true", help="campaign again after CMD exits or is stopped")
+    run.add_argument(
+        "--restart-delay",
+        type=_non_negative,
+        default=1.0,
+        metavar="SECONDS",
+        help="with --forever: pause before campaigning again, so others get a turn (default 1)",
+    )
+    metrics = run.add_argument_group("metrics")
+    metrics.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (needs aioelect[prometheus])",
+    )
+    metrics.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics listen on (default 127.0.0.1: this machine only)",
+    )
+    leader = sub.add_parser(
+        "leader",
+        parents=[common],
+        help="print the current leader's identity (exit 1 if none)",
+        description="Print the current leader's identity; exit 1 (printing nothing on stdout) if there is none.",
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    leader.add_argument("--json", action="store_true", help='print {"leader": IDENTITY-or-null}')
+    observe = sub.add_parser(
+        "observe",
+        parents=[common],
+        help="print one line per leadership change until interrupted",
+        description=(
+            "Print the leader now and one line at each change, until SIGINT/SIGTERM (exit 0). "
+            "SQL backends are polled every --poll-interval; etcd is watched."
+        ),
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    observe.add_argument("--json", action="store_true", help='print JSON lines {"time", "leader", ...}')
+    return Parsers(parser, {"run": run, "leader": leader, "observe": observe})
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("aioelect")
+    except Exception:  # not installed as a distribution
+        return "unknown"

@@ -1,0 +1,159 @@
+"""The ``aioelect`` commands on a running event loop: ``leader``, ``observe``, and ``run`` through :class:`Runner`.
+
+Guarantees: the first contact with the server is bounded by ``--timeout``
+and a server that cannot be reached then ends the command with status 3;
+SIGINT and SIGTERM end ``observe`` with status 0, ``leader`` as a death by
+that signal would, and are forwarded to CMD by ``run``; the elector is
+closed (bounded) however the command ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import logging
+import signal
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any, cast
+
+import anyio
+
+from .._backend import Backoff
+from .._elector import Elector
+from .._errors import BackendUnavailable, ElectionError
+from ._configure import Config
+from ._output import json_line, out
+from ._run import Runner, choose_grace, serve_metrics
+from ._status import EXIT_NO_LEADER, BackendError
+
+__all__ = ["execute"]
+
+log = logging.getLogger("aioelect.cli")
+
+
+async def _probe(elector: Elector, config: Config, timeout: float) -> str | None:  # noqa: ASYNC109
+    """Ask who leads, bounded: the first contact with the server."""
+    try:
+        with anyio.fail_after(timeout):
+            return await elector.leader()
+    except TimeoutError:
+        raise BackendError(f"{config.kind} at {config.where} did not answer within {timeout:g}s") from None
+    except BackendUnavailable as exc:
+        raise BackendError(str(exc)) from None
+    except OSError as exc:
+        raise BackendError(f"{config.kind} at {config.where} is unreachable: {exc}") from None
+    except ElectionError as exc:
+        raise BackendError(str(exc)) from None
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def _leader(elector: Elector, config: Config, args: argparse.Namespace) -> int:
+    who = await _probe(elector, config, args.timeout)
+    if args.json:
+        out(json_line({"leader": who}))
+    elif who is not None:
+        out(who)
+    else:
+        log.info("no leader")
+    return 0 if who is not None else EXIT_NO_LEADER
+
+
+async def _observe(elector: Elector, config: Config, args: argparse.Namespace) -> int:
+    def emit(who: str | None) -> None:
+        if args.json:
+            out(json_line({"time": _now(), "leader": who, "backend": config.kind, "name": elector.name}))
+        else:
+            out(f"{_now()}  " + (f"leader {who}" if who is not None else "no leader"))
+
+    await _probe(elector, config, args.timeout)  # fail fast (status 3) on a server that cannot be reached
+    last: object = object()
+    started = False
+    backoff = Backoff(first=0.5, maximum=5.0)
+    while True:
+        changes = cast(AsyncGenerator[Any, None], elector.observe())
+        try:
+            if not started:
+                try:
+                    with anyio.fail_after(args.timeout):
+                        who = await changes.__anext__()
+                except TimeoutError:
+                    raise BackendError(
+                        f"{config.kind} at {config.where} did not answer within {args.timeout:g}s"
+                    ) from None
+                started = True
+                last = who
+                emit(who)
+            async for who in changes:
+                backoff.reset()
+                if who != last:
+                    last = who
+                    emit(who)
+            return 0
+        except (BackendUnavailable, OSError) as exc:
+            if not started:
+                detail = str(exc) if isinstance(exc, BackendUnavailable) else f"unreachable: {exc}"
+                raise BackendError(f"{config.kind} at {config.where}: {detail}") from None
+            delay = backoff.next_delay()
+            log.warning("lost contact with %s (%s); retrying in %.1fs", config.kind, exc, delay)
+            await anyio.sleep(delay)
+        except ElectionError as exc:
+            raise BackendError(str(exc)) from None
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+                await changes.aclose()
+
+
+async def execute(
+    command: str, config: Config, args: argparse.Namespace, cmd: Sequence[str], environ: Mapping[str, str]
+) -> int:
+    """Run ``command``; ``environ`` is what CMD's environment is made from (``run``)."""
+    elector = config.build()
+    loop = asyncio.get_running_loop()
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    runner = Runner(elector, cmd, args, environ) if command == "run" else None
+    interrupted: list[int] = []
+
+    def on_signal(sig: int) -> None:
+        if runner is not None:
+            runner.on_signal(sig)
+        elif not interrupted:
+            interrupted.append(sig)
+            main_task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        if runner is not None:
+            runner.grace = choose_grace(args.grace, elector, config.kind)
+            log.debug("--grace %gs", runner.grace)
+        if runner is not None and args.metrics_port is not None:
+            serve_metrics(elector, args.metrics_host, args.metrics_port)
+        if runner is not None:
+            # Fail fast on a server that cannot be reached at all; later outages are retried.
+            probe = config.build()
+            try:
+                await _probe(probe, config, args.timeout)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await probe.aclose()
+            return await runner.main()
+        if command == "leader":
+            return await _leader(elector, config, args)
+        return await _observe(elector, config, args)
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+        # Interrupted: observe ends normally, leader as a death by that signal would.
+        return 0 if command == "observe" else 128 + interrupted[0]
+    except ElectionError as exc:  # permanent: wrong password, unknown database...
+        raise BackendError(str(exc)) from None
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            await elector.aclose()

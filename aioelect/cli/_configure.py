@@ -1,0 +1,183 @@
+"""The backend the ``aioelect`` command uses: its options laid over the environment's :class:`Settings`.
+
+A backend named on the command line replaces the environment's; every
+other option given replaces the variable of the same meaning. Guarantees:
+bad or contradictory options raise :class:`UsageError` naming the option;
+every password met (``AIOELECT_PASSWORD``, ``--password-file``, the
+password of each DSN in the environment or on the command line) is
+registered with :data:`aioelect.cli._output.secrets` before anything can
+print it; a supervisor never degrades to leading without etcd.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from .._config import parse_dsn, redact_dsn
+from .._elector import Elector
+from .._settings import (
+    BACKEND_VARIABLES,
+    ENV_ETCD_ENDPOINTS,
+    ENV_ETCD_USER,
+    ENV_FILE,
+    ENV_MYSQL_DSN,
+    ENV_POSTGRES_DSN,
+    Settings,
+)
+from ._output import secrets
+from ._status import BackendError, UsageError
+from ._supervisor import DEFAULT_GRACE, KILL_WAIT
+
+__all__ = ["Config", "configure"]
+
+
+@dataclass
+class Config:
+    """A backend chosen from options and environment, ready to build electors."""
+
+    kind: str
+    target: str | list[str]
+    #: Where the backend is, for messages (never with a password).
+    where: str
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> Elector:
+        """Build an elector; raise :class:`UsageError` or :class:`BackendError`."""
+        from .._factory import new
+
+        kwargs: dict[str, Any] = {self.kind: self.target, **self.options}
+        try:
+            return new(**kwargs)
+        except ImportError as exc:
+            raise BackendError(str(exc)) from None
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        except TypeError as exc:
+            text = str(exc)
+            if "unexpected keyword argument" not in text:
+                raise
+            for option in self.options:
+                if repr(option) in text:
+                    flag = "--" + option.replace("_", "-")
+                    raise UsageError(f"{flag} does not apply to the {self.kind} backend") from None
+            raise UsageError(f"the {self.kind} backend rejected an option: {text}") from None
+
+
+def _with_password(dsn: str, password: str) -> str:
+    """``dsn`` with its password replaced by ``password`` (URL-quoted)."""
+    parts = urlsplit(dsn)
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0] if at else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{hostport}"))
+
+
+def _read_password(args: argparse.Namespace, settings: Settings) -> str | None:
+    if args.password_file is not None:
+        try:
+            with open(args.password_file, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read --password-file {args.password_file}: {exc.strerror}") from None
+        password = text.rstrip("\r\n")
+        if not password:
+            raise UsageError(f"--password-file {args.password_file} is empty")
+        return password
+    return settings.password
+
+
+def _whole(seconds: float) -> float | int:
+    return int(seconds) if float(seconds).is_integer() else seconds
+
+
+def _choose_backend(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
+    given = [kind for kind, _ in BACKEND_VARIABLES if getattr(args, kind) is not None]
+    if len(given) > 1:
+        raise UsageError("give only one of " + ", ".join("--" + kind for kind in given))
+    if given:
+        kind = given[0]
+        value: str = getattr(args, kind)
+        return kind, value
+    found = settings.backend()
+    if found is None:
+        raise UsageError(
+            "no backend configured: give --etcd, --mysql, --postgres or --file "
+            f"(or set {ENV_ETCD_ENDPOINTS}, {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN} or {ENV_FILE})"
+        )
+    return found
+
+
+def configure(args: argparse.Namespace, settings: Settings) -> Config:
+    """Choose the backend and its options from ``args``, then ``settings``."""
+    kind, value = _choose_backend(args, settings)
+    if not value.strip():
+        raise UsageError(f"--{kind} needs a value")
+    password = _read_password(args, settings)
+    secrets.add(password)
+    options: dict[str, Any] = {}
+    for flag in ("name", "identity"):
+        if getattr(args, flag) == "":
+            raise UsageError(f"--{flag} must not be empty")
+    name = args.name or settings.name
+    if name is not None:
+        options["name"] = name
+    identity = args.identity or settings.identity
+    if identity is not None:
+        options["identity"] = identity
+    if args.ttl is not None:
+        if kind != "etcd":
+            raise UsageError(f"--ttl applies to etcd only, not to the {kind} backend")
+        options["ttl"] = _whole(args.ttl)  # etcd wants whole seconds
+    if getattr(args, "lease", None) is not None:
+        if kind not in ("mysql", "postgres"):
+            raise UsageError(f"--lease applies to the SQL backends only, not to the {kind} backend (etcd: --ttl)")
+        options["lease"] = _whole(args.lease)
+    if args.poll_interval is not None:
+        options["poll_interval"] = args.poll_interval
+    if getattr(args, "command", None) == "run":
+        # CMD is the leader's work: after a loss the lock is released only once CMD is stopped.
+        options["stop_timeout"] = max(args.grace or 0.0, DEFAULT_GRACE) + 2 * KILL_WAIT + 1
+    for flag in ("etcd_user", "etcd_ca", "etcd_cert", "etcd_key"):
+        if getattr(args, flag) is not None and kind != "etcd":
+            raise UsageError(f"--{flag.replace('_', '-')} applies to etcd only, not to the {kind} backend")
+    etcd_user = args.etcd_user or settings.etcd_user
+
+    for dsn in (settings.mysql_dsn, settings.postgres_dsn):  # scrubbed even when another backend is chosen
+        secrets.add_dsn(dsn)
+    target: str | list[str]
+    if kind == "etcd":
+        endpoints = [e.strip() for e in value.split(",") if e.strip()]
+        if not endpoints:
+            raise UsageError("--etcd needs at least one endpoint host:port")
+        target, where = endpoints, ",".join(endpoints)
+        # A supervisor must never fall back to "always leader": every instance would run CMD.
+        options["degrade_to_local"] = False
+        if etcd_user is not None:
+            options["username"] = etcd_user
+        if password is not None:
+            if etcd_user is None:
+                raise UsageError(f"a password for etcd needs --etcd-user (or {ENV_ETCD_USER})")
+            options["password"] = password
+        for path, option in (
+            (args.etcd_ca or settings.etcd_ca, "ca_file"),
+            (args.etcd_cert or settings.etcd_cert, "cert_file"),
+            (args.etcd_key or settings.etcd_key, "key_file"),
+        ):
+            if path is not None:
+                options[option] = path
+    elif kind in ("mysql", "postgres"):
+        secrets.add_dsn(value)
+        where = redact_dsn(value)
+        try:
+            database = parse_dsn(value, *(("mysql", "mariadb") if kind == "mysql" else ("postgresql", "postgres")))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        target = _with_password(value, password) if password is not None else value
+        # Fencing gives CMD a token, and records full identities (MySQL names no holder without it).
+        if not args.no_fencing and (database.database or kind == "postgres"):
+            options["fencing"] = True
+    else:
+        target, where = value, value
+    return Config(kind, target, where, options)
