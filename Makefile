@@ -28,6 +28,7 @@ servers:
 lint: venv
 	$(BIN)/ruff check aioelect tests examples bench noxfile.py
 	$(BIN)/mypy --strict aioelect examples noxfile.py
+	$(BIN)/lint-imports
 
 pytest: venv servers
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
