@@ -13,8 +13,9 @@ Nothing here ships in the wheel; users test their code with
   (``AIOELECT_TEST_ETCD_DIR``, ``AIOELECT_TEST_ETCD_VERSION``).
 * :mod:`.plugin` -- the pytest fixtures (registered by ``tests/conftest.py``).
 
-Only the standard library is imported here: ``pymysql`` and ``asyncpg`` load
-when a server is queried, and pytest only with :mod:`.plugin`.
+Importing it imports only the standard library: ``pymysql`` and ``asyncpg``
+load when a MariaDB or PostgreSQL server is made, and pytest with
+:mod:`.plugin` alone.
 """
 
 from __future__ import annotations
