@@ -4,6 +4,11 @@ A backend knows only its server: how to campaign until it holds leadership,
 how to watch a held leadership for loss, how to release it, who leads now.
 It knows nothing about the caller's tasks, work scopes or self-fencing: those
 are written once in :mod:`aioelect._elector` and hold for every backend.
+
+The arrows between the two run one way: the elector calls the backend, and
+the backend answers only through what it is handed (the :class:`Reporter`
+for logs and retried errors, the ``confirm`` callback of :meth:`Hold.monitor`).
+Nothing here or in a backend imports the elector.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = [
+    "DEFAULT_NAME",
     "DSN",
     "LockTiming",
     "dsn_password",
@@ -27,6 +28,10 @@ __all__ = [
     "transport_warning",
     "validate_name",
 ]
+
+#: The name of a host-local election (file, local, memory) given none: a lock file's path is already specific
+#: to it. The server backends have no default: every client of one server shares its lock names.
+DEFAULT_NAME = "aioelect/leader"
 
 _NAME_RE = re.compile(r"^[\x21-\x7e]+$")
 

@@ -6,14 +6,12 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ._config import DEFAULT_NAME
 from ._elector import Elector
 from ._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector
 from ._settings import Settings
 
 __all__ = ["from_env", "new"]
-
-#: The name of a host-local election (file, local) given none: a lock file's path is already specific to it.
-DEFAULT_NAME = "aioelect/leader"
 
 _NAME_REQUIRED = (
     "the {kind} backend needs an election name: pass name=... (AIOELECT_NAME for from_env() and the "
@@ -44,7 +42,7 @@ def new(
 
     The server backends (etcd, MySQL, PostgreSQL) need ``name``: without
     it, ValueError says why. The file and local backends default to
-    :data:`DEFAULT_NAME`.
+    :data:`~aioelect._config.DEFAULT_NAME` (``aioelect/leader``).
     """
     if etcd:
         return EtcdElector(etcd, name=_required_name(name, "etcd", "etcd cluster"), **options)

@@ -25,13 +25,11 @@ package (module :mod:`aioelect.pytest_plugin`, loaded by pytest through its
 
 from __future__ import annotations
 
+from ._config import DEFAULT_NAME
 from ._elector import Elector
 from .backends.memory import DEFAULT_RENEW_DEADLINE, MemoryBackend, MemoryElection
 
 __all__ = ["MemoryElector"]
-
-#: The election name of a :class:`MemoryElector` given none.
-DEFAULT_NAME = "aioelect/leader"
 
 
 class MemoryElector(Elector):

@@ -99,7 +99,7 @@ import anyio
 import anyio.to_thread
 
 from .._backend import Backend, Backoff, Confirm, Hold, monotonic, until_recorded
-from .._config import check_options, positive, validate_name
+from .._config import DEFAULT_NAME, check_options, positive, validate_name
 from .._errors import BackendUnavailable, ElectionError
 
 if TYPE_CHECKING:
@@ -635,7 +635,7 @@ class FileBackend(Backend):
             raise ValueError(problem)
         if os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
             raise ValueError(f"lock file {full} is not readable and writable (the token is kept in it)")
-        name = validate_name(options.get("name", "aioelect/leader"))
+        name = validate_name(options.get("name", DEFAULT_NAME))
         poll_interval = positive("poll_interval", options.get("poll_interval", 0.05), maximum=60)
         super().__init__(name)
         self.path = full

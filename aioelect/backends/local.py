@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, TypedDict
 import anyio
 
 from .._backend import Backend, Confirm, Hold, monotonic
-from .._config import check_options, validate_name
+from .._config import DEFAULT_NAME, check_options, validate_name
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -53,7 +53,7 @@ class LocalBackend(Backend):
 
     def __init__(self, **options: Unpack[LocalOptions]) -> None:
         check_options("LocalElector", options, LocalOptions)
-        super().__init__(validate_name(options.get("name", "aioelect/leader")))
+        super().__init__(validate_name(options.get("name", DEFAULT_NAME)))
         self.holder: str | None = None
 
     def describe_timing(self) -> str:
