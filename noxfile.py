@@ -31,6 +31,7 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 NO_SERVER: dict[str, str | None] = {
     "tests/test_contract.py": "local or file or memory",
     "tests/test_elector.py": None,
+    "tests/test_layering.py": None,
     "tests/test_file.py": None,
     "tests/test_cli.py": "bad_usage or help or console_script",
     "tests/test_asyncio_versions.py": None,
