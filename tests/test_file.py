@@ -33,6 +33,7 @@ import pytest
 
 from aioelect import ElectionError, FileElector, Leadership, LeadershipLost, leadership
 from aioelect.backends import file as file_backend
+from aioelect.backends.file import _inotify as file_inotify
 
 from .backends import handover_delays
 from .faults import EventProcess
@@ -92,7 +93,7 @@ def inotify_fds() -> int:
     return count
 
 
-needs_inotify = pytest.mark.skipif(file_backend._inotify is None, reason="inotify is Linux-only")
+needs_inotify = pytest.mark.skipif(file_inotify.libc is None, reason="inotify is Linux-only")
 
 
 @pytest.fixture
@@ -299,7 +300,7 @@ async def test_cancelled_acquire_leaves_nothing(tmp_path: Path) -> None:
         assert again.token == (lead.token or 0) + 1
         await again.release()
     assert lock_fds(path) == 0
-    assert inotify_fds() == 0 and not file_backend._watchers, "closing the electors closes their inotify instance"
+    assert inotify_fds() == 0 and not file_inotify.watchers, "closing the electors closes their inotify instance"
 
 
 async def test_deleting_the_lock_file_is_a_loss(tmp_path: Path) -> None:
@@ -504,8 +505,8 @@ async def test_releaser_hands_over_to_a_waiter_in_one_process(
     tmp_path: Path, wake: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if wake == "polling":
-        monkeypatch.setattr(file_backend, "_inotify", None)
-    elif file_backend._inotify is None:
+        monkeypatch.setattr(file_inotify, "libc", None)
+    elif file_inotify.libc is None:
         pytest.skip("inotify is Linux-only")
     path = tmp_path / "x.lock"
     count = 100 if wake == "inotify" else 12
@@ -521,7 +522,7 @@ async def test_releaser_hands_over_to_a_waiter_in_one_process(
     )
     assert handoffs >= 0.9 * (len(order) - 1), order
     assert json.loads((tmp_path / "x.lock.leader").read_text())["token"] == len(order)
-    assert not file_backend._watchers and inotify_fds() == 0
+    assert not file_inotify.watchers and inotify_fds() == 0
 
 
 async def test_releaser_hands_over_to_a_waiter_across_processes(tmp_path: Path, procs: list[Proc]) -> None:
@@ -600,10 +601,10 @@ async def test_idle_waiters_do_not_poll(tmp_path: Path, monkeypatch: pytest.Monk
         f"{observed_rate:.0f} tries/s with {observed / observed_wall:.0f} leader() calls/s"
     )
     # The old 50 ms polling made 2000 tries/s here; a probe that woke the waiters would make 10000.
-    expected = count / file_backend._FALLBACK if file_backend._inotify is not None else count / 0.05
+    expected = count / file_backend._FALLBACK if file_inotify.libc is not None else count / 0.05
     assert idle_rate < 2 * expected + 20, f"{idle_rate:.0f} tries/s"
     assert observed_rate < 2 * expected + 20, f"{observed_rate:.0f} tries/s while observed"
-    if file_backend._inotify is not None:
+    if file_inotify.libc is not None:
         assert cpu / wall < 0.02, f"{100 * cpu / wall:.2f} % of a core"
     assert inotify_fds() == 0
 
