@@ -29,7 +29,7 @@ The modules, each with one job:
   a directory other users share;
 * :mod:`._inotify`, :mod:`._waiters` and :mod:`._fork`: what this module's
   campaign loop adds to a bare ``flock`` retry, each kept because of what it
-  buys (``bench/RESULTS.md`` has the figures):
+  buys (``bench/FILE_PARTS.md`` has the figures):
 
   - **the inotify wait.** Every close of the lock file (a release, or the
     kernel closing a dead holder's files) wakes the followers, who then try
