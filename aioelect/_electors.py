@@ -292,7 +292,7 @@ class FileElector(Elector):
     ``path + ".leader"`` and ``path + ".waiting"`` are created next to it and
     never deleted. A waiting candidate holds two descriptors (the lock file,
     ``.waiting``), and each event loop with waiting candidates one inotify
-    instance per lock file. Raises ValueError at construction if ``mode`` is
+    instance (two watches per lock file). Raises ValueError at construction if ``mode`` is
     neither ``0o600`` nor ``0o660``; if ``path``'s directory does not exist,
     cannot be reached, is not a directory, is not writable (the sidecar is
     replaced there), may be written by every user without the sticky bit,

@@ -66,7 +66,7 @@ import anyio.to_thread
 from ..._backend import Backend, Backoff, Hold, monotonic, until_recorded
 from ..._config import DEFAULT_NAME, check_options, positive, validate_name
 from ..._errors import ElectionError
-from ._inotify import Channel, Watcher, Watching, close_fd
+from ._inotify import Channel, Watcher, Watching
 from ._lock import FileHold, LockFile
 from ._paths import MODES, PERMANENT_ERRNOS, directory_problem, open_checked, resolve
 from ._waiters import Attempt, announce, rejoin
@@ -261,9 +261,7 @@ class FileBackend(Backend):
 
     async def aclose(self) -> None:
         self._lockfile.close_probe()
-        fd = self._watching.drop()
-        if fd >= 0:
-            await anyio.to_thread.run_sync(close_fd, fd)  # waits for a kernel grace period: off the loop
+        await self._watching.aclose()
 
     # --- who leads -----------------------------------------------------------------
 

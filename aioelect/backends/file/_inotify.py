@@ -28,9 +28,11 @@ import sys
 import threading
 import weakref
 
+import anyio.to_thread
+
 from . import _fork
 
-__all__ = ["Channel", "Signal", "Watcher", "Watching", "close_fd", "libc", "watchers"]
+__all__ = ["Channel", "Signal", "Watcher", "Watching", "libc", "watchers"]
 
 _IN_CLOSE_WRITE = 0x00000008
 _IN_CLOSE_NOWRITE = 0x00000010
@@ -80,8 +82,7 @@ def _load() -> _Libc | None:
 libc: _Libc | None = _load()
 
 
-def close_fd(fd: int) -> None:
-    """Close ``fd``, ignoring an error (it is being given up either way)."""
+def _close(fd: int) -> None:
     with contextlib.suppress(OSError):
         os.close(fd)
 
@@ -221,7 +222,7 @@ class Watcher:
         """In a forked child: close our copy without touching the (shared) event loop registration."""
         fd, self.fd = self.fd, -1
         if fd >= 0:
-            close_fd(fd)
+            _close(fd)
 
 
 #: The watcher of each running event loop, by id(loop).
@@ -240,7 +241,7 @@ _fork.on_fork(_forget_watchers)
 def close_later(fd: int) -> None:
     """Close an inotify descriptor in a thread of its own: the close waits for a kernel grace period."""
     if fd >= 0:
-        threading.Thread(target=close_fd, args=(fd,), name="aioelect-inotify-close", daemon=True).start()
+        threading.Thread(target=_close, args=(fd,), name="aioelect-inotify-close", daemon=True).start()
 
 
 class Watching:
@@ -282,3 +283,9 @@ class Watching:
         if watchers.get(id(watcher.loop)) is watcher:
             del watchers[id(watcher.loop)]
         return watcher.close()
+
+    async def aclose(self) -> None:
+        """:meth:`drop`, and close the watcher's descriptor in a worker thread if we were its last user."""
+        fd = self.drop()
+        if fd >= 0:
+            await anyio.to_thread.run_sync(_close, fd)  # waits for a kernel grace period: off the loop

@@ -41,7 +41,7 @@ from ..._backend import Confirm, Hold, monotonic
 from ..._errors import BackendUnavailable, ElectionError
 from ..._log import ElectionLog
 from . import _fork
-from ._paths import at_path, open_checked, read_bounded, same, same_file
+from ._paths import at_path, close_fd, open_checked, read_bounded, same, same_file
 
 __all__ = ["SIDECAR_LIMIT", "FileHold", "LockFile"]
 
@@ -50,11 +50,6 @@ SIDECAR_LIMIT = 64 * 1024
 #: The lock file holds the last token, fixed width so that it is rewritten in place.
 _TOKEN_RECORD = b"aioelect-token %019d\n"
 _TOKEN_PATTERN = re.compile(rb"aioelect-token (\d{1,19})\n")
-
-
-def _close(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
 
 
 class LockFile:
@@ -194,7 +189,7 @@ class LockFile:
         with self._probe_lock:
             probe, self._probe_fd = self._probe_fd, -1
         if probe >= 0:
-            _close(probe)
+            close_fd(probe)
 
 
 class FileHold(Hold):
@@ -246,4 +241,4 @@ class FileHold(Hold):
         """In a forked child: close our copy of the descriptor without unlocking the parent's lock."""
         fd, self._fd = self._fd, -1
         if fd >= 0:
-            _close(fd)
+            close_fd(fd)

@@ -22,6 +22,7 @@ loop.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
@@ -34,6 +35,7 @@ __all__ = [
     "MODES",
     "PERMANENT_ERRNOS",
     "at_path",
+    "close_fd",
     "directory_problem",
     "open_checked",
     "read_bounded",
@@ -62,6 +64,12 @@ PERMANENT_ERRNOS = {
 
 #: Every open: never through a symbolic link at the path, never waiting for a FIFO's other end.
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def close_fd(fd: int) -> None:
+    """Close ``fd``, ignoring an error: it is being given up either way."""
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 def at_path(path: str) -> os.stat_result | None:

@@ -22,7 +22,8 @@ import asyncio
 import fcntl
 
 from . import _fork
-from ._inotify import Channel, Watcher, close_fd
+from ._inotify import Channel, Watcher
+from ._paths import close_fd
 
 __all__ = ["Attempt", "announce", "rejoin"]
 
