@@ -25,9 +25,8 @@ import pytest
 
 import aioelect
 from aioelect import BackendUnavailable, ElectionError, Elector, EtcdElector
-from aioelect.backends.etcd import parse_endpoints
-from aioelect.backends.etcd.election import EtcdBackend
-from aioelect.backends.etcd.session import Session
+from aioelect.backends.etcd import EtcdBackend, parse_endpoints
+from aioelect.backends.etcd._session import Session
 
 from .backends import Follower
 from .harness import EtcdServer, TCPProxy, free_port, require_binary
@@ -519,7 +518,7 @@ async def test_a_compacted_watch_start_is_reported_for_resync(
 ) -> None:
     """A watch from a compacted revision raises Compacted (a Transient): observe() and the
     leader's key watch then read again instead of skipping the lost events."""
-    from aioelect.backends.etcd.session import Compacted
+    from aioelect.backends.etcd._failures import Compacted
 
     name = unique()
     elector = electors("x", name)

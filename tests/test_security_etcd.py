@@ -22,9 +22,8 @@ import anyio
 import pytest
 
 from aioelect import BackendUnavailable, ElectionError, EtcdElector
-from aioelect.backends.etcd import parse_endpoints
-from aioelect.backends.etcd.election import EtcdBackend
-from aioelect.backends.etcd.session import Connection
+from aioelect.backends.etcd import EtcdBackend, parse_endpoints
+from aioelect.backends.etcd._connection import Connection
 
 from .backends import Follower, unique_name
 from .harness import Certificates, EtcdServer, MissingBinaryError, TCPProxy, free_port, require_binary

@@ -1,13 +1,36 @@
-"""etcd backend: etcd's own election algorithm (Go ``client/v3/concurrency``) on aetcd.
+"""etcd backend: etcd's own election algorithm (Go ``client/v3/concurrency``) over gRPC.
 
-``session.py`` holds the connection (failover between endpoints) and the
-lease session; ``election.py`` the backend: its options, the campaign, the
-held leadership, ``leader()`` and ``observe()``.
+What the wiring layer uses: :class:`EtcdBackend`, :class:`EtcdOptions` and
+:func:`parse_endpoints`. Inside, one module per job, each importing only
+those listed after it:
+
+* ``_backend``: the backend: campaigns with sessions, the held leadership;
+* ``_degraded``: local leadership while etcd has never answered (opt-in);
+* ``_election``: the Go-compatible keys, ``leader()`` and ``observe()``;
+* ``_session``: a lease kept alive (Go's ``Session``);
+* ``_keepalive``: the one keep-alive stream every lease renews on;
+* ``_connection``: requests, failover between endpoints, watches;
+* ``_channel``: one gRPC channel to one endpoint, authenticated;
+* ``_options``: the options, validated;
+* ``_probe``: why a connection failed (a TLS handshake of our own);
+* ``_tls``: TLS files and credentials;
+* ``_calls``, ``_failures``, ``_endpoints``: awaiting gRPC under anyio,
+  how a request failed, where etcd is.
+
+aetcd is used only for the etcd API it ships generated (:mod:`aetcd.rpc`)
+and :func:`aetcd.utils.prefix_range_end`; no private name of aetcd is used.
 """
 
 from __future__ import annotations
 
-from .election import EtcdBackend, EtcdOptions
-from .session import parse_endpoints
+try:
+    import aetcd.rpc  # noqa: F401 - the etcd API every module here uses
+    import grpc  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the extra
+    raise ImportError("the etcd backend needs aetcd: pip install 'aioelect[etcd]'") from exc
+
+from ._backend import EtcdBackend
+from ._endpoints import parse_endpoints
+from ._options import EtcdOptions
 
 __all__ = ["EtcdBackend", "EtcdOptions", "parse_endpoints"]

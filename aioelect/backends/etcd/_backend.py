@@ -1,0 +1,346 @@
+"""The etcd backend: campaigns on the :class:`~._election.Election` with sessions, and the held leadership.
+
+Beyond Go's ``Campaign``: the wait ends if our own session expires (Go's
+would wait on for a predecessor while our key is already gone), after which
+we campaign again with a new session; and before a campaign returns, our
+key is checked to still exist under our lease.
+
+As Go's ``Session``, one session (lease) serves the successive campaigns of
+an elector: a release deletes our key only, and the lease is revoked when
+the elector closes, or at once when the session cannot be trusted any more
+(a lost leadership, a failed resign or campaign, keep-alives late).
+
+Guarantees: a campaign that does not return a leadership (cancellation
+included) leaves no key and no lease behind; a leadership is dated from
+the last acknowledged keep-alive, which its lease outlives by ``ttl``;
+local leadership without etcd happens only when ``degrade_to_local=True``
+and etcd has never answered this elector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import anyio
+from aetcd import rpc
+
+from ..._backend import Backoff, Confirm, Hold, monotonic
+from ..._errors import ElectionError
+from ._calls import first_of
+from ._connection import Connection
+from ._degraded import DegradedHold
+from ._election import DELETE, Election, KeyLost
+from ._failures import Retired, SessionEnded, Transient
+from ._options import EtcdOptions, EtcdSettings
+from ._session import Session
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["EtcdBackend", "EtcdHold"]
+
+
+class EtcdHold(Hold):
+    """Leadership held as the candidate key with the lowest create revision."""
+
+    def __init__(
+        self, backend: EtcdBackend, session: Session, key: bytes, revision: int, acquired_at: float, watch_from: int
+    ) -> None:
+        self._backend = backend
+        self._session = session
+        self.key = key
+        self.revision = revision
+        self.token = revision
+        self.acquired_at = acquired_at
+        self._watch_from = watch_from
+        self._released = False
+        self._lost = False
+
+    async def monitor(self, confirm: Confirm) -> str:
+        session = self._session
+        session.on_confirm = confirm
+        if session.confirmed_at > self.acquired_at:
+            confirm(session.confirmed_at)
+        try:
+            _, reason = await first_of(self._session_ended, self._key_deleted)
+            self._lost = True
+            return str(reason)
+        finally:
+            session.on_confirm = None
+
+    async def _session_ended(self) -> str:
+        return f"session ended: {await self._session.wait_ended()}"
+
+    async def _key_deleted(self) -> str:
+        """Return once our key is gone; resynchronise by reading it whenever the watch breaks."""
+        b = self._backend
+        start = self._watch_from
+        backoff = Backoff(first=0.05, maximum=1.0)
+        while True:
+            try:
+                async with b.conn.watch(self.key, start_revision=start, no_put=True) as stream:
+                    backoff.reset()
+                    while True:
+                        response = await stream.next()
+                        if any(event.type == DELETE for event in response.events):
+                            return await self._why_deleted()
+                        start = max(start, int(response.header.revision) + 1)
+            except Transient as exc:
+                b.log.debug("watch on our key interrupted (%s); reading it again", exc)
+                if not isinstance(exc, Retired):
+                    await anyio.sleep(backoff.next_delay())
+            try:
+                kv, revision = await b.get_key(self.key)
+            except Transient as exc:
+                b.log.debug("cannot read our key (%s); the session decides", exc)
+                continue
+            if kv is None or kv.create_revision != self.revision or kv.lease != self._session.lease_id:
+                return await self._why_deleted()
+            start = revision + 1
+
+    async def _why_deleted(self) -> str:
+        b = self._backend
+        try:
+            reply = await b.conn.call(
+                "lease time-to-live",
+                lambda ch: ch.lease.LeaseTimeToLive(
+                    rpc.LeaseTimeToLiveRequest(ID=self._session.lease_id), metadata=ch.metadata
+                ),
+                timeout=b.session_keepalive_timeout,
+                attempts=1,
+            )
+            if reply.TTL < 0:
+                return "leader key deleted: our lease was revoked or expired"
+        except (Transient, ElectionError):
+            pass
+        return "leader key deleted (resigned elsewhere or removed by hand)"
+
+    async def release(self) -> None:
+        """Resign as election.go does (delete our key if it is still ours); the next candidate leads at once.
+
+        The session is kept for the elector's next campaign only if the resign
+        succeeded and the session is sound (see :meth:`EtcdBackend.reusable`);
+        otherwise its lease is revoked too, which removes the key if the resign
+        could not. Bounded by ``release_timeout``; never interrupted.
+        """
+        if self._released:
+            return
+        self._released = True
+        b = self._backend
+        session = self._session
+        keep = False
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(b.release_timeout):
+                    try:
+                        await b.resign(self.key, self.revision)
+                        keep = not self._lost and b.reusable(session)
+                    except (Transient, ElectionError) as exc:
+                        b.log.debug("resign failed (%s); revoking the lease removes the key", exc)
+                    if not keep:
+                        await session.close()
+            finally:
+                if not keep:
+                    await b.drop(session)
+
+
+class EtcdBackend(Election):
+    """Elections on an etcd cluster, built from its endpoints and :class:`EtcdOptions`.
+
+    The constructor validates every option (ValueError naming it, never the
+    password) and reads the TLS files; it connects to nothing.
+    """
+
+    kind = "etcd"
+
+    def __init__(self, endpoints: str | Sequence[str], **options: Unpack[EtcdOptions]) -> None:
+        settings = EtcdSettings.parse(endpoints, options)
+        conn = Connection(
+            settings.endpoints,
+            username=settings.username,
+            password=settings.password,
+            connect_timeout=settings.connect_timeout,
+            log=lambda: self.log,
+            tls=settings.tls,
+        )
+        super().__init__(settings.name, conn, request_timeout=settings.connect_timeout)
+        self.ttl = settings.ttl
+        self.keepalive_interval = settings.keepalive_interval
+        self._renew_deadline = settings.renew_deadline
+        self.session_keepalive_timeout = settings.keepalive_timeout
+        self.connect_timeout = settings.connect_timeout
+        self.release_timeout = settings.release_timeout
+        self.degrade_to_local = settings.degrade_to_local
+        #: Every session not yet stopped; ``session`` is the one the next campaign uses, if still alive.
+        self.sessions: set[Session] = set()
+        self.session: Session | None = None
+        self.degraded: DegradedHold | None = None
+
+    @property
+    def renew_deadline(self) -> float:
+        return self._renew_deadline
+
+    def describe_timing(self) -> str:
+        degrade = (
+            "leads locally WITHOUT mutual exclusion while etcd has never answered (degrade_to_local=True)"
+            if self.degrade_to_local
+            else "waits for etcd if it cannot be reached"
+        )
+        return (
+            f"ttl={self.ttl}s keep-alive every {self.keepalive_interval:.3g}s "
+            f"(timeout {self.session_keepalive_timeout:.3g}s) renew_deadline={self._renew_deadline:.3g}s "
+            f"connect_timeout={self.connect_timeout:g}s endpoints={self.conn.describe()}: "
+            f"a resigning leader is replaced at once, a crashed or cut-off one after about {self.ttl}s "
+            f"(its lease expiring); a leader that cannot renew fences itself after {self._renew_deadline:.3g}s, "
+            f"{self.ttl - self._renew_deadline:.3g}s before its lease can expire; {degrade}"
+        )
+
+    # --- campaign ------------------------------------------------------------------
+
+    def reusable(self, session: Session) -> bool:
+        """True if ``session`` may serve the next campaign: current, alive, and renewed within ``renew_deadline``."""
+        return (
+            session is self.session
+            and not session.done.is_set()
+            and not self.conn.closed
+            and monotonic() - session.confirmed_at < self._renew_deadline
+        )
+
+    async def drop(self, session: Session) -> None:
+        """Stop ``session``'s keep-alives and forget it (its lease is revoked or left to expire by the caller)."""
+        await session.stop()
+        self.sessions.discard(session)
+        if self.session is session:
+            self.session = None
+
+    async def campaign(self, identity: str) -> Hold:
+        value = identity.encode()
+        backoff = Backoff(first=0.1, maximum=2.0)
+        while True:
+            session = self.session
+            if session is not None and session.done.is_set():
+                # Ended between two campaigns (revoked, expired, keep-alives failing): revoke what may be left.
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
+                    await session.close()
+                await self.drop(session)
+                session = None
+            if session is None:
+                try:
+                    session = await Session.grant(
+                        self.conn,
+                        self.ttl,
+                        interval=self.keepalive_interval,
+                        keepalive_timeout=self.session_keepalive_timeout,
+                        request_timeout=self.request_timeout,
+                    )
+                except Transient as exc:
+                    # Only an etcd that never answered this elector: after any contact, another
+                    # candidate may lead on etcd, and leading locally would be a second leader.
+                    if self.degrade_to_local and not self.conn.ever_answered:
+                        return self._degrade(identity, exc)
+                    delay = backoff.next_delay()
+                    self.report_error(f"cannot start an etcd session ({exc})", delay)
+                    await anyio.sleep(delay)
+                    continue
+                self.session = session
+                self.sessions.add(session)
+            try:
+                return await self._campaign_in(session, value, backoff)
+            except SessionEnded as exc:
+                self.log.info("session ended while campaigning (%s); campaigning again with a new session", exc)
+
+    async def _campaign_in(self, session: Session, value: bytes, backoff: Backoff) -> Hold:
+        """Campaign with ``session`` until we lead; raise SessionEnded if it ends first.
+
+        Anything but success (cancellation included) deletes our key and ends
+        the session (revokes its lease). Never degrades: a session means etcd
+        answered.
+        """
+        key = self.prefix + f"{session.lease_id:x}".encode()
+        won = False
+        try:
+            while True:
+                try:
+                    which, hold = await first_of(session.wait_ended, lambda: self._try(session, key, value))
+                except KeyLost:
+                    self.log.warning("our candidate key was deleted while our lease lives; campaigning again")
+                    continue
+                except Transient as exc:
+                    if exc.lease_gone:
+                        session.expire("etcd reports the lease gone")
+                        raise SessionEnded(str(exc)) from None
+                    delay = backoff.next_delay()
+                    self.report_error(f"campaign interrupted ({exc})", delay)
+                    with anyio.move_on_after(delay):
+                        await session.wait_ended()
+                    continue
+                if which == 0:
+                    raise SessionEnded(str(hold))
+                backoff.reset()
+                won = True
+                assert isinstance(hold, EtcdHold)
+                return hold
+        finally:
+            if not won:
+                await self._withdraw(session, key)
+
+    async def _try(self, session: Session, key: bytes, value: bytes) -> EtcdHold:
+        revision, predecessor, read_at = await self._put_candidate(session, key, value)
+        self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
+        shortcut = True
+        while predecessor is not None:
+            shortcut = await self._wait_deleted(predecessor, read_at, shortcut=shortcut)
+            # One read: our key still stands under our lease (it would be gone with the lease), any older key left?
+            predecessor, read_at = await self._check(session, key, revision)
+        # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.
+        return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
+
+    async def _withdraw(self, session: Session, key: bytes) -> None:
+        """Delete our candidate key and revoke the lease at once; bounded, never interrupted."""
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(self.release_timeout):
+                    if not session.done.is_set():
+                        try:
+                            await self.conn.call(
+                                "withdraw",
+                                lambda ch: ch.kv.DeleteRange(rpc.DeleteRangeRequest(key=key), metadata=ch.metadata),
+                                timeout=self.request_timeout,
+                            )
+                        except (Transient, ElectionError) as exc:
+                            self.log.debug("deleting our candidate key failed (%s); the lease's end removes it", exc)
+                    await session.close()
+            finally:
+                await self.drop(session)
+
+    def _degrade(self, identity: str, exc: Transient) -> Hold:
+        self.log.warning(
+            "etcd at %s has never answered this elector (%s); degrade_to_local=True, so leading locally WITHOUT "
+            "mutual exclusion: every instance that cannot reach etcd may become leader at the same time. This "
+            "leadership is lost as soon as etcd answers. Leave degrade_to_local off to wait for etcd instead.",
+            self.conn.describe(),
+            exc,
+        )
+        hold = DegradedHold(
+            self.conn, identity, interval=self.keepalive_interval, ask=self.first_candidate, on_release=self._undegrade
+        )
+        self.degraded = hold
+        return hold
+
+    def _undegrade(self, hold: DegradedHold) -> None:
+        if self.degraded is hold:
+            self.degraded = None
+
+    def local_leader(self) -> str | None:
+        return self.degraded.identity if self.degraded is not None else None
+
+    async def aclose(self) -> None:
+        """Revoke every lease (the kept session's included), then close the connection."""
+        for session in list(self.sessions):
+            with anyio.move_on_after(self.release_timeout):
+                await session.close()
+            await self.drop(session)
+        self.sessions.clear()
+        self.session = None
+        await self.conn.aclose()

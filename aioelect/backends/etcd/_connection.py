@@ -1,0 +1,396 @@
+"""The elector's one connection to etcd: one channel at a time, failover between endpoints, watches.
+
+Guarantees (detailed on :class:`Connection`): every request is bounded in
+time and classified (:mod:`._failures`); a transient failure moves the next
+request to the next endpoint; a permanent one, or a connection that can
+never work as configured (:mod:`._probe`), raises
+:class:`~aioelect.ElectionError` at once; a channel is closed only once
+nothing uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+import grpc
+from aetcd import rpc
+
+from ..._backend import monotonic
+from ..._config import is_loopback, transport_warning
+from ..._errors import ElectionError
+from ..._log import ElectionLog
+from ._calls import first_of, settle
+from ._channel import Channel
+from ._endpoints import Endpoint
+from ._failures import Compacted, Retired, Transient, classify, rpc_error
+from ._probe import diagnose_tls
+from ._tls import EtcdTLS
+
+__all__ = ["DRAIN_TIMEOUT", "Connection", "WatchStream"]
+
+T = TypeVar("T")
+
+#: How long :meth:`Connection.aclose` lets requests in flight finish before closing under them.
+DRAIN_TIMEOUT = 1.0
+
+
+class WatchStream:
+    """One etcd watch on its own gRPC stream; see :meth:`Connection.watch`."""
+
+    def __init__(self, call: Any, channel: Channel, conn: Connection, created_revision: int = 0) -> None:
+        self._call = call
+        self._channel = channel
+        self._conn = conn
+        #: The store's revision when etcd created the watch. A watch whose start revision is not above it
+        #: may be "unsynced": etcd then sends its events from a background loop, up to 100 ms later.
+        self.created_revision = created_revision
+
+    async def next(self) -> Any:
+        """The next WatchResponse that carries events.
+
+        Raises :class:`Retired` when the channel was replaced (the stream is
+        then dead: open a new watch), :class:`Compacted`, :class:`Transient`,
+        or :class:`ElectionError` if etcd refuses the watch.
+        """
+        while True:
+            which, response = await first_of(self._read, self._channel.retired.wait)
+            if which == 1:
+                raise Retired()
+            response = self._conn.check_watch_response(response, self._channel, "watch")
+            if response.events:
+                return response
+
+    async def _read(self) -> Any:
+        try:
+            return await settle(self._call.read())
+        except Exception as exc:
+            failure = self._conn.failed(exc, "watch", self._channel)
+            if failure is exc:
+                raise
+            raise failure from None
+
+
+class Connection:
+    """The elector's one connection to etcd: one gRPC channel at a time, failing over between endpoints.
+
+    Guarantees:
+
+    * every request is bounded in time;
+    * a transient failure retires the current channel, so the next request
+      goes to the next endpoint and every watch waiting on the old channel
+      moves over (it raises :class:`Retired`); it is raised as :class:`Transient`;
+    * a permanent failure (wrong credentials, permission denied) raises
+      :class:`ElectionError` at once; so does a connection that can never
+      work as configured (a refused or untrusted certificate, TLS on one
+      side only), found by :func:`diagnose_tls` on an endpoint that never
+      answered: such a failure is not an unreachable etcd;
+    * a channel is closed only once no request or watch uses it, so nothing is
+      cancelled under a caller; :meth:`aclose` closes them all (after letting
+      requests in flight end for at most ``DRAIN_TIMEOUT``; watches end at once).
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[Endpoint],
+        *,
+        username: str | None,
+        password: str | None,
+        connect_timeout: float,
+        log: Callable[[], ElectionLog],
+        tls: EtcdTLS | None = None,
+    ) -> None:
+        self.endpoints = list(endpoints)
+        self.username = username
+        self._password = password
+        self.tls = tls
+        #: Endpoints that answered once: their later failures are outages, not misconfiguration.
+        self._reached: set[Endpoint] = set()
+        self.connect_timeout = connect_timeout
+        self._log = log
+        self._index = 0
+        self._current: Channel | None = None
+        self._channels: set[Channel] = set()
+        self._connecting = anyio.Lock()
+        self._auth_disabled = False
+        self.closed = False
+        #: Monotonic time of the last request that etcd answered, with a result or an error (-inf: none yet).
+        self.answered_at = float("-inf")
+        self._transport_checked = False
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.describe()}>"
+
+    @property
+    def log(self) -> ElectionLog:
+        return self._log()
+
+    @property
+    def ever_answered(self) -> bool:
+        """True once any etcd member has answered any request of this connection (with a result or an error)."""
+        return self.answered_at > float("-inf")
+
+    def transport_warning(self) -> str | None:
+        """Why this connection is exposed on the network, or None.
+
+        Plain HTTP to an endpoint that is not loopback is; TLS always
+        verifies the server here, so TLS never is.
+        """
+        if self.tls is not None:
+            return None
+        remote = [e for e in self.endpoints if not is_loopback(e.host)]
+        if not remote:
+            return None
+        return transport_warning(
+            "etcd at " + ", ".join(str(e) for e in remote),
+            encrypted=False,
+            verified=False,
+            fix="use https:// endpoints, with ca_file unless the system CAs sign etcd's certificate",
+        )
+
+    def warn_transport(self) -> None:
+        """Log :meth:`transport_warning` as a WARNING, once per connection (so once per elector)."""
+        if self._transport_checked:
+            return
+        self._transport_checked = True
+        warning = self.transport_warning()
+        if warning is not None:
+            self.log.warning("%s", warning)
+
+    def describe(self) -> str:
+        if self.tls is None:
+            return ",".join(str(e) for e in self.endpoints)
+        return ",".join(f"https://{e}" for e in self.endpoints) + f" over {self.tls.describe()}"
+
+    # --- channels ------------------------------------------------------------------
+
+    async def _current_channel(self) -> Channel:
+        current = self._current
+        if current is not None and not current.retired.is_set() and not self.closed:
+            return current  # the common case, without taking the lock (a checkpoint per request)
+        async with self._connecting:
+            if self.closed:
+                raise ElectionError("the elector is closed")
+            current = self._current
+            if current is not None and not current.retired.is_set():
+                return current
+            endpoint = self.endpoints[self._index]
+            self.warn_transport()
+            channel = await self._open(endpoint)
+            self._current = channel
+            self._channels.add(channel)
+            return channel
+
+    async def _open(self, endpoint: Endpoint) -> Channel:
+        auth = None
+        if self.username is not None and self._password is not None and not self._auth_disabled:
+            auth = (self.username, self._password)
+        channel = Channel(endpoint, self.tls.credentials() if self.tls is not None else None)
+        try:
+            if auth is not None:
+                with anyio.fail_after(self.connect_timeout + 0.5):
+                    await settle(channel.authenticate(*auth, self.connect_timeout))
+        except BaseException as exc:
+            await channel.close(self.log)
+            if not isinstance(exc, Exception):
+                raise
+            error = rpc_error(exc)
+            if error is not None and "authentication is not enabled" in str(error.details()):
+                # As etcd's Go client does: credentials for a server without auth are not an error.
+                self.log.debug("etcd at %s has authentication disabled; connecting without credentials", endpoint)
+                self._auth_disabled = True
+                return await self._open(endpoint)
+            failure = classify(exc, "authentication" if auth is not None else "connect", endpoint, self.username)
+            if failure is None:
+                raise
+            if isinstance(failure, ElectionError):
+                self.answered_at = monotonic()  # etcd refused the credentials: it answered
+            failure = await self._explain(failure, endpoint)
+            if isinstance(failure, Transient) and failure.rotate:
+                self._rotate()
+            raise failure from None
+        if auth is not None:
+            self._reached.add(endpoint)
+            self.answered_at = monotonic()
+        self.log.debug("connected to etcd at %s", endpoint)
+        return channel
+
+    async def _explain(self, failure: Exception, endpoint: Endpoint) -> Exception:
+        """``failure``, or :class:`ElectionError` if :func:`diagnose_tls` finds that it is permanent."""
+        if not isinstance(failure, Transient) or not failure.handshake or endpoint in self._reached:
+            return failure
+        step = min(self.connect_timeout, 2.0)
+        verdict: str | None = None
+        with anyio.move_on_after(3 * step + 0.5):
+            verdict = await anyio.to_thread.run_sync(diagnose_tls, endpoint, self.tls, step, abandon_on_cancel=True)
+        if verdict is None:
+            return failure
+        self.log.debug("%s (gRPC said: %s)", verdict, failure)
+        return ElectionError(verdict)
+
+    def _rotate(self) -> None:
+        self._index = (self._index + 1) % len(self.endpoints)
+
+    def fail(self, channel: Channel, failure: Transient) -> None:
+        """Retire ``channel`` after ``failure`` so that the next request goes to the next endpoint."""
+        if not failure.rotate or channel is not self._current or channel.retired.is_set():
+            return
+        channel.retired.set()
+        self._current = None
+        self._rotate()
+        self.log.debug("etcd endpoint %s failed (%s); next: %s", channel.endpoint, failure, self.endpoints[self._index])
+
+    def failed(self, exc: Exception, what: str, channel: Channel) -> Exception:
+        """The exception to raise for ``exc`` (see :func:`classify`); retires ``channel`` if it is to blame."""
+        failure = classify(exc, what, channel.endpoint, self.username)
+        if failure is None:
+            return exc
+        if isinstance(failure, Transient):
+            self.fail(channel, failure)
+        elif failure is not exc:
+            self.answered_at = monotonic()  # a refusal that etcd itself gave (permission, credentials)
+        return failure
+
+    @contextlib.asynccontextmanager
+    async def channel(self) -> AsyncIterator[Channel]:
+        """The current channel, kept open while the block runs."""
+        channel = await self._current_channel()
+        channel.users += 1
+        try:
+            yield channel
+        finally:
+            channel.users -= 1
+            if channel.retired.is_set() and channel.users == 0:
+                await self._close_channel(channel)
+
+    async def _close_channel(self, channel: Channel) -> None:
+        self._channels.discard(channel)
+        if self._current is channel:
+            self._current = None
+        await channel.close(self.log)
+
+    async def aclose(self) -> None:
+        """Close every channel; watches end with :class:`Retired`, later requests raise ElectionError."""
+        self.closed = True
+        self._current = None
+        channels = list(self._channels)
+        for channel in channels:
+            channel.retired.set()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(DRAIN_TIMEOUT):
+                while any(c.users for c in channels):  # noqa: ASYNC110 - a few short polls while requests end
+                    await anyio.sleep(0.01)
+            for channel in channels:
+                await self._close_channel(channel)
+
+    # --- requests ------------------------------------------------------------------
+
+    async def call(
+        self,
+        what: str,
+        request: Callable[[Channel], Awaitable[T]],
+        *,
+        timeout: float,  # noqa: ASYNC109 - a per-attempt bound, not the caller's deadline
+        attempts: int | None = None,
+        direct: bool = False,
+    ) -> T:
+        """Run ``request`` on the current channel, at most ``timeout`` seconds per attempt.
+
+        On a transient failure the next endpoint is tried, each at most once
+        (``attempts`` bounds it further); the last failure is raised as
+        :class:`Transient`. Permanent failures raise :class:`ElectionError`.
+        ``direct``: ``request`` awaits no gRPC call itself (only futures of
+        ours) and bounds itself by ``timeout`` (raising TimeoutError), so it
+        needs neither a :func:`settle` task nor a cancel scope.
+        """
+        tries = min(attempts or len(self.endpoints), len(self.endpoints))
+        last: Transient | None = None
+        attempt = 0
+        while attempt < tries:
+            attempt += 1
+            try:
+                async with self.channel() as channel:
+                    try:
+                        if direct:
+                            reply = await request(channel)
+                        else:
+                            with anyio.fail_after(timeout):
+                                reply = await settle(request(channel))
+                    except Exception as exc:
+                        failure = await self._explain(self.failed(exc, what, channel), channel.endpoint)
+                        if failure is exc:
+                            raise
+                        raise failure from None
+                    self._reached.add(channel.endpoint)
+                    self.answered_at = monotonic()
+                    return reply
+            except Transient as exc:
+                if exc.answered:
+                    self.answered_at = monotonic()
+                if exc.reauth and not (last is not None and last.reauth):
+                    tries += 1  # once more, on a channel that authenticates afresh
+                last = exc
+                if not exc.rotate:
+                    break
+        assert last is not None
+        raise last
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self,
+        key: bytes,
+        *,
+        start_revision: int,
+        range_end: bytes | None = None,
+        no_put: bool = False,
+        no_delete: bool = False,
+    ) -> AsyncIterator[WatchStream]:
+        """An etcd watch on its own stream, always cancelled when the block ends.
+
+        The watch is created (etcd acknowledged it) before the block runs, or
+        :class:`Transient` / :class:`Compacted` / :class:`ElectionError` is raised.
+        """
+        async with self.channel() as channel:
+            call = channel.watch.Watch(metadata=channel.metadata)
+            try:
+                create = rpc.WatchCreateRequest(key=key, start_revision=start_revision)
+                if range_end is not None:
+                    create.range_end = range_end
+                if no_put:
+                    create.filters.append(rpc.WatchCreateRequest.NOPUT)
+                if no_delete:
+                    create.filters.append(rpc.WatchCreateRequest.NODELETE)
+                try:
+                    with anyio.fail_after(self.connect_timeout):
+                        await settle(call.write(rpc.WatchRequest(create_request=create)))
+                        created = await settle(call.read())
+                except Exception as exc:
+                    failure = await self._explain(self.failed(exc, "watch", channel), channel.endpoint)
+                    if failure is exc:
+                        raise
+                    raise failure from None
+                if created is not grpc.aio.EOF:
+                    self.answered_at = monotonic()
+                created = self.check_watch_response(created, channel, "watch")
+                if not created.created:
+                    raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
+                yield WatchStream(call, channel, self, int(created.header.revision))
+            finally:
+                call.cancel()
+
+    def check_watch_response(self, response: Any, channel: Channel, what: str) -> Any:
+        """Return ``response`` if it is a live watch response, else raise what it means."""
+        if response is grpc.aio.EOF:
+            failure = Transient(f"etcd at {channel.endpoint} closed the {what} stream")
+            self.fail(channel, failure)
+            raise failure
+        if response.compact_revision:
+            raise Compacted(int(response.compact_revision))
+        if response.canceled:
+            reason = str(response.cancel_reason) or "no reason given"
+            if "permission denied" in reason:
+                raise ElectionError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
+            raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered=True)
+        return response

@@ -1,0 +1,285 @@
+"""The election's keys, following etcd's Go ``client/v3/concurrency`` ``Election``.
+
+Keys and revisions are those of ``election.go``, so that these candidates,
+``etcdctl elect`` and Go programs share one election on the same prefix:
+
+* a candidate's key is ``{name}/{lease id in hex}``, its value the identity,
+  created under the session's lease only if absent;
+* the leader is the key with the lowest create revision under ``{name}/``;
+* a candidate waits for the deletion of the nearest key created before its
+  own (never the whole prefix: no thundering herd), then checks again.
+
+:class:`Election` owns these requests and who leads (``leader()``,
+``observe()``); the campaign with sessions is built on it in
+:mod:`._backend`. Each step reads what it needs in one request: the
+campaign transaction creates our key *and* returns the key created just
+before it; after that key's deletion one transaction checks that our key
+still stands under our lease *and* looks for an older key left.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from aetcd import rpc
+from aetcd.utils import prefix_range_end
+
+from ..._backend import Backend, Backoff
+from ..._errors import BackendUnavailable, ElectionError
+from ._connection import Connection
+from ._failures import Compacted, Retired, Transient
+from ._session import Session
+
+__all__ = ["DELETE", "Election", "KeyLost"]
+
+DELETE = rpc.Event.DELETE
+
+
+def _identity(value: bytes) -> str:
+    return value.decode("utf-8", errors="replace")
+
+
+class KeyLost(Exception):
+    """Our candidate key vanished while our lease lives (deleted by hand): put it again."""
+
+
+class Election(Backend):
+    """One election on etcd: its candidates' keys under ``{name}/``, and who leads.
+
+    Guarantees: every request is one bounded request on ``conn``
+    (:meth:`Connection.call`); :meth:`leader` and :meth:`observe` report
+    only what etcd says (or, while :meth:`local_leader` names one, that
+    local leader when etcd cannot be reached), never a guess.
+    """
+
+    def __init__(self, name: str, conn: Connection, *, request_timeout: float) -> None:
+        super().__init__(name)
+        self.conn = conn
+        self.request_timeout = request_timeout
+        self.prefix = (name + "/").encode()
+        self._prefix_end = prefix_range_end(self.prefix)
+
+    def local_leader(self) -> str | None:
+        """The identity leading without etcd (see :mod:`._degraded`), or None."""
+        return None
+
+    # --- requests ------------------------------------------------------------------
+
+    async def get_key(self, key: bytes) -> tuple[Any, int]:
+        """(our key's KeyValue or None, header revision)."""
+        reply = await self.conn.call(
+            "read key",
+            lambda ch: ch.kv.Range(rpc.RangeRequest(key=key), metadata=ch.metadata),
+            timeout=self.request_timeout,
+        )
+        return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
+
+    async def first_candidate(self) -> tuple[Any, int]:
+        """(the KeyValue with the lowest create revision under the prefix, or None; header revision)."""
+        request = rpc.RangeRequest(
+            key=self.prefix,
+            range_end=self._prefix_end,
+            sort_order=rpc.RangeRequest.ASCEND,
+            sort_target=rpc.RangeRequest.CREATE,
+            limit=1,
+        )
+        reply = await self.conn.call(
+            "read leader",
+            lambda ch: ch.kv.Range(request, metadata=ch.metadata),
+            timeout=self.request_timeout,
+        )
+        return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
+
+    async def resign(self, key: bytes, revision: int) -> None:
+        """Delete ``key`` if its create revision is still ``revision`` (election.go ``Resign``)."""
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision)
+            ],
+            success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=key))],
+        )
+        await self.conn.call(
+            "resign", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
+        )
+
+    def _last_created(self, *, before: int | None, limit: int) -> rpc.RangeRequest:
+        """The ``limit`` keys under the prefix created last (before revision ``before``), newest first."""
+        request = rpc.RangeRequest(
+            key=self.prefix,
+            range_end=self._prefix_end,
+            sort_order=rpc.RangeRequest.DESCEND,
+            sort_target=rpc.RangeRequest.CREATE,
+            limit=limit,
+            keys_only=True,
+        )
+        if before is not None:
+            request.max_create_revision = before - 1
+        return request
+
+    async def _put_candidate(self, session: Session, key: bytes, value: bytes) -> tuple[int, bytes | None, int]:
+        """Create our key under the lease if absent (election.go ``Campaign``) and find the key created before it.
+
+        Returns our key's create revision, the key created just before it (or
+        None) and the revision that was read at. One transaction: the range
+        after the put sees our new key first and its predecessor second.
+        """
+        request = rpc.TxnRequest(
+            compare=[rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=0)],
+            success=[
+                rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=session.lease_id)),
+                rpc.RequestOp(request_range=self._last_created(before=None, limit=2)),
+            ],
+            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
+        )
+        reply = await self.conn.call(
+            "campaign", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
+        )
+        if reply.succeeded:
+            revision = int(reply.header.revision)
+            older = [kv for kv in reply.responses[1].response_range.kvs if kv.create_revision < revision]
+            return revision, (bytes(older[0].key) if older else None), revision
+        # Our key exists already (a campaign step retried after a timeout, or a key of ours left over).
+        kvs = reply.responses[0].response_range.kvs
+        if not kvs:
+            raise KeyLost()
+        revision = int(kvs[0].create_revision)
+        if kvs[0].value != value or kvs[0].lease != session.lease_id:  # election.go's Proclaim: our key, our value
+            proclaim = rpc.TxnRequest(
+                compare=[
+                    rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision)
+                ],
+                success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=session.lease_id))],
+            )
+            done = await self.conn.call(
+                "proclaim", lambda ch: ch.kv.Txn(proclaim, metadata=ch.metadata), timeout=self.request_timeout
+            )
+            if not done.succeeded:
+                raise KeyLost()
+        predecessor, read_at = await self._check(session, key, revision)
+        return revision, predecessor, read_at
+
+    async def _check(self, session: Session, key: bytes, revision: int) -> tuple[bytes | None, int]:
+        """Whether our key still stands under our lease *and* which key was created just before it, in one read.
+
+        Returns (that key or None, the revision read at); raises
+        :class:`SessionEnded` if our key went with our lease, ``KeyLost`` if
+        it went otherwise.
+        """
+        request = rpc.TxnRequest(
+            compare=[
+                rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision),
+                rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.LEASE, key=key, lease=session.lease_id),
+            ],
+            success=[rpc.RequestOp(request_range=self._last_created(before=revision, limit=1))],
+        )
+        reply = await self.conn.call(
+            "check candidacy", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
+        )
+        if not reply.succeeded:
+            await session.keepalive()  # raises SessionEnded if the key went with our lease
+            raise KeyLost()
+        kvs = reply.responses[0].response_range.kvs
+        return (bytes(kvs[0].key) if kvs else None), int(reply.header.revision)
+
+    async def _wait_deleted(self, predecessor: bytes, read_at: int, *, shortcut: bool) -> bool:
+        """Return once ``predecessor`` may be gone (key.go ``waitDelete``); the caller reads again.
+
+        The watch starts at ``read_at + 1``: a watch starting at or below the
+        store's current revision is served on etcd's slow path (its events
+        come from a background loop, up to 100 ms late). If the store has
+        moved past ``read_at`` by the time etcd creates the watch, and
+        ``shortcut`` allows, return at once instead: reading again is faster.
+        Returns whether the next wait may take that shortcut again (not twice
+        in a row, so that a busy prefix cannot keep us reading).
+        """
+        self.log.debug("waiting for %s to go", predecessor.decode(errors="replace"))
+        try:
+            async with self.conn.watch(predecessor, start_revision=read_at + 1, no_put=True) as stream:
+                if shortcut and stream.created_revision > read_at:
+                    return False
+                while not any(event.type == DELETE for event in (await stream.next()).events):
+                    pass
+        except (Retired, Compacted):
+            pass  # look again
+        except Transient as exc:
+            if not exc.rotate:
+                raise
+            self.log.debug("watch failed (%s); looking again on the next endpoint", exc)
+        return True
+
+    # --- who leads -------------------------------------------------------------------
+
+    async def leader(self) -> str | None:
+        """The value of the key with the lowest create revision under the prefix.
+
+        While we lead locally because etcd is unreachable, that is us.
+        """
+        try:
+            kv, _ = await self.first_candidate()
+        except Transient as exc:
+            local = self.local_leader()
+            if local is not None:
+                return local
+            raise BackendUnavailable(f"etcd at {self.conn.describe()} is unreachable: {exc}") from None
+        return None if kv is None else _identity(kv.value)
+
+    async def observe(self) -> AsyncIterator[str | None]:
+        """Yield the leader now and at each change; resynchronise after any interruption.
+
+        As election.go's ``Observe``: read the first candidate, then watch
+        its key (a put is a new value, a delete means read again), or while
+        nobody leads, watch the prefix for the first put. A broken or
+        compacted watch is never skipped over: we read again and yield what
+        changed meanwhile. Ends when the elector is closed.
+        """
+        last: object = object()
+        backoff = Backoff(first=0.1, maximum=2.0)
+        while True:
+            try:
+                kv, revision = await self.first_candidate()
+            except Transient as exc:
+                local = self.local_leader()
+                if local is not None and local != last:
+                    last = local
+                    yield local
+                delay = backoff.next_delay()
+                self.log.warning("observe: cannot read the leader (%s); retrying in %.2fs", exc, delay)
+                await anyio.sleep(delay)
+                continue
+            except ElectionError:
+                if self.conn.closed:
+                    return
+                raise
+            current = None if kv is None else _identity(kv.value)
+            if current != last:
+                last = current
+                yield current
+            try:
+                if kv is None:
+                    async with self.conn.watch(
+                        self.prefix, range_end=self._prefix_end, start_revision=revision + 1, no_delete=True
+                    ) as stream:
+                        await stream.next()
+                else:
+                    async with self.conn.watch(bytes(kv.key), start_revision=revision + 1) as stream:
+                        while True:
+                            response = await stream.next()
+                            if any(event.type == DELETE for event in response.events):
+                                break
+                            value = _identity(response.events[-1].kv.value)
+                            if value != last:
+                                last = value
+                                yield value
+                backoff.reset()
+            except Transient as exc:
+                if self.conn.closed:
+                    return
+                self.log.info("observe: watch interrupted (%s); resynchronising", exc)
+                if not isinstance(exc, Retired):
+                    await anyio.sleep(backoff.next_delay())
+            except ElectionError:
+                if self.conn.closed:
+                    return
+                raise

@@ -1,0 +1,137 @@
+"""The options of an etcd election, validated into :class:`EtcdSettings`.
+
+Guarantees: :meth:`EtcdSettings.parse` accepts only options that keep one
+leader (a renew deadline shorter than the lease, longer than the keep-alive
+interval; whole-second TTLs etcd grants) and reach every endpoint the same
+way; anything else is a ValueError naming the option, never the password.
+The TLS files are read and checked here; nothing connects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from ..._config import check_options, positive, validate_name
+from ._endpoints import Endpoint, parse_endpoints
+from ._tls import EtcdTLS
+
+__all__ = ["MIN_TTL", "EtcdOptions", "EtcdSettings"]
+
+#: etcd grants no lease shorter than its minimum TTL (2 s with default timings).
+MIN_TTL = 2
+
+
+class _Named(TypedDict):
+    #: The election's name: candidates' keys live under ``{name}/`` (at most 1024 characters).
+    name: str
+
+
+class EtcdOptions(_Named, total=False):
+    """The options of an etcd election; :meth:`EtcdSettings.parse` validates them."""
+
+    #: The session lease in whole seconds, at least 2 (default 5); keep-alives go out every ``ttl / 3``.
+    ttl: int
+    #: etcd credentials: both or neither.
+    username: str | None
+    password: str | None
+    #: Lead locally, WITHOUT mutual exclusion, while etcd has never answered (default False).
+    degrade_to_local: bool
+    #: Seconds to authenticate, and the bound on each request to one endpoint (default 5).
+    connect_timeout: float
+    #: Seconds a leader may go without an acknowledged keep-alive (default ``2 * ttl / 3``).
+    renew_deadline: float | None
+    #: PEM files: the CA that signs etcd's certificate (default: the system CAs), the client certificate and key.
+    ca_file: str | None
+    cert_file: str | None
+    key_file: str | None
+
+
+@dataclass(frozen=True)
+class EtcdSettings:
+    """Validated options of one etcd election."""
+
+    endpoints: tuple[Endpoint, ...]
+    tls: EtcdTLS | None
+    name: str
+    ttl: int
+    renew_deadline: float
+    connect_timeout: float
+    username: str | None
+    password: str | None = field(repr=False)
+    degrade_to_local: bool
+
+    @classmethod
+    def parse(cls, endpoints: str | Sequence[str], options: EtcdOptions) -> EtcdSettings:
+        """Validate ``options`` for ``endpoints``: ValueError for a bad value, TypeError for an unknown option."""
+        check_options("EtcdElector", options, EtcdOptions)
+        ca_file, cert_file, key_file = options.get("ca_file"), options.get("cert_file"), options.get("key_file")
+        ttl: int = options.get("ttl", 5)
+        renew_deadline = options.get("renew_deadline")
+        username, password = options.get("username"), options.get("password")
+        degrade_to_local = options.get("degrade_to_local", False)
+        parsed = parse_endpoints(endpoints)
+        tls_files = any(f is not None for f in (ca_file, cert_file, key_file))
+        plain = [e for e in parsed if e.scheme == "http"]
+        if plain and tls_files:
+            raise ValueError(
+                f"endpoint http://{plain[0]} is plain HTTP but ca_file/cert_file/key_file ask for TLS: use https://"
+            )
+        https = parsed[0].scheme == "https"  # every endpoint's, as parse_endpoints checked
+        tls = EtcdTLS.load(ca_file, cert_file, key_file) if tls_files or https else None
+        name = validate_name(options["name"], max_length=1024)
+        if isinstance(ttl, bool) or not float(positive("ttl", ttl)).is_integer():
+            raise ValueError(f"ttl must be a whole number of seconds (etcd leases have whole-second TTLs), not {ttl!r}")
+        ttl = int(ttl)
+        if ttl < MIN_TTL:
+            raise ValueError(f"ttl must be at least {MIN_TTL} seconds: etcd grants no shorter lease")
+        interval = ttl / 3
+        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else ttl * 2 / 3
+        if deadline >= ttl:
+            raise ValueError(
+                f"renew_deadline ({deadline:g}s) must be shorter than ttl ({ttl}s): a leader must stop "
+                "before its lease can expire and another candidate take over"
+            )
+        if deadline <= interval:
+            raise ValueError(
+                f"renew_deadline ({deadline:g}s) must be longer than the keep-alive interval ttl/3 ({interval:.3g}s): "
+                "otherwise a healthy leader would fence itself between two keep-alives"
+            )
+        connect_timeout = positive("connect_timeout", options.get("connect_timeout", 5.0))
+        if (username is None) != (password is None):
+            raise ValueError("username and password go together: pass both or neither")
+        if username is not None and (not isinstance(username, str) or not username):
+            raise ValueError("username must be a non-empty string")
+        if password is not None and not isinstance(password, str):
+            raise ValueError("password must be a string")
+        if not isinstance(degrade_to_local, bool):
+            raise ValueError(f"degrade_to_local must be True or False, not {degrade_to_local!r}")
+        return cls(
+            endpoints=tuple(parsed),
+            tls=tls,
+            name=name,
+            ttl=ttl,
+            renew_deadline=deadline,
+            connect_timeout=connect_timeout,
+            username=username,
+            password=password,
+            degrade_to_local=degrade_to_local,
+        )
+
+    @property
+    def keepalive_interval(self) -> float:
+        """Seconds between two keep-alives of a session: a third of the lease, as etcd's Go client."""
+        return self.ttl / 3
+
+    @property
+    def keepalive_timeout(self) -> float:
+        """Bound on one keep-alive: half the slack between two keep-alives and the deadline, so a slow one is
+        retried in time."""
+        interval = self.keepalive_interval
+        return max(0.1, min(interval, self.renew_deadline - interval) / 2)
+
+    @property
+    def release_timeout(self) -> float:
+        """Bound on resign and revoke: they end before the elector gives up on a release (5 s)."""
+        return min(self.connect_timeout, 4.0)

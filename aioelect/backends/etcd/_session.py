@@ -1,0 +1,230 @@
+"""A session: one lease kept alive in the background, like etcd's Go ``concurrency.Session``.
+
+Every session of a connection renews its lease on the connection's shared
+keep-alive stream (:mod:`._keepalive`), not on a stream of its own.
+
+Guarantees (detailed on :class:`Session`): a session ends as soon as its
+lease may have expired; a closed session runs nothing and has its lease
+revoked (or, if etcd cannot be reached, left to expire); a grant
+interrupted before its reply leaves no lease behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+import anyio
+from aetcd import rpc
+
+from ..._backend import Backoff, Confirm, monotonic
+from ..._errors import ElectionError
+from ._connection import Connection
+from ._failures import SessionEnded, Transient
+from ._keepalive import keepalives
+
+__all__ = ["Session"]
+
+
+class Session:
+    """A lease kept alive in the background, like etcd's Go ``concurrency.Session``.
+
+    Guarantees:
+
+    * the lease lives at least until ``confirmed_at + ttl``: ``confirmed_at``
+      is the monotonic time at which the last grant or keep-alive that etcd
+      acknowledged was *sent*;
+    * ``done`` is set, with ``reason``, as soon as the lease may be gone: etcd
+      reports it expired or revoked, or no keep-alive succeeded for ``ttl``
+      seconds;
+    * ``on_confirm``, when set, is called with the send time of every
+      acknowledged keep-alive;
+    * after :meth:`close` nothing of the session runs and its lease is revoked
+      (or, if etcd cannot be reached, expires by itself).
+    """
+
+    def __init__(
+        self,
+        conn: Connection,
+        lease_id: int,
+        ttl: int,
+        *,
+        confirmed_at: float,
+        interval: float,
+        keepalive_timeout: float,
+        request_timeout: float,
+    ) -> None:
+        self.conn = conn
+        self.lease_id = lease_id
+        self.ttl = ttl
+        self.confirmed_at = confirmed_at
+        self.interval = interval
+        self.keepalive_timeout = keepalive_timeout
+        self.request_timeout = request_timeout
+        self.done = anyio.Event()
+        self.reason: str | None = None
+        self.on_confirm: Confirm | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Session lease={self.lease_id:x} ttl={self.ttl}s {'ended' if self.done.is_set() else 'alive'}>"
+
+    @classmethod
+    async def grant(
+        cls, conn: Connection, ttl: int, *, interval: float, keepalive_timeout: float, request_timeout: float
+    ) -> Session:
+        """Grant a lease and start keeping it alive.
+
+        The lease ID is chosen here, so that a grant interrupted before its
+        reply arrives can still be revoked: nothing is left behind.
+        """
+        lease_id = secrets.randbelow(2**62) + 1
+        sent = monotonic()
+        try:
+            reply = await conn.call(
+                "lease grant",
+                lambda ch: ch.lease.LeaseGrant(rpc.LeaseGrantRequest(TTL=ttl, ID=lease_id), metadata=ch.metadata),
+                timeout=request_timeout,
+            )
+        except BaseException as exc:
+            if not isinstance(exc, Exception) or (isinstance(exc, Transient) and exc.timed_out):
+                # The grant may have been applied without our hearing of it. Briefly: if etcd does not
+                # answer, the lease (without keys) expires by itself.
+                bound = min(request_timeout, 1.0)
+                with anyio.CancelScope(shield=True), anyio.move_on_after(bound):
+                    await _revoke(conn, lease_id, bound)
+            raise
+        if reply.error:
+            raise Transient(f"etcd refused the lease: {reply.error}", answered=True)
+        if ttl != reply.TTL:
+            conn.log.debug("etcd granted a %ss lease for the %ss asked (its minimum TTL)", reply.TTL, ttl)
+        session = cls(
+            conn,
+            lease_id,
+            ttl,
+            confirmed_at=sent,
+            interval=interval,
+            keepalive_timeout=keepalive_timeout,
+            request_timeout=request_timeout,
+        )
+        task = asyncio.get_running_loop().create_task(session._keep_alive(), name=f"aioelect-etcd-lease-{lease_id:x}")
+        task.add_done_callback(session._keeper_done)
+        session._task = task
+        return session
+
+    def _keeper_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.conn.log.error("keep-alive of lease %x failed", self.lease_id, exc_info=task.exception())
+            self._end(f"keep-alive failed: {task.exception()!r}")
+
+    def expire(self, reason: str) -> None:
+        """End the session because etcd says its lease is gone."""
+        self._end(reason)
+
+    def _end(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            self.conn.log.debug("session %x ended: %s", self.lease_id, reason)
+        self.done.set()
+
+    def _confirmed(self, sent: float) -> None:
+        if sent > self.confirmed_at:
+            self.confirmed_at = sent
+        if self.on_confirm is not None:
+            self.on_confirm(sent)
+
+    async def keepalive(self) -> float:
+        """Renew the lease once; return when the keep-alive was sent.
+
+        Raises :class:`SessionEnded` if etcd says the lease is gone,
+        :class:`Transient` if etcd could not be asked.
+        """
+        if self.done.is_set():
+            raise SessionEnded(self.reason or "session ended")
+        sent = monotonic()
+        ttl = await self.conn.call(
+            "lease keep-alive",
+            lambda ch: keepalives(self.conn, ch).renew(self.lease_id, self.keepalive_timeout),
+            timeout=self.keepalive_timeout,
+            direct=True,
+        )
+        if ttl <= 0:
+            self._end("etcd reports the lease expired or revoked")
+            raise SessionEnded(self.reason or "lease gone")
+        self._confirmed(sent)
+        return sent
+
+    async def _keep_alive(self) -> None:
+        backoff = Backoff(first=min(0.05, self.interval / 4), maximum=self.interval / 2)
+        next_at = self.confirmed_at + self.interval
+        while True:
+            await anyio.sleep(max(0.0, next_at - monotonic()))
+            left = self.confirmed_at + self.ttl - monotonic()
+            if left <= 0:
+                self._end(f"no keep-alive succeeded for {self.ttl}s: the lease may have expired")
+                return
+            try:
+                with anyio.fail_after(left):
+                    sent = await self.keepalive()
+            except SessionEnded:
+                return
+            except ElectionError as exc:
+                self._end(f"keep-alive refused: {exc}")
+                return
+            except (Transient, TimeoutError) as exc:
+                delay = backoff.next_delay()
+                # The first failure of a streak is worth a warning; the retries that follow are not.
+                level = logging.WARNING if backoff.attempt == 1 else logging.DEBUG
+                self.conn.log.log(
+                    level,
+                    "keep-alive of lease %x failed (%s); retrying in %.2fs",
+                    self.lease_id,
+                    str(exc) or "timed out",
+                    delay,
+                )
+                next_at = monotonic() + delay
+                continue
+            backoff.reset()
+            next_at = sent + self.interval
+
+    async def wait_ended(self) -> str:
+        """Return the reason once the session has ended."""
+        await self.done.wait()
+        return self.reason or "session ended"
+
+    async def stop(self) -> None:
+        """Stop the keep-alives and wait until they have stopped. Idempotent; never interrupted."""
+        self.on_confirm = None
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([task])
+        self._end("session closed")
+
+    async def close(self) -> None:
+        """Stop the keep-alives, then revoke the lease (at most ``request_timeout``). Idempotent.
+
+        Cancellation may cut the revoke short (the lease then expires by
+        itself), never the stopping of the keep-alives.
+        """
+        await self.stop()
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.move_on_after(self.request_timeout):
+            await _revoke(self.conn, self.lease_id, self.request_timeout)
+
+
+async def _revoke(conn: Connection, lease_id: int, timeout: float) -> None:  # noqa: ASYNC109
+    """Revoke a lease, best effort: an unknown lease is already gone, an unreachable etcd expires it."""
+    try:
+        await conn.call(
+            "lease revoke",
+            lambda ch: ch.lease.LeaseRevoke(rpc.LeaseRevokeRequest(ID=lease_id), metadata=ch.metadata),
+            timeout=timeout,
+        )
+    except (Transient, ElectionError) as exc:
+        conn.log.debug("revoking lease %x failed (%s); it expires by itself", lease_id, exc)
