@@ -38,8 +38,9 @@ The modules, each with one job:
     to ``poll_interval`` and makes every idle follower try all the time. The
     kernel reports a dying holder's close just *before* it drops the lock,
     so a try that fails right after an event is made again
-    :data:`_RECHECK` later. Closes inotify cannot see (a foreign program that
-    unlocks without closing) are caught by a fallback try every
+    :data:`_RECHECK` later. Unlocks inotify cannot see (another process still
+    sharing the holder's descriptor, a foreign program that unlocks without
+    closing) are caught by a fallback try every
     ``max(poll_interval, 1 s)``. Where inotify is unavailable (not Linux, or
     the per-user limits are reached) followers try every ``poll_interval``;
   - **the waiters' queue.** A leader that releases and campaigns again lets a
