@@ -9,7 +9,8 @@ those listed after it:
 * ``_election``: the Go-compatible keys, ``leader()`` and ``observe()``;
 * ``_session``: a lease kept alive (Go's ``Session``);
 * ``_keepalive``: the one keep-alive stream every lease renews on;
-* ``_connection``: requests, failover between endpoints, watches;
+* ``_connection``: requests and watches, failover between endpoints;
+* ``_watch``: one watch stream and what its responses mean;
 * ``_channel``: one gRPC channel to one endpoint, authenticated;
 * ``_options``: the options, validated;
 * ``_probe``: why a connection failed (a TLS handshake of our own);

@@ -12,65 +12,29 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import grpc
-from aetcd import rpc
 
 from ..._backend import monotonic
 from ..._config import is_loopback, transport_warning
 from ..._errors import ElectionError
 from ..._log import ElectionLog
-from ._calls import first_of, settle
+from ._calls import settle
 from ._channel import Channel
 from ._endpoints import Endpoint
-from ._failures import Compacted, Retired, Transient, classify, rpc_error
+from ._failures import Transient, classify, rpc_error
 from ._probe import diagnose_tls
 from ._tls import EtcdTLS
+from ._watch import WatchStream, check_response, create_request
 
-__all__ = ["DRAIN_TIMEOUT", "Connection", "WatchStream"]
+__all__ = ["DRAIN_TIMEOUT", "Connection"]
 
 T = TypeVar("T")
 
 #: How long :meth:`Connection.aclose` lets requests in flight finish before closing under them.
 DRAIN_TIMEOUT = 1.0
-
-
-class WatchStream:
-    """One etcd watch on its own gRPC stream; see :meth:`Connection.watch`."""
-
-    def __init__(self, call: Any, channel: Channel, conn: Connection, created_revision: int = 0) -> None:
-        self._call = call
-        self._channel = channel
-        self._conn = conn
-        #: The store's revision when etcd created the watch. A watch whose start revision is not above it
-        #: may be "unsynced": etcd then sends its events from a background loop, up to 100 ms later.
-        self.created_revision = created_revision
-
-    async def next(self) -> Any:
-        """The next WatchResponse that carries events.
-
-        Raises :class:`Retired` when the channel was replaced (the stream is
-        then dead: open a new watch), :class:`Compacted`, :class:`Transient`,
-        or :class:`ElectionError` if etcd refuses the watch.
-        """
-        while True:
-            which, response = await first_of(self._read, self._channel.retired.wait)
-            if which == 1:
-                raise Retired()
-            response = self._conn.check_watch_response(response, self._channel, "watch")
-            if response.events:
-                return response
-
-    async def _read(self) -> Any:
-        try:
-            return await settle(self._call.read())
-        except Exception as exc:
-            failure = self._conn.failed(exc, "watch", self._channel)
-            if failure is exc:
-                raise
-            raise failure from None
 
 
 class Connection:
@@ -355,16 +319,12 @@ class Connection:
         async with self.channel() as channel:
             call = channel.watch.Watch(metadata=channel.metadata)
             try:
-                create = rpc.WatchCreateRequest(key=key, start_revision=start_revision)
-                if range_end is not None:
-                    create.range_end = range_end
-                if no_put:
-                    create.filters.append(rpc.WatchCreateRequest.NOPUT)
-                if no_delete:
-                    create.filters.append(rpc.WatchCreateRequest.NODELETE)
+                request = create_request(
+                    key, start_revision=start_revision, range_end=range_end, no_put=no_put, no_delete=no_delete
+                )
                 try:
                     with anyio.fail_after(self.connect_timeout):
-                        await settle(call.write(rpc.WatchRequest(create_request=create)))
+                        await settle(call.write(request))
                         created = await settle(call.read())
                 except Exception as exc:
                     failure = await self._explain(self.failed(exc, "watch", channel), channel.endpoint)
@@ -373,24 +333,9 @@ class Connection:
                     raise failure from None
                 if created is not grpc.aio.EOF:
                     self.answered_at = monotonic()
-                created = self.check_watch_response(created, channel, "watch")
+                created = check_response(created, channel, "watch", self.fail)
                 if not created.created:
                     raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
-                yield WatchStream(call, channel, self, int(created.header.revision))
+                yield WatchStream(call, channel, self.failed, self.fail, int(created.header.revision))
             finally:
                 call.cancel()
-
-    def check_watch_response(self, response: Any, channel: Channel, what: str) -> Any:
-        """Return ``response`` if it is a live watch response, else raise what it means."""
-        if response is grpc.aio.EOF:
-            failure = Transient(f"etcd at {channel.endpoint} closed the {what} stream")
-            self.fail(channel, failure)
-            raise failure
-        if response.compact_revision:
-            raise Compacted(int(response.compact_revision))
-        if response.canceled:
-            reason = str(response.cancel_reason) or "no reason given"
-            if "permission denied" in reason:
-                raise ElectionError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
-            raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered=True)
-        return response

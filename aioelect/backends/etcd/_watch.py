@@ -1,0 +1,102 @@
+"""One etcd watch on its own gRPC stream: the request that creates it, and its responses.
+
+Guarantees: :class:`WatchStream` returns only responses that carry events
+and turns every other outcome into an exception that says what it means:
+:class:`~._failures.Retired` (the channel was replaced: watch again),
+:class:`~._failures.Compacted`, :class:`~._failures.Transient`, or
+:class:`~aioelect.ElectionError` when etcd refuses the watch. Creating and
+cancelling the stream is :meth:`Connection.watch`'s job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from aetcd import rpc
+
+from ..._errors import ElectionError
+from ._calls import first_of, settle
+from ._channel import Channel
+from ._failures import Compacted, Retired, Transient
+
+__all__ = ["WatchStream", "check_response", "create_request"]
+
+
+def create_request(
+    key: bytes, *, start_revision: int, range_end: bytes | None, no_put: bool, no_delete: bool
+) -> rpc.WatchRequest:
+    """The request that creates a watch of ``key`` (to ``range_end``) from ``start_revision``."""
+    create = rpc.WatchCreateRequest(key=key, start_revision=start_revision)
+    if range_end is not None:
+        create.range_end = range_end
+    if no_put:
+        create.filters.append(rpc.WatchCreateRequest.NOPUT)
+    if no_delete:
+        create.filters.append(rpc.WatchCreateRequest.NODELETE)
+    return rpc.WatchRequest(create_request=create)
+
+
+def check_response(response: Any, channel: Channel, what: str, retire: Callable[[Channel, Transient], None]) -> Any:
+    """Return ``response`` if it is a live watch response, else raise what it means.
+
+    A stream that etcd closed retires ``channel`` (``retire``), so that the
+    next request goes to another endpoint.
+    """
+    if response is grpc.aio.EOF:
+        failure = Transient(f"etcd at {channel.endpoint} closed the {what} stream")
+        retire(channel, failure)
+        raise failure
+    if response.compact_revision:
+        raise Compacted(int(response.compact_revision))
+    if response.canceled:
+        reason = str(response.cancel_reason) or "no reason given"
+        if "permission denied" in reason:
+            raise ElectionError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
+        raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered=True)
+    return response
+
+
+class WatchStream:
+    """One etcd watch on its own gRPC stream; see :meth:`Connection.watch`."""
+
+    def __init__(
+        self,
+        call: Any,
+        channel: Channel,
+        failed: Callable[[Exception, str, Channel], Exception],
+        retire: Callable[[Channel, Transient], None],
+        created_revision: int = 0,
+    ) -> None:
+        self._call = call
+        self._channel = channel
+        self._failed = failed
+        self._retire = retire
+        #: The store's revision when etcd created the watch. A watch whose start revision is not above it
+        #: may be "unsynced": etcd then sends its events from a background loop, up to 100 ms later.
+        self.created_revision = created_revision
+
+    async def next(self) -> Any:
+        """The next WatchResponse that carries events.
+
+        Raises :class:`Retired` when the channel was replaced (the stream is
+        then dead: open a new watch), :class:`Compacted`, :class:`Transient`,
+        or :class:`ElectionError` if etcd refuses the watch.
+        """
+        while True:
+            which, response = await first_of(self._read, self._channel.retired.wait)
+            if which == 1:
+                raise Retired()
+            response = check_response(response, self._channel, "watch", self._retire)
+            if response.events:
+                return response
+
+    async def _read(self) -> Any:
+        try:
+            return await settle(self._call.read())
+        except Exception as exc:
+            failure = self._failed(exc, "watch", self._channel)
+            if failure is exc:
+                raise
+            raise failure from None
