@@ -21,7 +21,6 @@ from typing import ClassVar, TypeVar
 
 import anyio
 
-from ._config import LockTiming
 from ._errors import BackendUnavailable
 from ._log import ElectionLog
 
@@ -31,7 +30,6 @@ __all__ = [
     "Confirm",
     "Hold",
     "Reporter",
-    "SessionLockBackend",
     "monotonic",
     "until_recorded",
 ]
@@ -167,38 +165,6 @@ class Backend(abc.ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - most backends hold nothing between campaigns
         """Free every resource the backend holds outside a campaign or hold."""
-
-
-class SessionLockBackend(Backend):
-    """A backend whose lock lives in one server session (MySQL, PostgreSQL): the shared timing."""
-
-    #: The server setting that ``lease`` becomes, for the timing description.
-    server_timeout: ClassVar[str]
-
-    def __init__(self, name: str, timing: LockTiming) -> None:
-        super().__init__(name)
-        self.timing = timing
-        self.poll_interval = timing.poll_interval
-        # leader() polls at least 0.1 s apart, whatever poll_interval is.
-        self.observe_interval = max(timing.poll_interval, 0.1)
-        self.check_interval = timing.check_interval
-        self.check_timeout = timing.check_timeout
-        self.connect_timeout = timing.connect_timeout
-        self.lease = timing.lease
-
-    @property
-    def renew_deadline(self) -> float:
-        return self.timing.renew_deadline
-
-    def describe_timing(self) -> str:
-        t = self.timing
-        return (
-            f"poll_interval={t.poll_interval:g}s check_interval={t.check_interval:g}s "
-            f"check_timeout={t.check_timeout:g}s renew_deadline={t.renew_deadline:g}s lease={t.lease:g}s: "
-            f"a deposed leader stops within {t.check_interval + t.check_timeout:g}s (at once if its session "
-            f"ends), a frozen one is replaced after about {t.lease:g}s ({self.server_timeout}) and fences "
-            f"itself after {t.renew_deadline:g}s"
-        )
 
 
 def monotonic() -> float:

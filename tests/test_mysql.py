@@ -13,7 +13,7 @@ import pytest
 from aioelect import BackendUnavailable, ElectionError, LeadershipLost, MySQLElector, leadership
 
 from .backends import Follower, unique_name
-from .harness import MariaDBServer, free_port
+from .harness import MariaDBServer, TCPProxy, free_port
 
 pytestmark = pytest.mark.usefixtures("mariadb")
 
@@ -125,6 +125,48 @@ async def test_follower_polls_once_per_interval_on_one_connection(mariadb: Maria
         with pytest.raises(asyncio.CancelledError):
             await task
         await lead.release()
+
+
+async def test_campaign_error_ends_the_session_still_waiting_for_the_lock(
+    mariadb: MariaDBServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A follower whose connection fails while it waits in GET_LOCK ends that server thread with a KILL.
+
+    The server would otherwise keep the thread waiting until it notices the
+    client gone, and could grant it the lock, held for a session nobody reads.
+    """
+    name = unique_name()
+
+    def waiting() -> set[int]:
+        rows = mariadb.query(
+            "SELECT ID FROM information_schema.PROCESSLIST WHERE INFO LIKE %s", (f"%GET_LOCK('{name}'%",)
+        )
+        return {int(row[0]) for row in rows}
+
+    with TCPProxy(mariadb.host, mariadb.port) as proxy:
+        via_proxy = mariadb.dsn.replace(f":{mariadb.port}/", f":{proxy.port}/")
+        async with (
+            MySQLElector(mariadb.dsn, name=name) as leader,
+            MySQLElector(via_proxy, name=name, poll_interval=10) as follower,
+        ):
+            lead = await leader.acquire()
+            task = asyncio.create_task(follower.acquire())
+            with anyio.fail_after(5):
+                while not (old := waiting()):
+                    await asyncio.sleep(0.05)
+            kills = status(mariadb, "Com_kill")
+            # Both calls return before the event loop runs again: the follower sees a reset, then a healed proxy.
+            proxy.drop()
+            proxy.heal()
+            with anyio.fail_after(5):
+                while "campaign interrupted" not in caplog.text or old & waiting():
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)
+            assert status(mariadb, "Com_kill") > kills, "the failed campaign did not end its waiting thread"
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await lead.release()
 
 
 async def test_follower_that_waited_past_its_deadline_keeps_the_leadership_it_wins(mariadb: MariaDBServer) -> None:

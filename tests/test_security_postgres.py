@@ -10,6 +10,7 @@ import os
 import pwd
 import secrets
 import shutil
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -179,6 +180,27 @@ async def test_allow_and_disable_stay_plaintext_on_a_tls_server(tls_postgres: Po
             lead = await elector.acquire()
             assert not encrypted(tls_postgres, mode)
             await lead.release()
+
+
+async def test_a_handshake_the_server_refuses_is_permanent(certs: Certificates) -> None:
+    """A server that answers the handshake with an alert (here: no common TLS version) is refused at once.
+
+    Like a refused certificate it is configuration, and no retry can fix it.
+    """
+    try:
+        server = _tls_server(certs, certs.server_cert, certs.server_key)
+    except MissingBinaryError as exc:
+        server_unavailable(str(exc))
+    server.extra_args += ["-c", "ssl_min_protocol_version=TLSv1.3"]
+    try:
+        server.start()
+        context = ssl.create_default_context(cafile=certs.ca)
+        context.maximum_version = ssl.TLSVersion.TLSv1_2
+        async with PostgresElector(base(server), name=unique_name("pg"), ssl=context, **FAST) as elector:
+            message = await refused_at_once(elector, "TLS handshake failed")
+        assert "alert" in message.lower() or "version" in message.lower(), message
+    finally:
+        server.cleanup()
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,12 @@ The lock lives exactly as long as the connection that took it, so:
 * a new leadership is dated from a statement sent on the lock connection
   *after* ``GET_LOCK`` granted the lock, never from the request, which may
   have waited on the server for up to the wait above.
+
+This module is the MySQL dialect of :mod:`aioelect.backends._session_lock`,
+which owns the campaign, the hold, release and the error classification. It
+owns the statements, the error codes, how to connect (aiomysql, TLS from the
+DSN or ``ssl=``), the refusal of cluster topologies where ``GET_LOCK`` is per
+node, and the ``aioelect_leaders`` table of tokens and identities.
 """
 
 from __future__ import annotations
@@ -30,17 +36,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._backend import Backoff, Confirm, Hold, SessionLockBackend, monotonic, until_recorded
-from .._config import (
-    LockTiming,
-    check_options,
-    parse_dsn,
-    server_address,
-    tls_from_query,
-    transport_warning,
-    validate_name,
-)
-from .._errors import BackendUnavailable, ElectionError
+from .._config import tls_from_query, transport_warning, validate_name
+from .._errors import ElectionError
+from ._session_lock import Dialect, LockConnection, SessionLockBackend, SessionLockOptions, SessionLost, read_options
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -77,11 +75,13 @@ _PERMANENT = {
     4151,  # account locked
 }
 _NO_SUCH_TABLE = 1146
+_NO_DATABASE_SELECTED = 1046
 _UNKNOWN_VARIABLE = 1193
 _MAX_NAME = 64
 #: The shortest wait a GET_LOCK request asks the server for: MySQL truncates
 #: fractional seconds, so a shorter wait may become 0 and return at once.
 _MIN_WAIT = 1.0
+_HELD_BY_ME = "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()"
 
 
 def _code(exc: BaseException) -> int | None:
@@ -90,71 +90,35 @@ def _code(exc: BaseException) -> int | None:
     return None
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timed out"
-    tls = _tls_failure(exc)
-    if tls is not None:
-        return f"TLS handshake failed: {getattr(tls, 'verify_message', None) or getattr(tls, 'reason', None) or tls}"
-    code = _code(exc)
-    if code is not None and len(exc.args) > 1:
-        return f"({code}) {exc.args[1]}"
-    return repr(exc)
+class _Connection(LockConnection):
+    """One aiomysql connection; :attr:`session_id` is its ``CONNECTION_ID()``."""
 
-
-def _tls_failure(exc: BaseException) -> BaseException | None:
-    """The TLS error behind ``exc``, if any: a refused certificate is not worth retrying."""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, _ssl.SSLError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
-
-def _permanent(exc: BaseException) -> bool:
-    return (
-        _code(exc) in _PERMANENT
-        or isinstance(exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError))
-        or _tls_failure(exc) is not None
-    )
-
-
-class _Connection:
-    """One aiomysql connection that is never reconnected and never left half-read.
-
-    A query that is cancelled or times out leaves the protocol in an unknown
-    state, so the connection is closed rather than reused.
-    """
-
-    def __init__(self, raw: aiomysql.Connection, connection_id: int) -> None:
+    def __init__(self, raw: aiomysql.Connection) -> None:
         self.raw = raw
-        self.id = connection_id
-        self.broken = False
+        self._closed = False
+
+    @property
+    def broken(self) -> bool:
+        return self._closed
+
+    def leaves_clean(self, exc: BaseException) -> bool:
+        code = _code(exc)
+        return code is not None and code < 2000  # 2000 and up: client-side errors
 
     async def scalar(self, sql: str, args: Sequence[Any] = (), *, timeout: float) -> Any:  # noqa: ASYNC109
-        if self.broken:
-            raise pymysql.err.OperationalError(2006, "lock connection is closed")
-        try:
-            with anyio.fail_after(timeout):
-                async with self.raw.cursor() as cursor:
-                    await cursor.execute(sql, args)
-                    row = await cursor.fetchone()
-        except BaseException as exc:
-            # A server-side SQL error leaves the protocol clean; anything else may not.
-            code = _code(exc)
-            if code is None or code >= 2000:
-                self.close()
-            raise
+        """The first value of ``sql``'s first row (None without a row)."""
+
+        async def call() -> Any:
+            async with self.raw.cursor() as cursor:
+                await cursor.execute(sql, args)
+                return await cursor.fetchone()
+
+        row = await self.run(call, timeout)
         return None if row is None else row[0]
 
     async def closed_by_server(self, wait: float) -> bool:
-        """Wait up to ``wait`` seconds on the idle connection; True if the server closed it.
-
-        An idle connection receives nothing, so end-of-stream (or any byte: an
-        error packet before a KILL) means the session, and with it the lock,
-        is gone; noticing it here beats waiting for the next check.
-        """
+        # An idle connection receives nothing, so end-of-stream (or any byte: an error packet before a
+        # KILL) means the session, and with it the lock, is gone.
         reader = getattr(self.raw, "_reader", None)
         if reader is None or self.broken:  # a driver without the stream: rely on checks
             await anyio.sleep(wait)
@@ -166,45 +130,8 @@ class _Connection:
         return False
 
     def close(self) -> None:
-        self.broken = True
+        self._closed = True
         self.raw.close()
-
-
-class _MySQLHold(Hold):
-    def __init__(self, backend: MySQLBackend, conn: _Connection, token: int | None, acquired_at: float) -> None:
-        self._backend = backend
-        self._conn = conn
-        self.token = token
-        self.acquired_at = acquired_at
-
-    async def monitor(self, confirm: Confirm) -> str:
-        b = self._backend
-        while True:
-            if await self._conn.closed_by_server(b.check_interval):
-                return "the server closed the lock connection"
-            sent = monotonic()
-            try:
-                mine = await self._conn.scalar(
-                    "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (b.name,), timeout=b.check_timeout
-                )
-            except TimeoutError:
-                return f"lock check did not complete within {b.check_timeout:g}s"
-            except Exception as exc:
-                return f"lock connection failed: {_describe(exc)}"
-            if mine != 1:
-                return "lock is no longer held by our connection"
-            confirm(sent)
-
-    async def release(self) -> None:
-        conn = self._conn
-        if conn.broken:
-            return
-        try:
-            await conn.scalar("SELECT RELEASE_LOCK(%s)", (self._backend.name,), timeout=self._backend.check_timeout)
-        except Exception as exc:
-            self._backend.log.debug("RELEASE_LOCK failed (%s); closing drops the lock", _describe(exc))
-        finally:
-            conn.close()
 
 
 class _Named(TypedDict):
@@ -212,35 +139,23 @@ class _Named(TypedDict):
     name: str
 
 
-class MySQLOptions(_Named, total=False):
-    """The options of a MySQL/MariaDB election; :class:`MySQLBackend` validates them."""
+class MySQLOptions(_Named, SessionLockOptions, total=False):
+    """The options of a MySQL/MariaDB election; :class:`MySQLBackend` validates them.
 
-    #: Server host, port, user, password and database: each overrides the DSN's part.
-    host: str | None
-    port: int | None
-    user: str | None
-    password: str | None
-    database: str | None
-    #: Seconds a follower waits per ``GET_LOCK`` request (default 2; at least a second on the server).
-    poll_interval: float
-    #: Seconds to connect (default 5).
-    connect_timeout: float
-    #: Seconds between the leader's lock checks (default 1), and the bound on one (default 2).
-    check_interval: float
-    check_timeout: float
+    ``poll_interval`` is the wait of one ``GET_LOCK`` request (at least a
+    second on the server); ``fencing=True`` keeps increasing tokens and the
+    holders' identities in table ``aioelect_leaders``.
+    """
+
     #: Whole seconds of the session's ``wait_timeout``: the server drops a silent leader after it (default 10).
     lease: int
-    #: Seconds a leader may go without a confirmed check before it fences itself (default: derived from the others).
-    renew_deadline: float | None
-    #: Keep increasing tokens and the holders' identities in table ``aioelect_leaders`` (default False).
-    fencing: bool
     #: Accept Galera and Group Replication, where ``GET_LOCK`` is per node (default False).
     allow_unsafe_topology: bool
     #: TLS context for the connections (else the DSN's ``ssl_mode``...; default none).
     ssl: _ssl.SSLContext | None
 
 
-class MySQLBackend(SessionLockBackend):
+class MySQLBackend(SessionLockBackend[_Connection]):
     """``GET_LOCK`` elections on one MySQL/MariaDB server, built from a DSN and :class:`MySQLOptions`.
 
     The constructor validates every option (ValueError naming it, never the
@@ -248,59 +163,39 @@ class MySQLBackend(SessionLockBackend):
     """
 
     kind = "mysql"
-    server_timeout = "wait_timeout"
+    dialect = Dialect(
+        "MySQL", "MySQLElector", ("mysql", "mariadb"), 3306, "wait_timeout", min_lease=2, whole_lease=True
+    )
 
     def __init__(self, dsn: str | None = None, **options: Unpack[MySQLOptions]) -> None:
-        check_options("MySQLElector", options, MySQLOptions)
-        parsed = parse_dsn(dsn, "mysql", "mariadb") if dsn is not None else None
-        host, port = server_address(
-            parsed, options.get("host"), options.get("port"), default_port=3306, who="MySQLElector"
-        )
-        user, password = options.get("user"), options.get("password")
-        database = options.get("database")
-        database = database if database is not None else (parsed.database if parsed else None)
-        fencing = options.get("fencing", False)
-        if fencing and not database:
+        where = read_options(dsn, options, MySQLOptions, self.dialect)
+        if where.fencing and not where.database:
             raise ValueError("fencing=True needs a database for the aioelect_leaders table")
-        timing = LockTiming.checked(
-            poll_interval=options.get("poll_interval", 2.0),
-            check_interval=options.get("check_interval", 1.0),
-            check_timeout=options.get("check_timeout", 2.0),
-            connect_timeout=options.get("connect_timeout", 5.0),
-            lease=options.get("lease", 10),
-            renew_deadline=options.get("renew_deadline"),
-            server_timeout="wait_timeout",
-            min_lease=2,
-            whole_lease=True,
-            dated_after_grant=True,
-        )
         connect_args: dict[str, Any] = {
-            "host": host,
-            "port": port,
-            "user": user if user is not None else (parsed.user if parsed and parsed.user else "root"),
-            "password": password if password is not None else (parsed.password if parsed and parsed.password else ""),
+            "host": where.host,
+            "port": where.port,
+            "user": where.user or "root",
+            "password": where.password or "",
         }
-        if database:
-            connect_args["db"] = database
-        dsn_tls = tls_from_query(parsed.query) if parsed is not None else None
+        if where.database:
+            connect_args["db"] = where.database
+        dsn_tls = tls_from_query(where.dsn.query) if where.dsn is not None else None
         ssl = options.get("ssl")
-        if ssl is not None and parsed is not None and parsed.query:
+        if ssl is not None and where.dsn is not None and where.dsn.query:
             raise ValueError("give TLS settings either as ssl= or in the DSN, not both")
         if ssl is not None and not isinstance(ssl, _ssl.SSLContext):
             raise ValueError(f"ssl must be an ssl.SSLContext, not {type(ssl).__name__}")
         ssl = ssl if ssl is not None else dsn_tls
         if ssl is not None:
             connect_args["ssl"] = ssl
-        super().__init__(validate_name(options["name"], max_length=_MAX_NAME), timing)
+        super().__init__(validate_name(options["name"], max_length=_MAX_NAME), where.timing, (where.host, where.port))
         self._connect_args = connect_args
-        self.fencing = fencing
+        self.fencing = where.fencing
         self.allow_unsafe_topology = options.get("allow_unsafe_topology", False)
         self._topology_checked = False
         self._fencing_ready = False
-        self._info: _Connection | None = None
-        self._info_lock = anyio.Lock()
         warning = transport_warning(
-            host,
+            where.host,
             encrypted=ssl is not None,
             verified=ssl is not None and ssl.verify_mode != _ssl.CERT_NONE,
             fix="add ?ssl_mode=VERIFY_IDENTITY&ssl_ca=PATH to the DSN, or pass ssl=",
@@ -308,10 +203,22 @@ class MySQLBackend(SessionLockBackend):
         if warning is not None:
             self.warnings.append(warning)
 
+    # --- errors ----------------------------------------------------------------------
+
+    def _refused(self, exc: BaseException) -> bool:
+        return _code(exc) in _PERMANENT or isinstance(
+            exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
+        )
+
+    def _describe_driver_error(self, exc: BaseException) -> str | None:
+        code = _code(exc)
+        if code is not None and len(exc.args) > 1:
+            return f"({code}) {exc.args[1]}"
+        return None
+
     # --- connections -------------------------------------------------------------
 
-    async def _connect(self) -> _Connection:
-        """A new dedicated connection with ``wait_timeout = lease``, topology checked."""
+    async def _open(self, purpose: str = "") -> _Connection:
         try:
             with anyio.fail_after(self.connect_timeout + 1):
                 raw = await aiomysql.connect(
@@ -319,9 +226,13 @@ class MySQLBackend(SessionLockBackend):
                 )
         except TimeoutError:
             raise pymysql.err.OperationalError(2003, f"connect timed out after {self.connect_timeout:g}s") from None
-        conn = _Connection(raw, 0)
+        return _Connection(raw)
+
+    async def _connect(self, identity: str = "") -> _Connection:
+        """A new dedicated connection with ``wait_timeout = lease``, topology checked."""
+        conn = await self._open()
         try:
-            conn.id = await conn.scalar("SELECT CONNECTION_ID()", timeout=self.check_timeout)
+            conn.session_id = await conn.scalar("SELECT CONNECTION_ID()", timeout=self.check_timeout)
             await conn.scalar("SET SESSION wait_timeout = %s", (int(self.lease),), timeout=self.check_timeout)
             if not self._topology_checked:
                 await self._check_topology(conn)
@@ -358,96 +269,28 @@ class MySQLBackend(SessionLockBackend):
         if problems:
             self.log.warning("unsafe topology allowed: %s", "; ".join(problems))
 
-    async def _kill(self, connection_id: int) -> None:
-        """End a server thread still waiting in GET_LOCK for a client that gave up.
+    async def _end_session(self, conn: _Connection, session_id: int) -> None:
+        await conn.scalar("KILL %s", (session_id,), timeout=self.check_timeout)
 
-        Without this, the server would keep waiting (up to ``poll_interval``,
-        at least a second) and could even take the lock for a connection nobody reads.
-        """
-        with anyio.move_on_after(self.connect_timeout + self.check_timeout, shield=True):
-            try:
-                conn = await self._connect_plain()
-                try:
-                    await conn.scalar("KILL %s", (connection_id,), timeout=self.check_timeout)
-                finally:
-                    conn.close()
-            except Exception as exc:
-                self.log.debug("could not end waiting thread %s (%s)", connection_id, _describe(exc))
+    # --- the lock ----------------------------------------------------------------
 
-    async def _connect_plain(self) -> _Connection:
-        with anyio.fail_after(self.connect_timeout + 1):
-            raw = await aiomysql.connect(connect_timeout=self.connect_timeout, autocommit=True, **self._connect_args)
-        return _Connection(raw, 0)
+    async def _request(self, conn: _Connection) -> bool:
+        wait = math.ceil(max(self.poll_interval, _MIN_WAIT))
+        got = await conn.scalar("SELECT GET_LOCK(%s, %s)", (self.name, wait), timeout=wait + self.check_timeout)
+        if got is None:
+            raise SessionLost("GET_LOCK was interrupted")
+        return bool(got == 1)
 
-    # --- campaign ----------------------------------------------------------------
+    async def _held(self, conn: _Connection) -> bool:
+        return bool(await conn.scalar(_HELD_BY_ME, (self.name,), timeout=self.check_timeout) == 1)
 
-    async def campaign(self, identity: str) -> Hold:
-        backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
-        wait = max(self.poll_interval, _MIN_WAIT)
-        while True:
-            conn: _Connection | None = None
-            waiting = False
-            try:
-                conn = await self._connect()
-                while True:
-                    sent = monotonic()
-                    waiting = True
-                    got = await conn.scalar(
-                        "SELECT GET_LOCK(%s, %s)",
-                        (self.name, math.ceil(wait)),
-                        timeout=math.ceil(wait) + self.check_timeout,
-                    )
-                    waiting = False
-                    if got == 1:
-                        hold = await self._won(conn, identity)
-                        conn = None
-                        return hold
-                    if got is None:
-                        raise pymysql.err.OperationalError(2013, "GET_LOCK was interrupted")
-                    backoff.reset()
-                    early = sent + self.poll_interval - monotonic()
-                    if early > 0:  # the server did not wait: never ask again at once
-                        await anyio.sleep(early)
-                    self.log.debug("lock busy; waiting again")
-            except Exception as exc:
-                if _permanent(exc):
-                    raise ElectionError(f"MySQL refused the campaign: {_describe(exc)}") from None
-                if isinstance(exc, ElectionError):
-                    raise
-                delay = backoff.next_delay()
-                self.report_error(f"campaign interrupted ({_describe(exc)})", delay)
-                if conn is not None:
-                    conn.close()
-                    conn = None
-                await anyio.sleep(delay)
-            finally:
-                if conn is not None:
-                    conn.close()
-                    if waiting:
-                        await self._kill(conn.id)
+    async def _unlock(self, conn: _Connection) -> None:
+        await conn.scalar("SELECT RELEASE_LOCK(%s)", (self.name,), timeout=self.check_timeout)
 
-    async def _won(self, conn: _Connection, identity: str) -> _MySQLHold:
-        """The hold for a lock ``conn`` was just granted, dated from a statement sent after the grant.
-
-        The request may have waited on the server for seconds before the
-        grant: dated from it, a leadership could start past its renew deadline.
-        A statement sent now and answered proves the session (and with it the
-        lock) alive when the server ran it, which is after ``confirmed``.
-        """
-        confirmed = monotonic()
-        if self.fencing:
-            token: int | None = await self._fence(conn, identity)
-        else:
-            token = None
-            mine = await conn.scalar(
-                "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", (self.name,), timeout=self.check_timeout
-            )
-            if mine != 1:
-                raise pymysql.err.OperationalError(2013, "the lock was gone right after GET_LOCK granted it")
-        return _MySQLHold(self, conn, token, confirmed)
-
-    async def _fence(self, conn: _Connection, identity: str) -> int:
+    async def _take_token(self, conn: _Connection, identity: str) -> int | None:
         """Bump and return this name's token; only a lock holder ever writes it."""
+        if not self.fencing:
+            return None
         if not self._fencing_ready:
             with warnings.catch_warnings():  # "table already exists" is expected
                 warnings.simplefilter("ignore")
@@ -467,57 +310,28 @@ class MySQLBackend(SessionLockBackend):
 
     # --- who leads -----------------------------------------------------------------
 
-    async def leader(self) -> str | None:
-        async with self._info_lock:
-            for attempt in range(2):
-                try:
-                    if self._info is None or self._info.broken:
-                        self._info = await self._connect_plain()
-                    return await self._leader_on(self._info)
-                except Exception as exc:
-                    if _permanent(exc):
-                        raise ElectionError(f"MySQL refused the query: {_describe(exc)}") from None
-                    if self._info is not None:
-                        self._info.close()
-                        self._info = None
-                    if attempt:
-                        raise BackendUnavailable(f"MySQL at {self._where()} is unreachable: {_describe(exc)}") from None
-        raise AssertionError("unreachable")
+    @property
+    def records_identity(self) -> bool:
+        return self.fencing
 
-    async def _leader_on(self, conn: _Connection) -> str | None:
-        async def look() -> tuple[Any, Any]:
-            holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self.name,), timeout=self.check_timeout)
-            if holder is None:
-                return None, None
-            try:
-                identity = await conn.scalar(
-                    f"SELECT holder FROM {FENCING_TABLE} WHERE name = %s AND connection_id = %s",
-                    (self.name, holder),
-                    timeout=self.check_timeout,
-                )
-            except pymysql.err.MySQLError as exc:
-                if _code(exc) not in (_NO_SUCH_TABLE, 1046):  # 1046: no database selected
-                    raise
-                return holder, None
-            return holder, identity
-
-        if self.fencing:  # candidates that fence record their identity just after taking the lock
-            holder, identity = await until_recorded(look, lambda seen: seen[0] is None or seen[1] is not None)
-        else:
-            holder, identity = await look()
+    async def _look(self, conn: _Connection) -> tuple[Any, str | None]:
+        holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self.name,), timeout=self.check_timeout)
         if holder is None:
-            return None
-        if identity is not None:
-            return str(identity)
+            return None, None
+        try:
+            identity = await conn.scalar(
+                f"SELECT holder FROM {FENCING_TABLE} WHERE name = %s AND connection_id = %s",
+                (self.name, holder),
+                timeout=self.check_timeout,
+            )
+        except pymysql.err.MySQLError as exc:
+            if _code(exc) not in (_NO_SUCH_TABLE, _NO_DATABASE_SELECTED):
+                raise
+            return holder, None
+        return holder, identity
+
+    async def _unrecorded(self, conn: _Connection, holder: Any) -> str:
         host = await conn.scalar(
             "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,), timeout=self.check_timeout
         )
         return f"connection {holder}" + (f" from {host}" if host else "")
-
-    def _where(self) -> str:
-        return f"{self._connect_args.get('host')}:{self._connect_args.get('port')}"
-
-    async def aclose(self) -> None:
-        if self._info is not None:
-            self._info.close()
-            self._info = None

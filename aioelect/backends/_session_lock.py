@@ -1,0 +1,499 @@
+"""The engine of the session-lock backends: a lock that lives exactly as long as one server session.
+
+This module owns everything a session-lock election does, written once for
+every database whose lock belongs to a session (MySQL ``GET_LOCK``,
+PostgreSQL advisory locks). A database is a *dialect*: a subclass of
+:class:`SessionLockBackend` that says how to connect (driver, TLS), which
+statements wait for, check, release and fence the lock, which errors no
+retry can fix, how to end another session and how to find the holder. The
+engine guarantees, for every dialect:
+
+* a campaign waits on the server for the lock, one request per
+  ``poll_interval`` at most (a request that returns early is followed by a
+  pause, so a campaign is never a busy loop), on one dedicated connection
+  that is never reconnected silently: a new session does not hold the lock;
+* transient errors are retried with backoff and reported; permanent ones
+  (see :meth:`SessionLockBackend.permanent`) raise
+  :class:`~aioelect.ElectionError` at once, never retried;
+* a session left waiting for the lock by a failed or cancelled request is
+  ended on the server before the campaign goes on or returns;
+* cancellation leaves no lock and no connection behind;
+* a new leadership is dated from a lock check sent *after* the grant, never
+  from the request, which may have waited on the server for seconds;
+* the hold confirms the lock every ``check_interval``, each check bounded by
+  ``check_timeout``, and notices at once the server closing the session;
+  release is idempotent and a connection already gone is not an error;
+* :meth:`SessionLockBackend.leader` waits (briefly) for a new holder's record
+  of its identity rather than report the holder without it.
+"""
+
+from __future__ import annotations
+
+import abc
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypedDict, TypeVar
+
+import anyio
+
+from .._backend import Backend, Backoff, Confirm, Hold, monotonic, until_recorded
+from .._config import DSN, LockTiming, check_options, parse_dsn, server_address
+from .._errors import BackendUnavailable, ElectionError
+
+__all__ = [
+    "CommonOptions",
+    "Dialect",
+    "LockConnection",
+    "SessionLockBackend",
+    "SessionLockOptions",
+    "SessionLost",
+    "read_options",
+    "tls_error",
+]
+
+_T = TypeVar("_T")
+
+
+class SessionLost(ConnectionError):
+    """The lock's session is gone or was never the holder: transient, the campaign starts over."""
+
+
+# An SSLError of these kinds means the connection was cut mid-handshake (network, restart): worth retrying.
+_TLS_CUT = (ssl.SSLEOFError, ssl.SSLSyscallError, ssl.SSLZeroReturnError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
+def tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind ``exc`` (itself, its cause or its context), if any."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error behind ``exc`` if no retry can fix it.
+
+    Permanent: a refused certificate (verification failure, a name that does
+    not match) and a handshake the server refuses (an alert, no common
+    protocol or cipher); both are configuration. Transient: a connection cut
+    mid-handshake (end of stream, a system call error), as any other cut.
+    """
+    found = tls_error(exc)
+    if found is None or isinstance(found, _TLS_CUT):
+        return None
+    return found
+
+
+class LockConnection(abc.ABC):
+    """One dedicated server session: never reconnected, never reused after a client-side failure.
+
+    A call that is cancelled or times out, or fails below SQL, leaves the
+    session in a state nobody can trust, so the connection is closed; a plain
+    SQL error reported by the server leaves it usable.
+    """
+
+    #: The server's id of the session: what the dialect's :meth:`SessionLockBackend._end_session` names.
+    session_id: int = 0
+
+    @property
+    @abc.abstractmethod
+    def broken(self) -> bool:
+        """True once the connection is closed, by us or by the server."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Drop the connection at once; the server ends the session (and frees its locks) when it sees it."""
+
+    async def aclose(self, timeout: float) -> None:  # noqa: ASYNC109
+        """Close politely where the driver can, within ``timeout``; else as :meth:`close`."""
+        self.close()
+
+    @abc.abstractmethod
+    async def closed_by_server(self, wait: float) -> bool:
+        """Wait up to ``wait`` seconds on the idle connection; True if the server closed it meanwhile."""
+
+    @abc.abstractmethod
+    def leaves_clean(self, exc: BaseException) -> bool:
+        """Whether a call that raised ``exc`` left the session usable (a server-side SQL error)."""
+
+    async def run(self, call: Callable[[], Awaitable[_T]], timeout: float) -> _T:  # noqa: ASYNC109
+        """``await call()`` within ``timeout`` seconds, closing the connection unless a failure left it clean."""
+        if self.broken:
+            raise SessionLost("lock connection is closed")
+        try:
+            with anyio.fail_after(timeout):
+                return await call()
+        except BaseException as exc:
+            if not self.leaves_clean(exc):
+                self.close()
+            raise
+
+
+_C = TypeVar("_C", bound=LockConnection)
+
+
+class SessionLockOptions(TypedDict, total=False):
+    """The options every session-lock database reads; each dialect adds its own (``lease``, ``ssl``...)."""
+
+    #: Server host, port, user, password and database: each overrides the DSN's part.
+    host: str | None
+    port: int | None
+    user: str | None
+    password: str | None
+    database: str | None
+    #: Seconds a follower waits per lock request (default 2).
+    poll_interval: float
+    #: Seconds to connect (default 5).
+    connect_timeout: float
+    #: Seconds between the leader's lock checks (default 1), and the bound on one (default 2).
+    check_interval: float
+    check_timeout: float
+    #: Seconds a leader may go without a confirmed check before it fences itself (default: derived from the others).
+    renew_deadline: float | None
+    #: Give each leadership a fencing token (default False).
+    fencing: bool
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What the engine knows of a database before it connects."""
+
+    #: The database's name in messages ("MySQL").
+    product: str
+    #: The class users construct, named in TypeErrors and ValueErrors.
+    elector: str
+    #: The DSN schemes it accepts, and the port when none is given.
+    schemes: tuple[str, ...]
+    default_port: int
+    #: The server setting that ``lease`` becomes, its least value, and whether it counts whole seconds.
+    server_timeout: str
+    min_lease: float
+    whole_lease: bool
+
+
+@dataclass(frozen=True)
+class CommonOptions:
+    """The options every session-lock database reads, validated; ``None`` where neither option nor DSN says."""
+
+    host: str
+    port: int
+    user: str | None
+    password: str | None
+    database: str | None
+    #: The parsed DSN, for the dialect's own query parameters (None without a DSN).
+    dsn: DSN | None
+    fencing: bool
+    timing: LockTiming
+
+
+def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect: Dialect) -> CommonOptions:
+    """Check ``options`` against ``spec`` (a TypedDict) and read the shared ones, each overriding the DSN's part.
+
+    TypeError for an unknown option, ValueError naming a bad one (never the
+    password). The timing defaults are shared by every session-lock database.
+    """
+    who = dialect.elector
+    check_options(who, options, spec)
+    parsed = parse_dsn(dsn, *dialect.schemes) if dsn is not None else None
+    host, port = server_address(
+        parsed, options.get("host"), options.get("port"), default_port=dialect.default_port, who=who
+    )
+
+    def part(option: str, from_dsn: str | None) -> str | None:
+        value = options.get(option)
+        return value if value is not None else from_dsn
+
+    fencing = options.get("fencing", False)
+    if fencing not in (True, False):
+        raise ValueError(f"fencing must be True or False, not {fencing!r}")
+    timing = LockTiming.checked(
+        poll_interval=options.get("poll_interval", 2.0),
+        check_interval=options.get("check_interval", 1.0),
+        check_timeout=options.get("check_timeout", 2.0),
+        connect_timeout=options.get("connect_timeout", 5.0),
+        lease=options.get("lease", 10),
+        renew_deadline=options.get("renew_deadline"),
+        server_timeout=dialect.server_timeout,
+        min_lease=dialect.min_lease,
+        whole_lease=dialect.whole_lease,
+        dated_after_grant=True,
+    )
+    return CommonOptions(
+        host,
+        port,
+        part("user", parsed.user if parsed else None),
+        part("password", parsed.password if parsed else None),
+        part("database", parsed.database if parsed else None),
+        parsed,
+        bool(fencing),
+        timing,
+    )
+
+
+class SessionLockHold(Hold, Generic[_C]):
+    """A lock granted to one session: confirmed on that session, released by it."""
+
+    def __init__(self, backend: SessionLockBackend[_C], conn: _C, token: int | None, acquired_at: float) -> None:
+        self._backend = backend
+        self._conn = conn
+        self.token = token
+        self.acquired_at = acquired_at
+
+    async def monitor(self, confirm: Confirm) -> str:
+        b = self._backend
+        while True:
+            if await self._conn.closed_by_server(b.check_interval):
+                return b.lost_session
+            sent = monotonic()
+            try:
+                mine = await b._held(self._conn)
+            except TimeoutError:
+                return f"lock check did not complete within {b.check_timeout:g}s"
+            except Exception as exc:
+                return f"lock connection failed: {b.describe(exc)}"
+            if not mine:
+                return b.lost_lock
+            confirm(sent)
+
+    async def release(self) -> None:
+        conn, b = self._conn, self._backend
+        if conn.broken:
+            conn.close()
+            return
+        try:
+            await b._unlock(conn)
+        except Exception as exc:
+            b.log.debug("unlock failed (%s); closing the session drops the lock", b.describe(exc))
+        finally:
+            await conn.aclose(b.check_timeout)
+
+
+class SessionLockBackend(Backend, Generic[_C]):
+    """The engine: campaign, hold, release, leader() and error classification over one dialect's hooks.
+
+    A dialect sets the class attributes and implements the abstract methods;
+    every statement runs through :meth:`LockConnection.run` with a timeout.
+    """
+
+    dialect: ClassVar[Dialect]
+    #: Why a leadership ended when the server closed the lock session, or the check found the lock not ours.
+    lost_session: ClassVar[str] = "the server closed the lock connection"
+    lost_lock: ClassVar[str] = "lock is no longer held by our session"
+
+    def __init__(self, name: str, timing: LockTiming, address: tuple[str, int]) -> None:
+        super().__init__(name)
+        self.timing = timing
+        self.poll_interval = timing.poll_interval
+        # leader() polls at least 0.1 s apart, whatever poll_interval is.
+        self.observe_interval = max(timing.poll_interval, 0.1)
+        self.check_interval = timing.check_interval
+        self.check_timeout = timing.check_timeout
+        self.connect_timeout = timing.connect_timeout
+        self.lease = timing.lease
+        self._address = address
+        self._observer: _C | None = None
+        self._observer_lock = anyio.Lock()
+
+    @property
+    def renew_deadline(self) -> float:
+        return self.timing.renew_deadline
+
+    def describe_timing(self) -> str:
+        t = self.timing
+        return (
+            f"poll_interval={t.poll_interval:g}s check_interval={t.check_interval:g}s "
+            f"check_timeout={t.check_timeout:g}s renew_deadline={t.renew_deadline:g}s lease={t.lease:g}s: "
+            f"a deposed leader stops within {t.check_interval + t.check_timeout:g}s (at once if its session "
+            f"ends), a frozen one is replaced after about {t.lease:g}s ({self.dialect.server_timeout}) and fences "
+            f"itself after {t.renew_deadline:g}s"
+        )
+
+    # --- the dialect ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _connect(self, identity: str) -> _C:
+        """A new dedicated lock connection for ``identity``, its session set up; ElectionError if unusable."""
+
+    @abc.abstractmethod
+    async def _open(self, purpose: str) -> _C:
+        """A new plain connection, for looking up the holder ("observer") or ending a session ("cleanup")."""
+
+    @abc.abstractmethod
+    async def _request(self, conn: _C) -> bool:
+        """Wait on the server for the lock, up to about ``poll_interval``: True once granted, False if still busy."""
+
+    @abc.abstractmethod
+    async def _held(self, conn: _C) -> bool:
+        """Whether the lock is held by ``conn``'s session, checked within ``check_timeout``."""
+
+    @abc.abstractmethod
+    async def _take_token(self, conn: _C, identity: str) -> int | None:
+        """Just after the grant: this leadership's token (None without fencing), and any record of ``identity``."""
+
+    @abc.abstractmethod
+    async def _unlock(self, conn: _C) -> None:
+        """Release the lock held by ``conn``'s session."""
+
+    @abc.abstractmethod
+    async def _end_session(self, conn: _C, session_id: int) -> None:
+        """On ``conn``, end the server session ``session_id``."""
+
+    @abc.abstractmethod
+    async def _look(self, conn: _C) -> tuple[Any, str | None]:
+        """The lock's holder as the server shows it (None: free) and its recorded identity (None: not recorded)."""
+
+    @abc.abstractmethod
+    async def _unrecorded(self, conn: _C, holder: Any) -> str:
+        """What the server tells of ``holder`` when it recorded no identity."""
+
+    @property
+    def records_identity(self) -> bool:
+        """Whether holders record their identity just after taking the lock (leader() waits for the record)."""
+        return False
+
+    @abc.abstractmethod
+    def _refused(self, exc: BaseException) -> bool:
+        """Whether the driver error ``exc`` is one no retry can fix (authentication, privileges, SQL...)."""
+
+    @abc.abstractmethod
+    def _describe_driver_error(self, exc: BaseException) -> str | None:
+        """``exc`` in words if it is the driver's error, else None."""
+
+    # --- errors -----------------------------------------------------------------------
+
+    def permanent(self, exc: BaseException) -> bool:
+        """Whether no retry can fix ``exc``: the dialect's refusals, and a TLS refusal (see :func:`_tls_refusal`)."""
+        return self._refused(exc) or _tls_refusal(exc) is not None
+
+    def describe(self, exc: BaseException) -> str:
+        """``exc`` in words for a log line or an error message (drivers never put the password in theirs)."""
+        if isinstance(exc, TimeoutError):
+            return "timed out"
+        tls = tls_error(exc)
+        if tls is not None:
+            detail = getattr(tls, "verify_message", None) or tls.reason or tls
+            return f"TLS handshake failed: {detail}"
+        if isinstance(exc, SessionLost):
+            return str(exc)
+        return self._describe_driver_error(exc) or repr(exc)
+
+    # --- campaign ---------------------------------------------------------------------
+
+    async def campaign(self, identity: str) -> Hold:
+        backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
+        while True:
+            conn: _C | None = None
+            waiting = False
+            try:
+                conn = await self._connect(identity)
+                while True:
+                    sent = monotonic()
+                    waiting = True
+                    granted = await self._request(conn)
+                    waiting = False
+                    if granted:
+                        hold = await self._won(conn, identity)
+                        conn = None
+                        return hold
+                    backoff.reset()
+                    early = sent + self.poll_interval - monotonic()
+                    if early > 0:  # the server did not wait: never ask again at once
+                        await anyio.sleep(early)
+                    self.log.debug("lock busy; waiting again")
+            except Exception as exc:
+                if self.permanent(exc):
+                    raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
+                if isinstance(exc, ElectionError):
+                    raise
+                delay = backoff.next_delay()
+                self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
+                if conn is not None:
+                    await self._drop(conn, waiting)
+                    conn = None
+                await anyio.sleep(delay)
+            finally:
+                if conn is not None:
+                    await self._drop(conn, waiting)
+
+    async def _won(self, conn: _C, identity: str) -> SessionLockHold[_C]:
+        """The hold of a lock just granted to ``conn``, dated from a check sent after the grant.
+
+        The request may have waited on the server for up to ``poll_interval``
+        before the grant: dated from it, a leadership could start past its
+        renew deadline. A check sent now and answered proves the session (and
+        with it the lock) alive when the server ran it, which is after
+        ``confirmed``.
+        """
+        confirmed = monotonic()
+        if not await self._held(conn):
+            raise SessionLost("the server granted the lock but does not show it held by our session")
+        token = await self._take_token(conn, identity)
+        return SessionLockHold(self, conn, token, confirmed)
+
+    async def _drop(self, conn: _C, waiting: bool) -> None:
+        """Close a campaign's connection; if its session may still wait for the lock, end it on the server.
+
+        Closing alone is not enough: the server notices a vanished client only
+        when it next looks (or writes), and meanwhile may grant the lock to the
+        waiting session, which nobody reads, leaving the election without a
+        leader until the session ends. Ending it from another connection is
+        bounded and costs one connection; it is the one behaviour safe on
+        every server, so every dialect does it.
+        """
+        conn.close()
+        if not waiting:
+            return
+        with anyio.move_on_after(self.connect_timeout + self.check_timeout + 1, shield=True):
+            try:
+                cleanup = await self._open("cleanup")
+                try:
+                    await self._end_session(cleanup, conn.session_id)
+                finally:
+                    await cleanup.aclose(self.check_timeout)
+            except Exception as exc:
+                self.log.debug("could not end waiting session %s (%s)", conn.session_id, self.describe(exc))
+
+    # --- who leads --------------------------------------------------------------------
+
+    async def leader(self) -> str | None:
+        async with self._observer_lock:
+            for attempt in range(2):
+                try:
+                    if self._observer is None or self._observer.broken:
+                        self._observer = await self._open("observer")
+                    return await self._leader_on(self._observer)
+                except Exception as exc:
+                    if self.permanent(exc):
+                        raise ElectionError(f"{self.dialect.product} refused the query: {self.describe(exc)}") from None
+                    if isinstance(exc, ElectionError):
+                        raise
+                    if self._observer is not None:
+                        self._observer.close()
+                        self._observer = None
+                    if attempt:
+                        host, port = self._address
+                        raise BackendUnavailable(
+                            f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}"
+                        ) from None
+        raise AssertionError("unreachable")
+
+    async def _leader_on(self, conn: _C) -> str | None:
+        if self.records_identity:
+            holder, identity = await until_recorded(
+                lambda: self._look(conn), lambda seen: seen[0] is None or seen[1] is not None
+            )
+        else:
+            holder, identity = await self._look(conn)
+        if holder is None:
+            return None
+        if identity is not None:
+            return str(identity)
+        return await self._unrecorded(conn, holder)
+
+    async def aclose(self) -> None:
+        if self._observer is not None:
+            observer, self._observer = self._observer, None
+            await observer.aclose(self.check_timeout)
