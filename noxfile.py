@@ -35,6 +35,8 @@ NO_SERVER: dict[str, str | None] = {
     "tests/test_file.py": None,
     "tests/test_cli.py": "bad_usage or help or console_script",
     "tests/test_asyncio_versions.py": None,
+    "tests/test_testing.py": None,
+    "tests/test_settings.py": None,
 }
 
 nox.options.sessions = ["matrix", "tests"]

@@ -42,7 +42,7 @@ class Impl:
         """Where this implementation's keys for election ``name`` live in etcd."""
         if self.module == "tooz_etcd3gw":
             return "/tooz/locks" + name
-        if self.module in ("original_etcd", "etcdctl_elect"):
+        if self.module in ("baseline_etcd", "etcdctl_elect"):
             return name + "/"
         return name
 
@@ -71,10 +71,10 @@ IMPLS: list[Impl] = [
         how="`MySQLElector` defaults (poll 2 s, check 1 s, check timeout 2 s, lease 10 s); lease 5 s when frozen",
     ),
     Impl(
-        "original-mysql",
-        "original design, MySQL (port)",
+        "baseline-mysql",
+        "baseline port, MySQL",
         "mysql",
-        "original_mysql",
+        "baseline_mysql",
         False,
         requires=("aiomysql",),
         how="literal port: `GET_LOCK(name, 0)` on a new connection every 2 s, never checked again",
@@ -99,10 +99,10 @@ IMPLS: list[Impl] = [
         how="`EtcdElector(ttl=5)`",
     ),
     Impl(
-        "original-etcd",
-        "original design, etcd (port)",
+        "baseline-etcd",
+        "baseline port, etcd",
         "etcd",
-        "original_etcd",
+        "baseline_etcd",
         False,
         requires=("aetcd",),
         lease_bound_crash=True,

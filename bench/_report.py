@@ -620,7 +620,7 @@ METHOD = [
     " A candidate *acts as leader* while the check its users would make says it leads, and then prints an"
     " `ACT` line every 20 ms: `Leadership.held` for aioelect (self-fencing included), `lock.acquired` for"
     " tooz, a refresh that still finds the lease for aetcd's Lock, the process being alive for"
-    " `etcdctl elect`, and for the original design's port: always, as it never checks again.",
+    " `etcdctl elect`, and for the baseline port: always, as it never checks again.",
     "",
     "1. **Graceful handover:** the leader is told to release; from its `RELEASING` stamp to the next"
     " `LEADER` stamp of another candidate. The old leader then campaigns again as a follower.",

@@ -35,7 +35,7 @@ class Servers:
     def start(self, backends: set[str]) -> None:
         """Start the servers the chosen backends need (blocking, bounded by the harness)."""
         if "mysql" in backends:
-            # The original design's port leaks a connection per poll: leave it room to show it.
+            # The baseline port leaks a connection per poll: leave it room to show it.
             self.mariadb = MariaDBServer(extra_args=["--max-connections=4000"])
             self.mariadb.start()
         if "etcd" in backends:

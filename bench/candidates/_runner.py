@@ -209,7 +209,7 @@ def main(factory: Callable[[Options, int], Candidate]) -> None:
     ns = parser.parse_args()
     extra = dict(item.split("=", 1) for item in ns.set)
     options = Options(ns.name, ns.url, ns.slots, ns.pingpong, ns.act_ms, ns.ttl, ns.lease, extra)
-    # The original MySQL port leaks a connection per poll: let it reach the server's limit, not ours.
+    # The baseline MySQL port leaks a connection per poll: let it reach the server's limit, not ours.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

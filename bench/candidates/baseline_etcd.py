@@ -1,10 +1,10 @@
-"""A literal asyncio port of the original Go design's ``etcdElector.Acquire``.
+"""A literal asyncio port of a minimal Go elector's ``etcdElector.Acquire``: the baseline.
 
 Go's ``concurrency.NewSession(client, WithTTL(5))`` + ``NewElection(session,
 pfx).Campaign(ctx, "scheduler")``, ported onto aetcd step by step: a lease
 kept alive every TTL/3, a compare-and-put of ``pfx/<lease-hex>``, then
 ``waitDeletes`` (get the newest older key, watch it until deleted, repeat).
-As in the original:
+As in that elector:
 
 * a failed campaign falls back to the local elector (it *leads*);
 * once elected nothing is ever checked again (``session.Done()`` is ignored):
@@ -12,7 +12,7 @@ As in the original:
   ``Resign``, ``session.Close()`` which revokes the lease, ``client.Close()``).
 
 One elector (client) is made per campaign, as the scheduler makes one per
-start: the original closes its client on release, so a second ``Acquire`` on
+start: that elector closes its client on release, so a second ``Acquire`` on
 the same elector would fail and fall back to local leadership.
 """
 
@@ -48,7 +48,7 @@ class Session:
             while True:
                 reply = await self.client.refresh_lease(self.lease.id)
                 if reply is None or reply.TTL <= 0:
-                    return  # lease gone: Go closes session.Done(); the original never looks at it
+                    return  # lease gone: Go closes session.Done(); that elector never looks at it
                 await asyncio.sleep(self.ttl / 3)
         except Exception:
             return
@@ -118,7 +118,7 @@ class Election:
         )
 
 
-class OriginalEtcd(Candidate):
+class BaselineEtcd(Candidate):
     def __init__(self, options: Options) -> None:
         host, _, port = options.url.rpartition(":")
         self.host, self.port = host, int(port)
@@ -133,7 +133,7 @@ class OriginalEtcd(Candidate):
         self.client = aetcd.Client(host=self.host, port=self.port)  # newEtcdElector
         self.session = await Session.create(self.client, self.ttl)
         self.election = Election(self.session, self.pfx)
-        # On a failed campaign the original degrades to the local elector, which always leads.
+        # On a failed campaign that elector degrades to the local elector, which always leads.
         with contextlib.suppress(Exception):
             await self.election.campaign("scheduler")
         self.leading = True
@@ -157,7 +157,7 @@ class OriginalEtcd(Candidate):
 
 
 def make(options: Options, slot: int) -> Candidate:
-    return OriginalEtcd(options)
+    return BaselineEtcd(options)
 
 
 if __name__ == "__main__":

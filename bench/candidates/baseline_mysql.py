@@ -1,4 +1,4 @@
-"""A literal asyncio port of the original Go design's ``mysqlElector.Acquire``.
+"""A literal asyncio port of a minimal Go elector's ``mysqlElector.Acquire``: the baseline.
 
 Kept deliberately faithful, flaws included:
 
@@ -25,7 +25,7 @@ from ._runner import Candidate, Options, main
 _leaked: list[Any] = []
 
 
-class OriginalMySQL(Candidate):
+class BaselineMySQL(Candidate):
     def __init__(self, options: Options) -> None:
         url = urllib.parse.urlsplit(options.url)
         self.connect_args: dict[str, Any] = {
@@ -67,7 +67,7 @@ class OriginalMySQL(Candidate):
 
 
 def make(options: Options, slot: int) -> Candidate:
-    return OriginalMySQL(options)
+    return BaselineMySQL(options)
 
 
 if __name__ == "__main__":
