@@ -11,14 +11,14 @@ ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_contract
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
 NOX_ARGS ?= $(if $(CI_TRUE),--error-on-missing-interpreters,--no-error-on-missing-interpreters)
 
-.PHONY: test lint typecheck pytest pytest-etcd35 matrix demo bench servers venv clean
+.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo bench servers venv clean
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[all,dev]'
+	$(BIN)/pip install --quiet -e '.[all,dev,docs]'
 	touch $@
 
 # Installs the database and etcd servers the tests start (Debian packages).
@@ -43,8 +43,13 @@ pytest-etcd35: venv
 matrix: venv
 	$(BIN)/nox $(NOX_ARGS) --reuse-venv yes -s matrix
 
+# The documentation site (mkdocs.yml) into site/; --strict fails on any warning: a broken link, a missing page,
+# a docstring the API reference cannot render.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 # The whole suite last: its summary line closes the log.
-test: venv servers lint matrix pytest-etcd35 pytest
+test: venv servers lint docs matrix pytest-etcd35 pytest
 
 # Only a named server backend needs server packages; the default demo uses a lock file.
 demo: venv $(if $(filter mysql etcd postgres,$(BACKEND)),servers,)
@@ -56,4 +61,4 @@ bench: venv servers
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache site

@@ -1,8 +1,8 @@
-"""compose.yaml stays in step with what the code and the README read.
+"""compose.yaml stays in step with what the code and the docs (docs/development.md) read.
 
 No Docker engine runs here, so the services are never started by the suite;
 what can be checked without one is checked: loopback-only ports, health
-checks, and that the DSNs the file and the README tell people to export
+checks, and that the DSNs the file and the docs tell people to export
 reach those services with the credentials the file sets.
 """
 
@@ -70,7 +70,7 @@ def test_services_versions_loopback_ports_and_health_checks() -> None:
 def test_readme_and_compose_tell_the_same_exports() -> None:
     told = exports(TEXT)
     assert set(told) == {"AIOELECT_MYSQL_DSN", "AIOELECT_ETCD_ENDPOINTS", "AIOELECT_POSTGRES_DSN"}
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "development.md").read_text()
     section = readme.split("\n## Development servers (Docker)\n", 1)[1].split("\n## ", 1)[0]
     assert exports(section) == told
 

@@ -1,4 +1,4 @@
-"""aioelect.testing: MemoryElector, its controls, the pytest11 fixtures and the README example that uses them.
+"""aioelect.testing: MemoryElector, its controls, the pytest11 fixtures and the docs example that uses them.
 
 The contract suite runs on the memory backend too (tests/backends.py); what is
 tested here is what only it has: the controls a user's test drives.
@@ -23,7 +23,7 @@ from aioelect.testing import MemoryElector
 from .backends import Follower, unique_name
 
 ROOT = Path(__file__).resolve().parent.parent
-README_MARKER = "<!-- test: README example, run by tests/test_testing.py -->"
+README_MARKER = "<!-- test: example run by tests/test_testing.py -->"
 
 
 async def test_deposing_the_leader_raises_leadership_lost_within_milliseconds() -> None:
@@ -251,16 +251,16 @@ def run_pytest_on(tmp_path: Path, source: str, *args: str) -> subprocess.Complet
 
 
 def readme_example() -> str:
-    readme = (ROOT / "README.md").read_text()
-    assert README_MARKER in readme, "README lost its tested example"
+    readme = (ROOT / "docs" / "testing.md").read_text()
+    assert README_MARKER in readme, "docs/testing.md lost its tested example"
     after = readme.split(README_MARKER, 1)[1]
     match = re.match(r"\s*```python\n(.*?)\n```", after, re.S)
-    assert match is not None, "the README marker must stand right above a ```python block"
+    assert match is not None, "the docs marker must stand right above a ```python block"
     return match.group(1) + "\n"
 
 
 def test_the_readme_example_runs_and_passes(tmp_path: Path) -> None:
-    """The README's user test (depose a leader, see LeadershipLost) runs as a user's pytest run would."""
+    """The docs page's user test (depose a leader, see LeadershipLost) runs as a user's pytest run would."""
     source = readme_example()
     assert "depose(" in source and "LeadershipLost" in source and "memory_elector" in source
     done = run_pytest_on(tmp_path, source)

@@ -1,0 +1,272 @@
+"""The documentation stays true: its code runs, its site builds, the README stays a start.
+
+Every ```python block of README.md and docs/quickstart.md stands right under a
+marker that says how this module runs it, so that no block goes unrun:
+
+* ``<!-- docs-test: runs -->``: a program that ends; it must exit 0.
+* ``<!-- docs-test: leader-loop -->``: a leader loop that never ends. It must
+  lead and show a fencing token; when its lock is taken away from outside it
+  must report the loss, campaign again and lead with a larger token.
+
+Each block runs as its own Python process, configured only through the
+environment as the docs tell users to (``AIOELECT_FILE`` or
+``AIOELECT_MYSQL_DSN``, and ``AIOELECT_NAME``): on a lock file in a private
+directory, and on the real MariaDB of the test harness.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCUMENTS = ("README.md", "docs/quickstart.md")
+MARKER = re.compile(r"<!-- docs-test: ([a-z-]+) -->\n```python\n(.*?)\n```", re.S)
+KINDS = ("runs", "leader-loop")
+#: How long a block may take to show what it must (the leader loop checks every second).
+WAIT = 30.0
+TOKEN = re.compile(r"token (\d+|None)")
+
+
+def python_blocks(document: str) -> list[tuple[str, str]]:
+    """(kind, source) of each marked ```python block; fails on a block without a marker."""
+    text = (ROOT / document).read_text()
+    total = len(re.findall(r"^```python\n", text, re.M))
+    marked = [(kind, source + "\n") for kind, source in MARKER.findall(text)]
+    assert len(marked) == total, (
+        f"{document}: {total - len(marked)} ```python block(s) without a <!-- docs-test: KIND --> marker right above"
+    )
+    for kind, _ in marked:
+        assert kind in KINDS, f"{document}: unknown docs-test kind {kind!r} (known: {', '.join(KINDS)})"
+    return marked
+
+
+def all_blocks() -> list[tuple[str, int, str, str]]:
+    return [
+        (document, index, kind, source)
+        for document in DOCUMENTS
+        for index, (kind, source) in enumerate(python_blocks(document))
+    ]
+
+
+BLOCKS = all_blocks()
+BLOCK_IDS = [f"{document}#{index}-{kind}" for document, index, kind, _ in BLOCKS]
+
+
+class Program:
+    """A docs block running as its own process; its output lines are read by a thread."""
+
+    def __init__(self, source: str, env: dict[str, str], cwd: Path) -> None:
+        script = cwd / f"block_{uuid.uuid4().hex[:8]}.py"
+        script.write_text(source)
+        self.output: list[str] = []
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-u", str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line.rstrip("\n"))
+        self._lines.put(None)
+
+    def expect(self, pattern: str, timeout: float = WAIT) -> re.Match[str]:
+        """The first new output line that matches ``pattern``, within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n" + self.text())
+            try:
+                line = self._lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                raise AssertionError(
+                    f"the block exited ({self.proc.wait()}) before printing {pattern!r}; output:\n" + self.text()
+                )
+            self.output.append(line)
+            found = re.search(pattern, line)
+            if found:
+                return found
+
+    def text(self) -> str:
+        return "\n".join(self.output)
+
+    def wait(self, timeout: float = WAIT) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._reader.join(timeout=5)
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                return code
+            if line is not None:
+                self.output.append(line)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        self._reader.join(timeout=5)
+
+
+@pytest.fixture
+def programs() -> Iterator[list[Program]]:
+    """Every block process a test starts is killed and reaped afterwards."""
+    started: list[Program] = []
+    try:
+        yield started
+    finally:
+        for program in started:
+            program.stop()
+
+
+def base_env() -> dict[str, str]:
+    """The test's environment without any AIOELECT_* setting, so that only what a case sets chooses the backend."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("AIOELECT_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def file_case(tmp_path: Path) -> tuple[dict[str, str], Callable[[], None]]:
+    """The lock file backend in a directory of our own; the lock is taken away by deleting the lock file."""
+    directory = tmp_path / "run"
+    directory.mkdir(mode=0o700)
+    lock = directory / "leader.lock"
+    env = {**base_env(), "AIOELECT_FILE": str(lock), "AIOELECT_NAME": "docs/quickstart"}
+
+    def take_away() -> None:
+        lock.unlink()
+
+    return env, take_away
+
+
+def mysql_case(dsn: str) -> tuple[dict[str, str], Callable[[], None]]:
+    """The harness's MariaDB; the lock is taken away by KILLing the connection that holds it."""
+    import pymysql
+
+    name = f"docs/{uuid.uuid4().hex[:12]}"
+    env = {**base_env(), "AIOELECT_MYSQL_DSN": dsn, "AIOELECT_NAME": name}
+    parts = urlsplit(dsn)
+
+    def take_away() -> None:
+        link = pymysql.connect(
+            host=parts.hostname or "127.0.0.1",
+            port=parts.port or 3306,
+            user=unquote(parts.username or "root"),
+            password=unquote(parts.password or ""),
+            connect_timeout=5,
+        )
+        try:
+            with link.cursor() as cursor:
+                cursor.execute("SELECT IS_USED_LOCK(%s)", (name,))
+                (holder,) = cursor.fetchone()
+                assert holder is not None, "the leader loop holds no lock"
+                cursor.execute(f"KILL {int(holder)}")
+        finally:
+            link.close()
+
+    return env, take_away
+
+
+@pytest.fixture(params=["file", "mysql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[dict[str, str], Callable[[], None]]:
+    if request.param == "file":
+        return file_case(tmp_path)
+    return mysql_case(request.getfixturevalue("mysql_dsn"))
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(("document", "index", "kind", "source"), BLOCKS, ids=BLOCK_IDS)
+def test_block_runs(
+    document: str,
+    index: int,
+    kind: str,
+    source: str,
+    backend: tuple[dict[str, str], Callable[[], None]],
+    programs: list[Program],
+    tmp_path: Path,
+) -> None:
+    env, take_away = backend
+    program = Program(source, env, tmp_path)
+    programs.append(program)
+    if kind == "runs":
+        code = program.wait()
+        assert code == 0, f"{document} block {index} exited {code}:\n{program.text()}"
+        return
+    first = program.expect(TOKEN.pattern)
+    assert first.group(1) != "None", f"{document}: the leader loop shows no fencing token:\n{program.text()}"
+    program.expect(TOKEN.pattern)  # it goes on leading
+    take_away()
+    program.expect(r"lost leadership: \S")
+    again = program.expect(TOKEN.pattern)
+    assert again.group(1) != "None" and int(again.group(1)) > int(first.group(1)), (
+        f"{document}: after the loss the loop must lead again with a larger token:\n{program.text()}"
+    )
+    assert program.proc.poll() is None, "the leader loop must keep running"
+
+
+def test_every_document_has_its_blocks() -> None:
+    kinds = {document: [kind for kind, _ in python_blocks(document)] for document in DOCUMENTS}
+    assert kinds["README.md"] == ["leader-loop"], "the README's example is one leader loop"
+    assert "leader-loop" in kinds["docs/quickstart.md"]
+
+
+def test_the_readme_is_a_start() -> None:
+    """A newcomer's five minutes: short, what is supported, install, one example, the backends, the commands, links."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 300, "the README is a start: the manual lives in docs/"
+    versions = re.findall(r'"Programming Language :: Python :: (3\.\d+)"', (ROOT / "pyproject.toml").read_text())
+    assert versions, "pyproject names the supported Python versions"
+    for version in versions:
+        assert version in readme, f"the README does not name Python {version}"
+    assert "asyncio only" in readme and "no synchronous API" in readme
+    for section in ("## Install", "## Example", "## Backends", "## Two commands", "## Documentation"):
+        assert section in readme
+    for command in ("make demo", "make test"):
+        assert command in readme
+    for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
+        if "://" not in target:
+            assert (ROOT / target).is_file(), f"the README links to {target}, which does not exist"
+
+
+def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
+    """`make docs` in little: every page, link and docstring of the API reference renders without a warning."""
+    mkdocs = shutil.which("mkdocs", path=str(Path(sys.executable).parent))
+    if mkdocs is None:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail("mkdocs is not installed (the docs extra)")
+        pytest.skip("mkdocs is not installed (pip install -e '.[docs]')")
+    done = subprocess.run(
+        [mkdocs, "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (tmp_path / "site" / "api" / "index.html").read_text().count('id="aioelect.Elector.acquire"') == 1
