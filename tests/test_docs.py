@@ -9,9 +9,10 @@ marker that says how this module runs it, so that no block goes unrun:
   must report the loss, campaign again and lead with a larger token.
 
 Each block runs as its own Python process, configured only through the
-environment as the docs tell users to (``AIOELECT_FILE`` or
-``AIOELECT_MYSQL_DSN``, and ``AIOELECT_NAME``): on a lock file in a private
-directory, and on the real MariaDB of the test harness.
+environment as the docs tell users to (``AIOELECT_FILE``,
+``AIOELECT_MYSQL_DSN`` or ``AIOELECT_POSTGRES_DSN``, and ``AIOELECT_NAME``):
+on a lock file in a private directory, and on the real MariaDB and
+PostgreSQL servers of the test harness.
 """
 
 from __future__ import annotations
@@ -192,11 +193,45 @@ def mysql_case(dsn: str) -> tuple[dict[str, str], Callable[[], None]]:
     return env, take_away
 
 
-@pytest.fixture(params=["file", "mysql"])
+def postgres_case(dsn: str) -> tuple[dict[str, str], Callable[[], None]]:
+    """The harness's PostgreSQL; the lock is taken away by ending the session that holds it."""
+    import asyncio
+
+    import asyncpg
+
+    from aioelect.backends.postgres import advisory_key, lock_ids
+
+    name = f"docs/{uuid.uuid4().hex[:12]}"
+    env = {**base_env(), "AIOELECT_POSTGRES_DSN": dsn, "AIOELECT_NAME": name}
+    classid, objid = lock_ids(advisory_key(name))
+
+    async def terminate() -> None:
+        link = await asyncpg.connect(dsn, timeout=5)
+        try:
+            ended = await link.fetch(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                "AND classid = $1 AND objid = $2 AND objsubid = 1 AND granted",
+                classid,
+                objid,
+                timeout=5,
+            )
+            assert ended, "the leader loop holds no lock"
+        finally:
+            await link.close(timeout=5)
+
+    def take_away() -> None:
+        asyncio.run(terminate())
+
+    return env, take_away
+
+
+@pytest.fixture(params=["file", "mysql", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[dict[str, str], Callable[[], None]]:
     if request.param == "file":
         return file_case(tmp_path)
-    return mysql_case(request.getfixturevalue("mysql_dsn"))
+    if request.param == "mysql":
+        return mysql_case(request.getfixturevalue("mysql_dsn"))
+    return postgres_case(request.getfixturevalue("postgres_dsn"))
 
 
 @pytest.mark.timeout(180)
