@@ -1,0 +1,211 @@
+"""Liveness, readiness and leader probes over plain HTTP, for Kubernetes (standard library only).
+
+``aioelect run --health-port PORT`` serves them; a program serves them
+with :class:`HealthServer`::
+
+    health = HealthServer(elector)
+    await health.start("0.0.0.0", 8080)    # the pod's address: the kubelet probes it
+    ...
+    await health.aclose()
+
+Each answers ``GET`` (and ``HEAD``) with a JSON object -- ``role``
+(``leader``/``follower``), ``identity``, ``leader``, ``token`` (while
+leading), ``backend``, ``name`` -- and a status code:
+
+* ``/healthz`` (liveness): ``200`` while the process runs, its event loop
+  answers (the server runs in it) and its campaign has not failed for good;
+  else ``503``. An unreachable backend does not fail it: restarting the
+  process would not bring the server back.
+* ``/readyz`` (readiness): ``200`` while the backend answers (one bounded
+  :meth:`~aioelect.Elector.leader` call per probe), on the leader and on
+  the followers alike; ``503`` while it does not.
+* ``/leader``: ``200`` only while this process leads, else ``503``: the
+  readiness probe of a Service that should send traffic to the leader only.
+
+Anything else is ``404``; a method other than ``GET``/``HEAD`` is ``405``.
+Each request is read within :data:`REQUEST_TIMEOUT` seconds and at most
+:data:`MAX_REQUEST` bytes, and each connection closes after one answer.
+Nothing served is secret: identities, the election's name, the token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+from typing import Any
+
+import anyio
+
+from .._elector import Elector
+from .._errors import BackendUnavailable, ElectionError
+from .._events import Event
+from ._campaign import Campaign, Role, Status
+
+__all__ = ["MAX_REQUEST", "PATHS", "REQUEST_TIMEOUT", "HealthServer"]
+
+log = logging.getLogger("aioelect.integrations.health")
+
+#: Liveness, readiness, leader-only: the paths a probe may ask for.
+PATHS = ("/healthz", "/readyz", "/leader")
+#: Seconds a client has to send its request line and headers.
+REQUEST_TIMEOUT = 5.0
+#: The largest request head read (bytes); a longer one is refused with 431.
+MAX_REQUEST = 8192
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 431: "Too Large", 503: "Down"}
+
+
+class HealthServer:
+    """Serves :data:`PATHS` for ``elector`` on one address, in the running event loop.
+
+    With ``campaign`` (an :class:`~aioelect.integrations.Campaign` driving
+    ``elector``), a campaign that failed for good fails ``/healthz``;
+    without it the process's own life is its liveness (``aioelect run``
+    exits on a permanent error). ``ready_timeout`` bounds the backend call
+    of each ``/readyz``.
+    """
+
+    def __init__(self, elector: Elector, *, campaign: Campaign | None = None, ready_timeout: float = 2.0) -> None:
+        if not (0 < ready_timeout < math.inf):
+            raise ValueError(f"ready_timeout must be a finite number > 0, not {ready_timeout!r}")
+        self.elector = elector
+        self.campaign = campaign
+        self.ready_timeout = float(ready_timeout)
+        self._server: asyncio.Server | None = None
+        self._token: int | None = None
+        self._remove = elector.add_listener(self._on_event)
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    def _on_event(self, event: Event) -> None:
+        if event.kind == "acquired":
+            self._token = event.token
+        elif event.kind in ("released", "lost"):
+            self._token = None
+
+    @property
+    def port(self) -> int:
+        """The port listened on (useful after :meth:`start` with port 0)."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("HealthServer is not started")
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        """Listen on ``host:port`` (loopback and a free port by default). Raises OSError if it cannot."""
+        if self._server is not None:
+            raise RuntimeError("HealthServer.start() called twice")
+        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST)
+
+    async def aclose(self) -> None:
+        """Stop listening and close open connections. Idempotent."""
+        self._remove()
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close()
+        for task in list(self._connections):
+            task.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            if self._connections:
+                await asyncio.wait(list(self._connections))
+            await server.wait_closed()
+
+    async def __aenter__(self) -> HealthServer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # --- what the probes see ------------------------------------------------------------------
+
+    def alive(self) -> bool:
+        return self.campaign is None or self.campaign.role in ("leader", "follower")
+
+    async def status(self, *, ask_backend: bool) -> tuple[Status, bool]:
+        """This process's status and whether the backend answered (asked only with ``ask_backend``)."""
+        elector, campaign = self.elector, self.campaign
+        leading = elector.leading
+        who: object = elector.identity if leading else getattr(elector, "last_leader", None)
+        answered = True
+        if ask_backend:
+            try:
+                with anyio.fail_after(self.ready_timeout):
+                    asked = await elector.leader()
+            except (TimeoutError, BackendUnavailable, ElectionError, OSError):
+                answered = False
+            else:
+                who = elector.identity if leading else asked
+        role: Role = campaign.role if campaign is not None else ("leader" if leading else "follower")
+        lead = campaign.leadership if campaign is not None else None
+        token = lead.token if lead is not None else (self._token if leading else None)
+        now = Status(
+            role=role,
+            identity=elector.identity,
+            backend=elector.backend,
+            name=elector.name,
+            leader=who if isinstance(who, str) else None,
+            token=token,
+            error=campaign.error if campaign is not None else None,
+        )
+        return now, answered
+
+    async def answer(self, path: str) -> tuple[int, dict[str, Any]]:
+        """The status code and JSON object for ``path``."""
+        if path not in PATHS:
+            return 404, {"error": f"unknown path; probes: {', '.join(PATHS)}"}
+        now, answered = await self.status(ask_backend=path == "/readyz")
+        body = now.as_dict()
+        alive = self.alive()
+        if path == "/healthz":
+            ok = alive
+        elif path == "/readyz":
+            ok = alive and answered
+            body["backend_answered"] = answered
+        else:
+            ok = alive and now.role == "leader"
+        return (200 if ok else 503), body
+
+    # --- HTTP -----------------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._connections.add(task)
+        try:
+            code, body, head_only = await self._handle(reader)
+            data = json.dumps(body).encode() + b"\n"
+            head = (
+                f"HTTP/1.1 {code} {_REASONS.get(code, 'Status')}\r\n"
+                "Content-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\n"
+                "Cache-Control: no-store\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            writer.write(head.encode("ascii") + (b"" if head_only else data))
+            with anyio.move_on_after(REQUEST_TIMEOUT):
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away: nothing to answer
+        finally:
+            writer.close()
+            if task is not None:
+                self._connections.discard(task)
+
+    async def _handle(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, Any], bool]:
+        try:
+            with anyio.fail_after(REQUEST_TIMEOUT):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            return 400, {"error": f"request not received within {REQUEST_TIMEOUT:g}s"}, False
+        except asyncio.LimitOverrunError:
+            return 431, {"error": f"request head longer than {MAX_REQUEST} bytes"}, False
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = request_line.split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return 400, {"error": "malformed request line"}, False
+        method, target = parts[0], parts[1]
+        if method not in ("GET", "HEAD"):
+            return 405, {"error": "only GET and HEAD"}, False
+        code, body = await self.answer(target.split("?", 1)[0])
+        return code, body, method == "HEAD"
