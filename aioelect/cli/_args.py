@@ -68,6 +68,12 @@ metrics (run):
   (HOST: --metrics-host, default 127.0.0.1), e.g. aioelect_is_leader 1.0
   while this process leads; needs prometheus-client (aioelect[prometheus]).
 
+probes (run):
+  --health-port PORT serves http://HOST:PORT/healthz (200 while aioelect
+  runs), /readyz (200 while the backend answers) and /leader (200 only
+  while this process leads), each a JSON object with role, identity,
+  leader and token (HOST: --health-host, default 127.0.0.1).
+
 exit status:
   0    success (observe: interrupted by SIGINT/SIGTERM)
   1    leader: there is no leader
@@ -270,6 +276,20 @@ def build_parser() -> Parsers:
         default="127.0.0.1",
         metavar="HOST",
         help="address the metrics listen on (default 127.0.0.1: this machine only)",
+    )
+    probes = run.add_argument_group("probes (Kubernetes)")
+    probes.add_argument(
+        "--health-port",
+        type=_port,
+        metavar="PORT",
+        help="serve GET /healthz (alive), /readyz (backend answers) and /leader (200 only while leading) "
+        "on http://HOST:PORT, as JSON",
+    )
+    probes.add_argument(
+        "--health-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the probes listen on (default 127.0.0.1; in a pod 0.0.0.0, for the kubelet)",
     )
     leader = sub.add_parser(
         "leader",

@@ -22,9 +22,10 @@ import anyio
 from .._backend import Backoff
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
+from ..integrations.health import HealthServer
 from ._configure import Config
 from ._output import json_line, out
-from ._run import Runner, choose_grace, serve_metrics
+from ._run import Runner, choose_grace, serve_health, serve_metrics
 from ._status import EXIT_NO_LEADER, BackendError
 
 __all__ = ["execute"]
@@ -117,6 +118,7 @@ async def execute(
     assert main_task is not None
     runner = Runner(elector, cmd, args, environ) if command == "run" else None
     interrupted: list[int] = []
+    health: HealthServer | None = None
 
     def on_signal(sig: int) -> None:
         if runner is not None:
@@ -133,6 +135,8 @@ async def execute(
             log.debug("--grace %gs", runner.grace)
         if runner is not None and args.metrics_port is not None:
             serve_metrics(elector, args.metrics_host, args.metrics_port)
+        if runner is not None and getattr(args, "health_port", None) is not None:
+            health = await serve_health(elector, args.health_host, args.health_port)
         if runner is not None:
             # Fail fast on a server that cannot be reached at all; later outages are retried.
             probe = config.build()
@@ -156,4 +160,6 @@ async def execute(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            if health is not None:
+                await health.aclose()
             await elector.aclose()

@@ -22,7 +22,7 @@ import logging
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -31,7 +31,10 @@ from .._settings import ENV_IDENTITY, ENV_TOKEN
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
 
-__all__ = ["Runner", "check_metrics", "choose_grace", "serve_metrics"]
+if TYPE_CHECKING:
+    from ..integrations.health import HealthServer
+
+__all__ = ["Runner", "check_metrics", "choose_grace", "serve_health", "serve_metrics"]
 
 log = logging.getLogger("aioelect.cli")
 
@@ -101,6 +104,21 @@ def serve_metrics(elector: Elector, host: str, port: int) -> None:
     except OSError as exc:
         raise UsageError(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     log.info("metrics on http://%s:%d/metrics", host if ":" not in host else f"[{host}]", port)
+
+
+async def serve_health(elector: Elector, host: str, port: int) -> HealthServer:
+    """Serve the Kubernetes probes of ``elector`` on ``host:port`` in this event loop (the caller closes it)."""
+    from ..integrations.health import HealthServer
+
+    health = HealthServer(elector)
+    try:
+        await health.start(host, port)
+    except OSError as exc:
+        await health.aclose()
+        raise UsageError(f"--health-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    where = host if ":" not in host else f"[{host}]"
+    log.info("probes on http://%s:%d/healthz, /readyz and /leader", where, port)
+    return health
 
 
 class Runner:

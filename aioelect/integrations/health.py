@@ -154,7 +154,9 @@ class HealthServer:
         """The status code and JSON object for ``path``."""
         if path not in PATHS:
             return 404, {"error": f"unknown path; probes: {', '.join(PATHS)}"}
-        now, answered = await self.status(ask_backend=path == "/readyz")
+        # Liveness never waits on the backend; /leader asks it only when no report named the leader.
+        known = isinstance(getattr(self.elector, "last_leader", None), str)
+        now, answered = await self.status(ask_backend=path == "/readyz" or (path == "/leader" and not known))
         body = now.as_dict()
         alive = self.alive()
         if path == "/healthz":
