@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._api import leadership
-from ._elector import Elector, Leadership
+from ._elector import Elector, Leadership, current_leadership
 from ._electors import LocalElector
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost
 from ._events import Event
@@ -30,6 +30,7 @@ __all__ = [
     "LocalElector",
     "MySQLElector",
     "PostgresElector",
+    "current_leadership",
     "from_env",
     "leadership",
     "new",

@@ -136,6 +136,16 @@ class Backend(abc.ABC):
         nothing behind: no lock, no key, no connection.
         """
 
+    async def try_campaign(self, identity: str) -> Hold | None:
+        """One campaign step that never waits for another leader: the hold, or None if someone else leads.
+
+        Leaves nothing behind when it returns None (no lock, key, lease or
+        connection). A transient server error raises
+        :class:`~aioelect.BackendUnavailable` (never retried here), a
+        permanent one :class:`~aioelect.ElectionError`.
+        """
+        raise NotImplementedError(f"the {self.kind} backend cannot try once without waiting")
+
     @abc.abstractmethod
     async def leader(self) -> str | None:
         """The current leader's identity as the server sees it, or None."""
@@ -162,6 +172,21 @@ class Backend(abc.ABC):
                 last = current
                 yield current
             await anyio.sleep(self.observe_interval)
+
+    def watch(self) -> AsyncIterator[str | None]:
+        """The leader's identity now and at each change, as a campaign watches it.
+
+        :meth:`observe`, unless a backend has a cheaper way for a watch that
+        runs beside every campaign.
+        """
+        return self.observe()
+
+    async def close_observer(self) -> None:  # noqa: B027 - most backends keep nothing open to look
+        """Close what looking at the leader keeps open (a connection, a descriptor); the next look reopens it.
+
+        Called when a campaign's watch of the leader ends, so that an idle
+        elector holds nothing on the server.
+        """
 
     async def aclose(self) -> None:  # noqa: B027 - most backends hold nothing between campaigns
         """Free every resource the backend holds outside a campaign or hold."""

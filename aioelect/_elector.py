@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import math
 import os
@@ -30,7 +31,15 @@ from ._errors import ElectionError, LeadershipLost
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
 
-__all__ = ["Elector", "Leadership", "default_identity", "leading", "validate_identity"]
+__all__ = [
+    "Elector",
+    "Leadership",
+    "current_leadership",
+    "default_identity",
+    "leading",
+    "leading_if_free",
+    "validate_identity",
+]
 
 T = TypeVar("T")
 _E = TypeVar("_E", bound="Elector")
@@ -41,6 +50,37 @@ RELEASE_TIMEOUT = 5.0
 #: While a voluntary release waits for leader work that ignores cancellation,
 #: the ERROR saying so is repeated this often (seconds).
 STILL_RUNNING_LOG_INTERVAL = 10.0
+
+#: How long the end of a campaign waits for its watch of the leader to stop (it finishes on its own after).
+WATCH_STOP_WAIT = 0.5
+
+#: The leadership whose leader work is running in this context (see :func:`current_leadership`).
+_CURRENT: contextvars.ContextVar[Leadership | None] = contextvars.ContextVar("aioelect_leadership", default=None)
+
+
+def current_leadership() -> Leadership:
+    """The :class:`Leadership` of the leader work running in this context.
+
+    Set for the body of ``async with aioelect.leadership(elector)``, for
+    ``work`` in :meth:`Elector.run`, and for every task they start (asyncio
+    copies the context into a new task), so that code deep inside leader
+    work can call ``current_leadership().check()`` or read its ``token``
+    without the leadership being passed down.
+
+    Raises :class:`~aioelect.ElectionError` outside leader work: code that
+    may only run as leader learns at once that it is not. A plain
+    :meth:`Elector.acquire` sets nothing (it has no body to scope); use the
+    :class:`Leadership` it returns. Inside leader work that has ended (its
+    leadership released or lost) this still returns that leadership, whose
+    :attr:`~Leadership.held` is then False: check it before acting.
+    """
+    lead = _CURRENT.get()
+    if lead is None:
+        raise ElectionError(
+            "current_leadership() called outside leader work: it is set only inside "
+            "'async with aioelect.leadership(elector)', Elector.run(work) and the tasks they start"
+        )
+    return lead
 
 
 def default_identity() -> str:
@@ -388,6 +428,7 @@ class Elector:
             self._log.warning("%s", warning)
         self._timing_logged = False
         self._listeners: list[Listener] = []
+        self._last_leader: str | None = None
 
     def __repr__(self) -> str:
         return (
@@ -422,6 +463,28 @@ class Elector:
         """True while this elector holds a leadership that is :attr:`Leadership.held`."""
         return self._leadership is not None and self._leadership.held
 
+    @property
+    def last_leader(self) -> str | None:
+        """The last leader this elector knows of, without asking the server; None before any report.
+
+        While this elector campaigns (:meth:`acquire`, :meth:`run`,
+        :func:`aioelect.leadership`), it watches the backend's leader
+        (one watch per campaign: etcd watches, the file backend waits on
+        inotify, MySQL and PostgreSQL ask once per ``poll_interval``) and
+        updates this at each change, each one also a ``leader`` event. While
+        it leads this is its own :attr:`identity`; once it has let go,
+        None until the next report. :meth:`observe` updates it too. It may
+        be stale by up to one report: ask :meth:`leader` for the server's
+        answer now.
+        """
+        return self._last_leader
+
+    def _saw_leader(self, current: str | None) -> None:
+        """Record a leader the backend reported; a change is a ``leader`` event."""
+        if current != self._last_leader:
+            self._last_leader = current
+            self._emit("leader", leader=current)
+
     # A timeout argument here, not only a scope around the call: asyncio.wait_for() on
     # Python 3.10 and 3.11 would bind the leadership to a task of its own.
     async def acquire(self, timeout: float | None = None) -> Leadership:  # noqa: ASYNC109
@@ -451,18 +514,66 @@ class Elector:
         hold: Hold | None = None
         with anyio.move_on_after(timeout if timeout is not None else math.inf):
             hold = await self._campaign()
+            assert hold is not None  # a campaign that waits returns only with a hold
         if hold is None:
             raise TimeoutError(f"not leader of {self.name} within {timeout:g}s")
+        return self._lead(hold, started)
+
+    async def try_acquire(self) -> Leadership | None:
+        """Become leader only if nobody else leads now: the leadership, or None without waiting.
+
+        One campaign step (a lock request that does not wait on MySQL and
+        PostgreSQL, a non-blocking ``flock`` on the file backend, on etcd a
+        key that is withdrawn with its lease at once unless it is first).
+        None leaves nothing behind: no lock, key, lease or connection held
+        for the attempt. The leadership returned is bound to the calling
+        task, as :meth:`acquire`'s is.
+
+        Raises :class:`ElectionError` as :meth:`acquire` does, and
+        :class:`BackendUnavailable` when the server cannot be reached (never
+        retried: the caller decides whether to try again).
+        """
+        started = monotonic()
+        hold = await self._campaign(once=True)
+        if hold is None:
+            self._log.info("another candidate leads; not waiting")
+            return None
+        return self._lead(hold, started)
+
+    def _lead(self, hold: Hold, started: float) -> Leadership:
         lead = Leadership(self, hold, self._log)
         self._leadership = lead
         self._state = _State.LEADING
         lead._start(asyncio.current_task())
+        # Our own leadership is told by the "acquired" event, not a "leader" event.
+        self._last_leader = self._identity
         waited = monotonic() - started
         self._log.info("leadership acquired after %.3fs; token=%s", waited, lead.token)
         self._emit("acquired", token=lead.token, wait=waited)
         return lead
 
-    async def _campaign(self) -> Hold:
+    async def _watch_leader(self, stopped: asyncio.Event) -> None:
+        """Report each change of leader until ``stopped`` (set, and this task cancelled, when the campaign ends).
+
+        Ends by closing what it looked through, so that an idle elector holds
+        nothing on the server; a report that arrives after ``stopped`` is dropped.
+        """
+        changes = self._backend.watch()
+        try:
+            async for current in changes:
+                if stopped.is_set():
+                    break
+                self._saw_leader(current)
+        except Exception as exc:  # the campaign reports the backend's faults; the watch only stops
+            self._log.warning("leader watch stopped (%r): last_leader is not updated until the next campaign", exc)
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
+                aclose = getattr(changes, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+                await self._backend.close_observer()
+
+    async def _campaign(self, once: bool = False) -> Hold | None:
         # The previous leadership may still be letting go: the lock is ours until it has.
         while (previous := self._leadership) is not None and self._state is _State.LEADING and not previous.held:
             await previous._done.wait()
@@ -474,10 +585,19 @@ class Elector:
             self._log.info("campaigning; %s", self._backend.describe_timing())
         self._state = _State.CAMPAIGNING
         self._emit("campaigning")
+        hold: Hold | None = None
+        watcher: asyncio.Task[None] | None = None
+        stopped = asyncio.Event()
         try:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
-                hold = await self._backend.campaign(self._identity)
+                if once:
+                    hold = await self._backend.try_campaign(self._identity)
+                else:
+                    watcher = asyncio.get_running_loop().create_task(
+                        self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
+                    )
+                    hold = await self._backend.campaign(self._identity)
             if scope.cancelled_caught:
                 raise ElectionError("elector closed while campaigning")
         except BaseException:
@@ -486,6 +606,16 @@ class Elector:
             raise
         finally:
             self._campaign_scope = None
+            if watcher is not None:
+                stopped.set()
+                watcher.cancel()
+                # Usually done at once; one still opening a connection finishes (and closes it) on its own.
+                with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
+                    await asyncio.gather(watcher, return_exceptions=True)
+        if hold is None:
+            if self._state is _State.CAMPAIGNING:
+                self._state = _State.IDLE
+            return None
         if self._state is _State.CLOSED:  # closed as the campaign won: give it back
             with anyio.CancelScope(shield=True):
                 await hold.release()
@@ -495,6 +625,8 @@ class Elector:
     def _ended(self, lead: Leadership) -> None:
         if self._leadership is lead:
             self._leadership = None
+            if self._last_leader == self._identity:
+                self._last_leader = None  # let go: who leads next is known at the next report
             if self._state is _State.LEADING:
                 self._state = _State.IDLE
 
@@ -510,12 +642,14 @@ class Elector:
         """Yield the leader's identity now and at every change (None: no leader).
 
         Works from any candidate, leader or not; outages of the server delay
-        reports but do not end the iteration. Each change is also an event.
+        reports but do not end the iteration. Each change is also an event
+        (one per change: a leader the campaign's own watch already reported
+        is not reported twice), and updates :attr:`last_leader`.
         """
         changes = self._backend.observe()
         try:
             async for current in changes:
-                self._emit("leader", leader=current)
+                self._saw_leader(current)
                 yield current
         finally:
             # Closed explicitly so that a consumer breaking out ends the watch at once.
@@ -578,6 +712,8 @@ class Elector:
         Campaigns first; if leadership is lost, ``work`` is cancelled, the loss
         is logged, and the elector campaigns again and starts ``work`` afresh.
         When ``work`` returns, leadership is released and its result returned.
+        Inside ``work`` (and the tasks it starts), :func:`current_leadership`
+        returns the leadership it runs under.
         """
         while True:
             try:
@@ -614,10 +750,31 @@ async def leading(elector: Elector) -> AsyncIterator[Leadership]:
     The scope that :meth:`Elector.run` and :func:`aioelect.leadership` share.
     """
     lead = await elector.acquire()
+    async with _scope(lead):
+        yield lead
+
+
+@contextlib.asynccontextmanager
+async def leading_if_free(elector: Elector) -> AsyncIterator[Leadership | None]:
+    """As :func:`leading`, with :meth:`Elector.try_acquire`: the body gets None, at once, if another leads."""
+    lead = await elector.try_acquire()
+    if lead is None:
+        yield None
+        return
+    async with _scope(lead):
+        yield lead
+
+
+@contextlib.asynccontextmanager
+async def _scope(lead: Leadership) -> AsyncIterator[Leadership]:
+    """Run the body as ``lead``'s leader work (see :func:`leading`), then release."""
+    current = _CURRENT.set(lead)
     try:
         with lead._guard():
             yield lead
         if lead.lost:
             raise LeadershipLost(lead.lost_reason or "lost")
     finally:
+        with contextlib.suppress(ValueError):  # a generator finalized in another context: nothing to undo here
+            _CURRENT.reset(current)
         await lead.release()

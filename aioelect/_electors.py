@@ -44,10 +44,14 @@ class MySQLElector(Elector):
       plus ``check_timeout``; one that cannot confirm for ``renew_deadline``
       seconds fences itself; the server drops a silent leader after ``lease``
       seconds;
-    * with ``fencing=True`` each leadership gets a token that increases across
-      all leaders of ``name`` and across server restarts (table
-      ``aioelect_leaders``, created if missing), and :meth:`leader` reports
-      identities; without it, :meth:`leader` reports the holder's connection.
+    * with ``fencing`` (on by default) each leadership gets a token that
+      increases across all leaders of ``name`` and across server restarts
+      (table ``aioelect_leaders``, created if missing), and :meth:`leader`
+      reports identities. It needs a database in the DSN (else ValueError at
+      construction) and CREATE, SELECT, INSERT and UPDATE on it (else
+      :class:`~aioelect.ElectionError` from :meth:`acquire`, naming them).
+      With ``fencing=False`` tokens are None and :meth:`leader` reports the
+      holder's connection.
 
     ``dsn`` is ``mysql://user:password@host:port/database``; keyword arguments
     override its parts. Special characters in the user name, password or
@@ -98,7 +102,7 @@ class PostgresElector(Elector):
       silent (frozen, cut off) leader's session after ``lease`` seconds
       (``idle_session_timeout``, PostgreSQL 14+; on older servers only TCP
       keepalives, which never end a stopped but live process);
-    * with ``fencing=True`` each leadership gets a token (the server's
+    * with ``fencing`` (on by default) each leadership gets a token (the server's
       transaction id, taken once the lock is held and durable before it is
       returned) larger than every earlier leader's token of ``name`` on this
       server, across restarts and crashes; it needs no table and no privilege;

@@ -1,7 +1,13 @@
-"""Choosing a backend: etcd > MySQL > PostgreSQL > file > local, the first one configured."""
+"""Choosing a backend: etcd > MySQL > PostgreSQL > file, the first one configured; local only when asked for.
+
+Nothing configured is an error, never a silent local elector: a local
+elector leads at once in every process, so instances that each fell back
+to it would all lead.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -9,9 +15,29 @@ from typing import Any
 from ._config import DEFAULT_NAME
 from ._elector import Elector
 from ._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector
-from ._settings import Settings
+from ._settings import (
+    BACKEND_VARIABLES,
+    ENV_BACKEND,
+    ENV_ETCD_ENDPOINTS,
+    ENV_FILE,
+    ENV_MYSQL_DSN,
+    ENV_NAME,
+    ENV_POSTGRES_DSN,
+    Settings,
+)
 
 __all__ = ["from_env", "new"]
+
+log = logging.getLogger("aioelect")
+
+_NOTHING_CONFIGURED = (
+    "no backend configured: {how}. A local elector is never chosen by default: it offers no mutual exclusion, "
+    "so every instance would lead"
+)
+_LOCAL_WARNING = (
+    "local backend chosen: leads at once, WITHOUT mutual exclusion between processes (every instance leads); "
+    "for a single instance in development only"
+)
 
 _NAME_REQUIRED = (
     "the {kind} backend needs an election name: pass name=... (AIOELECT_NAME for from_env() and the "
@@ -27,14 +53,19 @@ def new(
     mysql: str | None = None,
     postgres: str | None = None,
     file: str | None = None,
+    local: bool = False,
     name: str | None = None,
     **options: Any,
 ) -> Elector:
     """Build an elector, choosing the first backend configured.
 
     The priority: etcd endpoints -> etcd; else a MySQL DSN -> MySQL;
-    else a PostgreSQL DSN -> PostgreSQL; else a lock file path -> file; else
-    local.
+    else a PostgreSQL DSN -> PostgreSQL; else a lock file path -> file.
+    ``local=True`` (and nothing else) builds a :class:`LocalElector`, logged
+    at WARNING: it offers no mutual exclusion. With nothing configured, or
+    ``local=True`` beside another backend, raises ValueError: strict is the
+    safe default, since instances that each fell back to leading locally
+    would all lead.
 
     ``options`` go to the chosen elector's constructor (``identity``,
     ``poll_interval``, ``ttl``...); an option the chosen backend does not
@@ -44,6 +75,16 @@ def new(
     it, ValueError says why. The file and local backends default to
     :data:`~aioelect._config.DEFAULT_NAME` (``aioelect/leader``).
     """
+    if local not in (True, False):
+        raise ValueError(f"local must be True or False, not {local!r}")
+    if local:
+        others = [
+            kind for kind, given in (("etcd", etcd), ("mysql", mysql), ("postgres", postgres), ("file", file)) if given
+        ]
+        if others:
+            raise ValueError(f"local=True and {', '.join(others)} given: choose one backend")
+        log.warning("%s", _LOCAL_WARNING)
+        return LocalElector(name=name if name is not None else DEFAULT_NAME, **options)
     if etcd:
         return EtcdElector(etcd, name=_required_name(name, "etcd", "etcd cluster"), **options)
     if mysql:
@@ -52,7 +93,9 @@ def new(
         return PostgresElector(postgres, name=_required_name(name, "postgres", "PostgreSQL database"), **options)
     if file:
         return FileElector(file, name=name if name is not None else DEFAULT_NAME, **options)
-    return LocalElector(name=name if name is not None else DEFAULT_NAME, **options)
+    raise ValueError(
+        _NOTHING_CONFIGURED.format(how="give etcd=, mysql=, postgres= or file= (or local=True for development)")
+    )
 
 
 def _required_name(name: str | None, kind: str, server: str) -> str:
@@ -72,10 +115,35 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     etcd elector's ``degrade_to_local``, off when unset: leading locally
     without mutual exclusion is never chosen by accident.
 
+    ``AIOELECT_BACKEND`` names the backend (``etcd``, ``mysql``, ``postgres``,
+    ``file`` or ``local``): that backend's variable is then required and the
+    others are ignored. A local elector is built only when asked for:
+    ``AIOELECT_BACKEND=local`` or ``local=True`` (logged at WARNING). With nothing configured,
+    raises ValueError listing the variables to set: strict is the safe
+    default, never a silent local elector that would let every instance lead.
+
     ``options`` override the environment.
     """
     settings = Settings.from_environ(os.environ if environ is None else environ)
-    chosen: dict[str, Any] = {**settings.targets, "name": settings.name}
+    kind = settings.backend_kind
+    targets = settings.targets
+    if kind == "local":
+        targets = {}
+        options = {"local": True, **options}
+    elif kind is not None:
+        if targets[kind] is None:
+            variable = dict(BACKEND_VARIABLES)[kind]
+            raise ValueError(f"{ENV_BACKEND}={kind} but {variable} is not set")
+        targets = {kind: targets[kind]}
+    elif not any(targets.values()) and not any(options.get(k) for k in (*targets, "local")):
+        raise ValueError(
+            _NOTHING_CONFIGURED.format(
+                how=f"set {ENV_ETCD_ENDPOINTS}, {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN} or {ENV_FILE} (with "
+                f"{ENV_NAME}: required by etcd, MySQL and PostgreSQL), or {ENV_BACKEND}=local for one instance in "
+                "development"
+            )
+        )
+    chosen: dict[str, Any] = {**targets, "name": settings.name}
     if settings.etcd_degrade_to_local is not None and settings.etcd_endpoints and "degrade_to_local" not in options:
         chosen["degrade_to_local"] = settings.etcd_degrade_to_local
     chosen.update(options)

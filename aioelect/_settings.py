@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from ._config import redact_dsn
 
 __all__ = [
+    "BACKEND_KINDS",
     "BACKEND_VARIABLES",
+    "ENV_BACKEND",
     "ENV_ETCD_CA",
     "ENV_ETCD_CERT",
     "ENV_ETCD_DEGRADE_TO_LOCAL",
@@ -44,6 +46,10 @@ __all__ = [
     "is_secret",
 ]
 
+#: The backend to use, by kind: ``etcd``, ``mysql``, ``postgres``, ``file`` or ``local``. Required for
+#: ``local`` (no mutual exclusion: never chosen because nothing else is configured); with another kind,
+#: that backend's variable is used even when others are set.
+ENV_BACKEND = "AIOELECT_BACKEND"
 #: Comma-separated etcd endpoints (``host:port`` or ``https://host:port``).
 ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
 #: ``mysql://user:password@host:port/database``.
@@ -78,6 +84,9 @@ BACKEND_VARIABLES = (
     ("postgres", ENV_POSTGRES_DSN),
     ("file", ENV_FILE),
 )
+
+#: The values ``AIOELECT_BACKEND`` accepts.
+BACKEND_KINDS = (*(kind for kind, _ in BACKEND_VARIABLES), "local")
 
 #: The secret variables aioelect defines. Any other ``AIOELECT_`` variable whose name holds
 #: ``PASSWORD`` or ends in ``_DSN`` is a secret too (see :func:`is_secret`).
@@ -119,6 +128,8 @@ class Settings:
     DSNs redacted and never the password.
     """
 
+    #: ``AIOELECT_BACKEND``: one of :data:`BACKEND_KINDS`.
+    backend_kind: str | None = None
     etcd_endpoints: str | None = None
     mysql_dsn: str | None = field(default=None, repr=False)
     postgres_dsn: str | None = field(default=None, repr=False)
@@ -140,7 +151,13 @@ class Settings:
         def text(variable: str) -> str | None:
             return environ.get(variable) or None
 
+        kind = text(ENV_BACKEND)
+        if kind is not None:
+            kind = kind.strip().lower()
+            if kind not in BACKEND_KINDS:
+                raise ValueError(f"{ENV_BACKEND} must be one of {', '.join(BACKEND_KINDS)}, not {kind!r}")
         return cls(
+            backend_kind=kind,
             etcd_endpoints=text(ENV_ETCD_ENDPOINTS),
             mysql_dsn=text(ENV_MYSQL_DSN),
             postgres_dsn=text(ENV_POSTGRES_DSN),
@@ -161,7 +178,12 @@ class Settings:
         return {"etcd": self.etcd_endpoints, "mysql": self.mysql_dsn, "postgres": self.postgres_dsn, "file": self.file}
 
     def backend(self) -> tuple[str, str] | None:
-        """``(kind, target)`` of the first backend configured in priority order, or None if none is."""
+        """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names if its variable is set, else of the first
+        backend configured in priority order; None if none is."""
+        named = self.targets.get(self.backend_kind or "")
+        if named is not None:
+            assert self.backend_kind is not None
+            return self.backend_kind, named
         for kind, target in self.targets.items():
             if target is not None:
                 return kind, target
@@ -171,6 +193,7 @@ class Settings:
         shown = ", ".join(
             f"{name}={value!r}"
             for name, value in (
+                ("backend_kind", self.backend_kind),
                 ("etcd_endpoints", self.etcd_endpoints),
                 ("mysql_dsn", _redacted(self.mysql_dsn)),
                 ("postgres_dsn", _redacted(self.postgres_dsn)),

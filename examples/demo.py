@@ -96,6 +96,7 @@ def setup_backend(kind: str, stack: contextlib.ExitStack, workdir: str) -> Backe
     suffix = secrets.token_hex(3)
     env["AIOELECT_NAME"] = f"/aioelect-demo/{suffix}" if kind == "etcd" else f"aioelect-demo-{suffix}"
     if kind == "local":
+        env["AIOELECT_BACKEND"] = "local"  # never chosen by from_env() unless asked for
         return Backend("local", env, [], "in each process (no coordination at all)", exclusive=False)
     if kind == "file":
         if not module_available("aioelect.backends.file"):

@@ -11,9 +11,10 @@ import time
 import anyio
 import pytest
 
+import aioelect
 from aioelect import ElectionError, Elector, Leadership, LeadershipLost, leadership
 
-from .backends import CAPABILITIES, CASES, BackendCase, unique_name
+from .backends import CAPABILITIES, CASES, BackendCase, Follower, unique_name
 
 
 def requires(*capabilities: str) -> pytest.MarkDecorator:
@@ -518,3 +519,95 @@ async def test_loss_while_waiting_for_stubborn_work_ends_leadership_as_a_loss(
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, LeadershipLost):
             await task
+
+
+# --- the current leadership, trying once, and followers that know the leader -----------------------
+
+
+async def test_current_leadership_inside_run_and_leadership(case: BackendCase) -> None:
+    async with case.make(unique_name(), identity="ctx") as elector:
+
+        async def work() -> int | None:
+            lead = aioelect.current_leadership()
+            lead.check()
+            return lead.token
+
+        token = await elector.run(work)
+        if case.kind != "local" and case.kind != "memory":
+            assert token is not None, "fencing tokens are on by default"
+        async with leadership(elector) as lead:
+            assert aioelect.current_leadership() is lead
+        with pytest.raises(ElectionError, match="outside leader work"):
+            aioelect.current_leadership()
+
+
+@requires("exclusive")
+async def test_try_acquire_returns_none_while_another_leads_and_leaves_nothing(case: BackendCase) -> None:
+    name = unique_name()
+    async with case.make(name, identity="holder") as a, case.make(name, identity="tryer") as b:
+        lead_a = await a.acquire()
+        before = await case.leftovers() if case.leftovers else None
+        for _ in range(3):
+            started = time.monotonic()
+            assert await b.try_acquire() is None
+            assert time.monotonic() - started < 3.0, "try_acquire() must not wait for the leader"
+            assert not b.leading
+            async with leadership(b, wait=False) as none:
+                assert none is None
+        if case.leftovers is not None:
+            assert before is not None
+            await wait_until_async(case.leftovers, before)
+        assert lead_a.held
+        await lead_a.release()
+        lead_b = await b.try_acquire()
+        assert lead_b is not None and lead_b.held
+        assert await a.leader() == "tryer"
+        if lead_a.token is not None:
+            assert lead_b.token is not None and lead_b.token > lead_a.token
+        # The leadership try_acquire() returns is bound to this task, as acquire()'s is.
+        assert await a.try_acquire() is None
+        await lead_b.release()
+        async with leadership(a, wait=False) as lead:
+            assert lead is not None and lead.held
+
+
+async def test_last_leader_is_self_while_leading(case: BackendCase) -> None:
+    async with case.make(unique_name(), identity="me") as elector:
+        assert elector.last_leader is None
+        lead = await elector.acquire()
+        assert elector.last_leader == "me"
+        await lead.release()
+        assert elector.last_leader is None
+
+
+@requires("exclusive")
+async def test_followers_campaigning_know_the_leader_and_its_successor(case: BackendCase) -> None:
+    name = unique_name()
+    async with (
+        case.make(name, identity="first") as a,
+        case.make(name, identity="second") as b,
+        case.make(name, identity="third") as c,
+    ):
+        seen: dict[str, list[str | None]] = {"second": [], "third": []}
+        for elector in (b, c):
+            elector.add_listener(
+                lambda event: seen[event.identity].append(event.leader) if event.kind == "leader" else None
+            )
+        lead_a = await a.acquire()
+        followers = [Follower(b), Follower(c)]
+        try:
+            # Neither follower ran observe(): the campaign itself reports who leads.
+            await wait_until(lambda: b.last_leader == "first" and c.last_leader == "first")
+            assert seen["second"][-1:] == ["first"] and seen["third"][-1:] == ["first"]
+            await lead_a.release()
+            await wait_until(lambda: any(f.won.is_set() for f in followers))
+            winner, loser = (b, c) if followers[0].won.is_set() else (c, b)
+            assert winner.last_leader == winner.identity
+            await wait_until(lambda: loser.last_leader == winner.identity)
+            assert seen[loser.identity][-1] == winner.identity
+            # One event per change: never the same leader twice in a row.
+            for leaders in seen.values():
+                assert all(x != y for x, y in itertools.pairwise(leaders))
+        finally:
+            for follower in followers:
+                await follower.close()

@@ -112,6 +112,7 @@ async def test_leadership_without_elector_uses_environment(monkeypatch: pytest.M
     for var in ("AIOELECT_ETCD_ENDPOINTS", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN", "AIOELECT_FILE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AIOELECT_NAME", "from-env")
+    monkeypatch.setenv("AIOELECT_BACKEND", "local")
     async with leadership(identity="env-built") as lead:
         assert lead.held and lead.identity == "env-built"
     assert not lead.held
@@ -192,7 +193,7 @@ def test_factory_priority() -> None:
     mysql = aioelect.new(mysql="mysql://u:secret@127.0.0.1:3306/db", name="job")
     assert isinstance(mysql, aioelect.MySQLElector) and mysql.name == "job"
     assert "secret" not in repr(mysql)
-    assert isinstance(aioelect.new(), LocalElector)
+    assert isinstance(aioelect.new(local=True), LocalElector)
     pytest.importorskip("aetcd")
     etcd = aioelect.new(etcd="127.0.0.1:2379", mysql="mysql://u@127.0.0.1/db", name="/job")
     assert etcd.backend == "etcd"
@@ -207,9 +208,11 @@ def test_from_env_selection() -> None:
     assert elector.backend == "mysql" and elector.name == "n1"
     env["AIOELECT_ETCD_ENDPOINTS"] = "127.0.0.1:2379,127.0.0.1:22379"
     assert aioelect.from_env(env).backend == "etcd"
-    assert aioelect.from_env({}).backend == "local"
-    assert aioelect.from_env({"AIOELECT_MYSQL_DSN": ""}).backend == "local"
+    assert aioelect.from_env({"AIOELECT_BACKEND": "local"}).backend == "local"
+    assert aioelect.from_env({"AIOELECT_MYSQL_DSN": "", "AIOELECT_BACKEND": "local"}).backend == "local"
     assert aioelect.from_env(env, etcd=None).backend == "mysql"
+    # AIOELECT_BACKEND picks one of several configured backends.
+    assert aioelect.from_env({**env, "AIOELECT_BACKEND": "mysql"}).backend == "mysql"
 
 
 def test_factory_rejects_unknown_options() -> None:
@@ -406,6 +409,111 @@ def test_server_backends_require_a_name() -> None:
 
 
 def test_host_local_backends_keep_a_default_name(tmp_path: Path) -> None:
-    assert aioelect.new().backend == "local"
+    assert aioelect.new(local=True).backend == "local"
+    assert aioelect.new(local=True).name == "aioelect/leader"
     elector = aioelect.new(file=str(tmp_path / "service.lock"))
     assert elector.backend == "file" and elector.name
+
+
+# --- nothing configured is an error, never a silent local elector ------------------------------------
+
+
+def test_from_env_with_nothing_configured_raises_listing_the_variables() -> None:
+    for environ in ({}, {"AIOELECT_MYSQL_DSN": "", "AIOELECT_NAME": "n"}):
+        with pytest.raises(ValueError, match="no backend configured") as info:
+            aioelect.from_env(environ)
+        message = str(info.value)
+        for variable in (
+            "AIOELECT_ETCD_ENDPOINTS",
+            "AIOELECT_MYSQL_DSN",
+            "AIOELECT_POSTGRES_DSN",
+            "AIOELECT_FILE",
+            "AIOELECT_BACKEND=local",
+        ):
+            assert variable in message
+    with pytest.raises(ValueError, match="local=True"):
+        aioelect.new()
+    with pytest.raises(ValueError, match="choose one backend"):
+        aioelect.new(local=True, file="/tmp/x.lock")
+
+
+def test_local_is_chosen_only_explicitly_and_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="aioelect"):
+        elector = aioelect.from_env({"AIOELECT_BACKEND": "LOCAL", "AIOELECT_NAME": "dev"})
+    assert isinstance(elector, LocalElector) and elector.name == "dev"
+    assert "WITHOUT mutual exclusion" in caplog.text
+    with pytest.raises(ValueError, match="AIOELECT_BACKEND must be one of"):
+        aioelect.from_env({"AIOELECT_BACKEND": "zookeeper"})
+    with pytest.raises(ValueError, match="AIOELECT_BACKEND=file but AIOELECT_FILE is not set"):
+        aioelect.from_env({"AIOELECT_BACKEND": "file"})
+    with pytest.raises(ValueError, match="choose one backend"):
+        aioelect.from_env({"AIOELECT_BACKEND": "local"}, file="/tmp/x.lock")
+
+
+async def test_leadership_without_configuration_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("AIOELECT_ETCD_ENDPOINTS", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN", "AIOELECT_FILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("AIOELECT_BACKEND", raising=False)
+    with pytest.raises(ValueError, match="no backend configured"):
+        async with leadership():
+            raise AssertionError("the body must not run")
+
+
+# --- the current leadership inside leader work --------------------------------------------------------
+
+
+async def test_current_leadership_inside_leader_work_and_its_tasks() -> None:
+    async with LocalElector(identity="ctx") as elector:
+        seen: list[aioelect.Leadership] = []
+
+        async def deep() -> None:
+            seen.append(aioelect.current_leadership())
+
+        async def work(tag: str) -> str:
+            lead = aioelect.current_leadership()
+            lead.check()
+            assert lead.token is not None
+            await asyncio.create_task(deep())  # a spawned task sees it too (its context is a copy)
+            seen.append(lead)
+            return tag
+
+        assert await elector.run(work, "done") == "done"
+        assert len(seen) == 2 and seen[0] is seen[1]
+        assert not seen[0].held  # released once work returned
+        async with leadership(elector) as lead:
+            assert aioelect.current_leadership() is lead
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(deep)
+            assert seen[-1] is lead
+        with pytest.raises(ElectionError, match="outside leader work"):
+            aioelect.current_leadership()
+        plain = await elector.acquire()  # a plain acquire() has no body to scope
+        with pytest.raises(ElectionError, match="outside leader work"):
+            aioelect.current_leadership()
+        await plain.release()
+
+
+def test_current_leadership_outside_any_loop_raises() -> None:
+    with pytest.raises(ElectionError, match="outside leader work"):
+        aioelect.current_leadership()
+
+
+# --- try once -------------------------------------------------------------------------------------------
+
+
+async def test_try_acquire_and_leadership_without_waiting_on_local() -> None:
+    async with LocalElector(identity="once") as elector:
+        lead = await elector.try_acquire()
+        assert lead is not None and lead.held and lead.token is not None
+        assert elector.last_leader == "once"
+        with pytest.raises(ElectionError, match="leading"):
+            await elector.try_acquire()
+        await lead.release()
+        assert elector.last_leader is None
+        async with leadership(elector, wait=False) as scoped:
+            assert scoped is not None and scoped.held
+            assert aioelect.current_leadership() is scoped
+        assert not scoped.held
+        with pytest.raises(TypeError, match="wait"):
+            async with leadership(elector, wait="no"):  # type: ignore[call-overload]
+                pass

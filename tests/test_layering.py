@@ -134,7 +134,7 @@ def test_a_missing_driver_names_its_extra() -> None:
 @pytest.mark.parametrize(
     ("options", "who", "unknown"),
     [
-        ({"ttl": 5}, "LocalElector", "ttl"),
+        ({"local": True, "ttl": 5}, "LocalElector", "ttl"),
         ({"file": "l.lock", "fencing": True}, "FileElector", "fencing"),
         ({"file": "l.lock", "name": "n", "lease": 10}, "FileElector", "lease"),
     ],

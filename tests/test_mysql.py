@@ -234,7 +234,7 @@ async def test_follower_takes_over_when_leader_connection_is_killed(mariadb: Mar
 
 async def test_leader_identity_without_fencing_is_the_connection(mariadb: MariaDBServer) -> None:
     name = unique_name()
-    async with MySQLElector(mariadb.dsn, name=name) as elector:
+    async with MySQLElector(mariadb.dsn, name=name, fencing=False) as elector:
         assert await elector.leader() is None
         lead = await elector.acquire()
         holder = mariadb.query("SELECT IS_USED_LOCK(%s)", (name,), database="")[0][0]
@@ -401,3 +401,66 @@ async def test_frozen_server_is_a_loss_for_the_leader_and_no_hang_for_followers(
         lead_b = await follower.wait(20)
         assert lead_b.held
         await follower.close()
+
+
+# --- fencing tokens on by default ------------------------------------------------------------------------
+
+
+async def test_default_elector_has_a_token_and_reports_identities(mariadb: MariaDBServer) -> None:
+    name = unique_name()
+    async with MySQLElector(mariadb.dsn, name=name, identity="quick") as elector, leadership(elector) as lead:
+        assert lead.token is not None and lead.token >= 1
+        assert await elector.leader() == "quick"
+        rows = mariadb.query("SELECT token, holder FROM aioelect_leaders WHERE name = %s", (name,))
+        assert rows[0] == (lead.token, "quick")
+
+
+def test_default_fencing_without_a_database_names_the_fix() -> None:
+    with pytest.raises(ValueError, match="database") as info:
+        MySQLElector("mysql://u:s3cret@127.0.0.1:3306", name="t")
+    message = str(info.value)
+    assert "fencing=False" in message and "aioelect_leaders" in message and "s3cret" not in message
+    MySQLElector("mysql://u@127.0.0.1:3306", name="t", fencing=False)  # without tokens, no database is needed
+
+
+async def test_a_role_without_create_gets_the_privilege_naming_error(mariadb: MariaDBServer) -> None:
+    database = f"nocreate_{unique_name('db').replace('-', '_')}"
+    mariadb.query(f"CREATE DATABASE {database}", database="")
+    user = f"nc_{unique_name('u').replace('-', '_')}"
+    mariadb.query("CREATE USER %s@'%%' IDENTIFIED BY %s", (user, "pw-Secret-9"), database="")
+    mariadb.query(f"GRANT SELECT, INSERT, UPDATE ON {database}.* TO %s@'%%'", (user,), database="")
+    dsn = f"mysql://{user}:pw-Secret-9@{mariadb.host}:{mariadb.port}/{database}"
+    try:
+        name = unique_name()
+        async with MySQLElector(dsn, name=name, connect_timeout=2) as elector:
+            started = time.monotonic()
+            with anyio.fail_after(10), pytest.raises(ElectionError) as info:
+                await elector.acquire()
+            assert time.monotonic() - started < 3, "a missing privilege is permanent: never retried"
+            message = str(info.value)
+            assert "CREATE" in message and "fencing=False" in message and "pw-Secret-9" not in message
+            assert not elector.leading
+        # Nothing is left holding the lock: the same role without tokens leads at once.
+        async with MySQLElector(dsn, name=name, fencing=False) as elector, leadership(elector) as lead:
+            assert lead.held and lead.token is None
+    finally:
+        mariadb.query("DROP USER %s@'%%'", (user,), database="")
+        mariadb.query(f"DROP DATABASE {database}", database="")
+
+
+async def test_try_acquire_takes_a_free_lock_and_never_waits(mariadb: MariaDBServer) -> None:
+    name = unique_name()
+    async with (
+        MySQLElector(mariadb.dsn, name=name, poll_interval=5) as a,
+        MySQLElector(mariadb.dsn, name=name, poll_interval=5) as b,
+    ):
+        lead = await a.try_acquire()
+        assert lead is not None and lead.token is not None
+        before = len(mariadb.connection_ids())
+        started = time.monotonic()
+        assert await b.try_acquire() is None
+        assert time.monotonic() - started < 1.0, "GET_LOCK(name, 0) must not wait for poll_interval"
+        with anyio.fail_after(5):  # a failed try leaves no connection (the server sees the close at once)
+            while len(mariadb.connection_ids()) != before:
+                await asyncio.sleep(0.05)
+        await lead.release()

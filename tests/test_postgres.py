@@ -168,7 +168,10 @@ async def test_acquire_release_reacquire_and_identity(postgres_dsn: str, admin: 
 
 async def test_leader_without_fencing_reports_application_name(postgres_dsn: str) -> None:
     name = unique_name("pg")
-    async with make(postgres_dsn, name, "y" * 100) as a, make(postgres_dsn, name, "w") as w:
+    async with (
+        make(postgres_dsn, name, "y" * 100, fencing=False) as a,
+        make(postgres_dsn, name, "w", fencing=False) as w,
+    ):
         lead = await a.acquire()
         assert lead.token is None
         assert await w.leader() == "y" * 63
@@ -597,3 +600,38 @@ async def test_leader_frozen_longer_than_lease(postgres_dsn: str, procs: list[Pr
     assert any(e["event"] == "lost" for e in after)
     assert successor.acting(), "the successor keeps leading"
     check_no_overlap(procs)
+
+
+async def test_default_elector_has_a_token(postgres_dsn: str) -> None:
+    name = unique_name("pg")
+    tokens = []
+    async with make(postgres_dsn, name, "quick") as elector:
+        for _ in range(2):
+            async with leadership(elector) as lead:
+                assert lead.token is not None
+                tokens.append(lead.token)
+    assert tokens[1] > tokens[0]
+
+
+async def test_try_acquire_never_waits_and_leaves_no_session(postgres_dsn: str, admin: asyncpg.Connection) -> None:
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, poll_interval=5) as a, make(postgres_dsn, name, poll_interval=5) as b:
+        lead = await a.try_acquire()
+        assert lead is not None and lead.token is not None
+
+        async def sessions() -> int:
+            return int(
+                await admin.fetchval(
+                    "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' "
+                    "AND pid <> pg_backend_pid()"
+                )
+            )
+
+        before = await sessions()
+        started = time.monotonic()
+        assert await b.try_acquire() is None
+        assert time.monotonic() - started < 1.0, "pg_try_advisory_lock must not wait for poll_interval"
+        with anyio.fail_after(5):
+            while await sessions() != before:
+                await asyncio.sleep(0.05)
+        await lead.release()

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import abc
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
@@ -53,6 +53,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+#: A holder never seen: different from every holder, None (free) included.
+_UNSEEN: Any = object()
 
 
 class SessionLost(ConnectionError):
@@ -153,7 +155,7 @@ class SessionLockOptions(TypedDict, total=False):
     check_timeout: float
     #: Seconds a leader may go without a confirmed check before it fences itself (default: derived from the others).
     renew_deadline: float | None
-    #: Give each leadership a fencing token (default False).
+    #: Give each leadership a fencing token (default True).
     fencing: bool
 
 
@@ -206,7 +208,7 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
         value = options.get(option)
         return value if value is not None else from_dsn
 
-    fencing = options.get("fencing", False)
+    fencing = options.get("fencing", True)
     if fencing not in (True, False):
         raise ValueError(f"fencing must be True or False, not {fencing!r}")
     timing = LockTiming.checked(
@@ -326,6 +328,10 @@ class SessionLockBackend(Backend, Generic[_C]):
         """Wait on the server for the lock, up to about ``poll_interval``: True once granted, False if still busy."""
 
     @abc.abstractmethod
+    async def _try_request(self, conn: _C) -> bool:
+        """Ask for the lock without waiting on the server: True if granted, False if another session holds it."""
+
+    @abc.abstractmethod
     async def _held(self, conn: _C) -> bool:
         """Whether the lock is held by ``conn``'s session, checked within ``check_timeout``."""
 
@@ -344,6 +350,10 @@ class SessionLockBackend(Backend, Generic[_C]):
     @abc.abstractmethod
     async def _look(self, conn: _C) -> tuple[Any, str | None]:
         """The lock's holder as the server shows it (None: free) and its recorded identity (None: not recorded)."""
+
+    @abc.abstractmethod
+    async def _holder(self, conn: _C) -> Hashable:
+        """The lock's holder in one statement, as a value that changes with the holder's session (None: free)."""
 
     @abc.abstractmethod
     async def _unrecorded(self, conn: _C, holder: Any) -> str:
@@ -418,6 +428,34 @@ class SessionLockBackend(Backend, Generic[_C]):
                 if conn is not None:
                     await self._drop(conn, waiting)
 
+    async def try_campaign(self, identity: str) -> Hold | None:
+        """One lock request that does not wait: the hold, or None (connection closed) if another session holds it."""
+        conn: _C | None = None
+        waiting = False
+        try:
+            conn = await self._connect(identity)
+            waiting = True
+            granted = await self._try_request(conn)
+            waiting = False
+            if not granted:
+                return None
+            hold = await self._won(conn, identity)
+            conn = None
+            return hold
+        except Exception as exc:
+            if self.permanent(exc):
+                raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
+            if isinstance(exc, ElectionError):
+                raise
+            host, port = self._address
+            raise BackendUnavailable(
+                f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}"
+            ) from None
+        finally:
+            if conn is not None:
+                # A request cut off in flight may have been granted: end its session rather than trust the close.
+                await self._drop(conn, waiting)
+
     async def _won(self, conn: _C, identity: str) -> SessionLockHold[_C]:
         """The hold of a lock just granted to ``conn``, dated from a check sent after the grant.
 
@@ -459,12 +497,49 @@ class SessionLockBackend(Backend, Generic[_C]):
     # --- who leads --------------------------------------------------------------------
 
     async def leader(self) -> str | None:
+        return await self._on_observer(self._leader_on)
+
+    async def watch(self) -> AsyncIterator[str | None]:
+        """Poll the holder with one statement at most once per ``poll_interval`` (and per second); identify a new one.
+
+        Cheaper than :meth:`observe` for a watch beside every campaign: the
+        holder's identity is looked up only when the holder changes (or was
+        not recorded yet).
+        """
+        interval = max(self.poll_interval, 1.0)
+        backoff = Backoff(first=interval, maximum=max(5.0, interval))
+        seen: Any = _UNSEEN
+        last: object = _UNSEEN
+        while True:
+            try:
+                holder = await self._on_observer(self._holder)
+                if holder != seen:
+                    _, current, final = await self._on_observer(self._identify)
+                    seen = holder if final else _UNSEEN
+                    if current != last:
+                        last = current
+                        yield current
+            except BackendUnavailable as exc:
+                delay = backoff.next_delay()
+                self.log.debug("leader watch: %s; retrying in %.1fs", exc, delay)
+                await anyio.sleep(delay)
+                continue
+            backoff.reset()
+            await anyio.sleep(interval)
+
+    async def _on_observer(self, look: Callable[[_C], Awaitable[_T]]) -> _T:
+        """``look(conn)`` on the observer connection, opened (again) if needed; one retry on a new connection."""
         async with self._observer_lock:
             for attempt in range(2):
                 try:
                     if self._observer is None or self._observer.broken:
-                        self._observer = await self._open("observer")
-                    return await self._leader_on(self._observer)
+                        # Shielded (bounded by the connect timeout): a look cancelled mid-connect would leave
+                        # a session on the server until the half-open socket is collected.
+                        with anyio.CancelScope(shield=True):
+                            self._observer = await self._open("observer")
+                    observer = self._observer
+                    assert observer is not None
+                    return await look(observer)
                 except Exception as exc:
                     if self.permanent(exc):
                         raise ElectionError(f"{self.dialect.product} refused the query: {self.describe(exc)}") from None
@@ -481,6 +556,13 @@ class SessionLockBackend(Backend, Generic[_C]):
         raise AssertionError("unreachable")
 
     async def _leader_on(self, conn: _C) -> str | None:
+        return (await self._identify(conn))[1]
+
+    async def _identify(self, conn: _C) -> tuple[Any, str | None, bool]:
+        """(the holder as the server shows it, its identity or a description, whether that answer is final).
+
+        Not final: the holder has not recorded its identity (yet), so a later look may say more.
+        """
         if self.records_identity:
             holder, identity = await until_recorded(
                 lambda: self._look(conn), lambda seen: seen[0] is None or seen[1] is not None
@@ -488,10 +570,16 @@ class SessionLockBackend(Backend, Generic[_C]):
         else:
             holder, identity = await self._look(conn)
         if holder is None:
-            return None
+            return None, None, True
         if identity is not None:
-            return str(identity)
-        return await self._unrecorded(conn, holder)
+            return holder, str(identity), True
+        return holder, await self._unrecorded(conn, holder), not self.records_identity
+
+    async def close_observer(self) -> None:
+        async with self._observer_lock:
+            if self._observer is not None:
+                observer, self._observer = self._observer, None
+                await observer.aclose(self.check_timeout)
 
     async def aclose(self) -> None:
         if self._observer is not None:

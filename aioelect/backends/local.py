@@ -65,5 +65,8 @@ class LocalBackend(Backend):
         self.holder = identity
         return _LocalHold(self, identity, token)
 
+    async def try_campaign(self, identity: str) -> Hold | None:
+        return await self.campaign(identity)
+
     async def leader(self) -> str | None:
         return self.holder

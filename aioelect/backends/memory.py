@@ -122,6 +122,9 @@ class MemoryElection:
     def enqueue(self, ticket: object) -> None:
         self._queue.append(ticket)
 
+    def enqueue_first(self, ticket: object) -> None:
+        self._queue.appendleft(ticket)
+
     def dequeue(self, ticket: object) -> None:
         if ticket in self._queue:
             self._queue.remove(ticket)
@@ -261,6 +264,21 @@ class MemoryBackend(Backend):
                     continue
                 backoff.reset()
                 await changed.wait()
+        finally:
+            election.dequeue(ticket)
+
+    async def try_campaign(self, identity: str) -> Hold | None:
+        await anyio.lowlevel.checkpoint()
+        election = self.election()
+        if election.failure is not None:
+            raise BackendUnavailable(f"memory election {self.name!r}: {election.failure}")
+        if election.holder is not None:
+            return None
+        # Free now: taken at once, ahead of any waiting campaign, as a real lock request without a wait is.
+        ticket = object()
+        election.enqueue_first(ticket)
+        try:
+            return election.try_grant(ticket, identity, self.check_interval)
         finally:
             election.dequeue(ticket)
 

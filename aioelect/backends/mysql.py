@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import ssl as _ssl
 import warnings
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
@@ -74,6 +74,8 @@ _PERMANENT = {
     3159,  # secure transport required
     4151,  # account locked
 }
+#: Access denied to the database, or a statement (CREATE, INSERT...) denied on the table.
+_DENIED = (1044, 1142, 1227)
 _NO_SUCH_TABLE = 1146
 _NO_DATABASE_SELECTED = 1046
 _UNKNOWN_VARIABLE = 1193
@@ -143,8 +145,9 @@ class MySQLOptions(_Named, SessionLockOptions, total=False):
     """The options of a MySQL/MariaDB election; :class:`MySQLBackend` validates them.
 
     ``poll_interval`` is the wait of one ``GET_LOCK`` request (at least a
-    second on the server); ``fencing=True`` keeps increasing tokens and the
-    holders' identities in table ``aioelect_leaders``.
+    second on the server); ``fencing`` (on by default) keeps increasing
+    tokens and the holders' identities in table ``aioelect_leaders``, which
+    needs a database and CREATE, SELECT, INSERT and UPDATE on it.
     """
 
     #: Whole seconds of the session's ``wait_timeout``: the server drops a silent leader after it (default 10).
@@ -170,7 +173,11 @@ class MySQLBackend(SessionLockBackend[_Connection]):
     def __init__(self, dsn: str | None = None, **options: Unpack[MySQLOptions]) -> None:
         where = read_options(dsn, options, MySQLOptions, self.dialect)
         if where.fencing and not where.database:
-            raise ValueError("fencing=True needs a database for the aioelect_leaders table")
+            raise ValueError(
+                f"fencing tokens (on by default) need a database for their table {FENCING_TABLE}: add one to the DSN "
+                "(mysql://user@host:port/DATABASE) or pass database=..., or pass fencing=False (--no-fencing for the "
+                "aioelect command) to lead without tokens"
+            )
         connect_args: dict[str, Any] = {
             "host": where.host,
             "port": where.port,
@@ -281,6 +288,12 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             raise SessionLost("GET_LOCK was interrupted")
         return bool(got == 1)
 
+    async def _try_request(self, conn: _Connection) -> bool:
+        got = await conn.scalar("SELECT GET_LOCK(%s, 0)", (self.name,), timeout=self.check_timeout)
+        if got is None:
+            raise SessionLost("GET_LOCK was interrupted")
+        return bool(got == 1)
+
     async def _held(self, conn: _Connection) -> bool:
         return bool(await conn.scalar(_HELD_BY_ME, (self.name,), timeout=self.check_timeout) == 1)
 
@@ -291,6 +304,20 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         """Bump and return this name's token; only a lock holder ever writes it."""
         if not self.fencing:
             return None
+        try:
+            return await self._bump_token(conn, identity)
+        except pymysql.err.MySQLError as exc:
+            if _code(exc) not in _DENIED:
+                raise
+            database = self._connect_args.get("db")
+            raise ElectionError(
+                f"fencing tokens (on by default) need the CREATE, SELECT, INSERT and UPDATE privileges on database "
+                f"{database} for table {FENCING_TABLE}, and the server refused ({exc.args[0]}) {exc.args[1]}: grant "
+                f"them (GRANT CREATE, SELECT, INSERT, UPDATE ON {database}.* TO ...), or pass fencing=False "
+                "(--no-fencing on the command line) to lead without tokens"
+            ) from None
+
+    async def _bump_token(self, conn: _Connection, identity: str) -> int:
         if not self._fencing_ready:
             with warnings.catch_warnings():  # "table already exists" is expected
                 warnings.simplefilter("ignore")
@@ -329,6 +356,10 @@ class MySQLBackend(SessionLockBackend[_Connection]):
                 raise
             return holder, None
         return holder, identity
+
+    async def _holder(self, conn: _Connection) -> Hashable:
+        holder: Hashable = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self.name,), timeout=self.check_timeout)
+        return holder
 
     async def _unrecorded(self, conn: _Connection, holder: Any) -> str:
         host = await conn.scalar(

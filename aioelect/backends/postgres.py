@@ -49,6 +49,7 @@ import functools
 import hashlib
 import math
 import ssl as _ssl
+from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
@@ -100,6 +101,7 @@ WHERE l.locktype = 'advisory' AND l.database = {_CURRENT_DB} AND l.classid = $1 
 LIMIT 1"""
 _LOCK = "SELECT pg_catalog.pg_advisory_lock($1)"
 _UNLOCK = "SELECT pg_catalog.pg_advisory_unlock($1)"
+_TRY_LOCK = "SELECT pg_catalog.pg_try_advisory_lock($1)"
 # The token is this statement's transaction id. A transaction that only takes an id commits
 # without flushing the WAL, so a crash right after could hand the same id out again; the
 # transactional logical message makes the commit write WAL, so a synchronous commit flushes it
@@ -451,6 +453,9 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             return False
         return True
 
+    async def _try_request(self, conn: _Connection) -> bool:
+        return bool(await conn.fetchval(_TRY_LOCK, self.key, timeout=self.check_timeout))
+
     async def _held(self, conn: _Connection) -> bool:
         return bool(await conn.fetchval(_HELD_BY_ME, self.classid, self.objid, timeout=self.check_timeout))
 
@@ -496,6 +501,10 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             recorded_holder_sql(schema), self.name, row["pid"], row["backend_start"], timeout=self.check_timeout
         )
         return row, holder
+
+    async def _holder(self, conn: _Connection) -> Hashable:
+        row = await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
+        return None if row is None else (row["pid"], row["backend_start"])
 
     async def _unrecorded(self, conn: _Connection, holder: Any) -> str:
         return str(holder["application_name"]) if holder["application_name"] else f"backend pid {holder['pid']}"

@@ -171,13 +171,14 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
         secrets.add_dsn(value)
         where = redact_dsn(value)
         try:
-            database = parse_dsn(value, *(("mysql", "mariadb") if kind == "mysql" else ("postgresql", "postgres")))
+            parse_dsn(value, *(("mysql", "mariadb") if kind == "mysql" else ("postgresql", "postgres")))
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         target = _with_password(value, password) if password is not None else value
-        # Fencing gives CMD a token, and records full identities (MySQL names no holder without it).
-        if not args.no_fencing and (database.database or kind == "postgres"):
-            options["fencing"] = True
+        # Fencing (the backends' default) gives CMD a token, and records full identities (MySQL names no
+        # holder without it); a MySQL DSN without a database is then refused, naming --no-fencing.
+        if args.no_fencing:
+            options["fencing"] = False
     else:
         target, where = value, value
     return Config(kind, target, where, options)

@@ -26,7 +26,7 @@ import anyio
 from aetcd import rpc
 
 from ..._backend import Backoff, Confirm, Hold, monotonic
-from ..._errors import ElectionError
+from ..._errors import BackendUnavailable, ElectionError
 from ._calls import first_of
 from ._connection import Connection
 from ._degraded import DegradedHold
@@ -249,6 +249,47 @@ class EtcdBackend(Election):
                 return await self._campaign_in(session, value, backoff)
             except SessionEnded as exc:
                 self.log.info("session ended while campaigning (%s); campaigning again with a new session", exc)
+
+    async def try_campaign(self, identity: str) -> Hold | None:
+        """Our key under a lease; if another key is first, the key and its lease are withdrawn at once: None.
+
+        Never degrades to local leadership: an etcd that cannot be reached is
+        :class:`~aioelect.BackendUnavailable`.
+        """
+        value = identity.encode()
+        session = self.session
+        if session is not None and session.done.is_set():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
+                await session.close()
+            await self.drop(session)
+            session = None
+        if session is None:
+            try:
+                session = await Session.grant(
+                    self.conn,
+                    self.ttl,
+                    interval=self.keepalive_interval,
+                    keepalive_timeout=self.session_keepalive_timeout,
+                    request_timeout=self.request_timeout,
+                )
+            except Transient as exc:
+                raise BackendUnavailable(f"cannot start an etcd session ({exc})") from None
+            self.session = session
+            self.sessions.add(session)
+        key = self.prefix + f"{session.lease_id:x}".encode()
+        won = False
+        try:
+            try:
+                revision, predecessor, read_at = await self._put_candidate(session, key, value)
+            except (Transient, KeyLost, SessionEnded) as exc:
+                raise BackendUnavailable(f"etcd campaign interrupted ({exc or type(exc).__name__})") from None
+            if predecessor is not None:
+                return None
+            won = True
+            return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
+        finally:
+            if not won:
+                await self._withdraw(session, key)
 
     async def _campaign_in(self, session: Session, value: bytes, backoff: Backoff) -> Hold:
         """Campaign with ``session`` until we lead; raise SessionEnded if it ends first.

@@ -66,7 +66,7 @@ import anyio.to_thread
 
 from ..._backend import Backend, Backoff, Hold, monotonic, until_recorded
 from ..._config import DEFAULT_NAME, check_options, positive, validate_name
-from ..._errors import ElectionError
+from ..._errors import BackendUnavailable, ElectionError
 from ._inotify import Channel, Watcher, Watching
 from ._lock import FileHold, LockFile
 from ._paths import MODES, PERMANENT_ERRNOS, directory_problem, open_checked, resolve
@@ -259,6 +259,39 @@ class FileBackend(Backend):
                 await anyio.sleep(delay)
             finally:
                 attempt.close()
+
+    def _open_lock(self, attempt: Attempt) -> None:
+        """Open the lock file into ``attempt`` (worker threads only)."""
+        problem = directory_problem(self.directory, self.mode)
+        if problem is not None:
+            raise ElectionError(problem)
+        attempt.lock_fd = open_checked(self.path, "lock file", self.mode, create=True, write=True, log=self.log)
+
+    async def try_campaign(self, identity: str) -> Hold | None:
+        """One ``flock`` with ``LOCK_NB``: the hold, or None (the descriptor closed) if another process holds it."""
+        for _ in range(3):  # a lock file replaced under us is opened again, a bounded number of times
+            attempt = Attempt()
+            try:
+                await anyio.to_thread.run_sync(self._open_lock, attempt)
+                sent = monotonic()
+                try:
+                    fcntl.flock(attempt.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return None
+                token = await anyio.to_thread.run_sync(self._record, attempt.lock_fd, identity)
+                if token is None:
+                    continue
+                return FileHold(self._lockfile, self.check_interval, self.log, attempt.take_lock_fd(), token, sent)
+            except OSError as exc:
+                if exc.errno in PERMANENT_ERRNOS:
+                    raise ElectionError(f"lock file {self.path}: {exc.strerror}") from None
+                raise BackendUnavailable(f"lock file {self.path}: {exc.strerror or exc!r}") from None
+            finally:
+                attempt.close()
+        raise BackendUnavailable(f"lock file {self.path} was replaced during each of 3 attempts")
+
+    async def close_observer(self) -> None:
+        self._lockfile.close_probe()
 
     async def aclose(self) -> None:
         self._lockfile.close_probe()
