@@ -3,7 +3,8 @@
 Every ```python block of README.md and docs/quickstart.md stands right under a
 marker that says how this module runs it, so that no block goes unrun:
 
-* ``<!-- docs-test: runs -->``: a program that ends; it must exit 0.
+* ``<!-- docs-test: runs -->``: a program that ends; it must exit 0, and a
+  block that prints a fencing token must print a real one.
 * ``<!-- docs-test: leader-loop -->``: a leader loop that never ends. It must
   lead and show a fencing token; when its lock is taken away from outside it
   must report the loss, campaign again and lead with a larger token.
@@ -251,6 +252,9 @@ def test_block_runs(
     if kind == "runs":
         code = program.wait()
         assert code == 0, f"{document} block {index} exited {code}:\n{program.text()}"
+        if "token" in source:  # a block that shows its token shows a real one
+            tokens = TOKEN.findall(program.text())
+            assert tokens and "None" not in tokens, f"{document} block {index} shows no token:\n{program.text()}"
         return
     first = program.expect(TOKEN.pattern)
     assert first.group(1) != "None", f"{document}: the leader loop shows no fencing token:\n{program.text()}"
