@@ -140,9 +140,9 @@ class Campaign:
         """
         if self.leadership is not None:
             return self.elector.identity
-        # Electors that follow the leader while campaigning know it without a round trip.
-        last = getattr(self.elector, "last_leader", None)
-        if isinstance(last, str) and last != self.elector.identity:
+        # A campaigning elector follows the leader's changes: no round trip while it has a report.
+        last = self.elector.last_leader
+        if last is not None and last != self.elector.identity:
             return last
         try:
             with anyio.fail_after(self.leader_timeout):

@@ -126,7 +126,7 @@ class HealthServer:
         """This process's status and whether the backend answered (asked only with ``ask_backend``)."""
         elector, campaign = self.elector, self.campaign
         leading = elector.leading
-        who: object = elector.identity if leading else getattr(elector, "last_leader", None)
+        who = elector.identity if leading else elector.last_leader
         answered = True
         if ask_backend:
             try:
@@ -144,7 +144,7 @@ class HealthServer:
             identity=elector.identity,
             backend=elector.backend,
             name=elector.name,
-            leader=who if isinstance(who, str) else None,
+            leader=who,
             token=token,
             error=campaign.error if campaign is not None else None,
         )
@@ -155,7 +155,7 @@ class HealthServer:
         if path not in PATHS:
             return 404, {"error": f"unknown path; probes: {', '.join(PATHS)}"}
         # Liveness never waits on the backend; /leader asks it only when no report named the leader.
-        known = isinstance(getattr(self.elector, "last_leader", None), str)
+        known = self.elector.last_leader is not None
         now, answered = await self.status(ask_backend=path == "/readyz" or (path == "/leader" and not known))
         body = now.as_dict()
         alive = self.alive()
