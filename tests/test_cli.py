@@ -579,3 +579,43 @@ def test_processes_left_in_cmds_group_are_killed_before_the_release(
     finally:
         if started.exists():
             kill_group(int(started.read_text().split()[0]))
+
+
+# --- run --no-wait: try once, like flock -n -----------------------------------------------------
+
+
+def test_run_no_wait_exits_75_while_another_leads_and_runs_cmd_once_when_free(
+    target: Target, spawner: Spawner, tmp_path: Path
+) -> None:
+    lines = Lines(tmp_path / "ticks")
+    backend = [*target.with_name(), *target.tuning]
+    holder = spawner.run_cmd(*backend, "--identity", "holder", out=lines.path)
+    wait_until("the holder to run its command", lambda: bool(lines.of("holder", "start")), 30)
+    once = [sys.executable, str(spawner.script), str(lines.path), "once"]
+
+    started = time.monotonic()
+    tried = cli("run", *backend, "--no-wait", "--identity", "cron", "--", *once)
+    assert tried.returncode == 75, tried.stderr
+    assert time.monotonic() - started < 15, "--no-wait must not wait for the leader"
+    assert lines.of("cron") == [], "CMD must not run while another instance leads"
+    assert "another instance leads" in tried.stderr
+
+    holder.send_signal(signal.SIGTERM)
+    spawner.wait(holder)
+    ran = cli("run", *backend, "--no-wait", "--identity", "cron", "--", *once)
+    assert ran.returncode == 0, ran.stderr
+    (start,) = lines.of("cron", "start")
+    assert start[2] != "-", "fencing tokens are on by default: CMD gets AIOELECT_TOKEN"
+
+    both = cli("run", *backend, "--no-wait", "--forever", "--", *once)
+    assert both.returncode == 2 and "--no-wait" in both.stderr
+
+
+def test_mysql_without_a_database_names_no_fencing() -> None:
+    refused = cli("leader", "--mysql", f"mysql://root@127.0.0.1:{free_port()}", "--name", "x", "--timeout", "2")
+    assert refused.returncode == 2, refused.stderr
+    assert "--no-fencing" in refused.stderr and "database" in refused.stderr
+    unreachable = cli(
+        "leader", "--mysql", f"mysql://root@127.0.0.1:{free_port()}", "--name", "x", "--no-fencing", "--timeout", "2"
+    )
+    assert unreachable.returncode == 3, unreachable.stderr  # configured: only the server is missing

@@ -82,7 +82,8 @@ exit status:
        or its driver not installed
   run: CMD's exit status; 128+N when CMD died of signal N (143: SIGTERM,
        137: SIGKILL), or when aioelect was stopped by signal N before CMD
-       started; 126/127 when CMD cannot be executed / is not found.
+       started; 126/127 when CMD cannot be executed / is not found;
+       75 with --no-wait when another instance leads (CMD did not run).
 """
 
 _RUN_DESCRIPTION = f"""\
@@ -100,6 +101,11 @@ Campaign, and run CMD only while this process is the leader.
   same way before the leadership is released.
 * Without --forever, aioelect exits with CMD's status once CMD ends; with
   --forever it campaigns again (after --restart-delay) until interrupted.
+  Long-running commands (aioelect run --forever -- celery beat) keep one
+  instance running on some host: a follower waits and takes over.
+* --no-wait tries once, like flock -n: when another instance leads, CMD
+  does not run and aioelect exits with status 75. Cron on several hosts
+  then runs a job once per schedule, not once per host in turn.
 * CMD runs in its own process group and is killed (SIGKILL) if aioelect
   itself dies (Linux), so a crashed supervisor never leaves CMD running.
 * CMD's environment gets {ENV_IDENTITY} (ours) and {ENV_TOKEN} (the
@@ -257,6 +263,11 @@ def build_parser() -> Parsers:
         "repeatable; logged as a warning",
     )
     run.add_argument("--forever", action="store_true", help="campaign again after CMD exits or is stopped")
+    run.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="try once: if another instance leads, do not run CMD and exit with status 75 (like flock -n)",
+    )
     run.add_argument(
         "--restart-delay",
         type=_non_negative,

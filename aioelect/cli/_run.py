@@ -28,7 +28,7 @@ import anyio
 
 from .._elector import Elector, Leadership
 from .._settings import ENV_IDENTITY, ENV_TOKEN
-from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, UsageError
+from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
 
 if TYPE_CHECKING:
@@ -134,6 +134,9 @@ class Runner:
         self.grace: float = args.grace if args.grace is not None else DEFAULT_GRACE
         self.pass_secrets: list[str] = list(args.pass_secret)
         self.forever: bool = args.forever
+        self.no_wait: bool = getattr(args, "no_wait", False)
+        if self.no_wait and self.forever:
+            raise UsageError("--no-wait and --forever exclude each other: --no-wait runs CMD at most once")
         self.restart_delay: float = args.restart_delay
         self.group: ProcessGroup | None = None
         self.signals: list[int] = []
@@ -154,7 +157,15 @@ class Runner:
 
     async def main(self) -> int:
         while True:
-            lead = await self._campaign()
+            if self.no_wait:
+                if self.stopping.is_set():
+                    return self._stopped_status()
+                lead = await self.elector.try_acquire()
+                if lead is None:
+                    log.info("another instance leads: CMD not run (--no-wait), exit status %d", EXIT_NOT_LEADER)
+                    return EXIT_NOT_LEADER
+            else:
+                lead = await self._campaign()
             if lead is None:
                 log.info("stopped while campaigning")
                 return self._stopped_status()
@@ -163,6 +174,8 @@ class Runner:
             finally:
                 await lead.release()
             if status is None:  # lost before CMD could start: it never ran, so campaign again
+                if self.no_wait:
+                    return EXIT_NOT_LEADER
                 continue
             if not self.forever or self.stopping.is_set():
                 return status

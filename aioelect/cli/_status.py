@@ -6,6 +6,7 @@ __all__ = [
     "EXIT_BACKEND",
     "EXIT_NOT_EXECUTABLE",
     "EXIT_NOT_FOUND",
+    "EXIT_NOT_LEADER",
     "EXIT_NO_LEADER",
     "EXIT_USAGE",
     "BackendError",
@@ -18,6 +19,8 @@ EXIT_NO_LEADER = 1
 EXIT_USAGE = 2
 #: The backend is unreachable, refused us (wrong password, unknown database) or its driver is missing.
 EXIT_BACKEND = 3
+#: ``run --no-wait``: another instance leads, CMD was not run (sysexits' EX_TEMPFAIL: try again later).
+EXIT_NOT_LEADER = 75
 #: ``run``: CMD could not be executed / was not found (the shell's codes).
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127
