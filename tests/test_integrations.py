@@ -42,7 +42,7 @@ from aioelect.integrations import aiohttp as aiohttp_integration
 from aioelect.integrations.aiohttp import election_ctx
 from aioelect.integrations.apscheduler import LeaderScheduler
 from aioelect.integrations.asgi import election_lifespan
-from aioelect.integrations.health import PATHS, HealthServer
+from aioelect.integrations.health import MAX_REQUEST, PATHS, HealthServer
 from aioelect.testing import MemoryElector
 
 MakeMemory = Callable[..., MemoryElector]
@@ -237,6 +237,28 @@ async def test_apscheduler_handover_drops_slots_older_than_misfire_grace_time(me
     second run, the older ones are reported missed."""
     executed, missed = await takeover_runs(memory_elector, 2.5, coalesce=False, misfire_grace_time=1)
     assert 9 <= executed <= 11 and missed >= 13 and 23 <= executed + missed <= 27
+
+
+async def test_apscheduler_thread_jobs_start_only_on_the_leader_and_see_its_token(memory_elector: MakeMemory) -> None:
+    """A plain function runs in APScheduler's thread pool, under the leadership's context all the same."""
+    seen: list[tuple[str, int | None]] = []
+
+    def job(instance: str) -> None:
+        lead = aioelect.current_leadership()
+        lead.check()
+        seen.append((instance, lead.token))
+
+    schedulers = {}
+    for name in ("a", "b"):
+        scheduler = AsyncIOScheduler()
+        scheduler.add_job(job, "interval", seconds=0.1, args=[name], id="job")
+        schedulers[name] = LeaderScheduler(scheduler, memory_elector(name))
+    async with schedulers["a"] as a, schedulers["b"] as b:
+        await wait_for(lambda: len(seen) >= 3, what="three runs")
+        leader = a if a.role == "leader" else b
+        lead = leader.leadership
+        assert lead is not None
+        assert set(seen) == {(leader.elector.identity, lead.token)}
 
 
 async def test_apscheduler_refuses_a_started_scheduler(memory_elector: MakeMemory) -> None:
@@ -450,6 +472,19 @@ async def test_health_server_probes_of_a_leader_and_a_follower(memory_elector: M
         assert (await probe(url_a + "/leader"))[0] == 503
     with pytest.raises(httpx.ConnectError):
         await probe(url_a + "/healthz")
+
+
+async def test_health_server_refuses_an_oversized_request(memory_elector: MakeMemory) -> None:
+    async with HealthServer(memory_elector("a")) as health:
+        await health.start()
+        reader, writer = await asyncio.open_connection("127.0.0.1", health.port)
+        try:
+            writer.write(b"GET /healthz HTTP/1.1\r\nX-Big: " + b"x" * (MAX_REQUEST + 10) + b"\r\n\r\n")
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 431 ")
 
 
 async def test_health_server_with_a_failed_campaign_fails_liveness(tmp_path: Path) -> None:

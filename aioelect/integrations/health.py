@@ -201,6 +201,7 @@ class HealthServer:
         except TimeoutError:
             return 400, {"error": f"request not received within {REQUEST_TIMEOUT:g}s"}, False
         except asyncio.LimitOverrunError:
+            await _discard(reader)  # closing with unread data would reset the connection before the answer
             return 431, {"error": f"request head longer than {MAX_REQUEST} bytes"}, False
         request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
         parts = request_line.split(" ")
@@ -211,3 +212,11 @@ class HealthServer:
             return 405, {"error": "only GET and HEAD"}, False
         code, body = await self.answer(target.split("?", 1)[0])
         return code, body, method == "HEAD"
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    """Read and drop what the client sent (at most 1 MiB, 0.2 s)."""
+    dropped = 0
+    with anyio.move_on_after(0.2):
+        while dropped < 1 << 20 and (chunk := await reader.read(65536)):
+            dropped += len(chunk)
