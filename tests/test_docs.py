@@ -309,3 +309,23 @@ def test_the_site_builds_in_strict_mode(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert (tmp_path / "site" / "api" / "index.html").read_text().count('id="aioelect.Elector.acquire"') == 1
+
+
+@pytest.mark.timeout(180)
+def test_the_try_once_block_gives_way_to_a_leader(
+    backend: tuple[dict[str, str], Callable[[], None]], programs: list[Program], tmp_path: Path
+) -> None:
+    """The quickstart's `leadership(elector, wait=False)` block while another instance leads: it skips the job."""
+    env, _ = backend
+    blocks = {source: kind for kind, source in python_blocks("docs/quickstart.md")}
+    (try_once,) = [source for source in blocks if "wait=False" in source]
+    (loop,) = [source for source, kind in blocks.items() if kind == "leader-loop"]
+    leader = Program(loop, env, tmp_path)
+    programs.append(leader)
+    leader.expect(TOKEN.pattern)
+    follower = Program(try_once, env, tmp_path)
+    programs.append(follower)
+    code = follower.wait()
+    assert code == 0, follower.text()
+    assert follower.output == ["another instance leads: not running the report"], follower.text()
+    assert leader.proc.poll() is None, "the leader loop must keep running"
