@@ -70,14 +70,25 @@ class Reporter:
     the backend only calls it, and never learns who listens.
     """
 
-    def __init__(self, log: ElectionLog, on_error: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        log: ElectionLog,
+        on_error: Callable[[str], None] | None = None,
+        on_leader: Callable[[str | None], None] | None = None,
+    ) -> None:
         self.log = log
         self._on_error = on_error
+        self._on_leader = on_leader
 
     def error(self, what: str) -> None:
         """Report a transient error that is being retried."""
         if self._on_error is not None:
             self._on_error(what)
+
+    def leader(self, identity: str | None) -> None:
+        """Report the leader a campaign learnt on its way (no request of its own: read with the campaign's)."""
+        if self._on_leader is not None:
+            self._on_leader(identity)
 
 
 class Backend(abc.ABC):

@@ -423,7 +423,9 @@ class Elector:
         self._leadership: Leadership | None = None
         self._campaign_scope: anyio.CancelScope | None = None
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
-        backend.attach(Reporter(self._log, lambda reason: self._emit("error", reason=reason)))
+        backend.attach(
+            Reporter(self._log, lambda reason: self._emit("error", reason=reason), on_leader=self._saw_leader)
+        )
         for warning in backend.warnings:
             self._log.warning("%s", warning)
         self._timing_logged = False

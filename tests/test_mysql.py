@@ -443,6 +443,12 @@ async def test_a_role_without_create_gets_the_privilege_naming_error(mariadb: Ma
         # Nothing is left holding the lock: the same role without tokens leads at once.
         async with MySQLElector(dsn, name=name, fencing=False) as elector, leadership(elector) as lead:
             assert lead.held and lead.token is None
+        # A table created beforehand by a role that may (least privilege for the service): tokens without CREATE.
+        root_dsn = f"mysql://root@{mariadb.host}:{mariadb.port}/{database}"
+        async with MySQLElector(root_dsn, name=unique_name()) as elector, leadership(elector) as lead:
+            assert lead.token is not None
+        async with MySQLElector(dsn, name=name) as elector, leadership(elector) as lead:
+            assert lead.token is not None
     finally:
         mariadb.query("DROP USER %s@'%%'", (user,), database="")
         mariadb.query(f"DROP DATABASE {database}", database="")

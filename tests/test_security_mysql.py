@@ -181,8 +181,9 @@ def test_ssl_context_argument_is_judged_too(caplog: pytest.LogCaptureFixture) ->
     unverified = ssl.create_default_context()
     unverified.check_hostname = False
     unverified.verify_mode = ssl.CERT_NONE
-    MySQLElector(host="db.example.com", ssl=unverified, name=unique_name())
-    MySQLElector(host="db.example.com", ssl=ssl.create_default_context(), name=unique_name())
+    # A database for the fencing tokens' table, which are on by default.
+    MySQLElector(host="db.example.com", database="app", ssl=unverified, name=unique_name())
+    MySQLElector(host="db.example.com", database="app", ssl=ssl.create_default_context(), name=unique_name())
     seen = transport_warnings(caplog)
     assert len(seen) == 1 and "not verified" in seen[0], seen
 

@@ -311,17 +311,27 @@ class MySQLBackend(SessionLockBackend[_Connection]):
                 raise
             database = self._connect_args.get("db")
             raise ElectionError(
-                f"fencing tokens (on by default) need the CREATE, SELECT, INSERT and UPDATE privileges on database "
-                f"{database} for table {FENCING_TABLE}, and the server refused ({exc.args[0]}) {exc.args[1]}: grant "
-                f"them (GRANT CREATE, SELECT, INSERT, UPDATE ON {database}.* TO ...), or pass fencing=False "
-                "(--no-fencing on the command line) to lead without tokens"
+                f"fencing tokens (on by default) need the SELECT, INSERT and UPDATE privileges on table "
+                f"{database}.{FENCING_TABLE}, and CREATE on database {database} unless the table exists already; "
+                f"the server refused ({exc.args[0]}) {exc.args[1]}: grant them (GRANT CREATE, SELECT, INSERT, UPDATE "
+                f"ON {database}.* TO ...), or pass fencing=False (--no-fencing on the command line) to lead without "
+                "tokens"
             ) from None
 
     async def _bump_token(self, conn: _Connection, identity: str) -> int:
         if not self._fencing_ready:
-            with warnings.catch_warnings():  # "table already exists" is expected
-                warnings.simplefilter("ignore")
-                await conn.scalar(FENCING_DDL, timeout=self.check_timeout * 5)
+            try:
+                with warnings.catch_warnings():  # "table already exists" is expected
+                    warnings.simplefilter("ignore")
+                    await conn.scalar(FENCING_DDL, timeout=self.check_timeout * 5)
+            except pymysql.err.MySQLError as exc:
+                if _code(exc) not in _DENIED:
+                    raise
+                # A role without CREATE (least privilege) can still use a table created for it beforehand.
+                try:
+                    await conn.scalar(f"SELECT 1 FROM {FENCING_TABLE} LIMIT 0", timeout=self.check_timeout)
+                except pymysql.err.MySQLError:
+                    raise exc from None
             self._fencing_ready = True
         await conn.scalar(
             f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "

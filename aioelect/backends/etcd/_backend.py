@@ -215,6 +215,12 @@ class EtcdBackend(Election):
             self.session = None
 
     async def campaign(self, identity: str) -> Hold:
+        try:
+            return await self._campaign(identity)
+        finally:
+            self.end_view()
+
+    async def _campaign(self, identity: str) -> Hold:
         value = identity.encode()
         backoff = Backoff(first=0.1, maximum=2.0)
         while True:
@@ -288,6 +294,7 @@ class EtcdBackend(Election):
             won = True
             return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
         finally:
+            self.end_view()
             if not won:
                 await self._withdraw(session, key)
 

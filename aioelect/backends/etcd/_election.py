@@ -20,6 +20,7 @@ still stands under our lease *and* looks for an older key left.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -41,6 +42,18 @@ def _identity(value: bytes) -> str:
     return value.decode("utf-8", errors="replace")
 
 
+@dataclass(frozen=True)
+class View:
+    """What a campaign last read of the election, in its own transactions (no request of its own)."""
+
+    #: The leader's key and identity (None: nobody), our key, and the key we wait for.
+    leader: bytes | None
+    identity: str | None
+    ours: bytes
+    predecessor: bytes | None
+    revision: int
+
+
 class KeyLost(Exception):
     """Our candidate key vanished while our lease lives (deleted by hand): put it again."""
 
@@ -60,6 +73,9 @@ class Election(Backend):
         self.request_timeout = request_timeout
         self.prefix = (name + "/").encode()
         self._prefix_end = prefix_range_end(self.prefix)
+        #: The election as the current campaign last read it; None outside a campaign.
+        self.view: View | None = None
+        self._view_changed = anyio.Event()
 
     def local_leader(self) -> str | None:
         """The identity leading without etcd (see :mod:`._degraded`), or None."""
@@ -76,15 +92,74 @@ class Election(Backend):
         )
         return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
 
-    async def first_candidate(self) -> tuple[Any, int]:
-        """(the KeyValue with the lowest create revision under the prefix, or None; header revision)."""
-        request = rpc.RangeRequest(
+    def _first_request(self) -> rpc.RangeRequest:
+        """The key with the lowest create revision under the prefix: the leader's."""
+        return rpc.RangeRequest(
             key=self.prefix,
             range_end=self._prefix_end,
             sort_order=rpc.RangeRequest.ASCEND,
             sort_target=rpc.RangeRequest.CREATE,
             limit=1,
         )
+
+    def _saw(self, kvs: Any, ours: bytes, predecessor: bytes | None, revision: int) -> None:
+        """Record the leader a campaign transaction read; report it unless it is our own key (we won)."""
+        kv = kvs[0] if kvs else None
+        leader = None if kv is None else bytes(kv.key)
+        identity = None if kv is None else _identity(kv.value)
+        self.view = View(leader, identity, ours, predecessor, revision)
+        self._view_changed.set()
+        self._view_changed = anyio.Event()
+        if leader != ours:
+            self._reporter.leader(identity)
+
+    def end_view(self) -> None:
+        """The campaign ended: nothing to watch for it any more."""
+        self.view = None
+        self._view_changed.set()
+        self._view_changed = anyio.Event()
+
+    async def watch(self) -> AsyncIterator[str | None]:
+        """Leaders for a campaign's watch, at no cost while the leader is the key the campaign waits for.
+
+        The campaign's own transactions read the leader too (reported as they
+        happen). Only when the leader is neither our key nor the one we wait
+        for (three candidates or more) is its key watched, and the leader read
+        again when it goes.
+        """
+        backoff = Backoff(first=0.1, maximum=2.0)
+        while True:
+            view, changed = self.view, self._view_changed
+            if view is None or view.leader is None or view.leader in (view.ours, view.predecessor):
+                await changed.wait()
+                continue
+            try:
+                async with self.conn.watch(view.leader, start_revision=view.revision + 1) as stream:
+                    gone = False
+                    while not gone:
+                        response = await stream.next()
+                        gone = any(event.type == DELETE for event in response.events)
+                        if not gone and response.events:
+                            yield _identity(response.events[-1].kv.value)
+                kv, revision = await self.first_candidate()
+                if self.view is view:  # the campaign has not read anything newer meanwhile
+                    self._saw([kv] if kv is not None else [], view.ours, view.predecessor, revision)
+                backoff.reset()
+            except (Transient, Compacted) as exc:
+                if self.conn.closed:
+                    return
+                self.log.debug("leader watch interrupted (%s); reading again", exc)
+                await anyio.sleep(backoff.next_delay())
+                if self.view is view:
+                    try:
+                        kv, revision = await self.first_candidate()
+                    except Transient:
+                        continue
+                    self._saw([kv] if kv is not None else [], view.ours, view.predecessor, revision)
+
+    async def first_candidate(self) -> tuple[Any, int]:
+        """(the KeyValue with the lowest create revision under the prefix, or None; header revision)."""
+        request = self._first_request()
         reply = await self.conn.call(
             "read leader",
             lambda ch: ch.kv.Range(request, metadata=ch.metadata),
@@ -130,6 +205,7 @@ class Election(Backend):
             success=[
                 rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=session.lease_id)),
                 rpc.RequestOp(request_range=self._last_created(before=None, limit=2)),
+                rpc.RequestOp(request_range=self._first_request()),  # who leads, for followers: no request more
             ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
         )
@@ -139,7 +215,9 @@ class Election(Backend):
         if reply.succeeded:
             revision = int(reply.header.revision)
             older = [kv for kv in reply.responses[1].response_range.kvs if kv.create_revision < revision]
-            return revision, (bytes(older[0].key) if older else None), revision
+            predecessor = bytes(older[0].key) if older else None
+            self._saw(reply.responses[2].response_range.kvs, key, predecessor, revision)
+            return revision, predecessor, revision
         # Our key exists already (a campaign step retried after a timeout, or a key of ours left over).
         kvs = reply.responses[0].response_range.kvs
         if not kvs:
@@ -172,7 +250,10 @@ class Election(Backend):
                 rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision),
                 rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.LEASE, key=key, lease=session.lease_id),
             ],
-            success=[rpc.RequestOp(request_range=self._last_created(before=revision, limit=1))],
+            success=[
+                rpc.RequestOp(request_range=self._last_created(before=revision, limit=1)),
+                rpc.RequestOp(request_range=self._first_request()),
+            ],
         )
         reply = await self.conn.call(
             "check candidacy", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
@@ -181,7 +262,9 @@ class Election(Backend):
             await session.keepalive()  # raises SessionEnded if the key went with our lease
             raise KeyLost()
         kvs = reply.responses[0].response_range.kvs
-        return (bytes(kvs[0].key) if kvs else None), int(reply.header.revision)
+        predecessor = bytes(kvs[0].key) if kvs else None
+        self._saw(reply.responses[1].response_range.kvs, key, predecessor, int(reply.header.revision))
+        return predecessor, int(reply.header.revision)
 
     async def _wait_deleted(self, predecessor: bytes, read_at: int, *, shortcut: bool) -> bool:
         """Return once ``predecessor`` may be gone (key.go ``waitDelete``); the caller reads again.

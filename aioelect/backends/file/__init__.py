@@ -59,6 +59,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, TypedDict
 
 import anyio
@@ -90,6 +91,8 @@ DEFAULT_MODE = 0o600
 _RECHECK = 0.005
 #: With inotify, the slowest followers ever retry without an event (closes inotify cannot see).
 _FALLBACK = 1.0
+#: With inotify, how often a campaign's watch of the leader looks without an event.
+_WATCH_FALLBACK = 5.0
 #: Upper bound on how long a new campaign lets announced waiters go first.
 _MAX_HANDOVER = 0.25
 
@@ -289,6 +292,32 @@ class FileBackend(Backend):
             finally:
                 attempt.close()
         raise BackendUnavailable(f"lock file {self.path} was replaced during each of 3 attempts")
+
+    async def watch(self) -> AsyncIterator[str | None]:
+        """Look again only when the lock file is closed (a release, a crash), as inotify tells the campaigns.
+
+        Idle followers cost nothing: without an event, one look per
+        :data:`_WATCH_FALLBACK` seconds (closes inotify cannot see); without
+        inotify, one per ``poll_interval`` and at most one a second.
+        """
+        watcher = self._watching.get()
+        channel = watcher.channel(self.path)
+        last: object = object()
+        while True:
+            closed = channel.closed.event  # read before looking: a close after the look wakes us
+            try:
+                current = await self.leader()
+            except BackendUnavailable as exc:
+                self.log.debug("leader watch: %s", exc)
+            else:
+                if current != last:
+                    last = current
+                    yield current
+            if watcher.live:
+                with anyio.move_on_after(_WATCH_FALLBACK):
+                    await closed.wait()
+            else:
+                await anyio.sleep(max(self.poll_interval, 1.0))
 
     async def close_observer(self) -> None:
         self._lockfile.close_probe()
