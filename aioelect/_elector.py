@@ -409,6 +409,10 @@ class Elector:
       :meth:`Leadership.release`, or on :meth:`aclose`; release is idempotent.
     * Loss is detected in the background and self-fencing applies (see
       :class:`Leadership`).
+    * While it campaigns, each change of leader is a ``leader`` event and
+      :attr:`last_leader` follows it, without the caller running
+      :meth:`observe`; the watch ends with the campaign and leaves nothing
+      open on the server.
 
     Subclasses only choose a backend; construct them, not this class.
     """
