@@ -517,3 +517,15 @@ async def test_try_acquire_and_leadership_without_waiting_on_local() -> None:
         with pytest.raises(TypeError, match="wait"):
             async with leadership(elector, wait="no"):  # type: ignore[call-overload]
                 pass
+
+
+def test_aioelect_backend_names_one_of_several_backends_for_the_command_too() -> None:
+    from aioelect._settings import Settings
+
+    both = {"AIOELECT_MYSQL_DSN": "mysql://u@h/db", "AIOELECT_POSTGRES_DSN": "postgresql://u@h/db"}
+    assert Settings.from_environ(both).backend() == ("mysql", "mysql://u@h/db")
+    chosen = Settings.from_environ({**both, "AIOELECT_BACKEND": "postgres"})
+    assert chosen.backend_kind == "postgres" and chosen.backend() == ("postgres", "postgresql://u@h/db")
+    assert "backend_kind='postgres'" in repr(chosen)
+    # The command line never leads locally: local names no server, so the command finds none configured.
+    assert Settings.from_environ({"AIOELECT_BACKEND": "local"}).backend() is None
