@@ -220,37 +220,42 @@ class EtcdBackend(Election):
         finally:
             self.end_view()
 
+    async def _live_session(self) -> Session:
+        """The session to campaign with: the current one while it lives, else a new one (Transient if etcd fails)."""
+        session = self.session
+        if session is not None and session.done.is_set():
+            # Ended between two campaigns (revoked, expired, keep-alives failing): revoke what may be left.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
+                await session.close()
+            await self.drop(session)
+            session = None
+        if session is None:
+            session = await Session.grant(
+                self.conn,
+                self.ttl,
+                interval=self.keepalive_interval,
+                keepalive_timeout=self.session_keepalive_timeout,
+                request_timeout=self.request_timeout,
+            )
+            self.session = session
+            self.sessions.add(session)
+        return session
+
     async def _campaign(self, identity: str) -> Hold:
         value = identity.encode()
         backoff = Backoff(first=0.1, maximum=2.0)
         while True:
-            session = self.session
-            if session is not None and session.done.is_set():
-                # Ended between two campaigns (revoked, expired, keep-alives failing): revoke what may be left.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
-                    await session.close()
-                await self.drop(session)
-                session = None
-            if session is None:
-                try:
-                    session = await Session.grant(
-                        self.conn,
-                        self.ttl,
-                        interval=self.keepalive_interval,
-                        keepalive_timeout=self.session_keepalive_timeout,
-                        request_timeout=self.request_timeout,
-                    )
-                except Transient as exc:
-                    # Only an etcd that never answered this elector: after any contact, another
-                    # candidate may lead on etcd, and leading locally would be a second leader.
-                    if self.degrade_to_local and not self.conn.ever_answered:
-                        return self._degrade(identity, exc)
-                    delay = backoff.next_delay()
-                    self.report_error(f"cannot start an etcd session ({exc})", delay)
-                    await anyio.sleep(delay)
-                    continue
-                self.session = session
-                self.sessions.add(session)
+            try:
+                session = await self._live_session()
+            except Transient as exc:
+                # Only an etcd that never answered this elector: after any contact, another
+                # candidate may lead on etcd, and leading locally would be a second leader.
+                if self.degrade_to_local and not self.conn.ever_answered:
+                    return self._degrade(identity, exc)
+                delay = backoff.next_delay()
+                self.report_error(f"cannot start an etcd session ({exc})", delay)
+                await anyio.sleep(delay)
+                continue
             try:
                 return await self._campaign_in(session, value, backoff)
             except SessionEnded as exc:
@@ -263,25 +268,10 @@ class EtcdBackend(Election):
         :class:`~aioelect.BackendUnavailable`.
         """
         value = identity.encode()
-        session = self.session
-        if session is not None and session.done.is_set():
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
-                await session.close()
-            await self.drop(session)
-            session = None
-        if session is None:
-            try:
-                session = await Session.grant(
-                    self.conn,
-                    self.ttl,
-                    interval=self.keepalive_interval,
-                    keepalive_timeout=self.session_keepalive_timeout,
-                    request_timeout=self.request_timeout,
-                )
-            except Transient as exc:
-                raise BackendUnavailable(f"cannot start an etcd session ({exc})") from None
-            self.session = session
-            self.sessions.add(session)
+        try:
+            session = await self._live_session()
+        except Transient as exc:
+            raise BackendUnavailable(f"cannot start an etcd session ({exc})") from None
         key = self.prefix + f"{session.lease_id:x}".encode()
         won = False
         try:
