@@ -1111,3 +1111,34 @@ async def test_no_file_io_on_the_event_loop_thread(tmp_path: Path, monkeypatch: 
                 await done.wait()
     monkeypatch.undo()
     assert not seen, seen
+
+
+async def test_the_leader_watchs_probe_never_delays_a_campaign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lone candidate leads at once, even when the probe of its own leader watch holds its shared lock a while.
+
+    The watch that runs beside every campaign probes the lock file with an instant
+    shared lock; a try that met it used to wait for a close event that never came
+    (the whole ``poll_interval``). Here each probe holds its shared lock for 0.2 s,
+    so the campaign's first try meets it.
+    """
+    from aioelect.backends.file import _lock
+
+    real_flock = fcntl.flock
+
+    def slow_probe(fd: int, operation: int) -> None:
+        real_flock(fd, operation)
+        # The leader probe: a shared lock taken in a worker thread (the campaign's tries run on the loop).
+        if operation == fcntl.LOCK_SH | fcntl.LOCK_NB and threading.current_thread() is not threading.main_thread():
+            time.sleep(0.2)  # a worker thread: the loop goes on
+
+    monkeypatch.setattr(_lock.fcntl, "flock", slow_probe)
+    took = []
+    for i in range(3):
+        async with FileElector(tmp_path / f"x{i}.lock", identity=f"c{i}", poll_interval=5.0) as elector:
+            started = time.monotonic()
+            with anyio.fail_after(10):
+                lead = await elector.acquire()
+            took.append(time.monotonic() - started)
+            await lead.release()
+    print(f"lone campaigns beside a slow probe: {[round(t, 3) for t in took]} s")
+    assert max(took) < 1.5, took

@@ -57,7 +57,6 @@ The modules, each with one job:
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, TypedDict
@@ -210,17 +209,19 @@ class FileBackend(Backend):
             with anyio.move_on_after(self.handover):
                 await left.wait()
             self.log.debug("let waiting candidates go first for %.1f ms", (monotonic() - started) * 1000)
-        woken = False
+        # The first failed try is repeated soon too: another process's probe of the lock
+        # (an instant shared lock) may have met it, and no close event would follow.
+        woken = True
         while True:
             closed = channel.closed.event  # read before trying: a close after the try wakes us
             sent = monotonic()
             if attempt.lock_fd < 0:  # closed under us by a fork
                 raise OSError(errno.EBADF, "lock file descriptor was closed")
-            try:
-                fcntl.flock(attempt.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass
-            else:
+            won = self._lockfile.try_lock(attempt.lock_fd)
+            if won is None:  # our own probe is looking: it ends at once
+                await anyio.sleep(_RECHECK)
+                continue
+            if won:
                 attempt.leave_queue()
                 return sent
             if not attempt.announced:
@@ -277,9 +278,10 @@ class FileBackend(Backend):
             try:
                 await anyio.to_thread.run_sync(self._open_lock, attempt)
                 sent = monotonic()
-                try:
-                    fcntl.flock(attempt.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
+                while (won := self._lockfile.try_lock(attempt.lock_fd)) is None:  # our own probe: it ends at once
+                    await anyio.sleep(_RECHECK)
+                    sent = monotonic()
+                if not won:
                     return None
                 token = await anyio.to_thread.run_sync(self._record, attempt.lock_fd, identity)
                 if token is None:

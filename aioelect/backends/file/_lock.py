@@ -173,6 +173,23 @@ class LockFile:
             fcntl.flock(fd, fcntl.LOCK_UN)
             return False
 
+    def try_lock(self, fd: int) -> bool | None:
+        """One ``flock(LOCK_EX | LOCK_NB)`` on ``fd``: True if we now hold the lock, False if another does.
+
+        None while this process's own probe is looking (try again soon): the
+        probe's instant shared lock would otherwise fail the try, and no close
+        event would follow to wake the campaign. Never blocks.
+        """
+        if not self._probe_lock.acquire(blocking=False):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            self._probe_lock.release()
+        return True
+
     def look(self) -> tuple[bool, str | None]:
         """(someone holds the lock, the identity recorded in the sidecar)."""
         try:
