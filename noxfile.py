@@ -5,7 +5,7 @@ Sessions:
 - ``matrix-3.10`` ... ``matrix-3.13``: a fresh environment per interpreter with the package, its
   drivers and its test dependencies, then the tests that need no server (:data:`NO_SERVER`): the
   contract suite on the backends that need none, the elector core, the file backend, command-line
-  parsing, and the version-specific asyncio tests.
+  parsing, the version-specific asyncio tests, and the model-based test of the API.
 - ``tests``: the whole suite, servers included, on the interpreter running nox and in its
   environment (``make pytest`` runs the same command in ``.venv``).
 
@@ -37,6 +37,7 @@ NO_SERVER: dict[str, str | None] = {
     "tests/test_asyncio_versions.py": None,
     "tests/test_testing.py": None,
     "tests/test_settings.py": None,
+    "tests/test_model.py": None,
 }
 
 nox.options.sessions = ["matrix", "tests"]
