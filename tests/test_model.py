@@ -1,9 +1,10 @@
 """Model-based test of the public API: random interleavings of operations on several electors of one election.
 
-Hypothesis' stateful testing drives two or three electors of one election through
+Hypothesis' stateful testing drives three electors of one election through
 acquire, try_acquire, release, cancelling the task that owns a leadership, aclose
 (then a fresh elector in its place), ``leader()``, ``observe()`` and ``run()``, on the
-memory, local and file backends. After every step it checks:
+memory, local and file backends, with campaigns left waiting across steps so that a
+release hands over to a waiter. After every step it checks:
 
 * at most one held leadership per election (except on the local backend, which gives
   no mutual exclusion between electors: there each elector's own state is checked);
@@ -21,6 +22,7 @@ sequence of steps and a ``@reproduce_failure`` decorator that replays it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
@@ -66,6 +68,9 @@ class Slot:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     # Leaderships that were released or lost: none of them may be held again.
     ended: list[Leadership] = field(default_factory=list)
+    # A campaign left waiting across steps (it wins when the leader lets go), and its outcome.
+    waiter: asyncio.Task[None] | None = None
+    waiter_won: asyncio.Future[Leadership | None] | None = None
 
 
 class ElectionModel(RuleBasedStateMachine):
@@ -105,6 +110,39 @@ class ElectionModel(RuleBasedStateMachine):
         held = [slot for slot in self.slots if slot.lead is not None and slot.lead.held]
         return held[0] if held else None
 
+    def waiting(self, me: Slot | None = None) -> list[Slot]:
+        return [slot for slot in self.slots if slot is not me and slot.waiter is not None]
+
+    def busy(self, slot: Slot) -> bool:
+        return slot.owner is not None or slot.waiter is not None
+
+    def settle(self) -> None:
+        """Take in the outcome of waiting campaigns that ended (won, or failed) during the last steps."""
+        for slot in self.slots:
+            won = slot.waiter_won
+            if slot.waiter is None or won is None or not won.done():
+                continue
+            waiter, slot.waiter, slot.waiter_won = slot.waiter, None, None
+            lead = None if won.exception() is not None else won.result()
+            if lead is None:
+                self.run(self.drain(waiter))
+                raise AssertionError(f"a waiting campaign ended without leadership: {won.exception()!r}")
+            slot.owner, slot.lead = waiter, lead
+
+    def handover(self) -> None:
+        """After the leader let go, one waiting campaign (if any) must win, within a bounded time."""
+        waiting = [slot.waiter_won for slot in self.waiting() if slot.waiter_won is not None]
+        if not self.exclusive or not waiting or self.holder() is not None:
+            return
+
+        async def first() -> None:
+            await asyncio.wait(waiting, timeout=WIN_WITHIN, return_when=asyncio.FIRST_COMPLETED)
+
+        self.run(first())
+        assert any(won.done() for won in waiting), "nobody took over from a waiting campaign after a release"
+        self.settle()
+        assert self.holder() is not None
+
     def others_lead(self, me: Slot) -> bool:
         if not self.exclusive:
             return False
@@ -123,7 +161,9 @@ class ElectionModel(RuleBasedStateMachine):
         slot.stop.set()
         await asyncio.wait_for(asyncio.shield(slot.owner), WIN_WITHIN)
 
-    async def start_owner(self, slot: Slot, *, once: bool, timeout: float) -> Leadership | None:
+    def spawn(
+        self, slot: Slot, *, once: bool, timeout: float
+    ) -> tuple[asyncio.Task[None], asyncio.Future[Leadership | None]]:
         """Acquire in a task of our own that then holds the leadership until ``slot.stop`` is set."""
         won: asyncio.Future[Leadership | None] = self.loop.create_future()
 
@@ -138,7 +178,10 @@ class ElectionModel(RuleBasedStateMachine):
             if lead is not None:
                 await slot.stop.wait()
 
-        task = self.loop.create_task(owner())
+        return self.loop.create_task(owner()), won
+
+    async def start_owner(self, slot: Slot, *, once: bool, timeout: float) -> Leadership | None:
+        task, won = self.spawn(slot, once=once, timeout=timeout)
         try:
             lead = await asyncio.wait_for(asyncio.shield(won), timeout + WIN_WITHIN)
         except BaseException:
@@ -151,6 +194,19 @@ class ElectionModel(RuleBasedStateMachine):
         slot.lead = lead
         return lead
 
+    def close_waiter(self, slot: Slot) -> None:
+        """After aclose(): the waiting campaign ends (an error, or a leadership aclose() released)."""
+        if slot.waiter is None or slot.waiter_won is None:
+            return
+        waiter, won = slot.waiter, slot.waiter_won
+        slot.waiter, slot.waiter_won = None, None
+        slot.stop.set()  # if it won before aclose(), its task holds on until told to end
+        self.run(asyncio.wait_for(asyncio.gather(waiter, return_exceptions=True), WIN_WITHIN))
+        lead = won.result() if won.done() and not won.cancelled() and won.exception() is None else None
+        if lead is not None:
+            assert not lead.held
+            slot.ended.append(lead)
+
     async def drain(self, task: asyncio.Task[None]) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -159,14 +215,22 @@ class ElectionModel(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, SIZE - 1))
     def acquire(self, index: int) -> None:
+        self.settle()
         slot = self.slots[index]
-        if slot.owner is not None:
+        if self.busy(slot):
             return  # this elector already leads: a second acquire is an error, tested elsewhere
         if self.others_lead(slot):
             # Someone else leads: a bounded acquire times out and leaves nothing behind.
             with pytest.raises(TimeoutError):
                 self.run(self.start_owner(slot, once=False, timeout=LOSE_WITHIN))
             assert not slot.elector.leading
+            return
+        if self.waiting(slot):
+            # Nobody leads but others wait: any of them may win first.
+            try:
+                self.run(self.start_owner(slot, once=False, timeout=LOSE_WITHIN))
+            except TimeoutError:
+                assert not slot.elector.leading
             return
         # Nobody else leads (possibly right after a release): acquire must succeed.
         lead = self.run(self.start_owner(slot, once=False, timeout=WIN_WITHIN))
@@ -175,8 +239,9 @@ class ElectionModel(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, SIZE - 1))
     def try_acquire(self, index: int) -> None:
+        self.settle()
         slot = self.slots[index]
-        if slot.owner is not None:
+        if self.busy(slot):
             return
         if self.others_lead(slot):
             assert self.run(self.start_owner(slot, once=True, timeout=LOSE_WITHIN)) is None
@@ -189,6 +254,7 @@ class ElectionModel(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, SIZE - 1))
     def release(self, index: int) -> None:
+        self.settle()
         slot = self.slots[index]
         if slot.lead is None:
             return
@@ -198,9 +264,11 @@ class ElectionModel(RuleBasedStateMachine):
         self.run(self.finish_owner(slot))
         self.forget(slot)
         assert not lead.held and not slot.elector.leading
+        self.handover()
 
     @rule(index=st.integers(0, SIZE - 1))
     def end_owner(self, index: int) -> None:
+        self.settle()
         """The owning task returns: its leadership is released."""
         slot = self.slots[index]
         if slot.lead is None:
@@ -212,9 +280,11 @@ class ElectionModel(RuleBasedStateMachine):
         self.run(asyncio.wait_for(lead.release(), WIN_WITHIN))
         self.forget(slot)
         assert not lead.held
+        self.handover()
 
     @rule(index=st.integers(0, SIZE - 1))
     def cancel_owner(self, index: int) -> None:
+        self.settle()
         slot = self.slots[index]
         if slot.lead is None or slot.owner is None:
             return
@@ -226,9 +296,41 @@ class ElectionModel(RuleBasedStateMachine):
         self.run(asyncio.wait_for(lead.release(), WIN_WITHIN))
         self.forget(slot)
         assert not lead.held
+        self.handover()
+
+    @rule(index=st.integers(0, SIZE - 1))
+    def campaign(self, index: int) -> None:
+        """Start a campaign that stays waiting across the next steps while someone else leads."""
+        self.settle()
+        slot = self.slots[index]
+        if self.busy(slot):
+            return
+        slot.waiter, slot.waiter_won = self.spawn(slot, once=False, timeout=600.0)
+        self.run(asyncio.sleep(0.01))
+        self.settle()
+
+    @rule(index=st.integers(0, SIZE - 1))
+    def cancel_waiter(self, index: int) -> None:
+        """Cancel a waiting campaign: it leaves nothing behind (and whoever leads keeps leading)."""
+        self.settle()
+        slot = self.slots[index]
+        if slot.waiter is None or slot.waiter_won is None:
+            return
+        waiter, won = slot.waiter, slot.waiter_won
+        slot.waiter, slot.waiter_won = None, None
+        waiter.cancel()
+        self.run(asyncio.gather(waiter, return_exceptions=True))
+        lead = won.result() if won.done() and not won.cancelled() and won.exception() is None else None
+        if lead is not None:
+            # It won just before the cancellation reached it: the leadership ends with the task.
+            self.run(asyncio.wait_for(lead.release(), WIN_WITHIN))
+            slot.ended.append(lead)
+            self.handover()
+        assert not slot.elector.leading
 
     @rule(index=st.integers(0, SIZE - 1))
     def aclose(self, index: int) -> None:
+        self.settle()
         """Close the elector (releasing what it holds), then put a fresh one in its place."""
         slot = self.slots[index]
         lead = slot.lead
@@ -237,20 +339,24 @@ class ElectionModel(RuleBasedStateMachine):
             assert not lead.held
         if slot.owner is not None:
             self.run(self.finish_owner(slot))
+        self.close_waiter(slot)
         self.forget(slot)
         assert not slot.elector.leading
+        self.handover()
         ended = slot.ended
         self.slots[index] = self.new_slot(index)
         self.slots[index].ended = ended
 
     @rule(index=st.integers(0, SIZE - 1))
     def leader(self, index: int) -> None:
+        self.settle()
         slot = self.slots[index]
         seen = self.run(asyncio.wait_for(slot.elector.leader(), WIN_WITHIN))
         self.check_leader(slot, seen)
 
     @rule(index=st.integers(0, SIZE - 1))
     def observe(self, index: int) -> None:
+        self.settle()
         slot = self.slots[index]
 
         async def first() -> str | None:
@@ -270,12 +376,14 @@ class ElectionModel(RuleBasedStateMachine):
         if holder is not None:
             assert seen == holder.identity
         elif self.backend == "memory":
-            assert seen is None
+            # A waiting campaign may win while the question is asked.
+            assert seen is None or seen in {slot.identity for slot in self.waiting()}
 
     @rule(index=st.integers(0, SIZE - 1))
     def run_work(self, index: int) -> None:
+        self.settle()
         slot = self.slots[index]
-        if slot.owner is not None:
+        if self.busy(slot):
             return
         ran: list[Leadership] = []
 
@@ -286,7 +394,10 @@ class ElectionModel(RuleBasedStateMachine):
             await asyncio.sleep(0)
             return value * 2
 
-        if self.others_lead(slot):
+        if self.waiting(slot) and not self.others_lead(slot):
+            with contextlib.suppress(asyncio.TimeoutError):
+                self.run(asyncio.wait_for(slot.elector.run(work, 21), LOSE_WITHIN))
+        elif self.others_lead(slot):
             # asyncio.TimeoutError: not yet the built-in TimeoutError on Python 3.10.
             with pytest.raises(asyncio.TimeoutError):
                 self.run(asyncio.wait_for(slot.elector.run(work, 21), LOSE_WITHIN))
@@ -294,6 +405,7 @@ class ElectionModel(RuleBasedStateMachine):
         else:
             assert self.run(asyncio.wait_for(slot.elector.run(work, 21), WIN_WITHIN)) == 42
             assert len(ran) == 1
+        self.handover()
         slot.ended.extend(ran)
         assert not slot.elector.leading
         assert all(not lead.held for lead in ran)
@@ -311,6 +423,8 @@ class ElectionModel(RuleBasedStateMachine):
     def consistent(self) -> None:
         for slot in self.slots:
             assert all(not lead.held for lead in slot.ended), "a released or lost leadership is held again"
+            if slot.waiter is not None:
+                continue  # it may have won during the last step: taken in at the next one
             if slot.lead is None:
                 assert not slot.elector.leading
             else:
@@ -322,6 +436,7 @@ class ElectionModel(RuleBasedStateMachine):
         try:
             for slot in self.slots:
                 self.run(asyncio.wait_for(slot.elector.aclose(), WIN_WITHIN))
+                self.close_waiter(slot)
                 if slot.lead is not None:
                     assert not slot.lead.held
                 if slot.owner is not None:
