@@ -5,6 +5,7 @@ Every test runs on real throwaway servers from the harness, on loopback only.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pwd
@@ -54,32 +55,34 @@ def _tls_server(certs: Certificates, cert: str, key_file: str) -> PostgresServer
     return server
 
 
-@pytest.fixture(scope="module")
-def tls_postgres(certs: Certificates) -> Iterator[PostgresServer]:
-    """TLS with a certificate for 127.0.0.1 signed by ``certs.ca``."""
+@contextlib.contextmanager
+def _running_tls_server(certs: Certificates, cert: str, key_file: str, *settings: str) -> Iterator[PostgresServer]:
+    """:func:`_tls_server` with extra ``-c`` ``settings``, started, and cleaned up afterwards."""
     try:
-        server = _tls_server(certs, certs.server_cert, certs.server_key)
+        server = _tls_server(certs, cert, key_file)
     except MissingBinaryError as exc:
         server_unavailable(str(exc))
+    for setting in settings:
+        server.extra_args += ["-c", setting]
     try:
         server.start()
         yield server
     finally:
         server.cleanup()
+
+
+@pytest.fixture(scope="module")
+def tls_postgres(certs: Certificates) -> Iterator[PostgresServer]:
+    """TLS with a certificate for 127.0.0.1 signed by ``certs.ca``."""
+    with _running_tls_server(certs, certs.server_cert, certs.server_key) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def misnamed_postgres(certs: Certificates) -> Iterator[PostgresServer]:
     """TLS with a certificate signed by ``certs.ca`` that names another host (CN aioelect-client, no SAN)."""
-    try:
-        server = _tls_server(certs, certs.client_cert, certs.client_key)
-    except MissingBinaryError as exc:
-        server_unavailable(str(exc))
-    try:
-        server.start()
+    with _running_tls_server(certs, certs.client_cert, certs.client_key) as server:
         yield server
-    finally:
-        server.cleanup()
 
 
 def base(server: PostgresServer) -> str:
@@ -187,31 +190,18 @@ async def test_a_handshake_the_server_refuses_is_permanent(certs: Certificates) 
 
     Like a refused certificate it is configuration, and no retry can fix it.
     """
-    try:
-        server = _tls_server(certs, certs.server_cert, certs.server_key)
-    except MissingBinaryError as exc:
-        server_unavailable(str(exc))
-    server.extra_args += ["-c", "ssl_min_protocol_version=TLSv1.3"]
-    try:
-        server.start()
+    with _running_tls_server(certs, certs.server_cert, certs.server_key, "ssl_min_protocol_version=TLSv1.3") as server:
         context = ssl.create_default_context(cafile=certs.ca)
         context.maximum_version = ssl.TLSVersion.TLSv1_2
         async with PostgresElector(base(server), name=unique_name("pg"), ssl=context, **FAST) as elector:
             message = await refused_at_once(elector, "TLS handshake failed")
         assert "alert" in message.lower() or "version" in message.lower(), message
-    finally:
-        server.cleanup()
 
 
 @pytest.fixture(scope="module")
 def tls_only_postgres(certs: Certificates) -> Iterator[PostgresServer]:
     """TLS as ``tls_postgres``, and pg_hba refuses plaintext connections."""
-    try:
-        server = _tls_server(certs, certs.server_cert, certs.server_key)
-    except MissingBinaryError as exc:
-        server_unavailable(str(exc))
-    try:
-        server.start()
+    with _running_tls_server(certs, certs.server_cert, certs.server_key) as server:
         hba = Path(server.data_dir) / "pg_hba.conf"
         hba.write_text("hostnossl all all 127.0.0.1/32 reject\n" + hba.read_text())
         server.query("SELECT pg_reload_conf()")
@@ -220,8 +210,6 @@ def tls_only_postgres(certs: Certificates) -> Iterator[PostgresServer]:
             assert time.monotonic() < deadline, "pg_hba.conf was not reloaded"
             time.sleep(0.05)
         yield server
-    finally:
-        server.cleanup()
 
 
 async def test_allow_turns_to_tls_when_the_server_refuses_plaintext(tls_only_postgres: PostgresServer) -> None:
