@@ -268,19 +268,14 @@ class ElectionModel(RuleBasedStateMachine):
 
     @rule(index=st.integers(0, SIZE - 1))
     def end_owner(self, index: int) -> None:
-        self.settle()
         """The owning task returns: its leadership is released."""
+        self.settle()
         slot = self.slots[index]
         if slot.lead is None:
             return
         lead = slot.lead
         self.run(self.finish_owner(slot))
-        assert not lead.held
-        # The release started when the task ended; release() waits until the backend has let go.
-        self.run(asyncio.wait_for(lead.release(), WIN_WITHIN))
-        self.forget(slot)
-        assert not lead.held
-        self.handover()
+        self.after_owner_ended(slot, lead)
 
     @rule(index=st.integers(0, SIZE - 1))
     def cancel_owner(self, index: int) -> None:
@@ -292,7 +287,12 @@ class ElectionModel(RuleBasedStateMachine):
         owner.cancel()
         self.run(asyncio.gather(owner, return_exceptions=True))
         assert owner.cancelled()
+        self.after_owner_ended(slot, lead)
+
+    def after_owner_ended(self, slot: Slot, lead: Leadership) -> None:
+        """The owner has ended: its leadership is no longer held, and a waiter may take over once the backend let go."""
         assert not lead.held
+        # The release started when the task ended; release() waits until the backend has let go.
         self.run(asyncio.wait_for(lead.release(), WIN_WITHIN))
         self.forget(slot)
         assert not lead.held
