@@ -11,7 +11,7 @@ ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_contract
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
 NOX_ARGS ?= $(if $(CI_TRUE),--error-on-missing-interpreters,--no-error-on-missing-interpreters)
 
-.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo bench servers venv clean
+.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo bench bench-quick soak servers venv clean
 
 venv: $(VENV)/.installed
 
@@ -26,7 +26,7 @@ servers:
 	bash scripts/ensure-servers.sh
 
 lint: venv
-	$(BIN)/ruff check aioelect tests examples bench noxfile.py
+	$(BIN)/ruff check aioelect tests examples bench soak noxfile.py
 	$(BIN)/mypy --strict aioelect examples noxfile.py
 	$(BIN)/lint-imports
 
@@ -59,6 +59,18 @@ demo: venv $(if $(filter mysql etcd postgres,$(BACKEND)),servers,)
 bench: venv servers
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench
+
+# A subset of the benchmarks (fewer repetitions, shorter windows) for development: about 2 minutes.
+bench-quick: venv servers
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python -m bench --quick
+
+# The nemesis soak (soak/): random faults against candidates writing to a fenced register, then the checker.
+# SEED replays a schedule; MINUTES is how long each backend runs (the backends run side by side).
+SEED ?=
+MINUTES ?= 20
+soak: venv servers
+	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),)
 
 clean:
 	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache site

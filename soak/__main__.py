@@ -1,0 +1,97 @@
+"""``python -m soak --minutes M [--seed S] [--out DIR] [--backends mariadb,postgres,etcd1,etcd3]``.
+
+Runs the backends side by side, each for the full ``--minutes``; exits 1 if
+the checker finds any violation, 2 if a server cannot be started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from tests.harness import MissingBinaryError, PostgresServer
+
+from . import report
+from .checker import check
+from .runner import BackendRun, run_backend
+from .timing import TIMINGS
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m soak", description=__doc__)
+    parser.add_argument("--minutes", type=float, default=20.0, help="length of each backend's run (default 20)")
+    parser.add_argument("--seed", type=int, default=None, help="replays a schedule (default: a random one, printed)")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out", help="output directory")
+    parser.add_argument("--backends", default=",".join(TIMINGS), help="comma-separated, of " + ", ".join(TIMINGS))
+    args = parser.parse_args(argv)
+    args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    unknown = set(args.backends) - set(TIMINGS)
+    if unknown:
+        parser.error(f"unknown backends: {sorted(unknown)}")
+    if args.seed is None:
+        args.seed = int.from_bytes(os.urandom(4), "big")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(
+        f"soak: seed {args.seed}, {args.minutes:g} minutes on {', '.join(args.backends)}; output in {out}", flush=True
+    )
+    try:
+        register_server = PostgresServer()
+    except MissingBinaryError as exc:
+        print(f"soak: {exc}", file=sys.stderr)
+        return 2
+    runs: dict[str, BackendRun] = {}
+    failures: dict[str, BaseException] = {}
+
+    def one(label: str) -> None:
+        try:
+            runs[label] = run_backend(
+                label,
+                seed=args.seed,
+                seconds=args.minutes * 60,
+                out=out,
+                register_server=register_server,
+                register_dsn=register_server.dsn,
+            )
+        except BaseException as exc:
+            failures[label] = exc
+
+    try:
+        register_server.start()
+        threads = [threading.Thread(target=one, args=(label,), name=f"soak-{label}") for label in args.backends]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        register_server.cleanup()
+    for label, error in failures.items():
+        print(f"soak: {label} could not run: {error!r}", file=sys.stderr)
+    done = [runs[label] for label in args.backends if label in runs]
+    verdicts = [check(run.history) for run in done]
+    wall = time.monotonic() - started
+    report.write_all(out, args.seed, args.minutes, wall, done, verdicts)
+    print("\n".join(report.summary_lines(verdicts)))
+    for verdict in verdicts:
+        for violation in verdict.violations:
+            print(f"soak: {verdict.label}: VIOLATION {violation.kind}: {violation.message}")
+    ok = not failures and all(v.ok for v in verdicts)
+    word = "PASS" if ok else "FAIL"
+    print(f"soak: seed {args.seed}: {word} in {wall:.0f} s; see {out}/report.md, timeline.txt, soak.svg")
+    if failures and any(isinstance(e, MissingBinaryError) for e in failures.values()):
+        return 2
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

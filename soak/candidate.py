@@ -1,0 +1,110 @@
+"""A soak candidate: one OS process campaigning with ``aioelect`` ``Elector.run()``.
+
+Its leader work writes to the fenced register every 20-50 ms, each write
+preceded by a read of ``current_leadership().held``; it writes nothing
+while ``held`` is False. Events go to ``--events`` as JSON lines with
+``time.monotonic_ns()``:
+
+* ``start``; ``lead`` (token); ``unheld`` (token: ``held`` read False, no write);
+* ``act`` (token, t0 = when ``held`` was read True, t1 = when the write returned,
+  ok = accepted / refused as stale / null when the write failed, error);
+* ``exit`` (tasks: the asyncio tasks still alive after the elector closed), on SIGTERM.
+
+Run as ``python -m soak.candidate`` by :mod:`soak.runner`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import signal
+import sys
+import time
+from typing import Any, TextIO
+
+import anyio
+
+import aioelect
+
+from .register import Register
+
+
+class Events:
+    """JSON lines, one per event, flushed at once (a SIGKILL loses nothing written)."""
+
+    def __init__(self, stream: TextIO, who: str) -> None:
+        self._stream = stream
+        self._who = who
+
+    def emit(self, event: str, **fields: Any) -> None:
+        fields.setdefault("t", time.monotonic_ns())
+        self._stream.write(json.dumps({"e": event, "who": self._who, **fields}) + "\n")
+        self._stream.flush()
+
+
+async def leader_work(register: Register, events: Events, who: str, rng: random.Random) -> None:
+    """Write under the leadership's token until cancelled (on loss, by ``run()``)."""
+    lead = aioelect.current_leadership()
+    events.emit("lead", token=lead.token)
+    told_unheld = False
+    while True:
+        t0 = time.monotonic_ns()
+        if not lead.held:
+            if not told_unheld:
+                events.emit("unheld", token=lead.token)
+                told_unheld = True
+            await anyio.sleep(0.01)
+            continue
+        assert lead.token is not None, "fencing is on: every leadership has a token"
+        ok: bool | None
+        error = None
+        try:
+            ok = await register.write(lead.token, who, t0)
+        except Exception as exc:  # the register is never faulted: a failure is worth a line, not a crash
+            ok, error = None, repr(exc)
+        events.emit("act", token=lead.token, t0=t0, t1=time.monotonic_ns(), ok=ok, error=error)
+        await anyio.sleep(rng.uniform(0.02, 0.05))
+
+
+async def main(args: argparse.Namespace) -> None:
+    with open(args.events, "a", encoding="utf-8") as stream:  # noqa: ASYNC230 (once, before anything runs)
+        events = Events(stream, args.identity)
+        events.emit("start", pid=os.getpid())
+        stop = anyio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        register = await Register.connect(args.register, args.key)
+        elector = aioelect.new(
+            **{args.backend: args.target}, name=args.name, identity=args.identity, **json.loads(args.options)
+        )
+        rng = random.Random(args.seed)
+        async with elector, anyio.create_task_group() as tg:
+            tg.start_soon(elector.run, leader_work, register, events, args.identity, rng)
+            await stop.wait()
+            tg.cancel_scope.cancel()
+        await register.aclose()
+        me = asyncio.current_task()
+        left = [repr(task) for task in asyncio.all_tasks() if task is not me]
+        events.emit("exit", tasks=left)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m soak.candidate")
+    parser.add_argument("--backend", required=True, choices=["mysql", "postgres", "etcd"])
+    parser.add_argument("--target", required=True, help="DSN or comma-separated endpoints (through the proxies)")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--identity", required=True)
+    parser.add_argument("--options", default="{}", help="JSON object of elector options")
+    parser.add_argument("--register", required=True, help="DSN of the register's PostgreSQL")
+    parser.add_argument("--key", required=True, help="the register row")
+    parser.add_argument("--events", required=True, help="file the JSON lines are appended to")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    asyncio.run(main(parse()))

@@ -1,0 +1,259 @@
+"""The checker: judges one backend's recorded history, after the run, from data alone.
+
+It knows nothing of processes or servers, so tests feed it constructed
+histories. It reports (never raises) every violation of:
+
+* **token order** -- a write accepted by the register with a token lower than
+  one accepted before it, or a leadership whose token is not larger than that
+  of a leadership that started before it;
+* **overlap** -- two candidates acting (``held`` read True just before a write)
+  at once for longer than the margin;
+* **leaderless time** -- nobody acting for longer than the bound of the faults
+  in force (see :mod:`soak.timing`), or than the base bound with none;
+* **leftovers** -- anything the run left behind (connections, leases, keys,
+  asyncio tasks of a candidate at its clean exit, processes, a candidate that
+  did not exit cleanly);
+* **errors** -- a fault the nemesis could not inject or heal.
+
+Times are ``time.monotonic_ns()`` values (system-wide on Linux).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+__all__ = ["Act", "Fault", "History", "Term", "Verdict", "Violation", "Write", "check", "terms"]
+
+_NS = 1_000_000_000
+#: Pauses shorter than this between acts are the candidates' own write interval, not leaderless time.
+_MIN_GAP_NS = 200_000_000
+
+
+@dataclass(frozen=True)
+class Act:
+    """One leader action: ``held`` read True at ``t0``, the fenced write returned at ``t1`` with ``ok``
+    (True accepted, False rejected as stale, None failed)."""
+
+    who: str
+    token: int | None
+    t0: int
+    t1: int
+    ok: bool | None
+
+
+@dataclass(frozen=True)
+class Write:
+    """A write the register accepted, in the register's order (``id``)."""
+
+    id: int
+    token: int
+    writer: str
+    sent_ns: int
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One injected fault: in force from ``start`` to ``heal``; leaderless time it causes ends by ``deadline``."""
+
+    kind: str
+    target: str
+    start: int
+    heal: int
+    deadline: int
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class Term:
+    """One leadership as seen by its acts: ``who`` acted under ``token`` from ``start`` to ``end``."""
+
+    who: str
+    token: int | None
+    start: int
+    end: int
+    acts: int
+
+
+@dataclass
+class History:
+    """Everything recorded for one backend."""
+
+    label: str
+    acts: list[Act]
+    writes: list[Write]
+    faults: list[Fault]
+    #: The checked window (ns): leaderless time is judged between these.
+    begin: int
+    end: int
+    #: Seconds two candidates may act at once; leaderless seconds allowed with no fault in force.
+    margin: float
+    base_gap: float
+    leftovers: list[str] = field(default_factory=list)
+    #: Faults the nemesis could not inject or heal: the run did not test what it claims.
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str  # "token", "overlap", "gap", "leftover", "error"
+    message: str
+    at: int | None = None
+
+
+@dataclass
+class Verdict:
+    """The checker's findings and the figures of the summary."""
+
+    label: str
+    violations: list[Violation]
+    terms: list[Term]
+    faults_by_kind: dict[str, int]
+    accepted: int
+    rejected: int
+    failed: int
+    max_gap: float
+    max_gap_bound: float
+    max_overlap: float
+    margin: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def terms(acts: list[Act]) -> list[Term]:
+    """Each candidate's acts grouped into leaderships (a new token starts a new one), ordered by start."""
+    found: list[Term] = []
+    by_who: dict[str, list[Act]] = {}
+    for act in acts:
+        by_who.setdefault(act.who, []).append(act)
+    for who, own in by_who.items():
+        own.sort(key=lambda a: a.t0)
+        first = own[0]
+        last = own[0]
+        count = 0
+        for act in own:
+            if act.token != first.token:
+                found.append(Term(who, first.token, first.t0, last.t0, count))
+                first, count = act, 0
+            last = act
+            count += 1
+        found.append(Term(who, first.token, first.t0, last.t0, count))
+    found.sort(key=lambda t: (t.start, t.who))
+    return found
+
+
+def _token_violations(history: History, leaderships: list[Term]) -> list[Violation]:
+    found: list[Violation] = []
+    highest: Write | None = None
+    for write in sorted(history.writes, key=lambda w: w.id):
+        if highest is not None and write.token < highest.token:
+            found.append(
+                Violation(
+                    "token",
+                    f"write {write.id} by {write.writer} accepted with token {write.token} "
+                    f"after write {highest.id} by {highest.writer} with token {highest.token}",
+                    write.sent_ns,
+                )
+            )
+        if highest is None or write.token >= highest.token:
+            highest = write
+    previous: Term | None = None
+    for term in leaderships:
+        if term.token is None:
+            found.append(Violation("token", f"{term.who} led without a fencing token", term.start))
+            continue
+        if previous is not None and previous.token is not None and term.token <= previous.token:
+            found.append(
+                Violation(
+                    "token",
+                    f"{term.who}'s leadership (token {term.token}) started after {previous.who}'s "
+                    f"(token {previous.token}) but its token is not larger",
+                    term.start,
+                )
+            )
+        previous = term
+    return found
+
+
+def _overlaps(leaderships: list[Term], margin_ns: int) -> tuple[list[Violation], int]:
+    found: list[Violation] = []
+    worst = 0
+    for i, later in enumerate(leaderships):
+        for earlier in leaderships[:i]:
+            if earlier.who == later.who:
+                continue
+            overlap = min(earlier.end, later.end) - later.start
+            if overlap <= 0:
+                continue
+            worst = max(worst, overlap)
+            if overlap > margin_ns:
+                found.append(
+                    Violation(
+                        "overlap",
+                        f"{earlier.who} (token {earlier.token}) and {later.who} (token {later.token}) "
+                        f"both acted for {overlap / _NS:.3f} s (margin {margin_ns / _NS:.2f} s)",
+                        later.start,
+                    )
+                )
+    return found, worst
+
+
+def _gaps(history: History, leaderships: list[Term]) -> tuple[list[Violation], float, float]:
+    """Leaderless stretches in the window, each against the latest deadline of the faults in force."""
+    spans = sorted((t.start, t.end) for t in leaderships if t.end >= history.begin and t.start <= history.end)
+    stretches: list[tuple[int, int]] = []
+    cursor = history.begin
+    for start, end in spans:
+        if start > cursor:
+            stretches.append((cursor, start))
+        cursor = max(cursor, end)
+    if history.end > cursor:
+        stretches.append((cursor, history.end))
+    found: list[Violation] = []
+    worst, worst_bound, worst_ratio = 0.0, history.base_gap, -1.0
+    for a, b in stretches:
+        if b - a < _MIN_GAP_NS:
+            continue
+        deadline = a + int(history.base_gap * _NS)
+        in_force = [f for f in history.faults if f.start <= b and f.deadline >= a]
+        for fault in in_force:
+            deadline = max(deadline, fault.deadline)
+        gap, bound = (b - a) / _NS, (deadline - a) / _NS
+        if gap / bound > worst_ratio:
+            worst, worst_bound, worst_ratio = gap, bound, gap / bound
+        if b > deadline:
+            names = ", ".join(f"{f.kind} {f.target}" for f in in_force) or "none"
+            found.append(
+                Violation("gap", f"nobody led for {gap:.2f} s (bound {bound:.2f} s; faults in force: {names})", a)
+            )
+    return found, worst, worst_bound
+
+
+def check(history: History) -> Verdict:
+    """Judge ``history``; the verdict lists every violation and the summary figures."""
+    leaderships = terms(history.acts)
+    violations = _token_violations(history, leaderships)
+    overlaps, worst_overlap = _overlaps(leaderships, int(history.margin * _NS))
+    violations += overlaps
+    gaps, max_gap, max_gap_bound = _gaps(history, leaderships)
+    violations += gaps
+    violations += [Violation("leftover", item) for item in history.leftovers]
+    violations += [Violation("error", item) for item in history.errors]
+    if not leaderships:
+        violations.append(Violation("gap", "nobody ever led"))
+    outcomes = Counter(a.ok for a in history.acts)
+    return Verdict(
+        label=history.label,
+        violations=violations,
+        terms=leaderships,
+        faults_by_kind=dict(Counter(f.kind for f in history.faults)),
+        accepted=outcomes[True],
+        rejected=outcomes[False],
+        failed=outcomes[None],
+        max_gap=max_gap,
+        max_gap_bound=max_gap_bound,
+        max_overlap=worst_overlap / _NS,
+        margin=history.margin,
+    )

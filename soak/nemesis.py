@@ -1,0 +1,225 @@
+"""The nemesis: a seeded schedule of faults, and their execution against one backend.
+
+The schedule (:func:`plan`) is a pure function of the seed, the backend and
+the length: when each fault starts, its kind, whom it aims at (the leader or
+another candidate, chosen when it fires), how long it lasts. At most two
+faults are in force at once; faults on the whole server (restart, member,
+slow) one at a time. :class:`Nemesis` runs each fault on a thread of its own
+and heals it in a ``finally``: a fault that fails half-way is still undone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+
+from tests.harness import HarnessError, TCPProxy
+
+from .checker import Fault
+from .pool import Candidate, Pool
+from .targets import Etcd3Target, Target
+from .timing import Timing
+
+__all__ = ["Nemesis", "Planned", "plan"]
+
+#: Faults on the whole server: one at a time.
+_SERVER_WIDE = frozenset({"restart", "member", "slow"})
+_MAX_IN_FORCE = 2
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One fault of the schedule: ``at`` seconds into the run."""
+
+    at: float
+    kind: str
+    aim: str  # "leader" or "other"
+    duration: float
+    variant: str = ""  # partition: "drop" or "stall"; member: the member's index
+
+
+def _duration(rng: random.Random, kind: str, lease: float) -> float:
+    if kind == "pause":
+        return lease + rng.uniform(0.5, 2.5)  # past the lease: the server must hand on
+    if kind == "partition":
+        return rng.uniform(1.0, lease + 3.0)
+    if kind == "restart":
+        return rng.uniform(0.5, 3.0)
+    if kind == "member":
+        return rng.uniform(1.0, 6.0)
+    if kind == "slow":
+        return rng.uniform(2.0, 6.0)
+    return 0.0
+
+
+def plan(seed: int, label: str, kinds: tuple[str, ...], seconds: float, lease: float) -> list[Planned]:
+    """The faults of one backend's run: from ``warmup`` to ``seconds`` minus a quiet end to settle."""
+    rng = random.Random(f"{seed}:{label}")
+    warmup, settle = 3.0, 12.0
+    schedule: list[Planned] = []
+    ends: list[float] = []  # planned ends of the faults in force
+    server_free_at = 0.0
+    t = warmup + rng.uniform(0.0, 2.0)
+    while True:
+        kind = rng.choice(kinds)
+        duration = _duration(rng, kind, lease)
+        ends = [e for e in ends if e > t]
+        if len(ends) >= _MAX_IN_FORCE:
+            t = min(ends) + rng.uniform(0.2, 1.0)
+            continue
+        if kind in _SERVER_WIDE and t < server_free_at:
+            t = server_free_at + rng.uniform(0.2, 1.0)
+        # Leave time for the restart itself (a few seconds of stop and start) and for recovery.
+        if t + duration + 5.0 > seconds - settle:
+            break
+        variant = ""
+        if kind == "partition":
+            variant = rng.choice(["drop", "stall"])
+        elif kind == "member":
+            variant = str(rng.randrange(3))
+        aim = "leader" if rng.random() < 0.7 else "other"
+        schedule.append(Planned(round(t, 3), kind, aim, round(duration, 3), variant))
+        end = t + duration + (5.0 if kind in ("restart", "member") else 0.0)
+        ends.append(end)
+        if kind in _SERVER_WIDE:
+            server_free_at = end
+        t += rng.expovariate(1 / 6.0) + 0.5  # a fault every ~6.5 s on average
+    return schedule
+
+
+def _each(proxies: list[TCPProxy], mode: str) -> None:
+    """Put every proxy in ``mode`` (``drop``, ``stall``, ``heal``); one closed meanwhile (its candidate was
+    killed) is passed over."""
+    for proxy in proxies:
+        with contextlib.suppress(HarnessError, TimeoutError):
+            getattr(proxy, mode)()
+
+
+class Nemesis:
+    """Executes a schedule against ``target`` and ``pool``; records every fault done, with its bound."""
+
+    def __init__(self, target: Target, pool: Pool, timing: Timing) -> None:
+        self.target, self.pool, self.timing = target, pool, timing
+        self.faults: list[Fault] = []
+        self.errors: list[str] = []
+        self.skipped: list[str] = []
+        self._lock = threading.Lock()  # the pool, the records
+        self._server = threading.Lock()  # one server-wide fault at a time
+        self._threads: list[threading.Thread] = []
+
+    def run(self, schedule: list[Planned], began: float) -> None:
+        """Fire each fault at its time (monotonic ``began`` + ``at``) and wait for all of them to heal."""
+        for planned in schedule:
+            delay = began + planned.at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            thread = threading.Thread(target=self._fire, args=(planned,), name=f"nemesis-{planned.kind}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        for thread in self._threads:
+            thread.join(120.0)
+            if thread.is_alive():
+                self.errors.append(f"{thread.name} did not finish within 120 s")
+
+    def _choose(self, aim: str) -> tuple[Candidate | None, str]:
+        """The candidate a fault aims at, marked busy, and its role: the leader if aimed at and free."""
+        with self._lock:
+            leader = self.pool.leader()
+            free = [c for c in self.pool.live() if not c.busy and not c.frozen]
+            if aim == "leader" and leader is not None and leader in free:
+                leader.busy = True
+                return leader, "leader"
+            others = [c for c in free if c is not leader]
+            if not others:
+                return None, ""
+            others[0].busy = True
+            return others[0], "follower"
+
+    def _record(self, planned: Planned, target: str, start: int, heal: int, detail: str) -> None:
+        kind = f"partition-{planned.variant}" if planned.kind == "partition" else planned.kind
+        deadline = int(self.timing.deadline(kind, start / 1e9, heal / 1e9) * 1e9)
+        with self._lock:
+            self.faults.append(Fault(kind, target, start, heal, deadline, detail))
+
+    def _fire(self, planned: Planned) -> None:
+        try:
+            if planned.kind in _SERVER_WIDE:
+                with self._server:
+                    self._server_fault(planned)
+            elif planned.kind == "depose":
+                start = time.monotonic_ns()
+                detail = self.target.depose()
+                self._record(planned, "leader", start, time.monotonic_ns(), detail)
+            else:
+                self._candidate_fault(planned)
+        except Exception as exc:
+            self.errors.append(f"{planned.kind} at {planned.at:.1f}s failed: {exc!r}\n{traceback.format_exc()}")
+
+    def _candidate_fault(self, planned: Planned) -> None:
+        candidate, role = self._choose(planned.aim)
+        if candidate is None:
+            self.skipped.append(f"{planned.kind} at {planned.at:.1f}s: no candidate free")
+            return
+        who = f"{candidate.identity} ({role})"
+        start = time.monotonic_ns()
+        try:
+            if planned.kind == "kill":
+                self.pool.kill(candidate)
+                with self._lock:
+                    fresh = self.pool.start()
+                self._record(planned, who, start, time.monotonic_ns(), f"replaced by {fresh.identity}")
+            elif planned.kind == "pause":
+                candidate.frozen = True
+                candidate.signal(signal.SIGSTOP)
+                try:
+                    time.sleep(planned.duration)
+                finally:
+                    candidate.signal(signal.SIGCONT)
+                    candidate.frozen = False
+                self._record(planned, who, start, time.monotonic_ns(), f"SIGSTOP {planned.duration:.1f}s")
+            elif planned.kind == "partition":
+                try:
+                    _each(candidate.proxies, planned.variant)
+                    time.sleep(planned.duration)
+                finally:
+                    _each(candidate.proxies, "heal")
+                self._record(planned, who, start, time.monotonic_ns(), f"{planned.variant} {planned.duration:.1f}s")
+        finally:
+            candidate.busy = False
+
+    def _server_fault(self, planned: Planned) -> None:
+        start = time.monotonic_ns()
+        try:
+            if planned.kind == "restart":
+                detail = self.target.restart(planned.duration)
+            elif planned.kind == "member":
+                assert isinstance(self.target, Etcd3Target)
+                detail = self.target.kill_member(int(planned.variant), planned.duration)
+            else:
+                detail = self._slow(planned.duration)
+        finally:
+            self.target.ensure_running()
+        self._record(planned, "server", start, time.monotonic_ns(), detail)
+
+    def _slow(self, duration: float) -> str:
+        """Every candidate's link stalls for 100-250 ms out of each ~400 ms: round trips take up to 250 ms."""
+        rng = random.Random(duration)
+        end = time.monotonic() + duration
+        try:
+            while time.monotonic() < end:
+                with self._lock:
+                    proxies = [p for c in self.pool.live() if not c.busy for p in c.proxies]
+                _each(proxies, "stall")
+                time.sleep(rng.uniform(0.1, 0.25))
+                _each(proxies, "heal")
+                time.sleep(0.15)
+        finally:
+            with self._lock:
+                proxies = [p for c in self.pool.all if not c.busy for p in c.proxies]
+            _each(proxies, "heal")
+        return f"intermittent stalls for {duration:.1f}s"

@@ -1,0 +1,175 @@
+"""What a soak writes: a text timeline, an SVG picture and a markdown report, from the runs and verdicts."""
+
+from __future__ import annotations
+
+import html
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from .checker import Verdict
+from .runner import BackendRun
+from .timing import SLACK, TIMINGS
+
+__all__ = ["markdown", "summary_lines", "svg", "timeline"]
+
+_NS = 1e9
+_KIND_COLOURS = {
+    "kill": "#d62728",
+    "pause": "#9467bd",
+    "depose": "#8c564b",
+    "partition-drop": "#ff7f0e",
+    "partition-stall": "#e6a000",
+    "restart": "#1f77b4",
+    "member": "#17becf",
+    "slow": "#7f7f7f",
+}
+
+
+def _s(run: BackendRun, t: int) -> float:
+    return (t - run.began) / _NS
+
+
+def timeline(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
+    """One line per fault (start, heal), leadership and violation, in time order, per backend."""
+    out = []
+    for run, verdict in zip(runs, verdicts, strict=True):
+        lines: list[tuple[int, str]] = []
+        for f in run.history.faults:
+            lines.append((f.start, f"fault {f.kind} on {f.target} starts ({f.detail})"))
+            if f.heal > f.start:
+                lines.append((f.heal, f"fault {f.kind} on {f.target} healed"))
+        for t in verdict.terms:
+            lines.append((t.start, f"{t.who} leads, token {t.token}"))
+            lines.append((t.end, f"{t.who} acts for the last time under token {t.token} ({t.acts} writes)"))
+        for v in verdict.violations:
+            if v.at is not None:
+                lines.append((v.at, f"VIOLATION {v.kind}: {v.message}"))
+        out.append(f"== {run.label} ==")
+        out += [f"{_s(run, t):9.3f}s  {text}" for t, text in sorted(lines, key=lambda x: x[0])]
+        out += [f"   skipped: {s}" for s in run.skipped]
+        out += [f"   VIOLATION {v.kind}: {v.message}" for v in verdict.violations if v.at is None]
+        out.append("")
+    return "\n".join(out)
+
+
+def svg(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
+    """Per backend: a row of faults, then one row per candidate with its leaderships; violations in red."""
+    width, left, row, gap = 1400, 70, 14, 28
+    seconds = max((_s(r, r.history.end) for r in runs), default=1.0) or 1.0
+
+    def x(run: BackendRun, t: int) -> float:
+        return left + max(0.0, _s(run, t)) / seconds * (width - left - 10)
+
+    parts: list[str] = []
+    y = 10
+    for run, verdict in zip(runs, verdicts, strict=True):
+        who = sorted(
+            {t.who for t in verdict.terms} | {f"c{i + 1}" for i in range(run.candidates)}, key=lambda w: int(w[1:])
+        )
+        state = "PASS" if verdict.ok else f"FAIL ({len(verdict.violations)})"
+        parts.append(f'<text x="4" y="{y + 10}" font-weight="bold">{run.label} {state}</text>')
+        y += gap - 10
+        parts.append(f'<text x="4" y="{y + 10}">faults</text>')
+        for f in run.history.faults:
+            x0, x1 = x(run, f.start), max(x(run, f.heal), x(run, f.start) + 2)
+            tip = html.escape(f"{f.kind} {f.target} {f.detail} at {_s(run, f.start):.2f}s")
+            colour = _KIND_COLOURS.get(f.kind, "#000")
+            parts.append(
+                f'<rect x="{x0:.1f}" y="{y}" width="{x1 - x0:.1f}" height="{row - 2}" fill="{colour}">'
+                f"<title>{tip}</title></rect>"
+            )
+        rows = {w: y + row * (i + 1) for i, w in enumerate(who)}
+        for w, ry in rows.items():
+            parts.append(f'<text x="4" y="{ry + 10}">{w}</text>')
+        for term in verdict.terms:
+            x0, x1 = x(run, term.start), max(x(run, term.end), x(run, term.start) + 1)
+            colour = "#2ca02c" if (term.token or 0) % 2 else "#1a6e1a"
+            tip = html.escape(f"{term.who} token {term.token}: {_s(run, term.start):.2f}-{_s(run, term.end):.2f}s")
+            parts.append(
+                f'<rect x="{x0:.1f}" y="{rows[term.who]}" width="{x1 - x0:.1f}" height="{row - 2}" '
+                f'fill="{colour}"><title>{tip}</title></rect>'
+            )
+        bottom = y + row * (len(who) + 1)
+        for v in verdict.violations:
+            if v.at is not None:
+                vx = x(run, v.at)
+                parts.append(
+                    f'<line x1="{vx:.1f}" y1="{y}" x2="{vx:.1f}" y2="{bottom}" stroke="red" stroke-width="2">'
+                    f"<title>{html.escape(v.message)}</title></line>"
+                )
+        y = bottom + gap
+    for tick in range(0, int(seconds) + 1, max(10, int(seconds) // 12 // 10 * 10 or 10)):
+        tx = left + tick / seconds * (width - left - 10)
+        parts.append(f'<text x="{tx:.1f}" y="{y}" font-size="10">{tick}s</text>')
+    legend = " ".join(f'<tspan fill="{c}">&#9632; {k}</tspan>' for k, c in _KIND_COLOURS.items())
+    parts.append(f'<text x="4" y="{y + 16}" font-size="11">faults: {legend} | leaderships: green</text>')
+    height = y + 26
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'font-family="monospace" font-size="11">\n' + "\n".join(parts) + "\n</svg>\n"
+    )
+
+
+def summary_lines(verdicts: Sequence[Verdict]) -> list[str]:
+    """The summary table rows (markdown), one per backend."""
+    lines = [
+        "| backend | verdict | faults injected | leaderships | writes accepted / refused / failed "
+        "| max leaderless (bound) | max overlap (margin) |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for v in verdicts:
+        faults = ", ".join(f"{k} {n}" for k, n in sorted(v.faults_by_kind.items())) or "none"
+        lines.append(
+            f"| {v.label} | {'pass' if v.ok else f'FAIL: {len(v.violations)} violation(s)'} | {faults} "
+            f"| {len(v.terms)} | {v.accepted} / {v.rejected} / {v.failed} "
+            f"| {v.max_gap:.2f} s ({v.max_gap_bound:.2f} s) | {v.max_overlap:.3f} s ({v.margin:.2f} s) |"
+        )
+    return lines
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def markdown(seed: int, minutes: float, wall: float, runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
+    """The report the docs' "Report of the last long run" section takes as it is."""
+    ok = all(v.ok for v in verdicts)
+    lines = [
+        f"`make soak SEED={seed} MINUTES={minutes:g}` on commit `{_commit()}`: "
+        f"**{'passed' if ok else 'FAILED'}** ({wall / 60:.1f} minutes of wall time, the backends side by side).",
+        "",
+        *summary_lines(verdicts),
+        "",
+        "Bounds (seconds; a leaderless stretch must end by the anchor plus this, "
+        f"{SLACK:g} s of scheduling slack included):",
+        "",
+        "| fault | " + " | ".join(TIMINGS) + " |",
+        "| --- | " + " | ".join("---" for _ in TIMINGS) + " |",
+    ]
+    kinds = sorted({k for _, t in TIMINGS.values() for k in t.bounds})
+    for kind in kinds:
+        cells = []
+        for _, timing in TIMINGS.values():
+            bound = timing.bounds.get(kind)
+            cells.append(f"{bound[0]} + {bound[1]:.1f}" if bound else "—")
+        lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    for run, verdict in zip(runs, verdicts, strict=True):
+        if verdict.violations:
+            lines += ["", f"Violations on {run.label}:", ""]
+            lines += [f"- {v.kind}: {v.message}" for v in verdict.violations[:20]]
+            if len(verdict.violations) > 20:
+                lines.append(f"- ... and {len(verdict.violations) - 20} more (timeline.txt)")
+    return "\n".join(lines) + "\n"
+
+
+def write_all(
+    out: Path, seed: int, minutes: float, wall: float, runs: Sequence[BackendRun], verdicts: Sequence[Verdict]
+) -> None:
+    (out / "timeline.txt").write_text(f"seed {seed}\n\n" + timeline(runs, verdicts), encoding="utf-8")
+    (out / "soak.svg").write_text(svg(runs, verdicts), encoding="utf-8")
+    (out / "report.md").write_text(markdown(seed, minutes, wall, runs, verdicts), encoding="utf-8")

@@ -1,0 +1,116 @@
+"""One backend's soak: its server(s), 3 to 5 candidates, the nemesis, a clean stop, and what was left behind.
+
+:func:`run_backend` returns the recorded :class:`~soak.checker.History` (and
+what the report shows besides); it judges nothing itself. Every process and
+server it starts is stopped in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tests.harness import PostgresServer
+
+from . import register
+from .checker import History
+from .nemesis import Nemesis, Planned, plan
+from .pool import Pool
+from .targets import make_target
+from .timing import TIMINGS
+
+__all__ = ["BackendRun", "run_backend"]
+
+#: How long the first leader may take after the candidates start.
+_FIRST_LEADER = 60.0
+#: How long candidates get to exit after SIGTERM.
+_STOP = 20.0
+
+
+@dataclass
+class BackendRun:
+    """What one backend's run recorded."""
+
+    label: str
+    history: History
+    schedule: list[Planned]
+    skipped: list[str]
+    candidates: int
+    directory: Path
+    began: int  # monotonic ns: t = 0 of the timeline
+    notes: list[str] = field(default_factory=list)
+
+
+def run_backend(
+    label: str, *, seed: int, seconds: float, out: Path, register_server: PostgresServer, register_dsn: str
+) -> BackendRun:
+    """Run ``label``'s soak for ``seconds`` (faults, then a quiet end) and return what was recorded."""
+    backend, timing = TIMINGS[label]
+    name = f"soak-{label}"
+    directory = out / label
+    directory.mkdir(parents=True, exist_ok=True)
+    for old in directory.glob("c*.*"):
+        old.unlink()
+    target = make_target(label, name)
+    pool: Pool | None = None
+    errors: list[str] = []
+    try:
+        target.start()
+        register.create(register_server, label)
+        pool = Pool(
+            backend=backend,
+            name=name,
+            options=timing.options,
+            register_dsn=register_dsn,
+            key=label,
+            upstreams=target.upstreams(),
+            target_for=target.candidate_target,
+            directory=directory,
+            seed=seed,
+        )
+        count = random.Random(f"{seed}:{label}:candidates").randint(3, 5)
+        for _ in range(count):
+            pool.start()
+        if pool.wait_leader(_FIRST_LEADER) is None:
+            errors.append(f"no leader within {_FIRST_LEADER:.0f} s of the start")
+        began = time.monotonic()
+        began_ns = time.monotonic_ns()
+        schedule = plan(seed, label, target.fault_kinds, seconds, timing.lease)
+        nemesis = Nemesis(target, pool, timing)
+        nemesis.run(schedule, began)
+        time.sleep(max(0.0, began + seconds - time.monotonic()))
+        end_ns = time.monotonic_ns()
+        stopped = {c.identity for c in pool.live()}
+        leftovers = pool.stop_all(_STOP)
+        leftovers += pool.exit_reports(stopped)
+        # Killed candidates' sessions end with their lease: wait that long (and a little) for the server to tidy.
+        deadline = time.monotonic() + timing.lease + 5.0
+        while True:
+            left = target.leftovers()
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        leftovers += left + pool.still_running()
+        history = History(
+            label=label,
+            acts=pool.acts(),
+            writes=register.history(register_server, label),
+            faults=sorted(nemesis.faults, key=lambda f: f.start),
+            begin=began_ns,
+            end=end_ns,
+            margin=timing.margin,
+            base_gap=timing.base_gap,
+            leftovers=leftovers,
+            errors=errors + nemesis.errors,
+        )
+        with open(directory / "faults.jsonl", "w", encoding="utf-8") as fh:
+            for fault in history.faults:
+                fh.write(json.dumps(asdict(fault)) + "\n")
+        return BackendRun(label, history, schedule, nemesis.skipped, len(pool.all), directory, began_ns)
+    finally:
+        if pool is not None:
+            pool.close()
+        target.cleanup()

@@ -1,0 +1,119 @@
+"""The options each backend runs with in the soak, and the bounds the checker derives from them.
+
+Every bound is stated as ``anchor + seconds``: the fault's start (the leader
+is taken away at once) or its heal (nothing can lead before the fault ends).
+``SLACK`` covers scheduling on a small shared machine (four backends, their
+servers and a dozen candidate processes on two cores) and the start of a
+fresh candidate process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SLACK", "TIMINGS", "Timing"]
+
+#: Seconds added to every leaderless bound and, in part, to the overlap margin: scheduling, not the library.
+SLACK = 2.0
+#: Seconds of scheduling added to the documented overlap margin.
+OVERLAP_SLACK = 0.5
+
+# Session locks (MySQL, PostgreSQL): the fault suite's timings.
+_LEASE = 3
+_CHECK_INTERVAL = 0.3
+_CHECK_TIMEOUT = 0.6
+_RENEW_DEADLINE = 2.0
+_POLL = 1.0
+#: The session-lock engine's reconnect backoff tops out at max(poll_interval, 1 s).
+_SQL_BACKOFF = max(_POLL, 1.0)
+
+_TTL = 3
+#: etcd expires leases on a timer of its own (about every 500 ms) and renews all leases on restart or leader change.
+_ETCD_EXPIRY = 1.0
+#: The etcd backend's reconnect backoff tops out at 2 s; a three-member cluster elects a raft leader in about 1-2 s.
+_ETCD_BACKOFF = 2.0
+_RAFT_ELECTION = 2.0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One backend's elector options, overlap margin and per-fault leaderless bounds (seconds)."""
+
+    options: dict[str, Any]
+    #: Two candidates may both act for this long: the documented bound for a deposed leader to notice.
+    margin: float
+    #: With no fault in force, nobody leads for at most this long.
+    base_gap: float
+    #: kind -> (anchor, seconds): the leaderless time must end by anchor + seconds.
+    bounds: dict[str, tuple[str, float]] = field(default_factory=dict)
+    #: How long a frozen candidate stays frozen at least: past the lease, so that the server hands on.
+    lease: float = 0.0
+
+    def deadline(self, kind: str, start: float, heal: float) -> float:
+        """When leaderless time caused by a fault of ``kind`` (``start``..``heal``) must have ended."""
+        anchor, seconds = self.bounds[kind]
+        return (start if anchor == "start" else heal) + seconds
+
+    def describe(self) -> list[tuple[str, str, str]]:
+        """(fault, anchor, seconds) rows for the report."""
+        return [(kind, anchor, f"{seconds:.1f}") for kind, (anchor, seconds) in sorted(self.bounds.items())]
+
+
+def _sql() -> Timing:
+    takeover = _POLL + SLACK  # a waiting follower is granted the freed lock within one poll
+    expiry = _LEASE + _POLL + SLACK  # the server ends a silent session after lease
+    return Timing(
+        options={
+            "lease": _LEASE,
+            "check_interval": _CHECK_INTERVAL,
+            "check_timeout": _CHECK_TIMEOUT,
+            "renew_deadline": _RENEW_DEADLINE,
+            "poll_interval": _POLL,
+            "fencing": True,
+        },
+        # docs/guarantees.md: a deposed leader stops within check_interval + check_timeout.
+        margin=_CHECK_INTERVAL + _CHECK_TIMEOUT + OVERLAP_SLACK,
+        base_gap=takeover,
+        bounds={
+            "kill": ("start", takeover),
+            "pause": ("start", expiry),
+            "depose": ("start", takeover),
+            "partition-drop": ("start", takeover),
+            "partition-stall": ("start", expiry),
+            "restart": ("heal", _SQL_BACKOFF + _POLL + SLACK),
+            "slow": ("heal", expiry),
+        },
+        lease=_LEASE,
+    )
+
+
+def _etcd() -> Timing:
+    expiry = _TTL + _ETCD_EXPIRY + SLACK  # a lost leader's key goes with its lease, ttl after the last keep-alive
+    return Timing(
+        options={"ttl": _TTL},
+        # A revoked lease or deleted key reaches the leader by its watch, at the latest by its next keep-alive.
+        margin=_TTL / 3 + OVERLAP_SLACK,
+        base_gap=1.0 + SLACK,
+        bounds={
+            "kill": ("start", expiry),
+            "pause": ("start", expiry),
+            "depose": ("start", 1.0 + SLACK),
+            "partition-drop": ("start", expiry),
+            "partition-stall": ("start", expiry),
+            # Leases survive a restart with their full ttl: the leader keeps it or it expires ttl later.
+            "restart": ("heal", _ETCD_BACKOFF + _TTL + _ETCD_EXPIRY + SLACK),
+            "member": ("start", _RAFT_ELECTION + _ETCD_BACKOFF + expiry),
+            "slow": ("heal", expiry),
+        },
+        lease=_TTL,
+    )
+
+
+#: The backends of a soak, by label: (aioelect backend, timing).
+TIMINGS: dict[str, tuple[str, Timing]] = {
+    "mariadb": ("mysql", _sql()),
+    "postgres": ("postgres", _sql()),
+    "etcd1": ("etcd", _etcd()),
+    "etcd3": ("etcd", _etcd()),
+}

@@ -1,0 +1,200 @@
+"""The nemesis soak (soak/): its checker on constructed histories, and a short soak on every backend.
+
+The short soak runs the four backends side by side (MariaDB, PostgreSQL,
+single-member and three-member etcd), each for ``SOAK_SECONDS``, and fails
+unless the checker passed. It starts its own servers; a missing one fails
+in CI and skips elsewhere, as with every server test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from soak.checker import Act, Fault, History, Write, check
+from soak.nemesis import plan
+from soak.timing import TIMINGS
+from tests.harness import MissingBinaryError, require_binary
+from tests.harness.plugin import server_unavailable, skip_if_external
+
+ROOT = Path(__file__).resolve().parent.parent
+NS = 1_000_000_000
+#: Each backend's run in the CI soak (the four run side by side).
+SOAK_SECONDS = 75
+
+
+def _leader(who: str, token: int, start: float, end: float, every: float = 0.04) -> list[Act]:
+    """Acts of one leadership from ``start`` to ``end`` seconds, one every ``every`` s, all accepted."""
+    acts = []
+    t = start
+    while t <= end + 1e-9:
+        acts.append(Act(who, token, int(t * NS), int(t * NS) + 1_000_000, True))
+        t += every
+    return acts
+
+
+def _history(acts: list[Act], *, faults: list[Fault] | None = None, leftovers: list[str] | None = None) -> History:
+    """``acts`` as a fenced register would have taken them: a write with a token below the highest is refused."""
+    judged: list[Act] = []
+    writes: list[Write] = []
+    highest = 0
+    for act in sorted(acts, key=lambda a: a.t0):
+        ok = (act.token or 0) >= highest
+        judged.append(Act(act.who, act.token, act.t0, act.t1, ok))
+        if ok:
+            highest = act.token or 0
+            writes.append(Write(len(writes), highest, act.who, act.t0))
+    acts = judged
+    return History(
+        label="constructed",
+        acts=acts,
+        writes=writes,
+        faults=faults or [],
+        begin=0,
+        end=int(max(a.t0 for a in acts)) + NS // 10,
+        margin=0.9,
+        base_gap=3.0,
+        leftovers=leftovers or [],
+    )
+
+
+def _clean() -> list[Act]:
+    """c1 leads 0-10 s, is killed at 10 s (a fault with a 3 s bound), c2 leads from 11.5 s to 20 s."""
+    return _leader("c1", 5, 0.0, 10.0) + _leader("c2", 9, 11.5, 20.0)
+
+
+def _kill_at_10() -> list[Fault]:
+    return [Fault("kill", "c1 (leader)", 10 * NS, 10 * NS, 13 * NS)]
+
+
+def test_checker_passes_a_clean_history() -> None:
+    verdict = check(_history(_clean(), faults=_kill_at_10()))
+    assert verdict.ok, verdict.violations
+    assert [(t.who, t.token) for t in verdict.terms] == [("c1", 5), ("c2", 9)]
+    assert verdict.accepted == len(_clean()) and verdict.rejected == 0
+    assert 1.4 < verdict.max_gap < 1.6 and verdict.max_gap_bound == pytest.approx(3.0, abs=0.1)
+    assert verdict.faults_by_kind == {"kill": 1}
+
+
+def test_checker_reports_a_lower_token_accepted() -> None:
+    history = _history(_clean(), faults=_kill_at_10())
+    stale = Write(len(history.writes), 5, "c1", 12 * NS)  # c1's token, accepted after c2's token 9
+    history.writes.append(stale)
+    verdict = check(history)
+    assert [v.kind for v in verdict.violations] == ["token"]
+    assert "token 5 after write" in verdict.violations[0].message
+
+
+def test_checker_reports_a_leadership_with_a_smaller_token() -> None:
+    acts = _leader("c1", 9, 0.0, 10.0) + _leader("c2", 5, 11.0, 20.0)
+    verdict = check(_history(acts, faults=_kill_at_10()))
+    assert "token" in {v.kind for v in verdict.violations}
+    assert any("not larger" in v.message for v in verdict.violations)
+
+
+def test_checker_reports_an_overlap_beyond_the_margin() -> None:
+    acts = _leader("c1", 5, 0.0, 10.0) + _leader("c2", 9, 8.5, 20.0)  # 1.5 s together, margin 0.9 s
+    verdict = check(_history(acts))
+    assert [v.kind for v in verdict.violations] == ["overlap"]
+    assert verdict.max_overlap == pytest.approx(1.5, abs=0.05)
+
+
+def test_checker_accepts_an_overlap_within_the_margin() -> None:
+    acts = _leader("c1", 5, 0.0, 10.0) + _leader("c2", 9, 9.6, 20.0)  # 0.4 s: a deposed leader noticing
+    verdict = check(_history(acts))
+    assert verdict.ok, verdict.violations
+    assert 0.3 < verdict.max_overlap < 0.5
+
+
+def test_checker_reports_a_long_leaderless_gap() -> None:
+    acts = _leader("c1", 5, 0.0, 10.0) + _leader("c2", 9, 14.0, 20.0)  # 4 s: over the kill's 3 s, no other fault
+    verdict = check(_history(acts, faults=_kill_at_10()))
+    assert [v.kind for v in verdict.violations] == ["gap"]
+    assert "bound 3.00 s" in verdict.violations[0].message and "kill c1" in verdict.violations[0].message
+
+
+def test_checker_takes_the_latest_deadline_of_the_faults_in_force() -> None:
+    acts = _leader("c1", 5, 0.0, 10.0) + _leader("c2", 9, 14.0, 20.0)
+    restart = Fault("restart", "server", 11 * NS, 12 * NS, 15 * NS)  # overlapping: the gap may last until 15 s
+    verdict = check(_history(acts, faults=[*_kill_at_10(), restart]))
+    assert verdict.ok, verdict.violations
+
+
+def test_checker_reports_a_gap_at_the_end() -> None:
+    history = _history(_clean(), faults=_kill_at_10())
+    history.end = 30 * NS  # nobody led for the last 10 s
+    verdict = check(history)
+    assert [v.kind for v in verdict.violations] == ["gap"]
+
+
+def test_checker_reports_leftovers_and_nemesis_errors() -> None:
+    history = _history(_clean(), faults=_kill_at_10(), leftovers=["1 lease(s) left: ['694d...']"])
+    history.errors.append("restart at 12.0s failed")
+    verdict = check(history)
+    assert [v.kind for v in verdict.violations] == ["leftover", "error"]
+
+
+def test_checker_reports_nobody_ever_leading() -> None:
+    history = _history(_clean())
+    history.acts = []
+    assert "nobody ever led" in [v.message for v in check(history).violations]
+
+
+def test_schedule_is_a_function_of_the_seed() -> None:
+    for label, (_, timing) in TIMINGS.items():
+        kinds = ("kill", "pause", "depose", "partition", "restart", "slow")
+        first = plan(7, label, kinds, 600, timing.lease)
+        assert first == plan(7, label, kinds, 600, timing.lease)
+        assert first != plan(8, label, kinds, 600, timing.lease)
+        assert {p.kind for p in first} == set(kinds)
+        assert all(p.at >= 3.0 and p.at + p.duration <= 600 - 12 for p in first)
+
+
+def _require_servers() -> None:
+    for kind in ("mysql", "etcd", "postgres"):
+        skip_if_external(kind)
+    try:
+        for binary in ("mariadbd", "initdb", "etcd", "etcdctl"):
+            require_binary(binary)
+    except MissingBinaryError as exc:
+        server_unavailable(str(exc))
+
+
+@pytest.mark.timeout(SOAK_SECONDS + 150)
+def test_short_soak_on_every_backend_passes(tmp_path: Path) -> None:
+    _require_servers()
+    started = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "soak",
+            "--minutes",
+            str(SOAK_SECONDS / 60),
+            "--seed",
+            "20261201",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SOAK_SECONDS + 140,
+    )
+    wall = time.monotonic() - started
+    report = (tmp_path / "report.md").read_text() if (tmp_path / "report.md").exists() else "(no report)"
+    assert proc.returncode == 0, (
+        f"soak failed (status {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
+    )
+    assert "**passed**" in report
+    for label in TIMINGS:
+        faults = [json.loads(line) for line in (tmp_path / label / "faults.jsonl").read_text().splitlines()]
+        assert len(faults) >= 3, f"{label}: only {len(faults)} faults injected"
+        assert f"| {label} | pass |" in report
+    assert (tmp_path / "soak.svg").read_text().startswith("<svg")
+    print(f"short soak: {wall:.0f} s wall\n{report}")
