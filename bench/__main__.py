@@ -1,7 +1,7 @@
 """``python -m bench``: run every implementation through every scenario, write RESULTS.md and the chart.
 
 Options: ``--quick`` (a smoke run of a couple of minutes), ``--only KEY,...``
-(implementations), ``--scenarios NAME,...``, ``--reps N``,
+(implementations), ``--scenarios NAME,...``, ``--reps N``, ``--scale N,...`` (election counts),
 ``--report-only`` (re-render from ``bench/out/results.json``).
 """
 
@@ -37,8 +37,9 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated implementation keys")
     parser.add_argument("--scenarios", default="", help="comma-separated scenarios")
     parser.add_argument("--reps", type=int, default=None)
+    parser.add_argument("--scale", default="", help="comma-separated election counts of the scale scenario")
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--budget", type=float, default=840.0, help="seconds before remaining scenarios are skipped")
+    parser.add_argument("--budget", type=float, default=870.0, help="seconds before remaining scenarios are skipped")
     parser.add_argument("--no-install", action="store_true")
     args = parser.parse_args()
     if not args.no_install:

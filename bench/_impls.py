@@ -18,7 +18,7 @@ class Impl:
     backend: str  # "mysql" | "etcd" | "postgres" | "file"
     module: str  # bench/candidates/<module>.py
     ours: bool
-    #: Modules that must import (and binaries that must exist) for the row to run.
+    #: Modules that must import (``module:name``: and have ``name``), and binaries that must exist.
     requires: tuple[str, ...] = ()
     binaries: tuple[str, ...] = ()
     #: A crash is only noticed when a lease/TTL runs out: crash reps run side by side, not one by one.
@@ -32,6 +32,10 @@ class Impl:
     no_deposed: str | None = None
     #: One line on how it is driven, for RESULTS.md.
     how: str = ""
+    #: Extra candidate arguments in every scenario (an opt-in of the implementation).
+    extra_args: tuple[str, ...] = ()
+    #: The only scenarios this row runs (None: every scenario).
+    scenarios: tuple[str, ...] | None = None
 
     def election(self, scenario: str, rep: int | str) -> str:
         """The election/lock name of one repetition (a fresh name each time: nothing carries over)."""
@@ -48,9 +52,11 @@ class Impl:
 
     def missing(self) -> str | None:
         """Why this row cannot run here, or None."""
-        for module in self.requires:
+        for need in self.requires:
+            module, _, attr = need.partition(":")
             try:
-                importlib.import_module(module)
+                if not hasattr(importlib.import_module(module), attr or "__name__"):
+                    return f"`{module}.{attr}` does not exist"
             except Exception as exc:
                 return f"`import {module}` failed: {type(exc).__name__}: {exc}"
         for binary in self.binaries:
@@ -97,6 +103,18 @@ IMPLS: list[Impl] = [
         requires=("aioelect.backends.etcd",),
         lease_bound_crash=True,
         how="`EtcdElector(ttl=5)`",
+    ),
+    Impl(
+        "aioelect-etcd-shared",
+        "aioelect etcd, shared session",
+        "etcd",
+        "aioelect_etcd_shared",
+        True,
+        requires=("aioelect:EtcdSession",),
+        lease_bound_crash=True,
+        scenarios=("graceful", "handoff", "coldstart", "scale"),
+        how="one `EtcdSession(ttl=5)` per process, an `EtcdElector(session=...)` per slot (opt-in: the lease and"
+        " the fate of every election of the process are shared)",
     ),
     Impl(
         "baseline-etcd",

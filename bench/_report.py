@@ -124,7 +124,7 @@ def _requests(backend: str, rates: dict[str, float]) -> float:
     if backend == "etcd":
         return sum(v for k, v in rates.items() if k.startswith("msgs:"))
     if backend == "postgres":
-        return max(rates.get("transactions", 0.0), 0.0)
+        return max(rates.get("statements", rates.get("transactions", 0.0)), 0.0)
     return math.nan
 
 
@@ -182,18 +182,37 @@ def _best_peer_rate(data: dict[str, Any], backend: str) -> tuple[str, float]:
 
 
 def _targets(data: dict[str, Any]) -> list[str]:
+    from ._report_scale import rtt_of
+
     rows: list[str] = []
     results = data["results"]
     settings = data.get("settings", {})
     large = str(settings.get("idle_counts", [20, 100])[-1])
     small = str(settings.get("idle_counts", [20, 100])[0])
     misses: list[str] = []
+    behind: list[str] = []
 
-    def add(target: str, impl: str, measured: str, ok: bool | None, vs: str = "", miss: str = "") -> None:
+    def add(
+        target: str,
+        impl: str,
+        measured: str,
+        ok: bool | None,
+        vs: str = "",
+        miss: str = "",
+        no_worse: bool | None = None,
+    ) -> None:
         verdict = "-" if ok is None else ("**met**" if ok else f"**missed**{': ' + miss if miss else ''}")
-        rows.append(f"| {target} | {impl} | {measured} | {verdict} | {vs} |")
+        peer_verdict = "-" if no_worse is None else ("yes" if no_worse else "**no**")
+        rows.append(f"| {target} | {impl} | {measured} | {verdict} | {vs} | {peer_verdict} |")
         if ok is False:
             misses.append(f"{target} ({impl})")
+        if no_worse is False:
+            behind.append(f"{target.split(':')[0].split(' ≤')[0]} ({impl})")
+
+    def not_slower(ours: float, best: float) -> bool | None:
+        if math.isnan(ours) or math.isnan(best):
+            return None
+        return ours <= best
 
     for key, meta in data["impls"].items():
         if not meta["ours"] or key not in results:
@@ -213,7 +232,18 @@ def _targets(data: dict[str, Any]) -> list[str]:
                 ok,
                 _versus(med, peer, pm),
                 f"by {fmt_s(med - 0.020)}" if ok is False else "",
+                not_slower(med, pm),
             )
+            what, unit = rtt_of(data, be)
+            if what:
+                ok_rt = None if math.isnan(med) else med <= 3 * unit
+                add(
+                    f"graceful handover ≤ 3 round trips ({what})",
+                    label,
+                    f"{med / unit:.1f} x {fmt_s(unit)}",
+                    ok_rt,
+                    miss=f"{med / unit - 3:.1f} round trips over" if ok_rt is False else "",
+                )
         # 2. crash
         if "crash" in r:
             med = _median(_samples(r["crash"]))
@@ -230,6 +260,7 @@ def _targets(data: dict[str, Any]) -> list[str]:
                 ok,
                 _versus(med, peer, pm),
                 f"by {fmt_s(med - bound)}" if ok is False and bound is not None else "",
+                not_slower(med, pm),
             )
         # 3. frozen
         if "frozen" in r and not r["frozen"].get("skipped"):
@@ -246,6 +277,7 @@ def _targets(data: dict[str, Any]) -> list[str]:
                 ok,
                 _versus(_median(xs), peer, pm),
                 f"max by {fmt_s(mx - bound)}" if ok is False and bound is not None and mx != INF else "",
+                not_slower(_median(xs), pm),
             )
             acts = sum(o.get("acts_after_wake", []))
             ok2 = None if not o.get("values") else (acts == 0 and not o.get("overlap_never"))
@@ -267,6 +299,7 @@ def _targets(data: dict[str, Any]) -> list[str]:
                 f"median {fmt_s(_median(xs))}, max {fmt_s(mx)}",
                 ok,
                 _versus(_median(xs), peer, pm),
+                no_worse=not_slower(_median(xs), pm),
             )
         # 5. idle
         if "idle" in r:
@@ -315,14 +348,34 @@ def _targets(data: dict[str, Any]) -> list[str]:
                 rate >= 100,
                 f"{rate / pr:.1f}x {peer} ({pr:.1f}/s)" if peer and pr else "",
                 f"by {100 - rate:.0f}/s" if rate < 100 else "",
+                None if not peer or math.isnan(pr) else rate >= pr,
+            )
+        # Cold start (no target of its own: compared with the peers)
+        if r.get("coldstart", {}).get("values"):
+            med = _median(r["coldstart"]["values"])
+            peer, pm = _best_peer(data, be, "coldstart")
+            add(
+                "cold start: new elector to leading (no target)",
+                label,
+                fmt_s(med),
+                None,
+                _versus(med, peer, pm),
+                no_worse=not_slower(med, pm),
             )
     out = [
-        "| Target | Implementation | Measured | Verdict | Against the best peer (same backend) |",
-        "|---|---|---|---|---|",
+        "| Target | Implementation | Measured | Verdict | Against the best peer (same backend) |"
+        " No worse than the best peer on this row (same run) |",
+        "|---|---|---|---|---|---|",
         *rows,
     ]
     if misses:
         out += ["", "Missed: " + "; ".join(misses) + ". Why, and what would fix it, is in the next section."]
+    if behind:
+        out += [
+            "",
+            "A peer is faster on: " + "; ".join(behind) + ". The guarantee that explains each gap is in the next"
+            " section.",
+        ]
     return out
 
 
@@ -427,8 +480,11 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def write_report(data: dict[str, Any], where: Path) -> None:
-    """Write ``RESULTS.md`` and ``takeover.png`` into ``where``."""
+    """Write ``RESULTS.md``, ``takeover.png`` and ``scale.png`` into ``where``."""
+    from ._report_scale import coldstart_section, rtt_section, scale_chart, scale_section
+
     _chart(data, where / "takeover.png")
+    scale_chart(data, where / "scale.png")
     settings = data.get("settings", {})
     small, large = (str(x) for x in settings.get("idle_counts", [20, 100]))
     m = data["machine"]
@@ -441,7 +497,8 @@ def write_report(data: dict[str, Any], where: Path) -> None:
         f"- **Command:** `{data['command']}`"
         + (" (what `make bench` runs)" if data["command"] == "python -m bench" else "")
         + (" — **quick smoke run, not the real numbers**" if data.get("quick") else ""),
-        f"- **Date:** {data['started']} (UTC); the run took {data['duration_s']:.0f} s",
+        f"- **Date:** {data['started']} (UTC); the run took {data['duration_s']:.0f} s wall"
+        + (f" (budget: {data['budget_s']:.0f} s)" if data.get("budget_s") else ""),
         f"- **Machine:** {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, Linux {m['kernel']}, "
         f"Python {m['python']}; load average {m['load_before']} before, {m['load_after']} after. The machine is "
         "shared with other work and noisy: read medians and ratios, not single values.",
@@ -586,6 +643,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
         ho_rows,
     )
 
+    lines += ["", *rtt_section(data), "", *coldstart_section(data), "", *scale_section(data)]
     lines += ["", "## Targets", "", *_targets(data)]
     lines += ["", "## Where a target is missed: why, and what would fix it", ""]
     lines += _analysis(data)

@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from ._impls import IMPLS, Impl
+from ._oneshot import coldstart, rtt
 from ._report import write_report
-from ._scenarios import SCENARIOS, Ctx, Outcome
+from ._scale import scale
+from ._scenarios import SCENARIOS as TIMED
+from ._scenarios import Ctx, Outcome
 from ._servers import Servers
 
 __all__ = ["run"]
@@ -30,9 +33,20 @@ HERE = Path(__file__).resolve().parent
 OUT = HERE / "out"
 RESULTS_JSON = OUT / "results.json"
 
+SCENARIOS: dict[str, Callable[[Impl, Ctx], Awaitable[Outcome]]] = {
+    "rtt": rtt,
+    **TIMED,
+    "coldstart": coldstart,
+    "scale": scale,
+}
 #: Scenarios whose timing must not be disturbed: run one at a time, with nothing else running.
-PRECISE = ("graceful", "crash", "handoff")
-_NOT_SETTINGS = ("servers", "log_dir")
+PRECISE = ("rtt", "graceful", "crash", "handoff", "coldstart")
+#: Only aioelect's rows: the round trip is the backend's (measured once), scale is aioelect's question.
+OURS_ONLY = ("rtt", "scale")
+#: ``--quick``: aioelect and the fastest peer of each backend at graceful handover.
+QUICK_IMPLS = ("tooz-mysql", "baseline-etcd", "tooz-postgres", "tooz-file")
+QUICK_SCENARIOS = ("rtt", "graceful", "handoff", "coldstart", "scale")
+_NOT_SETTINGS = ("servers", "log_dir", "scale_servers")
 
 
 def _machine() -> dict[str, Any]:
@@ -84,7 +98,7 @@ class Runner:
             print(f"  {impl.key:18} {scenario:9} skipped (budget)", flush=True)
             return
         t = time.monotonic()
-        func: Callable[[Impl, Ctx], Awaitable[Outcome]] = SCENARIOS[scenario]
+        func = SCENARIOS[scenario]
         try:
             outcome = await asyncio.wait_for(func(impl, self.ctx), timeout=min(limit, max(self.left(), 10)))
         except TimeoutError:
@@ -100,6 +114,10 @@ class Runner:
 
 
 def _limit(impl: Impl, scenario: str, ctx: Ctx) -> float:
+    if scenario == "scale":
+        return len(ctx.scale_counts) * (ctx.scale_start_timeout + 90)
+    if scenario in ("rtt", "coldstart"):
+        return 60.0 + 25 * (ctx.coldstart_reps + 1)
     if scenario == "idle":
         return 60.0 + sum(ctx.idle_windows) * 1.5 + 120
     if scenario == "handoff":
@@ -112,16 +130,28 @@ def _limit(impl: Impl, scenario: str, ctx: Ctx) -> float:
     return ctx.reps * (ctx.graceful_window + 10) + ctx.start_timeout
 
 
+def _runs(impl: Impl, scenario: str, scenarios: list[str]) -> bool:
+    if scenario not in scenarios or (impl.scenarios is not None and scenario not in impl.scenarios):
+        return False
+    return impl.ours or scenario not in OURS_ONLY
+
+
 async def _phases(runner: Runner, impls: list[Impl], scenarios: list[str], overlap_phases: bool) -> None:
     ctx = runner.ctx
     print("phase 1: latency-sensitive scenarios, one at a time", flush=True)
     for impl in impls:
         for scenario in PRECISE:
-            if scenario not in scenarios:
+            if not _runs(impl, scenario, scenarios):
                 continue
             if scenario == "crash" and impl.lease_bound_crash:
                 continue
             await runner.job(impl, scenario, _limit(impl, scenario, ctx))
+
+    async def scale_lane() -> None:
+        print("scale: N elections per process, its own servers, beside phases 2 and 3", flush=True)
+        for impl in impls:
+            if _runs(impl, "scale", scenarios):
+                await runner.job(impl, "scale", _limit(impl, "scale", ctx))
 
     async def phase2() -> None:
         print("phase 2: lease-bound scenarios (seconds), several implementations side by side", flush=True)
@@ -135,7 +165,7 @@ async def _phases(runner: Runner, impls: list[Impl], scenarios: list[str], overl
         # The longest (etcdctl's 60 s TTL) first, so that they overlap everything else.
         for impl in sorted(impls, key=lambda i: -i.takeover_window):
             for scenario in ("crash", "frozen", "deposed"):
-                if scenario in scenarios and (scenario != "crash" or impl.lease_bound_crash):
+                if _runs(impl, scenario, scenarios) and (scenario != "crash" or impl.lease_bound_crash):
                     jobs.append(bounded(impl, scenario))
         await asyncio.gather(*jobs)
 
@@ -146,17 +176,22 @@ async def _phases(runner: Runner, impls: list[Impl], scenarios: list[str], overl
 
         async def lane(backend: str) -> None:
             for impl in impls:
-                if impl.backend == backend:
+                if impl.backend == backend and _runs(impl, "idle", scenarios):
                     await runner.job(impl, "idle", _limit(impl, "idle", ctx))
 
         await asyncio.gather(*(lane(b) for b in sorted({i.backend for i in impls})))
 
-    if overlap_phases:
-        # Smoke runs only: the counters of phase 3 then include phase 2's traffic.
-        await asyncio.gather(phase2(), phase3())
-    else:
-        await phase2()
-        await phase3()
+    async def phases23() -> None:
+        if overlap_phases:
+            # Smoke runs only: the counters of phase 3 then include phase 2's traffic.
+            await asyncio.gather(phase2(), phase3())
+        else:
+            await phase2()
+            await phase3()
+
+    # Scale has servers of its own: its counters stay apart; its CPU load makes phases 2-3 noisier,
+    # which their second-scale bounds tolerate.
+    await asyncio.gather(scale_lane(), phases23())
 
 
 def _outcome_to_json(outcome: Outcome) -> dict[str, Any]:
@@ -176,7 +211,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'takeover.png'}")
         return 0
     only = {k for k in args.only.split(",") if k}
-    scenarios = [s for s in (args.scenarios.split(",") if args.scenarios else SCENARIOS) if s]
+    if args.quick and not only:
+        only = {i.key for i in IMPLS if i.ours} | set(QUICK_IMPLS)
+    default = QUICK_SCENARIOS if args.quick else SCENARIOS
+    scenarios = [s for s in (args.scenarios.split(",") if args.scenarios else default) if s]
     unknown = [s for s in scenarios if s not in SCENARIOS] + [k for k in only if k not in {i.key for i in IMPLS}]
     if unknown:
         print(f"unknown scenario or implementation: {', '.join(unknown)}", file=sys.stderr)
@@ -194,31 +232,44 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     servers = Servers()
+    scale_servers = Servers(scale=True)
     # A SIGTERM (make interrupted, CI timeout) must still stop the servers.
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         print(f"bench: starting servers for {', '.join(sorted({i.backend for i in impls}))}", flush=True)
         servers.start({i.backend for i in impls})
         ctx = Ctx(servers=servers, log_dir=log_dir)
+        if "scale" in scenarios:
+            scale_servers.start({i.backend for i in impls if _runs(i, "scale", scenarios)})
+            ctx.scale_servers = scale_servers
         if args.quick:
-            ctx.reps = 2
+            ctx.reps = 3
             ctx.idle_counts = (5, 20)
             ctx.idle_windows = (2.0, 3.0, 5.0)
-            ctx.handoff_seconds = 2.0
+            ctx.handoff_seconds = 3.0
             ctx.overlap_window = 2.0
             ctx.settle = 0.3
+            ctx.rtt_count = 100
+            ctx.coldstart_reps = 5
+            ctx.scale_counts = (1, 10)
+            ctx.scale_window = 3.0
+            ctx.scale_settle = 1.0
         if args.reps:
             ctx.reps = args.reps
+        if args.scale:
+            ctx.scale_counts = tuple(int(n) for n in args.scale.split(","))
         runner = Runner(ctx, args.budget)
         asyncio.run(_phases(runner, impls, scenarios, overlap_phases=bool(args.quick)))
         versions = servers.versions()
     finally:
         servers.cleanup()
+        scale_servers.cleanup()
     machine["load_after"] = [round(x, 2) for x in os.getloadavg()]
     data = {
         "command": "python -m bench" + (" " + shlex.join(argv) if argv else ""),
         "started": started_at.isoformat(timespec="seconds"),
         "duration_s": round(time.monotonic() - t0, 1),
+        "budget_s": args.budget,
         "machine": machine,
         "servers": versions,
         "libraries": _library_versions(),

@@ -39,6 +39,16 @@ class Ctx:
     idle_windows: tuple[float, float, float] = (4.0, 10.0, 30.0)
     handoff_seconds: float = 10.0
     frozen_lease: int = 5
+    rtt_count: int = 200
+    coldstart_reps: int = 10
+    scale_counts: tuple[int, ...] = (1, 10, 100, 1000)
+    scale_window: float = 6.0
+    scale_settle: float = 2.0
+    scale_batch: int = 50
+    scale_samples: int = 3
+    scale_start_timeout: float = 150.0
+    #: Servers of the scale scenario (their own, so that its load and counters stay apart from the rest).
+    scale_servers: Servers | None = None
 
 
 @dataclass
@@ -68,7 +78,7 @@ class Outcome:
 
 
 def _args(impl: Impl, ctx: Ctx) -> list[str]:
-    return ["--url", ctx.servers.url(impl.backend), "--ttl", "5"]
+    return ["--url", ctx.servers.url(impl.backend), "--ttl", "5", *impl.extra_args]
 
 
 def _log_tail(path: Path, lines: int = 4) -> str:

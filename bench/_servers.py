@@ -21,28 +21,51 @@ _METRIC = re.compile(r"^(grpc_server_msg_received_total|grpc_server_started_tota
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-class Servers:
-    """MariaDB, etcd and PostgreSQL on 127.0.0.1, started for this run only, plus a lock-file directory."""
+#: Gauges of etcd's /metrics read by the scale scenario (no labels).
+_ETCD_GAUGES = (
+    "etcd_debugging_mvcc_watch_stream_total",
+    "etcd_debugging_mvcc_watcher_total",
+    "etcd_debugging_mvcc_keys_total",
+)
 
-    def __init__(self) -> None:
+
+class Servers:
+    """MariaDB, etcd and PostgreSQL on 127.0.0.1, started for this run only, plus a lock-file directory.
+
+    ``scale``: the servers of the scale scenario (thousands of connections): MariaDB
+    and PostgreSQL accept far more connections, so that the limit met is the client's
+    or the server's memory, not a setting left at its default.
+    """
+
+    #: max_connections of the servers (normal, scale).
+    MARIADB_MAX_CONNECTIONS = (4000, 12000)
+    POSTGRES_MAX_CONNECTIONS = (600, 3500)
+
+    def __init__(self, *, scale: bool = False) -> None:
+        self.scale = scale
         self.mariadb: MariaDBServer | None = None
         self.etcd: EtcdServer | None = None
         self.postgres: PostgresServer | None = None
         self.file_dir = Path(tempfile.mkdtemp(prefix="aioelect-bench-files-"))
         self._mysql_admin: Any = None
         self._pg_admin: Any = None
+        self._pg_statements = False
 
     def start(self, backends: set[str]) -> None:
         """Start the servers the chosen backends need (blocking, bounded by the harness)."""
         if "mysql" in backends:
             # The baseline port leaks a connection per poll: leave it room to show it.
-            self.mariadb = MariaDBServer(extra_args=["--max-connections=4000"])
+            limit = self.MARIADB_MAX_CONNECTIONS[self.scale]
+            self.mariadb = MariaDBServer(extra_args=[f"--max-connections={limit}"])
             self.mariadb.start()
         if "etcd" in backends:
             self.etcd = EtcdServer()
             self.etcd.start()
         if "postgres" in backends:
-            self.postgres = PostgresServer(extra_args=["-c", "max_connections=600"])
+            limit = self.POSTGRES_MAX_CONNECTIONS[self.scale]
+            # pg_stat_statements counts each statement when it ends, with no per-session flush delay.
+            preload = ["-c", "shared_preload_libraries=pg_stat_statements"] if _has_pg_stat_statements() else []
+            self.postgres = PostgresServer(extra_args=["-c", f"max_connections={limit}", *preload])
             self.postgres.start()
 
     def url(self, backend: str) -> str:
@@ -161,13 +184,42 @@ class Servers:
                 host="127.0.0.1", port=self.postgres.port, user="postgres", dbname="postgres"
             )
             self._pg_admin.autocommit = True
+            with self._pg_admin.cursor() as cur:
+                try:
+                    cur.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                    self._pg_statements = True
+                except psycopg2.Error:
+                    self._pg_statements = False
         with self._pg_admin.cursor() as cur:
             cur.execute("SELECT pg_stat_clear_snapshot()")
             cur.execute("SELECT sum(xact_commit + xact_rollback)::float8, sum(sessions)::float8 FROM pg_stat_database")
             xacts, sessions = cur.fetchone()
             cur.execute("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend'")
             (connected,) = cur.fetchone()
-        return {"transactions": float(xacts or 0), "sessions": float(sessions or 0), "connected": float(connected)}
+            out = {"transactions": float(xacts or 0), "sessions": float(sessions or 0), "connected": float(connected)}
+            if self._pg_statements:
+                cur.execute("SELECT coalesce(sum(calls), 0)::float8 FROM pg_stat_statements")
+                out["statements"] = float(cur.fetchone()[0])
+        return out
+
+    def state(self, backend: str) -> dict[str, float]:
+        """What the server holds for its clients now (gauges): connections; on etcd also leases and watches."""
+        if backend == "mysql":
+            return {"connections": self._mysql_counters()["Threads_connected"]}
+        if backend == "postgres":
+            return {"connections": self._pg_counters()["connected"]}
+        if backend != "etcd":
+            return {}
+        assert self.etcd is not None
+        with urllib.request.urlopen(self.etcd.metrics_url, timeout=10) as resp:
+            text = resp.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.partition(" ")
+            if name in _ETCD_GAUGES:
+                out[name.removeprefix("etcd_debugging_mvcc_")] = float(value)
+        out["leases"] = float(len(_post(f"{self.etcd.client_url}/v3/lease/leases", {}).get("leases", [])))
+        return out
 
     @staticmethod
     def own_requests(backend: str) -> dict[str, float]:
@@ -175,7 +227,8 @@ class Servers:
         if backend == "mysql":
             return {"Questions": 1.0}
         if backend == "postgres":
-            return {"transactions": 3.0}
+            # The three statements of a snapshot and the pg_stat_statements query of the one before.
+            return {"transactions": 3.0, "statements": 4.0}
         return {}
 
     # --- description ----------------------------------------------------------------------
@@ -204,6 +257,12 @@ class Servers:
                 with contextlib.suppress(Exception):
                     server.cleanup()
         shutil.rmtree(self.file_dir, ignore_errors=True)
+
+
+def _has_pg_stat_statements() -> bool:
+    import glob
+
+    return bool(glob.glob("/usr/lib/postgresql/*/lib/pg_stat_statements.so"))
 
 
 def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -22,7 +22,9 @@ system-wide on Linux, so the driver compares it with its own clock):
 
 Commands on stdin, one per line: ``release <slot>``, ``campaign <slot>``,
 ``add <n>`` (n more slots, which campaign at once), ``quit``. With
-``--pingpong`` a slot that leads releases at once and campaigns again.
+``--pingpong`` a slot that leads releases at once and campaigns again. With
+``--spread`` slot *i* campaigns in election ``<name>/<i>`` instead of
+``<name>`` (one process, many elections: the scale scenario).
 End of stdin is ``quit``; the process always exits within a few seconds of it.
 """
 
@@ -32,6 +34,7 @@ import abc
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import os
 import resource
 import sys
@@ -56,6 +59,7 @@ class Options:
     ttl: int
     lease: int | None
     extra: dict[str, str] = field(default_factory=dict)
+    spread: bool = False
 
 
 class Candidate(abc.ABC):
@@ -176,7 +180,9 @@ async def _amain(factory: Callable[[Options, int], Candidate], options: Options)
     slots: list[_Slot] = []
 
     def spawn() -> _Slot:
-        slot = _Slot(len(slots), factory(options, len(slots)), options)
+        index = len(slots)
+        own = dataclasses.replace(options, name=f"{options.name}/{index}") if options.spread else options
+        slot = _Slot(index, factory(own, index), options)
         slots.append(slot)
         slot.task = loop.create_task(slot.run())
         return slot
@@ -202,13 +208,14 @@ def main(factory: Callable[[Options, int], Candidate]) -> None:
     parser.add_argument("--url", required=True, help="server address (DSN, host:port or directory)")
     parser.add_argument("--slots", type=int, default=1)
     parser.add_argument("--pingpong", action="store_true")
+    parser.add_argument("--spread", action="store_true", help="slot i campaigns in election NAME/i")
     parser.add_argument("--act-ms", type=float, default=20.0)
     parser.add_argument("--ttl", type=int, default=5, help="etcd TTL / lock expiry in seconds")
     parser.add_argument("--lease", type=int, default=None, help="aioelect MySQL lease (default: library default)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ns = parser.parse_args()
     extra = dict(item.split("=", 1) for item in ns.set)
-    options = Options(ns.name, ns.url, ns.slots, ns.pingpong, ns.act_ms, ns.ttl, ns.lease, extra)
+    options = Options(ns.name, ns.url, ns.slots, ns.pingpong, ns.act_ms, ns.ttl, ns.lease, extra, ns.spread)
     # The baseline MySQL port leaks a connection per poll: let it reach the server's limit, not ours.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):

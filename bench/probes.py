@@ -1,0 +1,169 @@
+"""One-shot measurements the driver runs in a fresh process: server round trips and cold starts.
+
+``python -m bench.probes rtt --backend B --url U [--count N]``
+    the median and spread of one trivial request to the server, on one
+    connection kept open: ``SELECT 1`` through aiomysql (MariaDB) and asyncpg
+    (PostgreSQL), the drivers aioelect uses; on etcd a linearizable ``Range``
+    and a ``Put`` (a write: it is committed through raft and fsynced, as a
+    campaign's or a release's write is), over grpc-aio with the etcd API
+    messages aioelect uses (``aetcd.rpc``).
+
+``python -m bench.probes coldstart --module M --url U --name NAME [--reps N]``
+    for candidate module ``bench.candidates.M``: the time from constructing a
+    new candidate (an aioelect elector, or a peer's client) through its
+    connecting to its leading, in an empty election with a fresh name each
+    repetition; then it releases and closes. One repetition first, not
+    counted, so that lazily imported drivers do not weigh on the first.
+
+Each prints one JSON object on stdout; every request and repetition is bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import statistics
+import sys
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from .candidates._runner import Options
+
+STEP_TIMEOUT = 20.0
+
+
+async def _timed(op: Callable[[], Awaitable[Any]], count: int) -> list[float]:
+    for _ in range(min(10, count)):  # warm-up: connection set up, statement paths hot
+        await asyncio.wait_for(op(), STEP_TIMEOUT)
+    out = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        await asyncio.wait_for(op(), STEP_TIMEOUT)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _summary(xs: list[float]) -> dict[str, Any]:
+    xs = sorted(xs)
+    return {
+        "median": statistics.median(xs),
+        "p10": xs[len(xs) // 10],
+        "p90": xs[(len(xs) * 9) // 10],
+        "max": xs[-1],
+        "count": len(xs),
+    }
+
+
+async def _rtt_mysql(url: str, count: int) -> dict[str, Any]:
+    import aiomysql
+
+    u = urllib.parse.urlsplit(url)
+    conn = await aiomysql.connect(
+        host=u.hostname,
+        port=u.port or 3306,
+        user=urllib.parse.unquote(u.username or "root"),
+        password=urllib.parse.unquote(u.password or ""),
+        autocommit=True,
+    )
+    try:
+        async with conn.cursor() as cur:
+
+            async def one() -> None:
+                await cur.execute("SELECT 1")
+                await cur.fetchone()
+
+            return {"SELECT 1": _summary(await _timed(one, count))}
+    finally:
+        conn.close()
+
+
+async def _rtt_postgres(url: str, count: int) -> dict[str, Any]:
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        return {"SELECT 1": _summary(await _timed(lambda: conn.fetchval("SELECT 1"), count))}
+    finally:
+        await asyncio.wait_for(conn.close(), 5)
+
+
+async def _rtt_etcd(url: str, count: int) -> dict[str, Any]:
+    import grpc
+    from aetcd import rpc
+
+    channel = grpc.aio.insecure_channel(url)
+    try:
+        kv = rpc.KVStub(channel)
+        key = b"/bench/rtt"
+        await kv.Put(rpc.PutRequest(key=key, value=b"x"), timeout=STEP_TIMEOUT)
+        ranges = await _timed(lambda: kv.Range(rpc.RangeRequest(key=key), timeout=STEP_TIMEOUT), count)
+        puts = await _timed(lambda: kv.Put(rpc.PutRequest(key=key, value=b"x"), timeout=STEP_TIMEOUT), count)
+        return {"Range": _summary(ranges), "Put": _summary(puts)}
+    finally:
+        await channel.close()
+
+
+async def rtt(backend: str, url: str, count: int) -> dict[str, Any]:
+    """Round trips of one trivial request per backend, on one open connection."""
+    probe = {"mysql": _rtt_mysql, "postgres": _rtt_postgres, "etcd": _rtt_etcd}[backend]
+    return await probe(url, count)
+
+
+async def coldstart(module: str, url: str, name: str, reps: int, ttl: int, extra: dict[str, str]) -> dict[str, Any]:
+    """Construct, connect and lead a fresh candidate in an empty election, ``reps`` times."""
+    make = importlib.import_module(f"bench.candidates.{module}").make
+    values: list[float] = []
+    errors: list[str] = []
+    for rep in range(reps + 1):
+        options = Options(f"{name}/{rep}", url, 1, False, 20.0, ttl, None, extra)
+        candidate = None
+        try:
+            t0 = time.perf_counter()
+            candidate = make(options, 0)
+            await asyncio.wait_for(candidate.setup(), STEP_TIMEOUT)
+            await asyncio.wait_for(candidate.campaign(), STEP_TIMEOUT)
+            took = time.perf_counter() - t0
+            if rep:
+                values.append(took)
+            await asyncio.wait_for(candidate.release(), STEP_TIMEOUT)
+        except Exception as exc:
+            errors.append(f"{type(exc).__name__}: {exc}"[:200])
+        finally:
+            if candidate is not None:
+                try:
+                    await asyncio.wait_for(candidate.close(), STEP_TIMEOUT)
+                except Exception as exc:
+                    errors.append(f"close: {type(exc).__name__}: {exc}"[:200])
+    return {"values": values, "errors": errors}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.probes", description=__doc__)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p_rtt = sub.add_parser("rtt")
+    p_rtt.add_argument("--backend", required=True, choices=("mysql", "postgres", "etcd"))
+    p_rtt.add_argument("--url", required=True)
+    p_rtt.add_argument("--count", type=int, default=200)
+    p_cold = sub.add_parser("coldstart")
+    p_cold.add_argument("--module", required=True)
+    p_cold.add_argument("--url", required=True)
+    p_cold.add_argument("--name", required=True)
+    p_cold.add_argument("--reps", type=int, default=10)
+    p_cold.add_argument("--ttl", type=int, default=5)
+    p_cold.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for a candidate")
+    args = parser.parse_args()
+    if args.what == "rtt":
+        result = asyncio.run(rtt(args.backend, args.url, args.count))
+    else:
+        extra = dict(item.split("=", 1) for item in args.set)
+        result = asyncio.run(coldstart(args.module, args.url, args.name, args.reps, args.ttl, extra))
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
