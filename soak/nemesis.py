@@ -184,10 +184,12 @@ class Nemesis:
                 self._record(planned, who, start, time.monotonic_ns(), f"SIGSTOP {planned.duration:.1f}s")
             elif planned.kind == "partition":
                 try:
-                    _each(candidate.proxies, planned.variant)
+                    with self._lock:  # not while a slow server's stalls are being applied or lifted
+                        _each(candidate.proxies, planned.variant)
                     time.sleep(planned.duration)
                 finally:
-                    _each(candidate.proxies, "heal")
+                    with self._lock:
+                        _each(candidate.proxies, "heal")
                 self._record(planned, who, start, time.monotonic_ns(), f"{planned.variant} {planned.duration:.1f}s")
         finally:
             candidate.busy = False
@@ -212,14 +214,15 @@ class Nemesis:
         end = time.monotonic() + duration
         try:
             while time.monotonic() < end:
+                # Under the lock, and never on a candidate another fault holds (its partition stays as it is).
                 with self._lock:
-                    proxies = [p for c in self.pool.live() if not c.busy for p in c.proxies]
-                _each(proxies, "stall")
+                    stalled = [c for c in self.pool.live() if not c.busy]
+                    _each([p for c in stalled for p in c.proxies], "stall")
                 time.sleep(rng.uniform(0.1, 0.25))
-                _each(proxies, "heal")
+                with self._lock:
+                    _each([p for c in stalled if not c.busy for p in c.proxies], "heal")
                 time.sleep(0.15)
         finally:
             with self._lock:
-                proxies = [p for c in self.pool.all if not c.busy for p in c.proxies]
-            _each(proxies, "heal")
+                _each([p for c in self.pool.all if not c.busy for p in c.proxies], "heal")
         return f"intermittent stalls for {duration:.1f}s"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .checker import Verdict
 from .runner import BackendRun
+from .targets import checked_kinds
 from .timing import SLACK, TIMINGS
 
 __all__ = ["markdown", "summary_lines", "svg", "timeline"]
@@ -71,13 +72,16 @@ def svg(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
         parts.append(f'<text x="4" y="{y + 10}" font-weight="bold">{run.label} {state}</text>')
         y += gap - 10
         parts.append(f'<text x="4" y="{y + 10}">faults</text>')
+        lane_ends = [0.0, 0.0]  # two faults may be in force at once: one lane each
         for f in run.history.faults:
             x0, x1 = x(run, f.start), max(x(run, f.heal), x(run, f.start) + 2)
+            lane = 0 if lane_ends[0] <= x0 else 1
+            lane_ends[lane] = x1
             tip = html.escape(f"{f.kind} {f.target} {f.detail} at {_s(run, f.start):.2f}s")
             colour = _KIND_COLOURS.get(f.kind, "#000")
             parts.append(
-                f'<rect x="{x0:.1f}" y="{y}" width="{x1 - x0:.1f}" height="{row - 2}" fill="{colour}">'
-                f"<title>{tip}</title></rect>"
+                f'<rect x="{x0:.1f}" y="{y + lane * row // 2}" width="{x1 - x0:.1f}" height="{row // 2 - 1}" '
+                f'fill="{colour}"><title>{tip}</title></rect>'
             )
         rows = {w: y + row * (i + 1) for i, w in enumerate(who)}
         for w, ry in rows.items():
@@ -145,6 +149,10 @@ def markdown(seed: int, minutes: float, wall: float, runs: Sequence[BackendRun],
         "",
         *summary_lines(verdicts),
         "",
+        "Candidates started (first ones and replacements) / faults skipped for want of a free candidate: "
+        + ", ".join(f"{r.label} {r.candidates} / {len(r.skipped)}" for r in runs)
+        + ".",
+        "",
         "Bounds (seconds; a leaderless stretch must end by the anchor plus this, "
         f"{SLACK:g} s of scheduling slack included):",
         "",
@@ -154,8 +162,8 @@ def markdown(seed: int, minutes: float, wall: float, runs: Sequence[BackendRun],
     kinds = sorted({k for _, t in TIMINGS.values() for k in t.bounds})
     for kind in kinds:
         cells = []
-        for _, timing in TIMINGS.values():
-            bound = timing.bounds.get(kind)
+        for label, (_, timing) in TIMINGS.items():
+            bound = timing.bounds[kind] if kind in checked_kinds(label) else None
             cells.append(f"{bound[0]} + {bound[1]:.1f}" if bound else "—")
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
     for run, verdict in zip(runs, verdicts, strict=True):

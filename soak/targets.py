@@ -14,7 +14,15 @@ from typing import ClassVar
 
 from tests.harness import EtcdCluster, EtcdServer, MariaDBServer, PostgresServer, TCPProxy
 
-__all__ = ["Etcd1Target", "Etcd3Target", "MariaDBTarget", "PostgresTarget", "Target", "make_target"]
+__all__ = [
+    "Etcd1Target",
+    "Etcd3Target",
+    "MariaDBTarget",
+    "PostgresTarget",
+    "Target",
+    "checked_kinds",
+    "make_target",
+]
 
 
 class Target:
@@ -222,11 +230,21 @@ class Etcd3Target(_EtcdTarget):
         self.cluster.start()
 
 
+_TARGETS: dict[str, type[Target]] = {
+    "mariadb": MariaDBTarget,
+    "postgres": PostgresTarget,
+    "etcd1": Etcd1Target,
+    "etcd3": Etcd3Target,
+}
+
+
 def make_target(label: str, name: str) -> Target:
-    kinds: dict[str, type[Target]] = {
-        "mariadb": MariaDBTarget,
-        "postgres": PostgresTarget,
-        "etcd1": Etcd1Target,
-        "etcd3": Etcd3Target,
-    }
-    return kinds[label](name)
+    return _TARGETS[label](name)
+
+
+def checked_kinds(label: str) -> list[str]:
+    """The fault kinds as the checker and the report name them (a partition is a drop or a stall)."""
+    kinds: list[str] = []
+    for kind in _TARGETS[label].fault_kinds:
+        kinds += ["partition-drop", "partition-stall"] if kind == "partition" else [kind]
+    return kinds

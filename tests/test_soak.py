@@ -25,7 +25,7 @@ from tests.harness.plugin import server_unavailable, skip_if_external
 ROOT = Path(__file__).resolve().parent.parent
 NS = 1_000_000_000
 #: Each backend's run in the CI soak (the four run side by side).
-SOAK_SECONDS = 75
+SOAK_SECONDS = 100
 
 
 def _leader(who: str, token: int, start: float, end: float, every: float = 0.04) -> list[Act]:
