@@ -155,7 +155,8 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         " and PostgreSQL with raised `max_connections`). **Per election**: server requests/s (MariaDB"
         " `Questions`; PostgreSQL `pg_stat_statements` calls, which count a statement when it ends; etcd"
         " `grpc_server_msg_received_total`), connections the server holds (client-side count in brackets),"
-        " etcd leases, watch streams and watchers; client CPU (% of a core) and memory (PSS) of the 3 processes."
+        " etcd leases, watch streams and watchers; client CPU (% of a core) and memory (PSS) of the 3 processes;"
+        " the server's memory (PSS, with its children: PostgreSQL's per-session processes)."
         " Handover: a few elections' leaders (first, middle, last) release; time to that election's next"
         " LEADER. The chart is [scale.png](scale.png).",
         "",
@@ -187,7 +188,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         ho_cell = f"{fmt_s(_median(ho))} / {fmt_s(ho[-1])}" if ho else "-"
         if row.get("handover_missed"):
             ho_cell += f" ({row['handover_missed']} not within 10 s)"
-        led = f"{row.get('led', n)}/{n}"
+        led = f"{row.get('led', n)} ({row.get('leading_now', n)})"
         rows.append(
             [
                 meta["label"],
@@ -199,6 +200,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
                 etcd,
                 _per(row["cpu_pct"], n, 3),
                 _per(row["mem_mib"], n, 2),
+                _per(row["server_mem_mib"], n, 2) if "server_mem_mib" in row else "-",
                 ho_cell,
                 str(row.get("errors", 0)),
             ]
@@ -213,13 +215,14 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         [
             "Implementation",
             "N",
-            "Led",
+            "Led (leading after the window)",
             "Start",
             "Requests/s",
             "Connections (client)",
             "etcd leases / watch streams / watchers",
             "Client CPU %",
             "Client MiB",
+            "Server MiB",
             "Handover median / max",
             "Errors",
         ],

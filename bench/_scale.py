@@ -178,8 +178,13 @@ async def _one(impl: Impl, ctx: Ctx, servers: Servers, n: int) -> dict[str, Any]
         row["cpu_pct"] = 100 * (b_cpu - a_cpu) / dt
         row["mem_mib"] = mem
         row["state"] = {k: v - base_state.get(k, 0.0) for k, v in state.items()}
+        server_pid = servers.server_pid(impl.backend)
+        if server_pid is not None:
+            # The server and its children (PostgreSQL: one process per session).
+            row["server_mem_mib"] = (await asyncio.to_thread(process_usage, server_pid))[1]
         tracker.update()
         row["errors_in_window"] = len(tracker.errors) - errors_before
+        # Elections with a leader at the end of the window (fewer than N: leaderships lost and not yet regained).
         row["leading_now"] = len(tracker.leads)
         row["handover"], row["handover_missed"] = await _handovers(group, tracker, n, ctx.scale_samples)
         tracker.update()

@@ -36,15 +36,15 @@ class Ctx:
     graceful_window: float = 10.0
     overlap_window: float = 3.0
     idle_counts: tuple[int, int] = (20, 100)
-    idle_windows: tuple[float, float, float] = (4.0, 10.0, 30.0)
-    handoff_seconds: float = 10.0
+    idle_windows: tuple[float, float, float] = (3.0, 6.0, 15.0)
+    handoff_seconds: float = 5.0
     frozen_lease: int = 5
     rtt_count: int = 200
     coldstart_reps: int = 10
     scale_counts: tuple[int, ...] = (1, 10, 100, 1000)
     scale_window: float = 6.0
     scale_settle: float = 2.0
-    scale_batch: int = 50
+    scale_batch: int = 25
     scale_samples: int = 3
     scale_start_timeout: float = 150.0
     #: Servers of the scale scenario (their own, so that its load and counters stay apart from the rest).
