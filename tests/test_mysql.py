@@ -10,10 +10,12 @@ import aiomysql
 import anyio
 import pytest
 
-from aioelect import BackendUnavailable, ElectionError, LeadershipLost, MySQLElector, leadership
+from aioelect import BackendUnavailable, ElectionError, Elector, LeadershipLost, MySQLElector, leadership
+from aioelect.backends.mysql import MySQLBackend
 
 from .backends import Follower, unique_name
 from .harness import MariaDBServer, TCPProxy, free_port
+from .session_locks import losing_its_first_grant, unconfirmed_release
 
 pytestmark = pytest.mark.usefixtures("mariadb")
 
@@ -470,3 +472,103 @@ async def test_try_acquire_takes_a_free_lock_and_never_waits(mariadb: MariaDBSer
             while len(mariadb.connection_ids()) != before:
                 await asyncio.sleep(0.05)
         await lead.release()
+
+
+# --- one session across the leaderships of one elector -----------------------------------------
+
+
+def lock_holder(server: MariaDBServer, name: str) -> int | None:
+    """The connection id holding GET_LOCK ``name`` (None: free)."""
+    held = server.query("SELECT IS_USED_LOCK(%s)", (name,))[0][0]
+    return None if held is None else int(held)
+
+
+async def gone(server: MariaDBServer, connection_id: int) -> bool:
+    """Whether the server ended connection ``connection_id`` within 5 s."""
+    with anyio.move_on_after(5):
+        while connection_id in server.connection_ids():
+            await asyncio.sleep(0.05)
+        return True
+    return False
+
+
+async def test_clean_release_keeps_the_session_for_the_next_campaign(mariadb: MariaDBServer) -> None:
+    name = unique_name()
+    async with MySQLElector(mariadb.dsn, name=name) as elector:
+        lead = await elector.acquire()
+        first = lock_holder(mariadb, name)
+        assert first is not None and lead.token is not None
+        token = lead.token
+        await lead.release()
+        assert lock_holder(mariadb, name) is None, "RELEASE_LOCK answered 1: the lock is free"
+        assert first in mariadb.connection_ids(), "the released session is kept for the next campaign"
+        lead = await elector.acquire()
+        assert lock_holder(mariadb, name) == first
+        assert lead.token == token + 1
+        await lead.release()
+        assert lock_holder(mariadb, name) is None
+    assert await gone(mariadb, first), "aclose() closes the kept session"
+
+
+async def test_unclear_release_closes_the_session(mariadb: MariaDBServer) -> None:
+    """A release the server does not confirm (RELEASE_LOCK answered 0), or a session it ended, is not reused."""
+
+    UnconfirmedRelease = unconfirmed_release(MySQLBackend)
+
+    name = unique_name()
+    async with Elector(UnconfirmedRelease(mariadb.dsn, name=name, fencing=False)) as elector:
+        lead = await elector.acquire()
+        first = lock_holder(mariadb, name)
+        assert first is not None
+        await lead.release()
+        assert lock_holder(mariadb, name) is None
+        assert await gone(mariadb, first), "an unconfirmed release closes the session"
+        lead = await elector.acquire()
+        second = lock_holder(mariadb, name)
+        assert second not in (None, first)
+        mariadb.query("KILL %s", (second,))
+        with anyio.fail_after(5):
+            await lead.wait_lost()
+        await lead.release()
+        lead = await elector.acquire()
+        assert lock_holder(mariadb, name) not in (None, first, second)
+        await lead.release()
+
+
+async def test_a_kept_session_the_server_ended_is_replaced_at_once(
+    mariadb: MariaDBServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = unique_name()
+    async with MySQLElector(mariadb.dsn, name=name) as elector:
+        lead = await elector.acquire()
+        first = lock_holder(mariadb, name)
+        await lead.release()
+        mariadb.query("KILL %s", (first,))
+        started = time.monotonic()
+        lead = await elector.acquire()
+        assert time.monotonic() - started < 1.0, "no backoff: the kept session was merely stale"
+        assert lock_holder(mariadb, name) not in (None, first)
+        assert "campaign interrupted" not in caplog.text
+        await lead.release()
+
+
+async def test_no_leadership_without_the_check_after_the_grant(
+    mariadb: MariaDBServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A grant whose check finds the lock not ours is no leadership, and writes no token."""
+    caplog.set_level(logging.DEBUG, logger="aioelect")
+
+    LosesItsFirstGrant, lost = losing_its_first_grant(MySQLBackend)
+
+    name = unique_name()
+    backend = LosesItsFirstGrant(mariadb.dsn, name=name)
+    try:
+        with anyio.fail_after(10):
+            hold = await backend.campaign("checked")
+        assert lost, "the first grant was taken"
+        assert "does not show it held by our session" in caplog.text
+        assert lock_holder(mariadb, name) not in (None, *lost)
+        assert hold.token == 1, "the failed check wrote no token"
+        await hold.release()
+    finally:
+        await backend.aclose()

@@ -26,12 +26,13 @@ import asyncpg
 import pytest
 
 from aioelect import BackendUnavailable, ElectionError, Elector, Leadership, LeadershipLost, PostgresElector, leadership
-from aioelect.backends.postgres import KEY_SQL, advisory_key, application_name, lock_ids
+from aioelect.backends.postgres import KEY_SQL, PostgresBackend, advisory_key, application_name, lock_ids
 
 from .backends import Follower, handover_delays, unique_name, with_database
 from .faults import CANDIDATE, EventProcess
 from .harness import Certificates, MissingBinaryError, PostgresServer, free_port
 from .harness.plugin import server_unavailable
+from .session_locks import losing_its_first_grant, unconfirmed_release
 
 FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
 #: Options of the candidate processes in the fault tests.
@@ -635,3 +636,122 @@ async def test_try_acquire_never_waits_and_leaves_no_session(postgres_dsn: str, 
             while await sessions() != before:
                 await asyncio.sleep(0.05)
         await lead.release()
+
+
+# --- one session across the leaderships of one elector -----------------------------------------
+
+
+async def backend_gone(admin: asyncpg.Connection, pid: int) -> bool:
+    """Whether the server's backend ``pid`` ended within 5 s."""
+    with anyio.move_on_after(5):
+        while await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid):
+            await asyncio.sleep(0.05)
+        return True
+    return False
+
+
+async def test_clean_release_keeps_the_session_for_the_next_campaign(
+    postgres_dsn: str, admin: asyncpg.Connection
+) -> None:
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "kept") as elector:
+        lead = await elector.acquire()
+        first = await holder_pid(admin, name)
+        assert first is not None and lead.token is not None
+        token = lead.token
+        await lead.release()
+        assert await holder_pid(admin, name) is None, "pg_advisory_unlock answered true: the lock is free"
+        alive = await admin.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", first)
+        assert alive == 1, "the released session is kept for the next campaign"
+        lead = await elector.acquire()
+        assert await holder_pid(admin, name) == first
+        assert lead.token is not None and lead.token > token
+        await lead.release()
+        assert await holder_pid(admin, name) is None
+    assert await backend_gone(admin, first), "aclose() closes the kept session"
+
+
+async def test_unclear_release_closes_the_session(postgres_dsn: str, admin: asyncpg.Connection) -> None:
+    """A release the server does not confirm (pg_advisory_unlock answered false), or a lost session, is not reused."""
+
+    UnconfirmedRelease = unconfirmed_release(PostgresBackend)
+
+    name = unique_name("pg")
+    async with Elector(UnconfirmedRelease(postgres_dsn, name=name, **FAST)) as elector:
+        lead = await elector.acquire()
+        first = await holder_pid(admin, name)
+        assert first is not None
+        await lead.release()
+        assert await holder_pid(admin, name) is None
+        assert await backend_gone(admin, first), "an unconfirmed release closes the session"
+        lead = await elector.acquire()
+        second = await holder_pid(admin, name)
+        assert second not in (None, first)
+        await admin.fetchval("SELECT pg_terminate_backend($1)", second)
+        with anyio.fail_after(5):
+            await lead.wait_lost()
+        await lead.release()
+        lead = await elector.acquire()
+        assert await holder_pid(admin, name) not in (None, first, second)
+        await lead.release()
+
+
+async def test_a_kept_session_the_server_ended_is_replaced_at_once(
+    postgres_dsn: str, admin: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "kept") as elector:
+        lead = await elector.acquire()
+        first = await holder_pid(admin, name)
+        assert first is not None
+        await lead.release()
+        await admin.fetchval("SELECT pg_terminate_backend($1)", first)
+        started = time.monotonic()
+        lead = await elector.acquire()
+        assert time.monotonic() - started < 1.0, "no backoff: the kept session was merely gone"
+        assert await holder_pid(admin, name) not in (None, first)
+        assert "campaign interrupted" not in caplog.text
+        await lead.release()
+        # The new session got every setting in its startup packet (the server's version known by now).
+        kept = elector._backend._spare[0].raw  # type: ignore[attr-defined]
+        shown = {
+            k: await kept.fetchval(f"SHOW {k}")
+            for k in (
+                "lock_timeout",
+                "idle_session_timeout",
+                "idle_in_transaction_session_timeout",
+                "client_connection_check_interval",
+                "synchronous_commit",
+                "search_path",
+            )
+        }
+        assert shown == {
+            "lock_timeout": "500ms",
+            "idle_session_timeout": "4s",
+            "idle_in_transaction_session_timeout": "4s",
+            "client_connection_check_interval": "1s",
+            "synchronous_commit": "on",
+            "search_path": "pg_catalog, pg_temp",
+        }
+
+
+async def test_no_leadership_without_the_check_after_the_grant(
+    postgres_dsn: str, admin: asyncpg.Connection, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A grant whose check (the statement that also takes the token) finds the lock not ours is no leadership."""
+    caplog.set_level(logging.DEBUG, logger="aioelect")
+
+    LosesItsFirstGrant, lost = losing_its_first_grant(PostgresBackend)
+
+    name = unique_name("pg")
+    backend = LosesItsFirstGrant(postgres_dsn, name=name, **FAST)
+    try:
+        with anyio.fail_after(10):
+            hold = await backend.campaign("checked")
+        assert lost, "the first grant was taken"
+        assert "does not show it held by our session" in caplog.text
+        assert await holder_pid(admin, name) not in (None, *lost)
+        assert hold.token is not None
+        await hold.release()
+    finally:
+        await backend.aclose()

@@ -23,6 +23,11 @@ engine guarantees, for every dialect:
 * the hold confirms the lock every ``check_interval``, each check bounded by
   ``check_timeout``, and notices at once the server closing the session;
   release is idempotent and a connection already gone is not an error;
+* a session is kept for the elector's next campaign only when the server
+  answered that the release freed the lock (any doubt, failure or
+  cancellation closes it instead); a kept session is used again only while
+  it has been idle for less than ``lease / 2`` (the server ends an idle one
+  after ``lease``), and one the server ended anyway is replaced at once;
 * :meth:`SessionLockBackend.leader` waits (briefly) for a new holder's record
   of its identity rather than report the holder without it.
 """
@@ -53,6 +58,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+#: Seconds a leader watch beside a campaign waits before its first look (and its connection).
+FIRST_LOOK = 0.2
 #: A holder never seen: different from every holder, None (free) included.
 _UNSEEN: Any = object()
 
@@ -99,6 +106,8 @@ class LockConnection(abc.ABC):
 
     #: The server's id of the session: what the dialect's :meth:`SessionLockBackend._end_session` names.
     session_id: int = 0
+    #: The identity a lock session was opened for (None: a plain connection), which names it on the server.
+    identity: str | None = None
 
     @property
     @abc.abstractmethod
@@ -265,12 +274,18 @@ class SessionLockHold(Hold, Generic[_C]):
         if conn.broken:
             conn.close()
             return
+        freed = False
         try:
-            await b._unlock(conn)
+            freed = await b._unlock(conn)
+            if not freed:
+                b.log.debug("the server did not confirm the release; closing the session drops any lock")
         except Exception as exc:
             b.log.debug("unlock failed (%s); closing the session drops the lock", b.describe(exc))
         finally:
-            await conn.aclose(b.check_timeout)
+            if freed and not conn.broken:
+                await b._keep(conn)
+            else:
+                await conn.aclose(b.check_timeout)
 
 
 class SessionLockBackend(Backend, Generic[_C]):
@@ -284,6 +299,8 @@ class SessionLockBackend(Backend, Generic[_C]):
     #: Why a leadership ended when the server closed the lock session, or the check found the lock not ours.
     lost_session: ClassVar[str] = "the server closed the lock connection"
     lost_lock: ClassVar[str] = "lock is no longer held by our session"
+    #: Why a campaign starts over when the check after a grant does not show the lock held by our session.
+    not_held: ClassVar[str] = "the server granted the lock but does not show it held by our session"
 
     def __init__(self, name: str, timing: LockTiming, address: tuple[str, int]) -> None:
         super().__init__(name)
@@ -298,6 +315,9 @@ class SessionLockBackend(Backend, Generic[_C]):
         self._address = address
         self._observer: _C | None = None
         self._observer_lock = anyio.Lock()
+        # A lock session whose release the server confirmed, kept for the next campaign: (conn, identity, since).
+        self._spare: tuple[_C, str, float] | None = None
+        self._closed = False
 
     @property
     def renew_deadline(self) -> float:
@@ -336,12 +356,17 @@ class SessionLockBackend(Backend, Generic[_C]):
         """Whether the lock is held by ``conn``'s session, checked within ``check_timeout``."""
 
     @abc.abstractmethod
-    async def _take_token(self, conn: _C, identity: str) -> int | None:
-        """Just after the grant: this leadership's token (None without fencing), and any record of ``identity``."""
+    async def _granted(self, conn: _C, identity: str) -> int | None:
+        """Just after the grant, in as few requests as the database allows: this leadership's token.
+
+        Must check on the server that ``conn``'s session holds the lock, and
+        raise :class:`SessionLost` if not; then take the token (None without
+        fencing) and any record of ``identity``, only while the lock is held.
+        """
 
     @abc.abstractmethod
-    async def _unlock(self, conn: _C) -> None:
-        """Release the lock held by ``conn``'s session."""
+    async def _unlock(self, conn: _C) -> bool:
+        """Release the lock held by ``conn``'s session: True only if the server answered that it freed it."""
 
     @abc.abstractmethod
     async def _end_session(self, conn: _C, session_id: int) -> None:
@@ -396,9 +421,9 @@ class SessionLockBackend(Backend, Generic[_C]):
         backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
         while True:
             conn: _C | None = None
-            waiting = False
+            waiting = reused = False
             try:
-                conn = await self._connect(identity)
+                conn, reused = await self._session(identity)
                 while True:
                     sent = monotonic()
                     waiting = True
@@ -409,6 +434,7 @@ class SessionLockBackend(Backend, Generic[_C]):
                         conn = None
                         return hold
                     backoff.reset()
+                    reused = False
                     early = sent + self.poll_interval - monotonic()
                     if early > 0:  # the server did not wait: never ask again at once
                         await anyio.sleep(early)
@@ -418,8 +444,12 @@ class SessionLockBackend(Backend, Generic[_C]):
                     raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
                 if isinstance(exc, ElectionError):
                     raise
-                delay = backoff.next_delay()
-                self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
+                delay = 0.0
+                if reused:  # the kept session was ended meanwhile (a restart, a KILL): a new one at once
+                    self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
+                else:
+                    delay = backoff.next_delay()
+                    self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
                 if conn is not None:
                     await self._drop(conn, waiting)
                     conn = None
@@ -433,7 +463,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         conn: _C | None = None
         waiting = False
         try:
-            conn = await self._connect(identity)
+            conn, _ = await self._session(identity)
             waiting = True
             granted = await self._try_request(conn)
             waiting = False
@@ -466,10 +496,33 @@ class SessionLockBackend(Backend, Generic[_C]):
         ``confirmed``.
         """
         confirmed = monotonic()
-        if not await self._held(conn):
-            raise SessionLost("the server granted the lock but does not show it held by our session")
-        token = await self._take_token(conn, identity)
+        token = await self._granted(conn, identity)
         return SessionLockHold(self, conn, token, confirmed)
+
+    async def _session(self, identity: str) -> tuple[_C, bool]:
+        """A lock session for ``identity``: the kept one if still fresh (True), else a new one (False)."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            conn, kept_for, since = spare
+            if not conn.broken and kept_for == identity and monotonic() - since < self.lease / 2:
+                return conn, True
+            await conn.aclose(self.check_timeout)
+        conn = await self._connect(identity)
+        conn.identity = identity
+        return conn, False
+
+    async def _keep(self, conn: _C) -> None:
+        """Keep ``conn``, whose release the server confirmed (it holds no lock), for the next campaign."""
+        identity = conn.identity
+        if self._closed or self._spare is not None or identity is None:
+            await conn.aclose(self.check_timeout)
+            return
+        self._spare = (conn, identity, monotonic())
+
+    async def _close_spare(self) -> None:
+        if self._spare is not None:
+            conn, self._spare = self._spare[0], None
+            await conn.aclose(self.check_timeout)
 
     async def _drop(self, conn: _C, waiting: bool) -> None:
         """Close a campaign's connection; if its session may still wait for the lock, end it on the server.
@@ -504,8 +557,11 @@ class SessionLockBackend(Backend, Generic[_C]):
 
         Cheaper than :meth:`observe` for a watch beside every campaign: the
         holder's identity is looked up only when the holder changes (or was
-        not recorded yet).
+        not recorded yet), and the first look waits :data:`FIRST_LOOK`
+        seconds, so a campaign won sooner (a free lock, a quick handover)
+        never opens the watch's connection.
         """
+        await anyio.sleep(FIRST_LOOK)
         interval = max(self.poll_interval, 1.0)
         backoff = Backoff(first=interval, maximum=max(5.0, interval))
         seen: Any = _UNSEEN
@@ -582,6 +638,8 @@ class SessionLockBackend(Backend, Generic[_C]):
                 await observer.aclose(self.check_timeout)
 
     async def aclose(self) -> None:
+        self._closed = True
+        await self._close_spare()
         if self._observer is not None:
             observer, self._observer = self._observer, None
             await observer.aclose(self.check_timeout)

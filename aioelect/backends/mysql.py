@@ -84,6 +84,15 @@ _MAX_NAME = 64
 #: fractional seconds, so a shorter wait may become 0 and return at once.
 _MIN_WAIT = 1.0
 _HELD_BY_ME = "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()"
+# The check after a grant and the token bump in one statement: the row is written only if our
+# session holds the lock (else 0 rows are affected), and LAST_INSERT_ID(expr) makes the server
+# report the new token in the statement's answer (its insert id), so no SELECT follows.
+_BUMP = (
+    f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
+    "SELECT %s, LAST_INSERT_ID(1), %s, CONNECTION_ID() FROM DUAL WHERE IS_USED_LOCK(%s) = CONNECTION_ID() "
+    "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), holder = VALUES(holder), "
+    "connection_id = VALUES(connection_id), acquired_at = CURRENT_TIMESTAMP(6)"
+)
 
 
 def _code(exc: BaseException) -> int | None:
@@ -117,6 +126,16 @@ class _Connection(LockConnection):
 
         row = await self.run(call, timeout)
         return None if row is None else row[0]
+
+    async def write(self, sql: str, args: Sequence[Any], *, timeout: float) -> tuple[int, int]:  # noqa: ASYNC109
+        """Run ``sql``: (rows affected, the insert id the server reported)."""
+
+        async def call() -> tuple[int, int]:
+            async with self.raw.cursor() as cursor:
+                await cursor.execute(sql, args)
+                return int(cursor.rowcount), int(cursor.lastrowid or 0)
+
+        return await self.run(call, timeout)
 
     async def closed_by_server(self, wait: float) -> bool:
         # An idle connection receives nothing, so end-of-stream (or any byte: an error packet before a
@@ -239,7 +258,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         """A new dedicated connection with ``wait_timeout = lease``, topology checked."""
         conn = await self._open()
         try:
-            conn.session_id = await conn.scalar("SELECT CONNECTION_ID()", timeout=self.check_timeout)
+            conn.session_id = int(conn.raw.server_thread_id[0])  # CONNECTION_ID(), from the handshake
             await conn.scalar("SET SESSION wait_timeout = %s", (int(self.lease),), timeout=self.check_timeout)
             if not self._topology_checked:
                 await self._check_topology(conn)
@@ -297,12 +316,14 @@ class MySQLBackend(SessionLockBackend[_Connection]):
     async def _held(self, conn: _Connection) -> bool:
         return bool(await conn.scalar(_HELD_BY_ME, (self.name,), timeout=self.check_timeout) == 1)
 
-    async def _unlock(self, conn: _Connection) -> None:
-        await conn.scalar("SELECT RELEASE_LOCK(%s)", (self.name,), timeout=self.check_timeout)
+    async def _unlock(self, conn: _Connection) -> bool:
+        return bool(await conn.scalar("SELECT RELEASE_LOCK(%s)", (self.name,), timeout=self.check_timeout) == 1)
 
-    async def _take_token(self, conn: _Connection, identity: str) -> int | None:
-        """Bump and return this name's token; only a lock holder ever writes it."""
+    async def _granted(self, conn: _Connection, identity: str) -> int | None:
+        """The check after the grant and, with fencing, the token bump in one statement."""
         if not self.fencing:
+            if not await self._held(conn):
+                raise SessionLost(self.not_held)
             return None
         try:
             return await self._bump_token(conn, identity)
@@ -333,17 +354,10 @@ class MySQLBackend(SessionLockBackend[_Connection]):
                 except pymysql.err.MySQLError:
                     raise exc from None
             self._fencing_ready = True
-        await conn.scalar(
-            f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
-            "VALUES (%s, 1, %s, CONNECTION_ID()) ON DUPLICATE KEY UPDATE token = token + 1, "
-            "holder = VALUES(holder), connection_id = VALUES(connection_id), acquired_at = CURRENT_TIMESTAMP(6)",
-            (self.name, identity),
-            timeout=self.check_timeout,
-        )
-        token = await conn.scalar(
-            f"SELECT token FROM {FENCING_TABLE} WHERE name = %s", (self.name,), timeout=self.check_timeout
-        )
-        return int(token)
+        rows, token = await conn.write(_BUMP, (self.name, identity, self.name), timeout=self.check_timeout)
+        if rows == 0:  # the check in the statement found the lock not held by our session: nothing written
+            raise SessionLost(self.not_held)
+        return token
 
     # --- who leads -----------------------------------------------------------------
 

@@ -58,7 +58,15 @@ from .._config import transport_warning, validate_name
 from .._errors import ElectionError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
 from ._postgres_tls import TLS_FILES, NoTls, Tls, no_tls, resolve_tls, transport_fix
-from ._session_lock import Dialect, LockConnection, SessionLockBackend, SessionLockOptions, read_options, tls_error
+from ._session_lock import (
+    Dialect,
+    LockConnection,
+    SessionLockBackend,
+    SessionLockOptions,
+    SessionLost,
+    read_options,
+    tls_error,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -90,10 +98,10 @@ _SEARCH_PATH = "pg_catalog, pg_temp"
 _CURRENT_DB = "(SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database())"
 # A bigint advisory lock shows in pg_locks as classid = high 32 bits, objid = low 32 bits, objsubid = 1.
 _LOCK_ROW = f"locktype = 'advisory' AND database = {_CURRENT_DB} AND classid = $1 AND objid = $2 AND objsubid = 1"
-_HELD_BY_ME = (
-    f"SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE {_LOCK_ROW} AND granted "
-    "AND pid = pg_catalog.pg_backend_pid())"
+_HELD_EXPR = (
+    f"EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE {_LOCK_ROW} AND granted AND pid = pg_catalog.pg_backend_pid())"
 )
+_HELD_BY_ME = f"SELECT {_HELD_EXPR}"
 _HOLDER = f"""SELECT l.pid, a.application_name, a.backend_start
 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.database = {_CURRENT_DB} AND l.classid = $1 AND l.objid = $2
@@ -102,19 +110,19 @@ LIMIT 1"""
 _LOCK = "SELECT pg_catalog.pg_advisory_lock($1)"
 _UNLOCK = "SELECT pg_catalog.pg_advisory_unlock($1)"
 _TRY_LOCK = "SELECT pg_catalog.pg_try_advisory_lock($1)"
-# The token is this statement's transaction id. A transaction that only takes an id commits
-# without flushing the WAL, so a crash right after could hand the same id out again; the
-# transactional logical message makes the commit write WAL, so a synchronous commit flushes it
-# (and waits for synchronous standbys) before the token is returned.
-_TOKEN = (
-    "SELECT pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8, "
-    "pg_catalog.pg_logical_emit_message(true, 'aioelect', ''::pg_catalog.text)"
-)
-_TOKEN_BEFORE_13 = (
-    "SELECT pg_catalog.txid_current(), pg_catalog.pg_logical_emit_message(true, 'aioelect', ''::pg_catalog.text)"
-)
+# The check after a grant and the token in one statement: whether our session holds the lock, and
+# this statement's transaction id. A transaction that only takes an id commits without flushing the
+# WAL, so a crash right after could hand the same id out again; the transactional logical message
+# makes the commit write WAL, so a synchronous commit flushes it (and waits for synchronous standbys)
+# before the answer returns. A token taken while the check fails is never used.
+_EMIT = "pg_catalog.pg_logical_emit_message(true, 'aioelect', ''::pg_catalog.text)"
+_TOKEN = f"SELECT {_HELD_EXPR}, pg_catalog.pg_current_xact_id()::pg_catalog.text::pg_catalog.int8, {_EMIT}"
+_TOKEN_BEFORE_13 = f"SELECT {_HELD_EXPR}, pg_catalog.txid_current(), {_EMIT}"
 _MESSAGE_FUNCTION = "pg_catalog.pg_logical_emit_message(boolean, pg_catalog.text, pg_catalog.text)"
-_CAN_TOKEN = f"SELECT pg_catalog.has_function_privilege('{_MESSAGE_FUNCTION}', 'EXECUTE')"
+_READY = (
+    "SELECT pg_catalog.pg_is_in_recovery() AS standby, "
+    f"pg_catalog.has_function_privilege('{_MESSAGE_FUNCTION}', 'EXECUTE') AS can_token"
+)
 # Errors that no retry can fix: authentication, unknown database, privileges, SQL, client configuration.
 _PERMANENT: tuple[type[BaseException], ...] = (
     asyncpg.InvalidAuthorizationSpecificationError,  # includes InvalidPasswordError, no pg_hba entry
@@ -157,6 +165,16 @@ def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
 
+def _settings_14(lease_ms: str) -> dict[str, str]:
+    """The lock session's settings that PostgreSQL 14 introduced."""
+    return {
+        # The bound on a frozen leader: the server ends a session idle for longer than lease.
+        "idle_session_timeout": lease_ms,
+        # A backend waiting on the lock notices a vanished client within a second.
+        "client_connection_check_interval": "1000",
+    }
+
+
 class _Connection(LockConnection):
     """One asyncpg connection; :attr:`session_id` is its ``pg_backend_pid()``.
 
@@ -194,17 +212,19 @@ class _Connection(LockConnection):
 
     async def fetchval(self, sql: str, *args: Any, timeout: float) -> Any:  # noqa: ASYNC109
         """First value of ``sql``'s first row: its prepared statement if there is one, else ad hoc."""
-        statement = self.statements.get(sql)
-
-        async def call() -> Any:
-            if statement is not None:
-                return await statement.fetchval(*args)
-            return await self.raw.fetchval(sql, *args)
-
-        return await self.run(call, timeout)
+        return await self._fetch("fetchval", sql, args, timeout)
 
     async def fetchrow(self, sql: str, *args: Any, timeout: float) -> Any:  # noqa: ASYNC109
-        return await self.run(lambda: self.raw.fetchrow(sql, *args), timeout)
+        """``sql``'s first row (None without one), prepared or ad hoc as :meth:`fetchval`."""
+        return await self._fetch("fetchrow", sql, args, timeout)
+
+    async def _fetch(self, method: str, sql: str, args: tuple[Any, ...], timeout: float) -> Any:  # noqa: ASYNC109
+        statement = self.statements.get(sql)
+        if statement is not None:
+            call = functools.partial(getattr(statement, method), *args)
+        else:
+            call = functools.partial(getattr(self.raw, method), sql, *args)
+        return await self.run(call, timeout)
 
     async def execute(self, sql: str, *, timeout: float) -> None:  # noqa: ASYNC109
         """Run parameterless ``sql`` with the simple protocol (several statements allowed)."""
@@ -305,6 +325,9 @@ class PostgresBackend(SessionLockBackend[_Connection]):
         self.fencing = where.fencing
         self.schema = schema
         self._warned_old_server = False
+        #: The server's major version once a lock connection has shown it (its settings depend on it).
+        self._server_version: int | None = None
+        self._keepalive = (max(1, int(self.lease / 2)), max(1, int(self.lease / 6)))
         self._observer_table_ok = False
         # prefer: TLS whenever the server offers it, but an attacker can refuse TLS or present any
         # certificate and get plaintext, so it is never verified.
@@ -336,12 +359,12 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             self._observer_table_ok = False
         return await self._open_as(f"aioelect-{purpose}")
 
-    async def _open_as(self, app: str) -> _Connection:
-        """A new connection, encrypted as the sslmode says (libpq's attempts and fallbacks)."""
+    async def _open_as(self, app: str, settings: dict[str, str] | None = None) -> _Connection:
+        """A new connection, ``settings`` in its startup packet, encrypted as the sslmode says (libpq's fallbacks)."""
         attempts = self._tls.attempts
         for index, attempt in enumerate(attempts):
             try:
-                return await self._open_once(app, attempt)
+                return await self._open_once(app, attempt, settings or {})
             except Exception as exc:
                 if index + 1 < len(attempts) and _try_next(self._tls, attempt, exc):
                     self.log.debug(
@@ -354,13 +377,13 @@ class PostgresBackend(SessionLockBackend[_Connection]):
                 raise
         raise AssertionError("unreachable")
 
-    async def _open_once(self, app: str, ssl: _ssl.SSLContext | bool) -> _Connection:
+    async def _open_once(self, app: str, ssl: _ssl.SSLContext | bool, settings: dict[str, str]) -> _Connection:
         try:
             with anyio.fail_after(self.connect_timeout + 1):
                 raw = await asyncpg.connect(
                     timeout=self.connect_timeout,
                     # search_path in the startup packet: it holds before anything (asyncpg's own queries too) runs.
-                    server_settings={"application_name": app, "search_path": _SEARCH_PATH},
+                    server_settings={**settings, "application_name": app, "search_path": _SEARCH_PATH},
                     statement_cache_size=0,  # nothing cached, so nothing closed behind our back
                     ssl=ssl,
                     **self._connect_args,
@@ -373,38 +396,44 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             raise
         return _Connection(raw)
 
+    def _lock_settings(self, version: int | None) -> dict[str, str]:
+        """The lock session's settings, sent in its startup packet; those of PostgreSQL 14+ once it is known."""
+        lease_ms = str(_ms(self.lease))
+        settings = {
+            "lock_timeout": str(_ms(self.poll_interval)),
+            # Neither is expected (we never idle in a transaction) but both bound a stuck session.
+            "idle_in_transaction_session_timeout": lease_ms,
+            "tcp_keepalives_idle": str(self._keepalive[0]),
+            "tcp_keepalives_interval": str(self._keepalive[1]),
+            "tcp_keepalives_count": "3",
+            # A token's commit must reach the WAL on disk (and synchronous standbys) before it is used.
+            "synchronous_commit": "on",
+        }
+        if version is not None and version >= 14:
+            settings.update(_settings_14(lease_ms))
+        return settings
+
     async def _connect(self, identity: str) -> _Connection:
         """A new dedicated lock connection, its session timeouts set, on a primary."""
-        conn = await self._open_as(application_name(identity))
+        known = self._server_version
+        conn = await self._open_as(application_name(identity), self._lock_settings(known))
         try:
-            lease_ms = _ms(self.lease)
-            keepalive_idle = max(1, int(self.lease / 2))
-            keepalive_interval = max(1, int(self.lease / 6))
-            settings = [
-                f"SET lock_timeout = {_ms(self.poll_interval)}",
-                # Neither is expected (we never idle in a transaction) but both bound a stuck session.
-                f"SET idle_in_transaction_session_timeout = {lease_ms}",
-                f"SET tcp_keepalives_idle = {keepalive_idle}",
-                f"SET tcp_keepalives_interval = {keepalive_interval}",
-                "SET tcp_keepalives_count = 3",
-            ]
-            if conn.server_version >= 14:
-                # The bound on a frozen leader: the server ends a session idle for longer than lease.
-                settings.append(f"SET idle_session_timeout = {lease_ms}")
-                # A backend waiting on the lock notices a vanished client within a second.
-                settings.append("SET client_connection_check_interval = 1000")
-            elif not self._warned_old_server:
+            self._server_version = conn.server_version
+            if known is None and conn.server_version >= 14:  # first connection: settings the server now shows
+                await conn.execute(
+                    "; ".join(f"SET {k} = {v}" for k, v in _settings_14(str(_ms(self.lease))).items()),
+                    timeout=self.check_timeout,
+                )
+            if conn.server_version < 14 and not self._warned_old_server:
                 self._warned_old_server = True
                 self.log.warning(
                     "PostgreSQL %s has no idle_session_timeout: a frozen leader is replaced only when its "
                     "connection closes (TCP keepalives detect a dead host after about %ss, never a stopped process)",
                     conn.server_version,
-                    keepalive_idle + 3 * keepalive_interval,
+                    self._keepalive[0] + 3 * self._keepalive[1],
                 )
-            # A token's commit must reach the WAL on disk (and synchronous standbys) before it is used.
-            settings.append("SET synchronous_commit = on")
-            await conn.execute("; ".join(settings), timeout=self.check_timeout)
-            if await conn.fetchval("SELECT pg_catalog.pg_is_in_recovery()", timeout=self.check_timeout):
+            ready = await conn.fetchrow(_READY, timeout=self.check_timeout)
+            if ready["standby"]:
                 raise ElectionError(
                     "the server is a standby (pg_is_in_recovery() is true): advisory locks are local to one "
                     "server, so every candidate must connect to the same primary"
@@ -416,7 +445,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             # Bind/Execute/Sync packet, so a frozen leader's session is always plainly idle.
             statements = [_LOCK, _HELD_BY_ME, _UNLOCK]
             if self._tokens:
-                if not await conn.fetchval(_CAN_TOKEN, timeout=self.check_timeout):
+                if not ready["can_token"]:
                     raise ElectionError(
                         f"fencing tokens need EXECUTE on function {_MESSAGE_FUNCTION} (granted to PUBLIC by "
                         "default; it makes each token durable before it is used): grant it, or set fencing=False "
@@ -459,8 +488,8 @@ class PostgresBackend(SessionLockBackend[_Connection]):
     async def _held(self, conn: _Connection) -> bool:
         return bool(await conn.fetchval(_HELD_BY_ME, self.classid, self.objid, timeout=self.check_timeout))
 
-    async def _unlock(self, conn: _Connection) -> None:
-        await conn.fetchval(_UNLOCK, self.key, timeout=self.check_timeout)
+    async def _unlock(self, conn: _Connection) -> bool:
+        return bool(await conn.fetchval(_UNLOCK, self.key, timeout=self.check_timeout))
 
     @property
     def _tokens(self) -> bool:
@@ -471,15 +500,22 @@ class PostgresBackend(SessionLockBackend[_Connection]):
     def _token_sql(conn: _Connection) -> str:
         return _TOKEN if conn.server_version >= 13 else _TOKEN_BEFORE_13
 
-    async def _take_token(self, conn: _Connection, identity: str) -> int | None:
-        """This leadership's token (None without fencing), durable on the server; taken while holding the lock.
+    async def _granted(self, conn: _Connection, identity: str) -> int | None:
+        """The check after the grant and this leadership's token (None without fencing) in one statement.
 
-        Transaction ids only grow, and this one was assigned after the lock
-        was granted, so it is larger than every earlier leader's token.
+        The token is durable on the server, and taken in the statement that
+        finds the lock held. Transaction ids only grow, and this one was
+        assigned after the lock was granted, so it is larger than every
+        earlier leader's token.
         """
         if not self._tokens:
+            if not await self._held(conn):
+                raise SessionLost(self.not_held)
             return None
-        token = int(await conn.fetchval(self._token_sql(conn), timeout=self.check_timeout))
+        row = await conn.fetchrow(self._token_sql(conn), self.classid, self.objid, timeout=self.check_timeout)
+        if not row[0]:
+            raise SessionLost(self.not_held)
+        token = int(row[1])
         if self.schema is not None:
             await conn.fetchval(record_sql(self.schema), self.name, token, identity, timeout=self.check_timeout)
         return token if self.fencing else None
