@@ -17,12 +17,14 @@ from ._factory import from_env, new
 
 if TYPE_CHECKING:
     from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector
+    from .backends.etcd import EtcdSession
 
 __all__ = [
     "BackendUnavailable",
     "ElectionError",
     "Elector",
     "EtcdElector",
+    "EtcdSession",
     "Event",
     "FileElector",
     "Leadership",
@@ -39,6 +41,7 @@ __all__ = [
 #: The electors that resolve on first use, and the backend module (with its driver) each one needs.
 _LAZY = {
     "EtcdElector": "aioelect.backends.etcd",
+    "EtcdSession": "aioelect.backends.etcd",
     "FileElector": "aioelect.backends.file",
     "MySQLElector": "aioelect.backends.mysql",
     "PostgresElector": "aioelect.backends.postgres",
@@ -51,7 +54,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'aioelect' has no attribute {name!r}")
     import importlib
 
-    importlib.import_module(backend)  # ImportError naming the extra when the driver is missing
+    module = importlib.import_module(backend)  # ImportError naming the extra when the driver is missing
     from . import _electors
 
-    return getattr(_electors, name)
+    return getattr(_electors, name, None) or getattr(module, name)

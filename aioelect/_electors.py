@@ -18,7 +18,7 @@ from ._elector import Elector
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .backends.etcd import EtcdBackend, EtcdOptions
+    from .backends.etcd import EtcdBackend, EtcdOptions, EtcdSession
     from .backends.file import FileBackend, FileOptions
     from .backends.local import LocalOptions
     from .backends.mysql import MySQLOptions
@@ -216,20 +216,30 @@ class EtcdElector(Elector):
     their own, shorter bound, derived from the timings above).
 
     Options: :class:`~aioelect.backends.etcd.EtcdOptions` (``name`` is required).
+
+    ``session=`` instead of ``endpoints``: campaign on a shared
+    :class:`~aioelect.EtcdSession` (opt-in), whose lease and connection
+    every elector on it shares; only ``name`` (with ``identity`` and
+    ``stop_timeout``) is given then. What it gives up: the lease's end ends
+    the leadership of every elector on the session (see
+    :class:`~aioelect.EtcdSession`).
     """
 
     def __init__(
         self,
-        endpoints: str | Sequence[str],
+        endpoints: str | Sequence[str] | None = None,
         *,
+        session: EtcdSession | None = None,
         identity: str | None = None,
         stop_timeout: float = 5.0,
         **options: Unpack[EtcdOptions],
     ) -> None:
         from .backends.etcd import EtcdBackend
 
-        self._etcd: EtcdBackend = EtcdBackend(endpoints, **options)
+        self._etcd: EtcdBackend = EtcdBackend(endpoints, session=session, **options)
         super().__init__(self._etcd, identity=identity, stop_timeout=stop_timeout)
+        if session is not None:
+            session.join(self._etcd.name, self._etcd, self.aclose)
 
     @property
     def renew_deadline(self) -> float:

@@ -1,10 +1,12 @@
 """etcd backend: etcd's own election algorithm (Go ``client/v3/concurrency``) over gRPC.
 
-What the wiring layer uses: :class:`EtcdBackend`, :class:`EtcdOptions` and
+What the wiring layer uses: :class:`EtcdBackend`, :class:`EtcdOptions`,
+:class:`EtcdSession` (public as ``aioelect.EtcdSession``) and
 :func:`parse_endpoints`. Inside, one module per job, each importing only
 those listed after it:
 
 * ``_backend``: the backend: campaigns with sessions, the held leadership;
+* ``_shared``: one session shared by several electors (:class:`EtcdSession`);
 * ``_degraded``: local leadership while etcd has never answered (opt-in);
 * ``_election``: the Go-compatible keys, ``leader()`` and ``observe()``;
 * ``_session``: a lease kept alive (Go's ``Session``);
@@ -32,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
 
 from ._backend import EtcdBackend
 from ._endpoints import parse_endpoints
-from ._options import EtcdOptions
+from ._options import EtcdOptions, EtcdSessionOptions
+from ._shared import EtcdSession
 
-__all__ = ["EtcdBackend", "EtcdOptions", "parse_endpoints"]
+__all__ = ["EtcdBackend", "EtcdOptions", "EtcdSession", "EtcdSessionOptions", "parse_endpoints"]

@@ -3,7 +3,12 @@
 Beyond Go's ``Campaign``: the wait ends if our own session expires (Go's
 would wait on for a predecessor while our key is already gone), after which
 we campaign again with a new session; and before a campaign returns, our
-key is checked to still exist under our lease.
+key is checked to still exist under our lease (by a read, or for the next
+in line by the revisions of the watch that saw its predecessor go).
+
+On a shared :class:`~._shared.EtcdSession`, every elector of the session
+campaigns under its one lease; a release or close never revokes it, and a
+failed resign or withdrawal ends it for all (its key must not outlive it).
 
 As Go's ``Session``, one session (lease) serves the successive campaigns of
 an elector: a release deletes our key only, and the lease is revoked when
@@ -20,20 +25,22 @@ and etcd has never answered this elector.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import anyio
 from aetcd import rpc
 
 from ..._backend import Backoff, Confirm, Hold, monotonic
+from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
 from ._calls import first_of
-from ._connection import Connection
 from ._degraded import DegradedHold
 from ._election import DELETE, Election, KeyLost
 from ._failures import Retired, SessionEnded, Transient
-from ._options import EtcdOptions, EtcdSettings
-from ._session import Session
+from ._options import EtcdOptions, EtcdSettings, _Named
+from ._session import Session, connect
+from ._shared import EtcdSession
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -59,7 +66,7 @@ class EtcdHold(Hold):
 
     async def monitor(self, confirm: Confirm) -> str:
         session = self._session
-        session.on_confirm = confirm
+        session.listeners.add(confirm)
         if session.confirmed_at > self.acquired_at:
             confirm(session.confirmed_at)
         try:
@@ -67,7 +74,7 @@ class EtcdHold(Hold):
             self._lost = True
             return str(reason)
         finally:
-            session.on_confirm = None
+            session.listeners.discard(confirm)
 
     async def _session_ended(self) -> str:
         return f"session ended: {await self._session.wait_ended()}"
@@ -135,14 +142,16 @@ class EtcdHold(Hold):
                 with anyio.move_on_after(b.release_timeout):
                     try:
                         await b.resign(self.key, self.revision)
-                        keep = not self._lost and b.reusable(session)
+                        # A shared session is kept whatever became of this leadership: the next campaign on it
+                        # replaces it if its lease has ended.
+                        keep = b.shared is not None or (not self._lost and b.reusable(session))
                     except (Transient, ElectionError) as exc:
                         b.log.debug("resign failed (%s); revoking the lease removes the key", exc)
                     if not keep:
-                        await session.close()
+                        await b.end_session(session, "a resign failed")
             finally:
                 if not keep:
-                    await b.drop(session)
+                    await b.forget(session, "a resign did not finish")
 
 
 class EtcdBackend(Election):
@@ -154,17 +163,28 @@ class EtcdBackend(Election):
 
     kind = "etcd"
 
-    def __init__(self, endpoints: str | Sequence[str], **options: Unpack[EtcdOptions]) -> None:
-        settings = EtcdSettings.parse(endpoints, options)
-        conn = Connection(
-            settings.endpoints,
-            username=settings.username,
-            password=settings.password,
-            connect_timeout=settings.connect_timeout,
-            log=lambda: self.log,
-            tls=settings.tls,
-        )
+    def __init__(
+        self,
+        endpoints: str | Sequence[str] | None = None,
+        *,
+        session: EtcdSession | None = None,
+        **options: Unpack[EtcdOptions],
+    ) -> None:
+        if session is None:
+            if endpoints is None:
+                raise TypeError("EtcdElector() needs endpoints, or session= for a shared EtcdSession")
+            settings = EtcdSettings.parse(endpoints, options)
+            conn = connect(settings, lambda: self.log)
+        else:
+            if endpoints is not None:
+                raise TypeError("EtcdElector(session=...) takes its endpoints from the session: pass one or the other")
+            check_options("EtcdElector", options, _Named)  # the rest are the session's options
+            settings = replace(session.settings, name=validate_name(options["name"], max_length=1024))
+            conn = session.conn
         super().__init__(settings.name, conn, request_timeout=settings.connect_timeout)
+        self.settings = settings
+        #: The shared session this elector campaigns on, or None: sessions of its own.
+        self.shared = session
         self.ttl = settings.ttl
         self.keepalive_interval = settings.keepalive_interval
         self._renew_deadline = settings.renew_deadline
@@ -172,7 +192,7 @@ class EtcdBackend(Election):
         self.connect_timeout = settings.connect_timeout
         self.release_timeout = settings.release_timeout
         self.degrade_to_local = settings.degrade_to_local
-        #: Every session not yet stopped; ``session`` is the one the next campaign uses, if still alive.
+        #: Every session of its own not yet stopped; ``session`` is the one the next campaign uses, if still alive.
         self.sessions: set[Session] = set()
         self.session: Session | None = None
         self.degraded: DegradedHold | None = None
@@ -187,8 +207,13 @@ class EtcdBackend(Election):
             if self.degrade_to_local
             else "waits for etcd if it cannot be reached"
         )
+        shared = (
+            " on a shared EtcdSession (its lease's end ends every elector's leadership on it)"
+            if self.shared is not None
+            else ""
+        )
         return (
-            f"ttl={self.ttl}s keep-alive every {self.keepalive_interval:.3g}s "
+            f"ttl={self.ttl}s{shared} keep-alive every {self.keepalive_interval:.3g}s "
             f"(timeout {self.session_keepalive_timeout:.3g}s) renew_deadline={self._renew_deadline:.3g}s "
             f"connect_timeout={self.connect_timeout:g}s endpoints={self.conn.describe()}: "
             f"a resigning leader is replaced at once, a crashed or cut-off one after about {self.ttl}s "
@@ -199,7 +224,12 @@ class EtcdBackend(Election):
     # --- campaign ------------------------------------------------------------------
 
     def reusable(self, session: Session) -> bool:
-        """True if ``session`` may serve the next campaign: current, alive, and renewed within ``renew_deadline``."""
+        """True if ``session`` may serve the next campaign: current, alive, and renewed within ``renew_deadline``.
+
+        A shared session serves on while it is alive: its lease is not ours to revoke.
+        """
+        if self.shared is not None:
+            return not session.done.is_set() and not self.conn.closed
         return (
             session is self.session
             and not session.done.is_set()
@@ -214,6 +244,27 @@ class EtcdBackend(Election):
         if self.session is session:
             self.session = None
 
+    async def end_session(self, session: Session, why: str) -> None:
+        """Revoke ``session``'s lease; the caller bounds it (then calls :meth:`forget`).
+
+        On a shared session this ends the lease of every elector on it: done
+        only when a key of ours could otherwise outlive its release.
+        """
+        if self.shared is not None:
+            await self.shared.end(session, why)
+        else:
+            await session.close()
+
+    async def forget(self, session: Session, why: str) -> None:
+        """Stop ``session``'s keep-alives and forget it, after :meth:`end_session` or instead of it. Never interrupted.
+
+        A shared session whose lease could not be revoked is stopped, so that it expires within ``ttl``.
+        """
+        if self.shared is not None:
+            await self.shared.end(session, why, revoke=False)
+        else:
+            await self.drop(session)
+
     async def campaign(self, identity: str) -> Hold:
         try:
             return await self._campaign(identity)
@@ -222,6 +273,8 @@ class EtcdBackend(Election):
 
     async def _live_session(self) -> Session:
         """The session to campaign with: the current one while it lives, else a new one (Transient if etcd fails)."""
+        if self.shared is not None:
+            return await self.shared.current()
         session = self.session
         if session is not None and session.done.is_set():
             # Ended between two campaigns (revoked, expired, keep-alives failing): revoke what may be left.
@@ -230,13 +283,7 @@ class EtcdBackend(Election):
             await self.drop(session)
             session = None
         if session is None:
-            session = await Session.grant(
-                self.conn,
-                self.ttl,
-                interval=self.keepalive_interval,
-                keepalive_timeout=self.session_keepalive_timeout,
-                request_timeout=self.request_timeout,
-            )
+            session = await Session.start(self.conn, self.settings)
             self.session = session
             self.sessions.add(session)
         return session
@@ -328,14 +375,22 @@ class EtcdBackend(Election):
         self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
         shortcut = True
         while predecessor is not None:
-            shortcut = await self._wait_deleted(predecessor, read_at, shortcut=shortcut)
+            # Next in line (our predecessor leads): the watch's own revisions tell whether its deletion makes us
+            # leader, our key standing under our lease; otherwise, or if anything else happened, read.
+            next_in_line = self.view is not None and self.view.leader == predecessor
+            ours = (key, revision, session.lease_id) if next_in_line else None
+            shortcut, won_at = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
+            if won_at is not None:
+                return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=won_at + 1)
             # One read: our key still stands under our lease (it would be gone with the lease), any older key left?
             predecessor, read_at = await self._check(session, key, revision)
         # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.
         return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
 
     async def _withdraw(self, session: Session, key: bytes) -> None:
-        """Delete our candidate key and revoke the lease at once; bounded, never interrupted."""
+        """Delete our candidate key and end the session (a shared one only if the delete failed); bounded, never
+        interrupted."""
+        withdrawn = False
         with anyio.CancelScope(shield=True):
             try:
                 with anyio.move_on_after(self.release_timeout):
@@ -346,11 +401,14 @@ class EtcdBackend(Election):
                                 lambda ch: ch.kv.DeleteRange(rpc.DeleteRangeRequest(key=key), metadata=ch.metadata),
                                 timeout=self.request_timeout,
                             )
+                            withdrawn = True
                         except (Transient, ElectionError) as exc:
                             self.log.debug("deleting our candidate key failed (%s); the lease's end removes it", exc)
-                    await session.close()
+                    if not (withdrawn and self.shared is not None):
+                        await self.end_session(session, "a candidate key could not be withdrawn")
             finally:
-                await self.drop(session)
+                if not (withdrawn and self.shared is not None):
+                    await self.forget(session, "a candidate key could not be withdrawn")
 
     def _degrade(self, identity: str, exc: Transient) -> Hold:
         self.log.warning(
@@ -374,7 +432,13 @@ class EtcdBackend(Election):
         return self.degraded.identity if self.degraded is not None else None
 
     async def aclose(self) -> None:
-        """Revoke every lease (the kept session's included), then close the connection."""
+        """Revoke every lease (the kept session's included), then close the connection.
+
+        On a shared session: leave it (its lease and connection are the session's).
+        """
+        if self.shared is not None:
+            self.shared.leave(self.name, self)
+            return
         for session in list(self.sessions):
             with anyio.move_on_after(self.release_timeout):
                 await session.close()

@@ -14,7 +14,10 @@ Keys and revisions are those of ``election.go``, so that these candidates,
 :mod:`._backend`. Each step reads what it needs in one request: the
 campaign transaction creates our key *and* returns the key created just
 before it; after that key's deletion one transaction checks that our key
-still stands under our lease *and* looks for an older key left.
+still stands under our lease *and* looks for an older key left. The next in
+line (its predecessor leads) needs no such read: one watch covers both
+keys, and its revisions say whether our key stood, first, when the
+predecessor went.
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ class View:
     ours: bytes
     predecessor: bytes | None
     revision: int
+
+
+def _changed(event: Any, key: bytes, revision: int, lease: int) -> bool:
+    """Whether ``event`` deletes ``key`` or leaves it with another create revision or lease."""
+    kv = event.kv
+    return bytes(kv.key) == key and (event.type == DELETE or kv.create_revision != revision or kv.lease != lease)
 
 
 class KeyLost(Exception):
@@ -277,20 +286,46 @@ class Election(Backend):
         Returns whether the next wait may take that shortcut again (not twice
         in a row, so that a busy prefix cannot keep us reading).
         """
+        shortcut, _ = await self._wait_turn(predecessor, read_at, shortcut=shortcut)
+        return shortcut
+
+    async def _wait_turn(
+        self, predecessor: bytes, read_at: int, *, shortcut: bool, ours: tuple[bytes, int, int] | None = None
+    ) -> tuple[bool, int | None]:
+        """:meth:`_wait_deleted`; with ``ours``, also tell when the deletion makes us the leader, without a read.
+
+        ``ours`` is (our key, its create revision, our lease), given only when
+        ``predecessor`` was the leader at ``read_at``: no key older than ours
+        but it existed then, and none can be created later. One watch then
+        covers both keys (from the lower to the higher), so that etcd
+        delivers their events in revision order: a deletion of
+        ``predecessor`` at revision R with our key untouched up to R (no
+        delete, no other create revision or lease) means that at R our key
+        stood first, under our lease: R is returned as the second item. Any
+        other outcome returns None there and the caller reads again.
+        """
+        key, range_end = predecessor, None
+        if ours is not None:
+            key, range_end = min(predecessor, ours[0]), max(predecessor, ours[0]) + b"\0"
         self.log.debug("waiting for %s to go", predecessor.decode(errors="replace"))
         try:
-            async with self.conn.watch(predecessor, start_revision=read_at + 1, no_put=True) as stream:
-                if shortcut and stream.created_revision > read_at:
-                    return False
-                while not any(event.type == DELETE for event in (await stream.next()).events):
-                    pass
+            async with self.conn.watch(key, range_end=range_end, start_revision=read_at + 1, no_put=ours is None) as w:
+                if shortcut and w.created_revision > read_at:
+                    return False, None
+                while True:
+                    events = (await w.next()).events
+                    if ours is not None and any(_changed(event, *ours) for event in events):
+                        return True, None
+                    gone = [e for e in events if e.type == DELETE and bytes(e.kv.key) == predecessor]
+                    if gone:
+                        return True, (int(gone[0].kv.mod_revision) if ours is not None else None)
         except (Retired, Compacted):
             pass  # look again
         except Transient as exc:
             if not exc.rotate:
                 raise
             self.log.debug("watch failed (%s); looking again on the next endpoint", exc)
-        return True
+        return True, None
 
     # --- who leads -------------------------------------------------------------------
 

@@ -17,27 +17,20 @@ from ..._config import check_options, positive, validate_name
 from ._endpoints import Endpoint, parse_endpoints
 from ._tls import EtcdTLS
 
-__all__ = ["MIN_TTL", "EtcdOptions", "EtcdSettings"]
+__all__ = ["MIN_TTL", "EtcdOptions", "EtcdSessionOptions", "EtcdSettings"]
 
 #: etcd grants no lease shorter than its minimum TTL (2 s with default timings).
 MIN_TTL = 2
 
 
-class _Named(TypedDict):
-    #: The election's name: candidates' keys live under ``{name}/`` (at most 1024 characters).
-    name: str
-
-
-class EtcdOptions(_Named, total=False):
-    """The options of an etcd election; :meth:`EtcdSettings.parse` validates them."""
+class EtcdSessionOptions(TypedDict, total=False):
+    """How to reach etcd and keep a session's lease alive: the options of :class:`~aioelect.EtcdSession`."""
 
     #: The session lease in whole seconds, at least 2 (default 5); keep-alives go out every ``ttl / 3``.
     ttl: int
     #: etcd credentials: both or neither.
     username: str | None
     password: str | None
-    #: Lead locally, WITHOUT mutual exclusion, while etcd has never answered (default False).
-    degrade_to_local: bool
     #: Seconds to authenticate, and the bound on each request to one endpoint (default 5).
     connect_timeout: float
     #: Seconds a leader may go without an acknowledged keep-alive (default ``2 * ttl / 3``).
@@ -46,6 +39,18 @@ class EtcdOptions(_Named, total=False):
     ca_file: str | None
     cert_file: str | None
     key_file: str | None
+
+
+class _Named(TypedDict):
+    #: The election's name: candidates' keys live under ``{name}/`` (at most 1024 characters).
+    name: str
+
+
+class EtcdOptions(_Named, EtcdSessionOptions, total=False):
+    """The options of an etcd election; :meth:`EtcdSettings.parse` validates them."""
+
+    #: Lead locally, WITHOUT mutual exclusion, while etcd has never answered (default False).
+    degrade_to_local: bool
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,9 @@ class EtcdSettings:
     degrade_to_local: bool
 
     @classmethod
-    def parse(cls, endpoints: str | Sequence[str], options: EtcdOptions) -> EtcdSettings:
+    def parse(cls, endpoints: str | Sequence[str], options: EtcdOptions, *, who: str = "EtcdElector") -> EtcdSettings:
         """Validate ``options`` for ``endpoints``: ValueError for a bad value, TypeError for an unknown option."""
-        check_options("EtcdElector", options, EtcdOptions)
+        check_options(who, options, EtcdOptions)
         ca_file, cert_file, key_file = options.get("ca_file"), options.get("cert_file"), options.get("key_file")
         ttl: int = options.get("ttl", 5)
         renew_deadline = options.get("renew_deadline")

@@ -14,17 +14,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Callable
 
 import anyio
 from aetcd import rpc
 
 from ..._backend import Backoff, Confirm, monotonic
 from ..._errors import ElectionError
+from ..._log import ElectionLog
 from ._connection import Connection
 from ._failures import SessionEnded, Transient
 from ._keepalive import keepalives
+from ._options import EtcdSettings
 
-__all__ = ["Session"]
+__all__ = ["Session", "connect"]
 
 
 class Session:
@@ -38,8 +41,8 @@ class Session:
     * ``done`` is set, with ``reason``, as soon as the lease may be gone: etcd
       reports it expired or revoked, or no keep-alive succeeded for ``ttl``
       seconds;
-    * ``on_confirm``, when set, is called with the send time of every
-      acknowledged keep-alive;
+    * every callable in ``listeners`` (one per leadership held on the
+      session) is called with the send time of every acknowledged keep-alive;
     * after :meth:`close` nothing of the session runs and its lease is revoked
       (or, if etcd cannot be reached, expires by itself).
     """
@@ -64,7 +67,7 @@ class Session:
         self.request_timeout = request_timeout
         self.done = anyio.Event()
         self.reason: str | None = None
-        self.on_confirm: Confirm | None = None
+        self.listeners: set[Confirm] = set()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -114,6 +117,17 @@ class Session:
         session._task = task
         return session
 
+    @classmethod
+    async def start(cls, conn: Connection, settings: EtcdSettings) -> Session:
+        """:meth:`grant` with the lease and timings of ``settings``."""
+        return await cls.grant(
+            conn,
+            settings.ttl,
+            interval=settings.keepalive_interval,
+            keepalive_timeout=settings.keepalive_timeout,
+            request_timeout=settings.connect_timeout,
+        )
+
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.conn.log.error("keep-alive of lease %x failed", self.lease_id, exc_info=task.exception())
@@ -132,8 +146,8 @@ class Session:
     def _confirmed(self, sent: float) -> None:
         if sent > self.confirmed_at:
             self.confirmed_at = sent
-        if self.on_confirm is not None:
-            self.on_confirm(sent)
+        for confirm in list(self.listeners):
+            confirm(sent)
 
     async def keepalive(self) -> float:
         """Renew the lease once; return when the keep-alive was sent.
@@ -196,7 +210,7 @@ class Session:
 
     async def stop(self) -> None:
         """Stop the keep-alives and wait until they have stopped. Idempotent; never interrupted."""
-        self.on_confirm = None
+        self.listeners.clear()
         task = self._task
         if task is not None and not task.done():
             task.cancel()
@@ -216,6 +230,18 @@ class Session:
         self._closed = True
         with anyio.move_on_after(self.request_timeout):
             await _revoke(self.conn, self.lease_id, self.request_timeout)
+
+
+def connect(settings: EtcdSettings, log: Callable[[], ElectionLog]) -> Connection:
+    """The connection ``settings`` describe (nothing connects before the first request)."""
+    return Connection(
+        settings.endpoints,
+        username=settings.username,
+        password=settings.password,
+        connect_timeout=settings.connect_timeout,
+        log=log,
+        tls=settings.tls,
+    )
 
 
 async def _revoke(conn: Connection, lease_id: int, timeout: float) -> None:  # noqa: ASYNC109

@@ -10,6 +10,7 @@ cancelling the stream is :meth:`Connection.watch`'s job.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ import grpc
 from aetcd import rpc
 
 from ..._errors import ElectionError
-from ._calls import first_of, settle
+from ._calls import consume
 from ._channel import Channel
 from ._failures import Compacted, Retired, Transient
 
@@ -85,16 +86,32 @@ class WatchStream:
         or :class:`ElectionError` if etcd refuses the watch.
         """
         while True:
-            which, response = await first_of(self._read, self._channel.retired.wait)
-            if which == 1:
-                raise Retired()
+            response = await self._read()
             response = check_response(response, self._channel, "watch", self._retire)
             if response.events:
                 return response
 
     async def _read(self) -> Any:
+        """The next response, or :class:`Retired` as soon as the channel is retired.
+
+        Plain asyncio waits (as :func:`settle`), no task group: cancelling a
+        waiting watch is on a releasing leader's path, and costs one step.
+        """
+        read = asyncio.ensure_future(self._call.read())
+        retired = asyncio.ensure_future(self._channel.retired.wait())
         try:
-            return await settle(self._call.read())
+            await asyncio.wait([read, retired], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in (read, retired):
+                if not waiter.done():
+                    waiter.cancel()
+                    waiter.add_done_callback(consume)
+        if not read.done():
+            raise Retired()
+        if read.cancelled():
+            raise Transient("the etcd watch was cancelled (channel closed)")
+        try:
+            return read.result()
         except Exception as exc:
             failure = self._failed(exc, "watch", self._channel)
             if failure is exc:

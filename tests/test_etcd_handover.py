@@ -1,0 +1,111 @@
+"""The next in line leads from its watch's revisions, without a read, and never on a key that is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+from aetcd import rpc
+
+from aioelect import EtcdElector, Leadership
+from aioelect.backends.etcd import EtcdBackend
+
+from .harness import EtcdServer
+from .test_etcd import TTL, delta, eventually, grpc_counts, keys, leases, unique
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _delete(elector: EtcdElector, *names: str) -> None:
+    """Delete ``names`` in one transaction (one revision), through ``elector``'s connection."""
+    backend = elector._backend
+    assert isinstance(backend, EtcdBackend)
+    request = rpc.TxnRequest(
+        success=[rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=n.encode())) for n in names]
+    )
+    await backend.conn.call("test delete", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=5)
+
+
+async def _waiting(server: EtcdServer, name: str) -> list[str]:
+    """Wait until two keys stand (leader, waiter); return them in create order."""
+    await eventually(lambda: _two(server, name), 5, "a leader and a waiter")
+    return [kv["key"] for kv in sorted(await keys(server, name), key=lambda kv: kv["create_revision"])]
+
+
+async def _two(server: EtcdServer, name: str) -> bool:
+    return len(await keys(server, name)) == 2
+
+
+async def _lead_on_a_standing_key(server: EtcdServer, name: str, lead: Leadership) -> None:
+    (kv,) = await keys(server, name)
+    assert kv["value"] == "b" and kv["create_revision"] == lead.token
+
+
+@contextlib.asynccontextmanager
+async def _leader_and_waiter(
+    server: EtcdServer,
+) -> AsyncIterator[tuple[str, EtcdElector, Leadership, list[Leadership]]]:
+    """(name, a, a's leadership, [b's leadership once it leads]), b waiting behind a; everything closed after."""
+    name = unique()
+    async with (
+        EtcdElector(server.endpoints, name=name, identity="a", ttl=TTL) as a,
+        EtcdElector(server.endpoints, name=name, identity="b", ttl=TTL) as b,
+    ):
+        first = await a.acquire()
+        got: list[Leadership] = []
+
+        async def campaign() -> None:
+            got.append(await b.acquire())
+            await anyio.sleep_forever()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(campaign)
+            yield name, a, first, got
+            tg.cancel_scope.cancel()
+        await first.release()
+    assert await leases(server) == []
+
+
+async def test_a_waiter_whose_key_goes_with_its_predecessor_does_not_lead_on_it(fresh_etcd: EtcdServer) -> None:
+    """Both keys deleted in one revision: the waiter's watch sees its own key go too, so it campaigns again."""
+    async with _leader_and_waiter(fresh_etcd) as (name, a, first, got):
+        leader_key, waiter_key = await _waiting(fresh_etcd, name)
+        await _delete(a, leader_key, waiter_key)
+        await eventually(lambda: got, 10, "b leads")
+        await _lead_on_a_standing_key(fresh_etcd, name, got[0])
+        assert got[0].held
+        await eventually(lambda: first.lost_reason is not None, 5, "a's loss")
+
+
+async def test_a_waiter_whose_key_was_deleted_does_not_lead_when_its_predecessor_goes(
+    fresh_etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    async with _leader_and_waiter(fresh_etcd) as (name, a, first, got):
+        _, waiter_key = await _waiting(fresh_etcd, name)
+        await _delete(a, waiter_key)
+        await asyncio.sleep(0.2)
+        await first.release()
+        await eventually(lambda: got, 10, "b leads")
+        await _lead_on_a_standing_key(fresh_etcd, name, got[0])
+        assert any("candidate key was deleted" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_handover_to_the_next_in_line_reads_nothing(fresh_etcd: EtcdServer) -> None:
+    """Leader releases, the next in line leads: the resign is the only request (its watch tells the rest)."""
+    async with _leader_and_waiter(fresh_etcd) as (name, _, first, got):
+        await _waiting(fresh_etcd, name)
+        await asyncio.sleep(0.3)  # b's watch is created
+        before = await grpc_counts(fresh_etcd)
+        await first.release()
+        await eventually(lambda: got, 10, "b leads")
+        await asyncio.sleep(0.1)  # b's own monitor watch is created (not a read)
+        after = await grpc_counts(fresh_etcd)
+        changes = delta(before, after)
+        assert changes.get("started:Txn", 0) == 1, changes  # the resign
+        assert changes.get("started:Range", 0) == 0, changes
+        await _lead_on_a_standing_key(fresh_etcd, name, got[0])
