@@ -558,7 +558,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
         "",
         f"One leader in its own process, then {small} and then {large} waiting candidates in **one** process;"
         " server counters are deltas over the window (MariaDB `SHOW GLOBAL STATUS`, etcd `/metrics`"
-        " `grpc_server_msg_received_total` by method, PostgreSQL `pg_stat_database`), minus what the"
+        " `grpc_server_msg_received_total` by method, PostgreSQL `pg_stat_statements`), minus what the"
         " leader alone sent; CPU and memory (PSS, the process and its children) are the waiting"
         " candidates' process.",
         "",
@@ -582,6 +582,11 @@ def write_report(data: dict[str, Any], where: Path) -> None:
             elif be == "etcd":
                 parts = [f"{k[5:]} {max(v, 0):.3f}" for k, v in per.items() if k.startswith("msgs:") and v >= 0.0005]
                 detail = ", ".join(parts) or "none"
+            elif be == "postgres" and "statements" in per:
+                detail = (
+                    f"statements {max(per['statements'], 0):.2f} (`pg_stat_statements`, counted when each ends),"
+                    f" new sessions {rates.get('sessions', 0):.2f}/s in all"
+                )
             elif be == "postgres":
                 detail = (
                     f"transactions {max(per.get('transactions', 0), 0):.2f} (undercounted: PostgreSQL flushes these"
@@ -645,7 +650,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
 
     lines += ["", *rtt_section(data), "", *coldstart_section(data), "", *scale_section(data)]
     lines += ["", "## Targets", "", *_targets(data)]
-    lines += ["", "## Where a target is missed: why, and what would fix it", ""]
+    lines += ["", "## Analysis: misses, where a peer is faster, scale", ""]
     lines += _analysis(data)
     lines += ["", "## How it is measured", "", *METHOD, "", "### Implementations", ""]
     lines += _md_table(

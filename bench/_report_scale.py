@@ -49,9 +49,11 @@ def rtt_section(data: dict[str, Any]) -> list[str]:
         "",
         "One round trip per backend, measured in the same run on one open connection (median of"
         f" {data.get('settings', {}).get('rtt_count', 200)}, after a warm-up): `SELECT 1` through aiomysql and"
-        " asyncpg; on etcd a linearizable `Range` and a `Put` over grpc-aio with the API messages aioelect uses."
-        " A handover on etcd includes a write (the release's delete, fsynced), so etcd's multiples are counted in"
-        " `Put` round trips.",
+        " asyncpg, and beside it a durable commit (an autocommitted one-row upsert: InnoDB flushes its log,"
+        " PostgreSQL runs with `synchronous_commit=on`, as a fencing token's commit does); on etcd a"
+        " linearizable `Range` and a `Put` over grpc-aio with the API messages aioelect uses. SQL multiples"
+        " are counted in `SELECT 1` round trips. A handover on etcd includes a write (the release's delete,"
+        " fsynced), so etcd's multiples are counted in `Put` round trips.",
         "",
         *units,
         "",

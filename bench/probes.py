@@ -3,7 +3,9 @@
 ``python -m bench.probes rtt --backend B --url U [--count N]``
     the median and spread of one trivial request to the server, on one
     connection kept open: ``SELECT 1`` through aiomysql (MariaDB) and asyncpg
-    (PostgreSQL), the drivers aioelect uses; on etcd a linearizable ``Range``
+    (PostgreSQL), the drivers aioelect uses, and a durable commit (an upsert of
+    one row, autocommitted: InnoDB flushes its log, PostgreSQL with
+    ``synchronous_commit=on``, as a fencing token's commit); on etcd a linearizable ``Range``
     and a ``Put`` (a write: it is committed through raft and fsynced, as a
     campaign's or a release's write is), over grpc-aio with the etcd API
     messages aioelect uses (``aetcd.rpc``).
@@ -67,6 +69,7 @@ async def _rtt_mysql(url: str, count: int) -> dict[str, Any]:
         port=u.port or 3306,
         user=urllib.parse.unquote(u.username or "root"),
         password=urllib.parse.unquote(u.password or ""),
+        db=u.path.lstrip("/") or None,
         autocommit=True,
     )
     try:
@@ -76,7 +79,14 @@ async def _rtt_mysql(url: str, count: int) -> dict[str, Any]:
                 await cur.execute("SELECT 1")
                 await cur.fetchone()
 
-            return {"SELECT 1": _summary(await _timed(one, count))}
+            async def commit() -> None:
+                await cur.execute("INSERT INTO bench_rtt VALUES (1, 0) ON DUPLICATE KEY UPDATE v = v + 1")
+
+            out = {"SELECT 1": _summary(await _timed(one, count))}
+            if u.path.lstrip("/"):
+                await cur.execute("CREATE TABLE IF NOT EXISTS bench_rtt (id INT PRIMARY KEY, v INT) ENGINE=InnoDB")
+                out["commit"] = _summary(await _timed(commit, count))
+            return out
     finally:
         conn.close()
 
@@ -84,9 +94,13 @@ async def _rtt_mysql(url: str, count: int) -> dict[str, Any]:
 async def _rtt_postgres(url: str, count: int) -> dict[str, Any]:
     import asyncpg
 
-    conn = await asyncpg.connect(url)
+    conn = await asyncpg.connect(url, server_settings={"synchronous_commit": "on"})
     try:
-        return {"SELECT 1": _summary(await _timed(lambda: conn.fetchval("SELECT 1"), count))}
+        out = {"SELECT 1": _summary(await _timed(lambda: conn.fetchval("SELECT 1"), count))}
+        await conn.execute("CREATE TABLE IF NOT EXISTS bench_rtt (id int PRIMARY KEY, v int)")
+        upsert = "INSERT INTO bench_rtt VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET v = bench_rtt.v + 1"
+        out["commit"] = _summary(await _timed(lambda: conn.execute(upsert), count))
+        return out
     finally:
         await asyncio.wait_for(conn.close(), 5)
 
