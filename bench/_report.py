@@ -1,15 +1,17 @@
-"""RESULTS.md and takeover.png from one run's results (``bench/out/results.json``)."""
+"""RESULTS.md, takeover.png and scale.png from one run's results (``bench/out/results.json``)."""
 
 from __future__ import annotations
 
 import itertools
-import math
 from pathlib import Path
 from typing import Any
 
+from ._numbers import INF, fmt_s, fmt_w, idle_block, md_table, median, requests, samples
+from ._report_scale import coldstart_section, rtt_section, scale_chart, scale_section
+from ._targets import targets
+
 __all__ = ["write_report"]
 
-INF = math.inf
 LATENCY = ("graceful", "crash", "frozen", "deposed")
 TITLES = {
     "graceful": "1. Graceful handover",
@@ -23,71 +25,15 @@ TITLES = {
 }
 
 
-# --- numbers ------------------------------------------------------------------------
-
-
-def _samples(o: dict[str, Any]) -> list[float]:
-    """Every repetition, a 'never' counted as infinitely long."""
-    return sorted([*o.get("values", []), *([INF] * int(o.get("never", 0)))])
-
-
-def _median(xs: list[float]) -> float:
-    if not xs:
-        return math.nan
-    xs = sorted(xs)
-    mid = len(xs) // 2
-    if len(xs) % 2:
-        return xs[mid]
-    lo, hi = xs[mid - 1], xs[mid]
-    return INF if INF in (lo, hi) else (lo + hi) / 2
-
-
-def fmt_s(x: float) -> str:
-    """Seconds, readable: 850 µs, 12.3 ms, 4.41 s."""
-    if math.isnan(x):
-        return "-"
-    if x == INF:
-        return "never"
-    if x < 1e-3:
-        return f"{x * 1e6:.0f} µs"
-    if x < 0.1:
-        return f"{x * 1e3:.1f} ms"
-    if x < 1:
-        return f"{x * 1e3:.0f} ms"
-    if x < 100:
-        return f"{x:.2f} s"
-    return f"{x:.0f} s"
-
-
-def fmt_w(window: float) -> str:
-    """An observation window."""
-    return f"{window:g} s"
-
-
-def _versus(ours: float, peer: str, best: float) -> str:
-    """How our median compares with the best peer's: 'N.Nx faster than PEER (its median)'."""
-    if not peer or math.isnan(ours) or math.isnan(best):
-        return ""
-    if best == INF:
-        return "every peer: never" if ours != INF else "peers never either"
-    if ours == INF:
-        return f"{peer}: {fmt_s(best)}"
-    if ours <= 0 or best <= 0:
-        return f"{peer}: {fmt_s(best)}"
-    r = best / ours
-    how = f"{r:.1f}x faster" if r >= 1 else f"{1 / r:.1f}x slower"
-    return f"{how} than {peer} ({fmt_s(best)})"
-
-
 def _cell(o: dict[str, Any] | None, window: float) -> str:
     if o is None:
         return "-"
     if o.get("skipped"):
         return "n/a"
-    xs = _samples(o)
+    xs = samples(o)
     if not xs:
         return "error" if o.get("errors") else "-"
-    med, mx = _median(xs), xs[-1]
+    med, mx = median(xs), xs[-1]
     if med == INF:
         return f"never (> {fmt_w(window)})"
     top = f"never (> {fmt_w(window)})" if mx == INF else fmt_s(mx)
@@ -110,36 +56,18 @@ def _overlap_cell(o: dict[str, Any] | None) -> str:
     return f"{fmt_s(max(ov))} max, {n} act{'s' if n != 1 else ''}" if max(ov) > 0 else "0 (no act)"
 
 
-def _idle_block(o: dict[str, Any] | None, size: str) -> dict[str, Any] | None:
-    if o is None:
-        return None
-    block = o.get("metrics", {}).get(size)
-    return block if isinstance(block, dict) else None
-
-
-def _requests(backend: str, rates: dict[str, float]) -> float:
-    """Requests per second to the server, from the counters of one backend."""
-    if backend == "mysql":
-        return rates.get("Questions", 0.0)
-    if backend == "etcd":
-        return sum(v for k, v in rates.items() if k.startswith("msgs:"))
-    if backend == "postgres":
-        return max(rates.get("statements", rates.get("transactions", 0.0)), 0.0)
-    return math.nan
-
-
 def _idle_cell(o: dict[str, Any] | None, size: str, backend: str) -> str:
-    block = _idle_block(o, size)
+    block = idle_block(o, size)
     if block is None:
         return "error" if o and o.get("errors") else "-"
     if backend == "file":
         return "no server"
-    per = _requests(backend, block["per_candidate"])
+    per = requests(backend, block["per_candidate"])
     return f"{max(per, 0.0):.2f}"
 
 
 def _cpu_cell(o: dict[str, Any] | None, size: str) -> str:
-    block = _idle_block(o, size)
+    block = idle_block(o, size)
     if block is None:
         return "-"
     return f"{block['cpu_pct']:.1f} %"
@@ -151,232 +79,6 @@ def _handoff_cell(o: dict[str, Any] | None) -> str:
     m = o["metrics"]
     total = max(m["leaderships"] - 1, 1)
     return f"{o['values'][0]:.1f} ({100 * m['repeats'] / total:.0f} %)"
-
-
-# --- targets -------------------------------------------------------------------------
-
-
-def _best_peer(data: dict[str, Any], backend: str, scenario: str) -> tuple[str, float]:
-    best = ("", math.nan)
-    for key, meta in data["impls"].items():
-        if meta["ours"] or meta["backend"] != backend:
-            continue
-        o = data["results"].get(key, {}).get(scenario)
-        if not o or not _samples(o):
-            continue
-        med = _median(_samples(o))
-        if math.isnan(best[1]) or med < best[1]:
-            best = (meta["label"], med)
-    return best
-
-
-def _best_peer_rate(data: dict[str, Any], backend: str) -> tuple[str, float]:
-    best = ("", math.nan)
-    for key, meta in data["impls"].items():
-        if meta["ours"] or meta["backend"] != backend:
-            continue
-        o = data["results"].get(key, {}).get("handoff")
-        if o and o.get("values") and (math.isnan(best[1]) or o["values"][0] > best[1]):
-            best = (meta["label"], o["values"][0])
-    return best
-
-
-def _targets(data: dict[str, Any]) -> list[str]:
-    from ._report_scale import rtt_of
-
-    rows: list[str] = []
-    results = data["results"]
-    settings = data.get("settings", {})
-    large = str(settings.get("idle_counts", [20, 100])[-1])
-    small = str(settings.get("idle_counts", [20, 100])[0])
-    misses: list[str] = []
-    behind: list[str] = []
-
-    def add(
-        target: str,
-        impl: str,
-        measured: str,
-        ok: bool | None,
-        vs: str = "",
-        miss: str = "",
-        no_worse: bool | None = None,
-    ) -> None:
-        verdict = "-" if ok is None else ("**met**" if ok else f"**missed**{': ' + miss if miss else ''}")
-        peer_verdict = "-" if no_worse is None else ("yes" if no_worse else "**no**")
-        rows.append(f"| {target} | {impl} | {measured} | {verdict} | {vs} | {peer_verdict} |")
-        if ok is False:
-            misses.append(f"{target} ({impl})")
-        if no_worse is False:
-            behind.append(f"{target.split(':')[0].split(' ≤')[0]} ({impl})")
-
-    def not_slower(ours: float, best: float) -> bool | None:
-        if math.isnan(ours) or math.isnan(best):
-            return None
-        return ours <= best
-
-    for key, meta in data["impls"].items():
-        if not meta["ours"] or key not in results:
-            continue
-        r = results[key]
-        be = meta["backend"]
-        label = meta["label"]
-        # 1. graceful handover
-        if "graceful" in r:
-            med = _median(_samples(r["graceful"]))
-            peer, pm = _best_peer(data, be, "graceful")
-            ok = None if math.isnan(med) else med <= 0.020
-            add(
-                "graceful handover ≤ 20 ms median",
-                label,
-                fmt_s(med),
-                ok,
-                _versus(med, peer, pm),
-                f"by {fmt_s(med - 0.020)}" if ok is False else "",
-                not_slower(med, pm),
-            )
-            what, unit = rtt_of(data, be)
-            if what:
-                ok_rt = None if math.isnan(med) else med <= 3 * unit
-                add(
-                    f"graceful handover ≤ 3 round trips ({what})",
-                    label,
-                    f"{med / unit:.1f} x {fmt_s(unit)}",
-                    ok_rt,
-                    miss=f"{med / unit - 3:.1f} round trips over" if ok_rt is False else "",
-                )
-        # 2. crash
-        if "crash" in r:
-            med = _median(_samples(r["crash"]))
-            bound = {"mysql": 0.100, "etcd": 5.5}.get(be)
-            peer, pm = _best_peer(data, be, "crash")
-            ok = None if bound is None or math.isnan(med) else med <= bound
-            name = {"mysql": "crash takeover ≤ 100 ms median", "etcd": "crash takeover ≤ TTL + 0.5 s (5.5 s)"}.get(
-                be, "crash takeover (no target)"
-            )
-            add(
-                name,
-                label,
-                fmt_s(med),
-                ok,
-                _versus(med, peer, pm),
-                f"by {fmt_s(med - bound)}" if ok is False and bound is not None else "",
-                not_slower(med, pm),
-            )
-        # 3. frozen
-        if "frozen" in r and not r["frozen"].get("skipped"):
-            o = r["frozen"]
-            xs = _samples(o)
-            mx = xs[-1] if xs else math.nan
-            bound = 6.0 if be in ("mysql", "etcd", "postgres") else None
-            peer, pm = _best_peer(data, be, "frozen")
-            ok = None if bound is None or math.isnan(mx) else mx <= bound
-            add(
-                "frozen leader replaced within lease + 1 s (6 s), every time",
-                label,
-                f"median {fmt_s(_median(xs))}, max {fmt_s(mx)}",
-                ok,
-                _versus(_median(xs), peer, pm),
-                f"max by {fmt_s(mx - bound)}" if ok is False and bound is not None and mx != INF else "",
-                not_slower(_median(xs), pm),
-            )
-            acts = sum(o.get("acts_after_wake", []))
-            ok2 = None if not o.get("values") else (acts == 0 and not o.get("overlap_never"))
-            add(
-                "zero leader work after the frozen leader wakes",
-                label,
-                f"{acts} acts after wake-up in {len(o.get('acts_after_wake', []))} wake-ups",
-                ok2,
-            )
-        # 4. deposed
-        if "deposed" in r and not r["deposed"].get("skipped"):
-            xs = _samples(r["deposed"])
-            mx = xs[-1] if xs else math.nan
-            peer, pm = _best_peer(data, be, "deposed")
-            ok = None if math.isnan(mx) else mx <= 3.0
-            add(
-                "deposed leader stops within check_interval + timeout (3 s), every time",
-                label,
-                f"median {fmt_s(_median(xs))}, max {fmt_s(mx)}",
-                ok,
-                _versus(_median(xs), peer, pm),
-                no_worse=not_slower(_median(xs), pm),
-            )
-        # 5. idle
-        if "idle" in r:
-            for size in (small, large):
-                block = _idle_block(r["idle"], size)
-                if block is None:
-                    continue
-                per = block["per_candidate"]
-                if be == "etcd":
-                    rng = per.get("msgs:Range", 0.0)
-                    ka = per.get("msgs:LeaseKeepAlive", 0.0)
-                    add(
-                        f"idle x{size}: no range requests, keep-alives only at TTL/3 (≤ 0.6/s each)",
-                        label,
-                        f"Range {rng:.3f}/s, LeaseKeepAlive {ka:.2f}/s per candidate",
-                        rng <= 0.01 and ka <= 0.65,
-                    )
-                elif be == "mysql":
-                    q = per.get("Questions", 0.0)
-                    conns = block["rates"].get("Connections", 0.0)
-                    add(
-                        f"idle x{size}: ≤ 1 query per poll interval (0.5/s) each, no new connections",
-                        label,
-                        f"{q:.2f} queries/s per candidate, {conns:.2f} new connections/s",
-                        # 2 % for where the windows' edges fall between two polls.
-                        q <= 0.51 and conns < 0.05,
-                    )
-                if size == large:
-                    add(
-                        f"idle x{size} in one process: < 2 % of a core",
-                        label,
-                        f"{block['cpu_pct']:.2f} %",
-                        block["cpu_pct"] < 2.0,
-                    )
-        # 6. handoff
-        if "handoff" in r and r["handoff"].get("values"):
-            o = r["handoff"]
-            rate = o["values"][0]
-            m = o["metrics"]
-            share = m["repeats"] / max(m["leaderships"] - 1, 1)
-            peer, pr = _best_peer_rate(data, be)
-            add(
-                "≥ 100 handoffs/s, real handoffs",
-                label,
-                f"{rate:.0f}/s; releaser re-won {100 * share:.0f} % of leaderships",
-                rate >= 100,
-                f"{rate / pr:.1f}x {peer} ({pr:.1f}/s)" if peer and pr else "",
-                f"by {100 - rate:.0f}/s" if rate < 100 else "",
-                None if not peer or math.isnan(pr) else rate >= pr,
-            )
-        # Cold start (no target of its own: compared with the peers)
-        if r.get("coldstart", {}).get("values"):
-            med = _median(r["coldstart"]["values"])
-            peer, pm = _best_peer(data, be, "coldstart")
-            add(
-                "cold start: new elector to leading (no target)",
-                label,
-                fmt_s(med),
-                None,
-                _versus(med, peer, pm),
-                no_worse=not_slower(med, pm),
-            )
-    out = [
-        "| Target | Implementation | Measured | Verdict | Against the best peer (same backend) |"
-        " No worse than the best peer on this row (same run) |",
-        "|---|---|---|---|---|---|",
-        *rows,
-    ]
-    if misses:
-        out += ["", "Missed: " + "; ".join(misses) + ". Why, and what would fix it, is in the next section."]
-    if behind:
-        out += [
-            "",
-            "A peer is faster on: " + "; ".join(behind) + ". The guarantee that explains each gap is in the next"
-            " section.",
-        ]
-    return out
 
 
 # --- chart ---------------------------------------------------------------------------------
@@ -402,9 +104,9 @@ def _chart(data: dict[str, Any], path: Path) -> None:
             vals = [v for v in o.get("values", []) if v > 0]
             if vals:
                 ax.scatter(vals, [y] * len(vals), s=18, color=color, alpha=0.6, zorder=3)
-            xs = _samples(o)
+            xs = samples(o)
             if xs:
-                med = _median(xs)
+                med = median(xs)
                 window = float(o.get("window") or meta.get("takeover_window", 10))
                 if med != INF:
                     ax.scatter([med], [y], s=140, marker="|", color=color, linewidths=2.5, zorder=4)
@@ -464,7 +166,7 @@ def _per_handoff(backend: str, m: dict[str, Any]) -> str:
     if not req or not m.get("leaderships") or backend == "file":
         return "-"
     n = m["leaderships"]
-    total = _requests(backend, req)
+    total = requests(backend, req)
     if backend == "etcd":
         kinds = sorted(
             ((v / n, k[5:]) for k, v in req.items() if k.startswith("msgs:") and v / n >= 0.05), reverse=True
@@ -475,14 +177,8 @@ def _per_handoff(backend: str, m: dict[str, Any]) -> str:
     return f"{total / n:.1f}"
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
-
-
 def write_report(data: dict[str, Any], where: Path) -> None:
     """Write ``RESULTS.md``, ``takeover.png`` and ``scale.png`` into ``where``."""
-    from ._report_scale import coldstart_section, rtt_section, scale_chart, scale_section
-
     _chart(data, where / "takeover.png")
     scale_chart(data, where / "scale.png")
     settings = data.get("settings", {})
@@ -548,7 +244,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
                 _handoff_cell(r.get("handoff")),
             ]
         )
-    lines += _md_table(header, rows)
+    lines += md_table(header, rows)
     if data.get("unavailable"):
         lines += ["", "Not measured in this run: " + "; ".join(f"{k} ({v})" for k, v in data["unavailable"].items())]
 
@@ -567,7 +263,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
     for key, meta in data["impls"].items():
         o = data["results"].get(key, {}).get("idle")
         for size in (small, large):
-            block = _idle_block(o, size)
+            block = idle_block(o, size)
             if block is None:
                 continue
             per = block["per_candidate"]
@@ -605,7 +301,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
                     str(block.get("errors", 0)),
                 ]
             )
-    lines += _md_table(
+    lines += md_table(
         [
             "Implementation",
             "Waiting",
@@ -635,7 +331,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
                 _per_handoff(meta["backend"], hm),
             ]
         )
-    lines += _md_table(
+    lines += md_table(
         [
             "Implementation",
             "Window",
@@ -649,11 +345,11 @@ def write_report(data: dict[str, Any], where: Path) -> None:
     )
 
     lines += ["", *rtt_section(data), "", *coldstart_section(data), "", *scale_section(data)]
-    lines += ["", "## Targets", "", *_targets(data)]
+    lines += ["", "## Targets", "", *targets(data)]
     lines += ["", "## Analysis: misses, where a peer is faster, scale", ""]
     lines += _analysis(data)
     lines += ["", "## How it is measured", "", *METHOD, "", "### Implementations", ""]
-    lines += _md_table(
+    lines += md_table(
         ["Implementation", "Backend", "How it is driven"],
         [[v["label"], v["backend"], v["how"]] for v in data["impls"].values()],
     )
@@ -700,8 +396,12 @@ METHOD = [
     " fault to the leader's `STOPPED` (it stopped acting).",
     "5. **Idle cost:** see the detail table above.",
     "6. **Handoff rate:** two candidates that release the moment they lead and campaign again at once.",
+    "7. **Round trips:** see *In server round trips* above (a worker process, `python -m bench.probes rtt`).",
+    "8. **Cold start:** see the cold start table (`python -m bench.probes coldstart`).",
+    "9. **Scale:** see the scale table; its servers are its own, and it runs beside phases 2 and 3.",
     "",
-    "Phases: latency-sensitive scenarios (graceful, sub-second crash, handoff) run one at a time with"
+    "Phases: latency-sensitive scenarios (round trips, graceful, sub-second crash, handoff, cold start) run one"
+    " at a time with"
     " nothing else running; TTL- and lease-bound ones (seconds) run several implementations side by side;"
     " idle costs run one implementation per server at a time (server counters are global), the servers"
     " in parallel. Every wait is bounded; candidates die with the driver (`PR_SET_PDEATHSIG`).",

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ._report import _md_table, _median, _requests, _samples, fmt_s
+from ._numbers import fmt_s, md_table, median, requests, samples
 
 __all__ = ["coldstart_section", "rtt_of", "rtt_section", "scale_chart", "scale_section"]
 
@@ -67,24 +67,24 @@ def rtt_section(data: dict[str, Any]) -> list[str]:
         r = data["results"].get(key, {})
         if not r:
             continue
-        crash = _median(_samples(r["crash"])) if "crash" in r else math.nan
+        crash = median(samples(r["crash"])) if "crash" in r else math.nan
         crash_cell = _times(crash, unit) if crash < 1.0 else "TTL-bound"
         ho = r.get("handoff", {})
         per_leadership = math.nan
         if ho.get("metrics", {}).get("leaderships"):
             per_leadership = ho["metrics"]["seconds"] / ho["metrics"]["leaderships"]
-        cold = _median(r["coldstart"]["values"]) if r.get("coldstart", {}).get("values") else math.nan
+        cold = median(r["coldstart"]["values"]) if r.get("coldstart", {}).get("values") else math.nan
         rows.append(
             [
                 f"**{meta['label']}**" if meta["ours"] else meta["label"],
                 f"{what} {fmt_s(unit)}" if what else "-",
-                _times(_median(_samples(r["graceful"])) if "graceful" in r else math.nan, unit),
+                _times(median(samples(r["graceful"])) if "graceful" in r else math.nan, unit),
                 crash_cell if "crash" in r else "-",
                 _times(per_leadership, unit),
                 _times(cold, unit),
             ]
         )
-    lines += _md_table(
+    lines += md_table(
         [
             "Implementation",
             "Round trip (median)",
@@ -120,13 +120,13 @@ def coldstart_section(data: dict[str, Any]) -> list[str]:
         rows.append(
             [
                 f"**{meta['label']}**" if meta["ours"] else meta["label"],
-                fmt_s(_median(xs)) if xs else "-",
+                fmt_s(median(xs)) if xs else "-",
                 fmt_s(xs[-1]) if xs else "-",
                 str(len(xs)),
                 ("; ".join(errs))[:160] if errs else "",
             ]
         )
-    lines += _md_table(["Implementation", "Median", "Max", "Repetitions", "Errors"], rows)
+    lines += md_table(["Implementation", "Median", "Max", "Repetitions", "Errors"], rows)
     return lines
 
 
@@ -174,7 +174,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         state = row.get("state", {})
         if "rates" not in row:
             continue
-        req = "-" if be == "file" else _per(_requests(be, row["rates"]), n)
+        req = "-" if be == "file" else _per(requests(be, row["rates"]), n)
         conns = "-"
         if "connections" in state:
             conns = f"{_per(state['connections'], n)} ({_per(row.get('client_connections', 0), n)})"
@@ -187,7 +187,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
                 f" / {_per(state.get('watcher_total', 0), n)}"
             )
         ho = sorted(row.get("handover", []))
-        ho_cell = f"{fmt_s(_median(ho))} / {fmt_s(ho[-1])}" if ho else "-"
+        ho_cell = f"{fmt_s(median(ho))} / {fmt_s(ho[-1])}" if ho else "-"
         if row.get("handover_missed"):
             ho_cell += f" ({row['handover_missed']} not within 10 s)"
         led = f"{row.get('led', n)} ({row.get('leading_now', n)})"
@@ -213,7 +213,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         o = data["results"].get(key, {}).get("scale")
         for err in (o or {}).get("errors", []):
             limits.append(f"- {meta['label']}: {err}")
-    lines += _md_table(
+    lines += md_table(
         [
             "Implementation",
             "N",
@@ -246,7 +246,7 @@ def scale_chart(data: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     panels = [
-        ("Server requests/s per election", lambda be, r, n: _requests(be, r["rates"]) / n if be != "file" else None),
+        ("Server requests/s per election", lambda be, r, n: requests(be, r["rates"]) / n if be != "file" else None),
         (
             "Server connections per election",
             lambda be, r, n: (
@@ -259,7 +259,7 @@ def scale_chart(data: dict[str, Any], path: Path) -> None:
         ("Client memory per election (MiB PSS)", lambda be, r, n: r["mem_mib"] / n),
         (
             "Graceful handover, median (ms)",
-            lambda be, r, n: 1000 * _median(r["handover"]) if r.get("handover") else None,
+            lambda be, r, n: 1000 * median(r["handover"]) if r.get("handover") else None,
         ),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
@@ -272,17 +272,18 @@ def scale_chart(data: dict[str, Any], path: Path) -> None:
                 if k != key or "rates" not in r:
                     continue
                 y = fn(meta["backend"], r, int(n_str))
-                if y is not None and not math.isnan(y):
+                if y is not None and not math.isnan(y) and y > 0:
                     pts.append((int(n_str), y))
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, marker="o", label=meta["label"])
         ax.set_xscale("log")
-        ax.set_yscale("symlog" if "requests" in title or "handover" in title else "linear")
+        ax.set_yscale("log")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("elections N (3 processes)")
-        ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=7)
-    fig.tight_layout()
+        ax.grid(True, which="both", alpha=0.3)
+    handles, labels = axes[3].get_legend_handles_labels()  # memory: every implementation has a point
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     fig.savefig(path, dpi=100)
     plt.close(fig)
