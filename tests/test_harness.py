@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -314,20 +314,62 @@ def test_proxy_passthrough_stall_drop(
                 conn.close()
 
 
-def test_proxy_close_resets_clients() -> None:
+@contextlib.contextmanager
+def _proxied() -> Iterator[tuple[TCPProxy, socket.socket, socket.socket]]:
+    """A proxy to a plain listening socket: (proxy, client end, upstream end), all closed afterwards."""
     with socket.create_server(("127.0.0.1", 0)) as server, TCPProxy("127.0.0.1", server.getsockname()[1]) as proxy:
         client = socket.create_connection(proxy.address, timeout=5)
         upstream, _ = server.accept()
         with client, upstream:
             upstream.settimeout(5)
-            client.sendall(b"ping")
-            assert upstream.recv(4) == b"ping"
-            upstream.sendall(b"pong")
-            assert client.recv(4) == b"pong"
-            proxy.close()
-            assert proxy.connection_count == 0
-            try:
-                data = client.recv(4)
-            except ConnectionResetError:
-                data = b""
-            assert data == b""
+            yield proxy, client, upstream
+
+
+def test_proxy_close_resets_clients() -> None:
+    with _proxied() as (proxy, client, upstream):
+        client.sendall(b"ping")
+        assert upstream.recv(4) == b"ping"
+        upstream.sendall(b"pong")
+        assert client.recv(4) == b"pong"
+        proxy.close()
+        assert proxy.connection_count == 0
+        try:
+            data = client.recv(4)
+        except ConnectionResetError:
+            data = b""
+        assert data == b""
+
+
+def test_proxy_delay_holds_each_chunk_and_heal_releases_what_is_held() -> None:
+    with _proxied() as (proxy, client, upstream):
+        proxy.delay(0.3)
+        assert proxy.delay_seconds == 0.3 and proxy.mode == "passthrough"
+        sent = time.monotonic()
+        client.sendall(b"one")
+        client.sendall(b"two")
+        got = b""
+        while len(got) < 6:
+            got += upstream.recv(6)
+        assert got == b"onetwo"
+        took = time.monotonic() - sent
+        assert 0.25 <= took < 2.0, f"a 0.3 s delay forwarded after {took:.3f} s"
+        upstream.sendall(b"back")
+        sent = time.monotonic()
+        assert client.recv(4) == b"back"
+        assert 0.25 <= time.monotonic() - sent < 2.0
+        # Bytes held when the delay ends go at once; then nothing is held back.
+        proxy.delay(30.0)
+        client.sendall(b"held")
+        time.sleep(0.1)
+        proxy.heal()
+        assert proxy.delay_seconds == 0.0
+        sent = time.monotonic()
+        assert upstream.recv(4) == b"held" and time.monotonic() - sent < 1.0
+        # The end of the stream waits for the bytes held before it.
+        proxy.delay(0.3)
+        client.sendall(b"last")
+        client.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := upstream.recv(16):
+            got += chunk
+        assert got == b"last"

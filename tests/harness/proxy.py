@@ -12,6 +12,8 @@ import queue
 import selectors
 import socket
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 
@@ -26,11 +28,13 @@ _BUFFER_LIMIT = 256 * 1024
 class _Pair:
     __slots__ = (
         "c2u",
+        "c2u_late",
         "client",
         "client_eof",
         "client_shut",
         "connecting",
         "u2c",
+        "u2c_late",
         "upstream",
         "upstream_eof",
         "upstream_shut",
@@ -42,6 +46,9 @@ class _Pair:
         self.connecting = False
         self.c2u = bytearray()
         self.u2c = bytearray()
+        # Bytes read while delaying, each chunk with the monotonic time it may be forwarded at.
+        self.c2u_late: deque[tuple[float, bytes]] = deque()
+        self.u2c_late: deque[tuple[float, bytes]] = deque()
         self.client_eof = False
         self.upstream_eof = False
         self.upstream_shut = False
@@ -73,6 +80,9 @@ class TCPProxy:
       buffered bytes flow again after :meth:`heal`.
     * :meth:`drop` -- every current connection is reset (RST on both sides),
       and new connections are accepted and immediately reset.
+    * :meth:`delay` -- forward bytes both ways, each chunk held for the
+      given seconds first (a slow link; order kept). :meth:`heal` ends it
+      and forwards what is held at once.
 
     If the target refuses or resets, the client connection is reset too.
     """
@@ -98,6 +108,7 @@ class TCPProxy:
         self._masks: dict[socket.socket, int] = {}
         self._pairs: list[_Pair] = []
         self._mode = "passthrough"
+        self._delay = 0.0
         self._commands: queue.SimpleQueue[tuple[Callable[[], None], threading.Event]] = queue.SimpleQueue()
         self._closed = False
         self._stopping = False
@@ -135,9 +146,20 @@ class TCPProxy:
         """Client connections currently held by the proxy."""
         return len(self._pairs)
 
+    @property
+    def delay_seconds(self) -> float:
+        """How long each chunk is held in passthrough (0 unless :meth:`delay`)."""
+        return self._delay
+
     def passthrough(self) -> None:
-        """Forward bytes in both directions (the initial mode)."""
+        """Forward bytes in both directions (the initial mode), without delay."""
         self._call(lambda: self._set_mode("passthrough"))
+
+    def delay(self, seconds: float) -> None:
+        """Forward bytes in both directions, each chunk ``seconds`` after it arrived (a slow link)."""
+        if seconds < 0:
+            raise ValueError("delay must be >= 0")
+        self._call(lambda: self._set_mode("passthrough", seconds))
 
     heal = passthrough
 
@@ -192,8 +214,11 @@ class TCPProxy:
     def _request_stop(self) -> None:
         self._stopping = True
 
-    def _set_mode(self, mode: str) -> None:
+    def _set_mode(self, mode: str, delay: float = 0.0) -> None:
         self._mode = mode
+        self._delay = delay
+        if delay == 0.0:
+            self._release_due(float("inf"))
         if mode == "drop":
             for pair in list(self._pairs):
                 self._abort(pair)
@@ -246,11 +271,28 @@ class TCPProxy:
         else:
             self._abort(pair)
 
+    def _release_due(self, now: float) -> float | None:
+        """Move held chunks that are due into the send buffers; return when the next one is due (or None)."""
+        next_due: float | None = None
+        for pair in self._pairs:
+            for late, buf in ((pair.c2u_late, pair.c2u), (pair.u2c_late, pair.u2c)):
+                while late and late[0][0] <= now:
+                    buf += late.popleft()[1]
+                if late and (next_due is None or late[0][0] < next_due):
+                    next_due = late[0][0]
+        return next_due
+
+    def _received(self, late: deque[tuple[float, bytes]], buf: bytearray, data: bytes) -> None:
+        if self._delay > 0 or late:
+            late.append((time.monotonic() + self._delay, data))
+        else:
+            buf += data
+
     def _update_interest(self) -> None:
         passing = self._mode == "passthrough"
         for pair in list(self._pairs):
             if passing and pair.upstream is None:
-                if pair.client_eof and not pair.c2u:
+                if pair.client_eof and not pair.c2u and not pair.c2u_late:
                     self._finish(pair)
                     continue
                 self._connect_upstream(pair)
@@ -259,14 +301,15 @@ class TCPProxy:
             client_mask = 0
             upstream_mask = 0
             if passing:
-                if not pair.client_eof and len(pair.c2u) < _BUFFER_LIMIT:
+                if not pair.client_eof and len(pair.c2u) + sum(len(d) for _, d in pair.c2u_late) < _BUFFER_LIMIT:
                     client_mask |= selectors.EVENT_READ
                 if pair.u2c:
                     client_mask |= selectors.EVENT_WRITE
                 if pair.connecting:
                     upstream_mask = selectors.EVENT_WRITE
                 elif pair.upstream is not None:
-                    if not pair.upstream_eof and len(pair.u2c) < _BUFFER_LIMIT:
+                    held = len(pair.u2c) + sum(len(d) for _, d in pair.u2c_late)
+                    if not pair.upstream_eof and held < _BUFFER_LIMIT:
                         upstream_mask |= selectors.EVENT_READ
                     if pair.c2u:
                         upstream_mask |= selectors.EVENT_WRITE
@@ -293,11 +336,11 @@ class TCPProxy:
     def _half_close(self, pair: _Pair) -> None:
         if pair.upstream is None or pair.connecting:
             return
-        if pair.client_eof and not pair.c2u and not pair.upstream_shut:
+        if pair.client_eof and not pair.c2u and not pair.c2u_late and not pair.upstream_shut:
             pair.upstream_shut = True
             with contextlib.suppress(OSError):
                 pair.upstream.shutdown(socket.SHUT_WR)
-        if pair.upstream_eof and not pair.u2c and not pair.client_shut:
+        if pair.upstream_eof and not pair.u2c and not pair.u2c_late and not pair.client_shut:
             pair.client_shut = True
             with contextlib.suppress(OSError):
                 pair.client.shutdown(socket.SHUT_WR)
@@ -320,11 +363,11 @@ class TCPProxy:
                 data = sock.recv(65536)
                 if is_client:
                     if data:
-                        pair.c2u += data
+                        self._received(pair.c2u_late, pair.c2u, data)
                     else:
                         pair.client_eof = True
                 elif data:
-                    pair.u2c += data
+                    self._received(pair.u2c_late, pair.u2c, data)
                 else:
                     pair.upstream_eof = True
             if mask & selectors.EVENT_WRITE:
@@ -342,8 +385,11 @@ class TCPProxy:
     def _run(self) -> None:
         try:
             while not self._stopping:
+                now = time.monotonic()
+                next_due = self._release_due(now)
                 self._update_interest()
-                for key, mask in self._sel.select(timeout=0.5):
+                timeout = 0.5 if next_due is None else min(0.5, max(0.0, next_due - now))
+                for key, mask in self._sel.select(timeout=timeout):
                     if key.data == "listener":
                         self._accept()
                     elif key.data == "wake":
