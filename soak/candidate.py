@@ -6,6 +6,7 @@ while ``held`` is False. Events go to ``--events`` as JSON lines with
 ``time.monotonic_ns()``:
 
 * ``start``; ``lead`` (token); ``unheld`` (token: ``held`` read False, no write);
+  ``lost`` and ``released`` (token, reason: the elector's events);
 * ``act`` (token, t0 = when ``held`` was read True, t1 = when the write returned,
   ok = accepted / refused as stale / null when the write failed, error);
 * ``exit`` (tasks: the asyncio tasks still alive after the elector closed), on SIGTERM.
@@ -81,6 +82,12 @@ async def main(args: argparse.Namespace) -> None:
             **{args.backend: args.target}, name=args.name, identity=args.identity, **json.loads(args.options)
         )
         rng = random.Random(args.seed)
+
+        def on_event(event: aioelect.Event) -> None:
+            if event.kind in ("lost", "released"):
+                events.emit(event.kind, token=event.token, reason=event.reason)
+
+        elector.add_listener(on_event)
         async with elector, anyio.create_task_group() as tg:
             tg.start_soon(elector.run, leader_work, register, events, args.identity, rng)
             await stop.wait()

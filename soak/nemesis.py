@@ -40,7 +40,7 @@ class Planned:
     kind: str
     aim: str  # "leader" or "other"
     duration: float
-    variant: str = ""  # partition: "drop" or "stall"; member: the member's index
+    variant: str = ""  # partition: "drop" or "stall"; member: the member's index; slow: the delay
 
 
 def _duration(rng: random.Random, kind: str, lease: float) -> float:
@@ -82,6 +82,8 @@ def plan(seed: int, label: str, kinds: tuple[str, ...], seconds: float, lease: f
             variant = rng.choice(["drop", "stall"])
         elif kind == "member":
             variant = str(rng.randrange(3))
+        elif kind == "slow":
+            variant = f"{rng.uniform(0.05, 0.25):.3f}"  # seconds each chunk is held, each way
         aim = "leader" if rng.random() < 0.7 else "other"
         schedule.append(Planned(round(t, 3), kind, aim, round(duration, 3), variant))
         end = t + duration + (5.0 if kind in ("restart", "member") else 0.0)
@@ -92,12 +94,12 @@ def plan(seed: int, label: str, kinds: tuple[str, ...], seconds: float, lease: f
     return schedule
 
 
-def _each(proxies: list[TCPProxy], mode: str) -> None:
-    """Put every proxy in ``mode`` (``drop``, ``stall``, ``heal``); one closed meanwhile (its candidate was
-    killed) is passed over."""
+def _each(proxies: list[TCPProxy], mode: str, *args: float) -> None:
+    """Put every proxy in ``mode`` (``drop``, ``stall``, ``delay``, ``heal``); one closed meanwhile (its
+    candidate was killed) is passed over."""
     for proxy in proxies:
         with contextlib.suppress(HarnessError, TimeoutError):
-            getattr(proxy, mode)()
+            getattr(proxy, mode)(*args)
 
 
 class Nemesis:
@@ -107,6 +109,7 @@ class Nemesis:
         self.target, self.pool, self.timing = target, pool, timing
         self.faults: list[Fault] = []
         self.errors: list[str] = []
+        self.tracebacks: list[str] = []
         self.skipped: list[str] = []
         self._lock = threading.Lock()  # the pool, the records
         self._server = threading.Lock()  # one server-wide fault at a time
@@ -152,13 +155,15 @@ class Nemesis:
                 with self._server:
                     self._server_fault(planned)
             elif planned.kind == "depose":
-                start = time.monotonic_ns()
-                detail = self.target.depose()
+                with self._server:  # not while the server restarts: there is nothing to depose then
+                    start = time.monotonic_ns()
+                    detail = self.target.depose()
                 self._record(planned, "leader", start, time.monotonic_ns(), detail)
             else:
                 self._candidate_fault(planned)
         except Exception as exc:
-            self.errors.append(f"{planned.kind} at {planned.at:.1f}s failed: {exc!r}\n{traceback.format_exc()}")
+            self.errors.append(f"{planned.kind} at {planned.at:.1f}s failed: {exc!r}")
+            self.tracebacks.append(f"{planned.kind} at {planned.at:.1f}s:\n{traceback.format_exc()}")
 
     def _candidate_fault(self, planned: Planned) -> None:
         candidate, role = self._choose(planned.aim)
@@ -184,7 +189,7 @@ class Nemesis:
                 self._record(planned, who, start, time.monotonic_ns(), f"SIGSTOP {planned.duration:.1f}s")
             elif planned.kind == "partition":
                 try:
-                    with self._lock:  # not while a slow server's stalls are being applied or lifted
+                    with self._lock:  # not while a slow server's delays are being applied or lifted
                         _each(candidate.proxies, planned.variant)
                     time.sleep(planned.duration)
                 finally:
@@ -203,26 +208,19 @@ class Nemesis:
                 assert isinstance(self.target, Etcd3Target)
                 detail = self.target.kill_member(int(planned.variant), planned.duration)
             else:
-                detail = self._slow(planned.duration)
+                detail = self._slow(planned.duration, float(planned.variant))
         finally:
             self.target.ensure_running()
         self._record(planned, "server", start, time.monotonic_ns(), detail)
 
-    def _slow(self, duration: float) -> str:
-        """Every candidate's link stalls for 100-250 ms out of each ~400 ms: round trips take up to 250 ms."""
-        rng = random.Random(duration)
-        end = time.monotonic() + duration
+    def _slow(self, duration: float, delay: float) -> str:
+        """Every candidate's link holds each chunk ``delay`` s, each way, for ``duration`` s."""
         try:
-            while time.monotonic() < end:
-                # Under the lock, and never on a candidate another fault holds (its partition stays as it is).
-                with self._lock:
-                    stalled = [c for c in self.pool.live() if not c.busy]
-                    _each([p for c in stalled for p in c.proxies], "stall")
-                time.sleep(rng.uniform(0.1, 0.25))
-                with self._lock:
-                    _each([p for c in stalled if not c.busy for p in c.proxies], "heal")
-                time.sleep(0.15)
+            with self._lock:  # a partitioned candidate stays cut off
+                _each([p for c in self.pool.live() if not c.busy for p in c.proxies], "delay", delay)
+            time.sleep(duration)
         finally:
-            with self._lock:
-                _each([p for c in self.pool.all if not c.busy for p in c.proxies], "heal")
-        return f"intermittent stalls for {duration:.1f}s"
+            with self._lock:  # a partition replaced the delay of its own candidate: only delayed links are healed
+                delayed = [p for c in self.pool.all for p in c.proxies if p.delay_seconds > 0]
+                _each(delayed, "heal")
+        return f"links delayed {delay * 1000:.0f} ms each way for {duration:.1f}s"

@@ -43,6 +43,8 @@ def timeline(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
         for t in verdict.terms:
             lines.append((t.start, f"{t.who} leads, token {t.token}"))
             lines.append((t.end, f"{t.who} acts for the last time under token {t.token} ({t.acts} writes)"))
+        for who, event in run.losses:
+            lines.append((event["t"], f"{who} {event['e']} token {event['token']}: {event.get('reason')}"))
         for v in verdict.violations:
             if v.at is not None:
                 lines.append((v.at, f"VIOLATION {v.kind}: {v.message}"))

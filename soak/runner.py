@@ -12,6 +12,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tests.harness import PostgresServer
 
@@ -41,7 +42,8 @@ class BackendRun:
     candidates: int
     directory: Path
     began: int  # monotonic ns: t = 0 of the timeline
-    notes: list[str] = field(default_factory=list)
+    #: (candidate, event) of every leadership lost or released, with its reason.
+    losses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
 def run_backend(
@@ -106,10 +108,12 @@ def run_backend(
             leftovers=leftovers,
             errors=errors + nemesis.errors,
         )
+        (directory / "nemesis.log").write_text("\n".join(nemesis.tracebacks), encoding="utf-8")
         with open(directory / "faults.jsonl", "w", encoding="utf-8") as fh:
             for fault in history.faults:
                 fh.write(json.dumps(asdict(fault)) + "\n")
-        return BackendRun(label, history, schedule, nemesis.skipped, len(pool.all), directory, began_ns)
+        losses = [(c.identity, e) for c in pool.all for e in c.events if e["e"] in ("lost", "released")]
+        return BackendRun(label, history, schedule, nemesis.skipped, len(pool.all), directory, began_ns, losses)
     finally:
         if pool is not None:
             pool.close()
