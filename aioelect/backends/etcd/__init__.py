@@ -5,7 +5,8 @@ What the wiring layer uses: :class:`EtcdBackend`, :class:`EtcdOptions`,
 :func:`parse_endpoints`. Inside, one module per job, each importing only
 those listed after it:
 
-* ``_backend``: the backend: campaigns with sessions, the held leadership;
+* ``_backend``: the backend: campaigns with sessions;
+* ``_hold``: the held leadership, watched and released;
 * ``_shared``: one session shared by several electors (:class:`EtcdSession`);
 * ``_degraded``: local leadership while etcd has never answered (opt-in);
 * ``_election``: the Go-compatible keys, ``leader()`` and ``observe()``;

@@ -1,0 +1,151 @@
+"""The held etcd leadership: watched until our key or our session goes, released by resigning.
+
+Guarantees (detailed on :class:`EtcdHold`): a loss is reported as soon as
+our key is deleted (a watch that resynchronises by reading the key whenever
+it breaks) or our session ends; a release resigns (deletes our key if it is
+still ours), bounded and never interrupted, and revokes the lease unless the
+backend keeps the session.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import anyio
+from aetcd import rpc
+
+from ..._backend import Backoff, Confirm, Hold
+from ..._errors import ElectionError
+from ..._log import ElectionLog
+from ._calls import first_of
+from ._connection import Connection
+from ._election import DELETE
+from ._failures import Retired, Transient
+from ._session import Session
+
+__all__ = ["EtcdHold", "Owner"]
+
+
+class Owner(Protocol):
+    """What a hold needs of its backend (:class:`~._backend.EtcdBackend`)."""
+
+    conn: Connection
+    session_keepalive_timeout: float
+    release_timeout: float
+
+    @property
+    def log(self) -> ElectionLog: ...
+
+    async def get_key(self, key: bytes) -> tuple[Any, int]: ...
+
+    async def resign(self, key: bytes, revision: int) -> None: ...
+
+    def keeps(self, session: Session, *, lost: bool) -> bool: ...
+
+    async def end_session(self, session: Session, why: str) -> None: ...
+
+    async def forget(self, session: Session, why: str) -> None: ...
+
+
+class EtcdHold(Hold):
+    """Leadership held as the candidate key with the lowest create revision."""
+
+    def __init__(
+        self, backend: Owner, session: Session, key: bytes, revision: int, acquired_at: float, watch_from: int
+    ) -> None:
+        self._backend = backend
+        self._session = session
+        self.key = key
+        self.revision = revision
+        self.token = revision
+        self.acquired_at = acquired_at
+        self._watch_from = watch_from
+        self._released = False
+        self._lost = False
+
+    async def monitor(self, confirm: Confirm) -> str:
+        session = self._session
+        session.listeners.add(confirm)
+        if session.confirmed_at > self.acquired_at:
+            confirm(session.confirmed_at)
+        try:
+            _, reason = await first_of(self._session_ended, self._key_deleted)
+            self._lost = True
+            return str(reason)
+        finally:
+            session.listeners.discard(confirm)
+
+    async def _session_ended(self) -> str:
+        return f"session ended: {await self._session.wait_ended()}"
+
+    async def _key_deleted(self) -> str:
+        """Return once our key is gone; resynchronise by reading it whenever the watch breaks."""
+        b = self._backend
+        start = self._watch_from
+        backoff = Backoff(first=0.05, maximum=1.0)
+        while True:
+            try:
+                async with b.conn.watch(self.key, start_revision=start, no_put=True) as stream:
+                    backoff.reset()
+                    while True:
+                        response = await stream.next()
+                        if any(event.type == DELETE for event in response.events):
+                            return await self._why_deleted()
+                        start = max(start, int(response.header.revision) + 1)
+            except Transient as exc:
+                b.log.debug("watch on our key interrupted (%s); reading it again", exc)
+                if not isinstance(exc, Retired):
+                    await anyio.sleep(backoff.next_delay())
+            try:
+                kv, revision = await b.get_key(self.key)
+            except Transient as exc:
+                b.log.debug("cannot read our key (%s); the session decides", exc)
+                continue
+            if kv is None or kv.create_revision != self.revision or kv.lease != self._session.lease_id:
+                return await self._why_deleted()
+            start = revision + 1
+
+    async def _why_deleted(self) -> str:
+        b = self._backend
+        try:
+            reply = await b.conn.call(
+                "lease time-to-live",
+                lambda ch: ch.lease.LeaseTimeToLive(
+                    rpc.LeaseTimeToLiveRequest(ID=self._session.lease_id), metadata=ch.metadata
+                ),
+                timeout=b.session_keepalive_timeout,
+                attempts=1,
+            )
+            if reply.TTL < 0:
+                return "leader key deleted: our lease was revoked or expired"
+        except (Transient, ElectionError):
+            pass
+        return "leader key deleted (resigned elsewhere or removed by hand)"
+
+    async def release(self) -> None:
+        """Resign as election.go does (delete our key if it is still ours); the next candidate leads at once.
+
+        The session is kept for the elector's next campaign only if the resign
+        succeeded and the backend keeps it (:meth:`EtcdBackend.keeps`);
+        otherwise its lease is revoked too, which removes the key if the resign
+        could not. Bounded by ``release_timeout``; never interrupted.
+        """
+        if self._released:
+            return
+        self._released = True
+        b = self._backend
+        session = self._session
+        keep = False
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.move_on_after(b.release_timeout):
+                    try:
+                        await b.resign(self.key, self.revision)
+                        keep = b.keeps(session, lost=self._lost)
+                    except (Transient, ElectionError) as exc:
+                        b.log.debug("resign failed (%s); revoking the lease removes the key", exc)
+                    if not keep:
+                        await b.end_session(session, "a resign failed")
+            finally:
+                if not keep:
+                    await b.forget(session, "a resign did not finish")
