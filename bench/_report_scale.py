@@ -141,6 +141,11 @@ def _scale_rows(data: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
     return out
 
 
+def _elections(n: str, row: dict[str, Any]) -> int:
+    """What a scale row's totals are divided by: N, or for an N not reached the elections that had a leader."""
+    return max(int(row.get("led", n)), 1) if row.get("limit") else int(n)
+
+
 def _per(x: float, n: int, digits: int = 2) -> str:
     return f"{x / n:.{digits}f}"
 
@@ -160,7 +165,10 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         " etcd leases, watch streams and watchers; client CPU (% of a core) and memory (PSS) of the 3 processes;"
         " the server's memory (PSS, with its children: PostgreSQL's per-session processes)."
         " Handover: a few elections' leaders (first, middle, last) release; time to that election's next"
-        " LEADER. The chart is [scale.png](scale.png).",
+        " LEADER. An N not reached is counted per election that had a leader. *Load average*: the machine's"
+        " 1-minute load at the end of the window (2 cores): above 2, the candidates wait for a core.",
+        "",
+        "The chart is [scale.png](scale.png).",
         "",
         "![scale](scale.png)",
         "",
@@ -170,7 +178,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
     for key, n_str, row in _scale_rows(data):
         meta = data["impls"][key]
         be = meta["backend"]
-        n = int(n_str)
+        n = _elections(n_str, row)
         state = row.get("state", {})
         if "rates" not in row:
             continue
@@ -191,10 +199,11 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         if row.get("handover_missed"):
             ho_cell += f" ({row['handover_missed']} not within 10 s)"
         led = f"{row.get('led', n)} ({row.get('leading_now', n)})"
+        load = f"{row['load']:.1f}" if "load" in row else "-"
         rows.append(
             [
                 meta["label"],
-                str(n),
+                n_str,
                 led,
                 f"{row.get('start_s', 0):.1f} s",
                 req,
@@ -205,6 +214,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
                 _per(row["server_mem_mib"], n, 2) if "server_mem_mib" in row else "-",
                 ho_cell,
                 str(row.get("errors", 0)),
+                load,
             ]
         )
         if row.get("limit"):
@@ -227,6 +237,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
             "Server MiB",
             "Handover median / max",
             "Errors",
+            "Load average",
         ],
         rows,
     )
@@ -271,7 +282,7 @@ def scale_chart(data: dict[str, Any], path: Path) -> None:
             for k, n_str, r in rows:
                 if k != key or "rates" not in r:
                     continue
-                y = fn(meta["backend"], r, int(n_str))
+                y = fn(meta["backend"], r, _elections(n_str, r))
                 if y is not None and not math.isnan(y) and y > 0:
                     pts.append((int(n_str), y))
             if pts:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,10 +99,12 @@ def _usage(pids: list[int]) -> tuple[float, float]:
 
 
 async def _handovers(group: Group, tracker: _Tracker, n: int, samples: int) -> tuple[list[float], int]:
-    """Graceful handovers of a few elections: (seconds each, how many did not hand over within 10 s)."""
+    """Graceful handovers of a few elections that had a leader (first, middle, last): (seconds each, how many
+    did not hand over within 10 s)."""
     values: list[float] = []
     missed = 0
-    for k in sorted({0, n // 2, n - 1})[:samples]:
+    started = sorted(tracker.ever_led) or list(range(n))
+    for k in sorted({started[0], started[len(started) // 2], started[-1]})[:samples]:
         tracker.update()
         lead = tracker.leads.get(k)
         if lead is None:
@@ -176,6 +179,7 @@ async def _one(impl: Impl, ctx: Ctx, servers: Servers, n: int) -> dict[str, Any]
             if k not in ("Threads_connected", "connected")
         }
         row["cpu_pct"] = 100 * (b_cpu - a_cpu) / dt
+        row["load"] = os.getloadavg()[0]
         row["mem_mib"] = mem
         row["state"] = {k: v - base_state.get(k, 0.0) for k, v in state.items()}
         server_pid = servers.server_pid(impl.backend)
