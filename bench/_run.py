@@ -246,7 +246,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             ctx.reps = 3
             ctx.idle_counts = (5, 20)
             ctx.idle_windows = (2.0, 3.0, 5.0)
-            ctx.handoff_seconds = 3.0
+            ctx.handoff_seconds = 2.0
             ctx.overlap_window = 2.0
             ctx.settle = 0.3
             ctx.rtt_count = 100
