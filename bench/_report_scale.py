@@ -146,8 +146,9 @@ def _elections(n: str, row: dict[str, Any]) -> int:
     return max(int(row.get("led", n)), 1) if row.get("limit") else int(n)
 
 
-def _per(x: float, n: int, digits: int = 2) -> str:
-    return f"{x / n:.{digits}f}"
+def _per(x: float, n: int, digits: int = 3) -> str:
+    """``x / n`` to ``digits`` significant digits (per-election values span several orders of magnitude)."""
+    return f"{x / n:.{digits}g}"
 
 
 def scale_section(data: dict[str, Any]) -> list[str]:
@@ -209,9 +210,9 @@ def scale_section(data: dict[str, Any]) -> list[str]:
                 req,
                 conns,
                 etcd,
-                _per(row["cpu_pct"], n, 3),
-                _per(row["mem_mib"], n, 2),
-                _per(row["server_mem_mib"], n, 2) if "server_mem_mib" in row else "-",
+                _per(row["cpu_pct"], n),
+                _per(row["mem_mib"], n),
+                _per(row["server_mem_mib"], n) if "server_mem_mib" in row else "-",
                 ho_cell,
                 str(row.get("errors", 0)),
                 load,
