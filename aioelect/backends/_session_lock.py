@@ -632,10 +632,11 @@ class SessionLockBackend(Backend, Generic[_C]):
         return holder, await self._unrecorded(conn, holder), not self.records_identity
 
     async def close_observer(self) -> None:
+        """Drop the observer connection at once: the campaign that just won waits for this, so no goodbye."""
         async with self._observer_lock:
             if self._observer is not None:
                 observer, self._observer = self._observer, None
-                await observer.aclose(self.check_timeout)
+                observer.close()
 
     async def aclose(self) -> None:
         self._closed = True
