@@ -11,7 +11,7 @@ from ._driver import REPO
 from ._impls import Impl
 from ._scenarios import Ctx, Outcome
 
-__all__ = ["coldstart", "rtt"]
+__all__ = ["coldstart", "inproc", "rtt"]
 
 
 async def _probe(args: list[str], timeout: float) -> dict[str, Any]:
@@ -51,19 +51,29 @@ async def rtt(impl: Impl, ctx: Ctx) -> Outcome:
 
 async def coldstart(impl: Impl, ctx: Ctx) -> Outcome:
     """A new candidate constructed, connected and leading an empty election: seconds, one per repetition."""
+    return await _candidate_probe("coldstart", impl, ctx)
+
+
+async def inproc(impl: Impl, ctx: Ctx) -> Outcome:
+    """Graceful handovers between two candidates in one process: seconds, one per repetition."""
+    return await _candidate_probe("inproc", impl, ctx)
+
+
+async def _candidate_probe(what: str, impl: Impl, ctx: Ctx) -> Outcome:
     data = await _probe(
         [
-            "coldstart",
+            what,
             "--module",
             impl.module,
             "--url",
             ctx.servers.url(impl.backend),
             "--name",
-            impl.election("coldstart", 0),
+            impl.election(what, 0),
             "--reps",
             str(ctx.coldstart_reps),
             *impl.extra_args,
         ],
         30 + 25 * (ctx.coldstart_reps + 1),
     )
-    return Outcome(values=data["values"], errors=data["errors"][:3])
+    metrics = {"release": data["release"]} if "release" in data else {}
+    return Outcome(values=data["values"], errors=data["errors"][:3], metrics=metrics)

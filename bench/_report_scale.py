@@ -53,7 +53,9 @@ def rtt_section(data: dict[str, Any]) -> list[str]:
         " PostgreSQL runs with `synchronous_commit=on`, as a fencing token's commit does); on etcd a"
         " linearizable `Range` and a `Put` over grpc-aio with the API messages aioelect uses. SQL multiples"
         " are counted in `SELECT 1` round trips. A handover on etcd includes a write (the release's delete,"
-        " fsynced), so etcd's multiples are counted in `Put` round trips.",
+        " fsynced), so etcd's multiples are counted in `Put` round trips. *In one process*: two candidates in one"
+        " process (`python -m bench.probes inproc`), the leader releases while the other waits: no other process"
+        " has to be woken, so this is the implementation's own path; in brackets the leader's `release()` alone.",
         "",
         *units,
         "",
@@ -74,11 +76,20 @@ def rtt_section(data: dict[str, Any]) -> list[str]:
         if ho.get("metrics", {}).get("leaderships"):
             per_leadership = ho["metrics"]["seconds"] / ho["metrics"]["leaderships"]
         cold = median(r["coldstart"]["values"]) if r.get("coldstart", {}).get("values") else math.nan
+        one = r.get("inproc", {})
+        one_cell = "-"
+        if one.get("values"):
+            rel = one.get("metrics", {}).get("release") or [math.nan]
+            one_cell = (
+                f"{fmt_s(median(one['values']))} = {_times(median(one['values']), unit)}"
+                f" ({fmt_s(median(rel))} = {_times(median(rel), unit)})"
+            )
         rows.append(
             [
                 f"**{meta['label']}**" if meta["ours"] else meta["label"],
                 f"{what} {fmt_s(unit)}" if what else "-",
                 _times(median(samples(r["graceful"])) if "graceful" in r else math.nan, unit),
+                one_cell,
                 crash_cell if "crash" in r else "-",
                 _times(per_leadership, unit),
                 _times(cold, unit),
@@ -89,6 +100,7 @@ def rtt_section(data: dict[str, Any]) -> list[str]:
             "Implementation",
             "Round trip (median)",
             "Graceful handover",
+            "The same in one process (release() alone)",
             "Crash takeover",
             "One leadership in the handoff run",
             "Cold start",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._impls import IMPLS, Impl
-from ._oneshot import coldstart, rtt
+from ._oneshot import coldstart, inproc, rtt
 from ._report import write_report
 from ._scale import scale
 from ._scenarios import SCENARIOS as TIMED
@@ -37,15 +37,16 @@ SCENARIOS: dict[str, Callable[[Impl, Ctx], Awaitable[Outcome]]] = {
     "rtt": rtt,
     **TIMED,
     "coldstart": coldstart,
+    "inproc": inproc,
     "scale": scale,
 }
 #: Scenarios whose timing must not be disturbed: run one at a time, with nothing else running.
-PRECISE = ("rtt", "graceful", "crash", "handoff", "coldstart")
+PRECISE = ("rtt", "graceful", "crash", "handoff", "coldstart", "inproc")
 #: Only aioelect's rows: the round trip is the backend's (measured once), scale is aioelect's question.
 OURS_ONLY = ("rtt", "scale")
 #: ``--quick``: aioelect and the fastest peer of each backend at graceful handover.
 QUICK_IMPLS = ("tooz-mysql", "baseline-etcd", "tooz-postgres", "tooz-file")
-QUICK_SCENARIOS = ("rtt", "graceful", "handoff", "coldstart", "scale")
+QUICK_SCENARIOS = ("rtt", "graceful", "handoff", "coldstart", "inproc", "scale")
 _NOT_SETTINGS = ("servers", "log_dir", "scale_servers")
 
 
@@ -116,7 +117,7 @@ class Runner:
 def _limit(impl: Impl, scenario: str, ctx: Ctx) -> float:
     if scenario == "scale":
         return len(ctx.scale_counts) * (ctx.scale_start_timeout + 90)
-    if scenario in ("rtt", "coldstart"):
+    if scenario in ("rtt", "coldstart", "inproc"):
         return 60.0 + 25 * (ctx.coldstart_reps + 1)
     if scenario == "idle":
         return 60.0 + sum(ctx.idle_windows) * 1.5 + 120
@@ -133,6 +134,8 @@ def _limit(impl: Impl, scenario: str, ctx: Ctx) -> float:
 def _runs(impl: Impl, scenario: str, scenarios: list[str]) -> bool:
     if scenario not in scenarios or (impl.scenarios is not None and scenario not in impl.scenarios):
         return False
+    if scenario == "inproc":  # aioelect and the fastest peer of each backend
+        return impl.ours or impl.key in QUICK_IMPLS
     return impl.ours or scenario not in OURS_ONLY
 
 

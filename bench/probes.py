@@ -17,6 +17,13 @@
     repetition; then it releases and closes. One repetition first, not
     counted, so that lazily imported drivers do not weigh on the first.
 
+``python -m bench.probes inproc --module M --url U --name NAME [--reps N]``
+    a graceful handover between two candidates of module ``M`` in this one
+    process: the leader releases while the other waits; the time from the
+    release's start to the other's leading, and how long ``release()`` itself
+    took. No other process has to be woken, so this is the implementation's own
+    path, apart from the harness's process scheduling.
+
 Each prints one JSON object on stdout; every request and repetition is bounded in time.
 """
 
@@ -138,8 +145,9 @@ async def coldstart(module: str, url: str, name: str, reps: int, ttl: int, extra
         try:
             t0 = time.perf_counter()
             candidate = make(options, 0)
-            await asyncio.wait_for(candidate.setup(), STEP_TIMEOUT)
-            await asyncio.wait_for(candidate.campaign(), STEP_TIMEOUT)
+            async with asyncio.timeout(STEP_TIMEOUT):  # this task campaigns: aioelect binds leading to it
+                await candidate.setup()
+                await candidate.campaign()
             took = time.perf_counter() - t0
             if rep:
                 values.append(took)
@@ -155,6 +163,58 @@ async def coldstart(module: str, url: str, name: str, reps: int, ttl: int, extra
     return {"values": values, "errors": errors}
 
 
+async def inproc(module: str, url: str, name: str, reps: int, ttl: int, extra: dict[str, str]) -> dict[str, Any]:
+    """Graceful handovers between two candidates in one process, ``reps`` times.
+
+    Each campaign runs in the task that later releases (aioelect binds a leadership to the task that
+    acquired it): the leader in this task, the waiter in a task of its own that holds until told to release.
+    """
+    make = importlib.import_module(f"bench.candidates.{module}").make
+    options = Options(name, url, 1, False, 20.0, ttl, None, extra)
+    leader, follower = make(options, 0), make(options, 1)
+    handovers: list[float] = []
+    releases: list[float] = []
+    errors: list[str] = []
+
+    async def follow(led: asyncio.Event, done: asyncio.Event) -> None:
+        await follower.campaign()
+        led.set()
+        await done.wait()
+        await follower.release()
+
+    try:
+        for c in (leader, follower):
+            await asyncio.wait_for(c.setup(), STEP_TIMEOUT)
+        for rep in range(reps + 1):
+            led, done = asyncio.Event(), asyncio.Event()
+            async with asyncio.timeout(STEP_TIMEOUT):
+                await leader.campaign()
+            task = asyncio.ensure_future(follow(led, done))
+            try:
+                await asyncio.sleep(0.2)  # the follower waits on the server, not still connecting
+                async with asyncio.timeout(STEP_TIMEOUT):
+                    t0 = time.perf_counter()
+                    await leader.release()
+                    t1 = time.perf_counter()
+                    await led.wait()
+                    t2 = time.perf_counter()
+                if rep:  # the first one sets up both candidates' sessions: not counted
+                    handovers.append(t2 - t0)
+                    releases.append(t1 - t0)
+            finally:
+                done.set()
+                await asyncio.wait_for(task, STEP_TIMEOUT)
+    except Exception as exc:
+        errors.append(f"{type(exc).__name__}: {exc}"[:200])
+    finally:
+        for c in (leader, follower):
+            try:
+                await asyncio.wait_for(c.close(), STEP_TIMEOUT)
+            except Exception as exc:
+                errors.append(f"close: {type(exc).__name__}: {exc}"[:200])
+    return {"values": handovers, "release": releases, "errors": errors}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.probes", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
@@ -162,19 +222,21 @@ def main() -> None:
     p_rtt.add_argument("--backend", required=True, choices=("mysql", "postgres", "etcd"))
     p_rtt.add_argument("--url", required=True)
     p_rtt.add_argument("--count", type=int, default=200)
-    p_cold = sub.add_parser("coldstart")
-    p_cold.add_argument("--module", required=True)
-    p_cold.add_argument("--url", required=True)
-    p_cold.add_argument("--name", required=True)
-    p_cold.add_argument("--reps", type=int, default=10)
-    p_cold.add_argument("--ttl", type=int, default=5)
-    p_cold.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for a candidate")
+    for what in ("coldstart", "inproc"):
+        p = sub.add_parser(what)
+        p.add_argument("--module", required=True)
+        p.add_argument("--url", required=True)
+        p.add_argument("--name", required=True)
+        p.add_argument("--reps", type=int, default=10)
+        p.add_argument("--ttl", type=int, default=5)
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="as for a candidate")
     args = parser.parse_args()
     if args.what == "rtt":
         result = asyncio.run(rtt(args.backend, args.url, args.count))
     else:
         extra = dict(item.split("=", 1) for item in args.set)
-        result = asyncio.run(coldstart(args.module, args.url, args.name, args.reps, args.ttl, extra))
+        probe = coldstart if args.what == "coldstart" else inproc
+        result = asyncio.run(probe(args.module, args.url, args.name, args.reps, args.ttl, extra))
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
 
