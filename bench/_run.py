@@ -46,7 +46,7 @@ PRECISE = ("rtt", "graceful", "crash", "handoff", "coldstart", "inproc")
 OURS_ONLY = ("rtt", "scale")
 #: ``--quick``: aioelect and the fastest peer of each backend at graceful handover.
 QUICK_IMPLS = ("tooz-mysql", "baseline-etcd", "tooz-postgres", "tooz-file")
-QUICK_SCENARIOS = ("rtt", "graceful", "handoff", "coldstart", "inproc", "scale")
+QUICK_SCENARIOS = ("rtt", "graceful", "handoff", "inproc", "scale")
 _NOT_SETTINGS = ("servers", "log_dir", "scale_servers")
 
 
