@@ -103,9 +103,26 @@ async def test_a_handover_to_the_next_in_line_reads_nothing(fresh_etcd: EtcdServ
         before = await grpc_counts(fresh_etcd)
         await first.release()
         await eventually(lambda: got, 10, "b leads")
-        await asyncio.sleep(0.1)  # b's own monitor watch is created (not a read)
+        await asyncio.sleep(0.1)  # b settles as leader (its watch goes on, no read)
         after = await grpc_counts(fresh_etcd)
         changes = delta(before, after)
         assert changes.get("started:Txn", 0) == 1, changes  # the resign
         assert changes.get("started:Range", 0) == 0, changes
         await _lead_on_a_standing_key(fresh_etcd, name, got[0])
+
+
+async def test_the_watch_the_next_in_line_waited_on_watches_its_leadership(fresh_etcd: EtcdServer) -> None:
+    """After a handover without a read, the leadership is watched on the same watch: deleting the key ends it."""
+    async with _leader_and_waiter(fresh_etcd) as (name, a, first, got):
+        await _waiting(fresh_etcd, name)
+        await asyncio.sleep(0.3)
+        before = await grpc_counts(fresh_etcd)
+        await first.release()
+        await eventually(lambda: got, 10, "b leads")
+        (kv,) = await keys(fresh_etcd, name)
+        await asyncio.sleep(0.2)
+        assert got[0].held
+        assert delta(before, await grpc_counts(fresh_etcd)).get("started:Watch", 0) == 0  # no new watch stream
+        await _delete(a, kv["key"])
+        await eventually(lambda: not got[0].held, 5, "b's loss")
+        assert "deleted" in (got[0].lost_reason or "")

@@ -281,9 +281,11 @@ class EtcdBackend(Election):
             # leader, our key standing under our lease; otherwise, or if anything else happened, read.
             next_in_line = self.view is not None and self.view.leader == predecessor
             ours = (key, revision, session.lease_id) if next_in_line else None
-            shortcut, won_at = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
-            if won_at is not None:
-                return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=won_at + 1)
+            shortcut, won = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
+            if won is not None:
+                return EtcdHold(
+                    self, session, key, revision, session.confirmed_at, watch_from=won.revision + 1, watching=won
+                )
             # One read: our key still stands under our lease (it would be gone with the lease), any older key left?
             predecessor, read_at = await self._check(session, key, revision)
         # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.

@@ -51,23 +51,24 @@ def consume(task: asyncio.Future[Any]) -> None:
 async def first_of(*waiters: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
     """Run ``waiters`` concurrently; return (index, result) of the first to finish, cancelling the rest.
 
-    If the first to finish raised, that exception is raised (never an exception group).
+    If the first to finish raised, that exception is raised (never an
+    exception group). The others are cancelled and waited for (never
+    interrupted) before this returns or raises, cancellation included.
+    Plain asyncio tasks rather than a task group: this is on the path of
+    every handover (the leader's watch, the campaign's wait), where each
+    step of a group's cancellation counts.
     """
-    outcome: list[tuple[int, Any, BaseException | None]] = []
-
-    async def run(index: int, waiter: Callable[[], Awaitable[Any]], tg: anyio.abc.TaskGroup) -> None:
-        try:
-            value = await waiter()
-        except Exception as exc:
-            outcome.append((index, None, exc))
-        else:
-            outcome.append((index, value, None))
-        tg.cancel_scope.cancel()
-
-    async with anyio.create_task_group() as tg:
-        for index, waiter in enumerate(waiters):
-            tg.start_soon(run, index, waiter, tg)
-    index, value, error = outcome[0]
-    if error is not None:
-        raise error
-    return index, value
+    tasks = [asyncio.ensure_future(waiter()) for waiter in waiters]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        pending = [task for task in tasks if not task.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait(pending)
+    index = next(i for i, task in enumerate(tasks) if task.done() and not task.cancelled())
+    for other in tasks[index + 1 :]:
+        consume(other)  # a second one may have finished too: its outcome is dropped, not left unretrieved
+    return index, tasks[index].result()

@@ -22,6 +22,7 @@ predecessor went.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,8 +36,9 @@ from ..._errors import BackendUnavailable, ElectionError
 from ._connection import Connection
 from ._failures import Compacted, Retired, Transient
 from ._session import Session
+from ._watch import WatchStream
 
-__all__ = ["DELETE", "Election", "KeyLost"]
+__all__ = ["DELETE", "Election", "KeyLost", "OpenWatch"]
 
 DELETE = rpc.Event.DELETE
 
@@ -61,6 +63,28 @@ def _changed(event: Any, key: bytes, revision: int, lease: int) -> bool:
     """Whether ``event`` deletes ``key`` or leaves it with another create revision or lease."""
     kv = event.kv
     return bytes(kv.key) == key and (event.type == DELETE or kv.create_revision != revision or kv.lease != lease)
+
+
+class OpenWatch:
+    """A watch kept open beyond one ``async with`` (handed from a campaign to its leadership); close it once."""
+
+    def __init__(self, stack: contextlib.AsyncExitStack, stream: WatchStream) -> None:
+        self._stack = stack
+        self.stream = stream
+        #: The revision up to which the watch has been read (what it proved).
+        self.revision = 0
+
+    @classmethod
+    async def open(cls, conn: Connection, key: bytes, **options: Any) -> OpenWatch:
+        """:meth:`Connection.watch` of ``key`` with ``options``, open until :meth:`close`."""
+        stack = contextlib.AsyncExitStack()
+        stream = await stack.enter_async_context(conn.watch(key, **options))
+        return cls(stack, stream)
+
+    async def close(self) -> None:
+        """Cancel the watch; never interrupted."""
+        with anyio.CancelScope(shield=True):
+            await self._stack.aclose()
 
 
 class KeyLost(Exception):
@@ -291,7 +315,7 @@ class Election(Backend):
 
     async def _wait_turn(
         self, predecessor: bytes, read_at: int, *, shortcut: bool, ours: tuple[bytes, int, int] | None = None
-    ) -> tuple[bool, int | None]:
+    ) -> tuple[bool, OpenWatch | None]:
         """:meth:`_wait_deleted`; with ``ours``, also tell when the deletion makes us the leader, without a read.
 
         ``ours`` is (our key, its create revision, our lease), given only when
@@ -301,30 +325,42 @@ class Election(Backend):
         delivers their events in revision order: a deletion of
         ``predecessor`` at revision R with our key untouched up to R (no
         delete, no other create revision or lease) means that at R our key
-        stood first, under our lease: R is returned as the second item. Any
-        other outcome returns None there and the caller reads again.
+        stood first, under our lease. The watch is then returned open
+        (:attr:`OpenWatch.revision` is R): it goes on watching our key for
+        the leadership. Any other outcome returns None there and the caller
+        reads again.
         """
         key, range_end = predecessor, None
         if ours is not None:
             key, range_end = min(predecessor, ours[0]), max(predecessor, ours[0]) + b"\0"
         self.log.debug("waiting for %s to go", predecessor.decode(errors="replace"))
+        watching = None
         try:
-            async with self.conn.watch(key, range_end=range_end, start_revision=read_at + 1, no_put=ours is None) as w:
-                if shortcut and w.created_revision > read_at:
-                    return False, None
-                while True:
-                    events = (await w.next()).events
-                    if ours is not None and any(_changed(event, *ours) for event in events):
-                        return True, None
-                    gone = [e for e in events if e.type == DELETE and bytes(e.kv.key) == predecessor]
-                    if gone:
-                        return True, (int(gone[0].kv.mod_revision) if ours is not None else None)
+            watching = await OpenWatch.open(
+                self.conn, key, range_end=range_end, start_revision=read_at + 1, no_put=ours is None
+            )
+            if shortcut and watching.stream.created_revision > read_at:
+                return False, None
+            while True:
+                events = (await watching.stream.next()).events
+                if ours is not None and any(_changed(event, *ours) for event in events):
+                    return True, None
+                gone = [e for e in events if e.type == DELETE and bytes(e.kv.key) == predecessor]
+                if gone and ours is not None:
+                    watching.revision = int(gone[0].kv.mod_revision)
+                    handed, watching = watching, None
+                    return True, handed
+                if gone:
+                    return True, None
         except (Retired, Compacted):
             pass  # look again
         except Transient as exc:
             if not exc.rotate:
                 raise
             self.log.debug("watch failed (%s); looking again on the next endpoint", exc)
+        finally:
+            if watching is not None:
+                await watching.close()
         return True, None
 
     # --- who leads -------------------------------------------------------------------

@@ -19,7 +19,7 @@ from ..._errors import ElectionError
 from ..._log import ElectionLog
 from ._calls import first_of
 from ._connection import Connection
-from ._election import DELETE
+from ._election import DELETE, OpenWatch
 from ._failures import Retired, Transient
 from ._session import Session
 
@@ -51,9 +51,19 @@ class EtcdHold(Hold):
     """Leadership held as the candidate key with the lowest create revision."""
 
     def __init__(
-        self, backend: Owner, session: Session, key: bytes, revision: int, acquired_at: float, watch_from: int
+        self,
+        backend: Owner,
+        session: Session,
+        key: bytes,
+        revision: int,
+        acquired_at: float,
+        watch_from: int,
+        watching: OpenWatch | None = None,
     ) -> None:
         self._backend = backend
+        #: The watch our key's deletion comes on, kept open until a new one is needed or the release has resigned:
+        #: closing a gRPC stream takes time that a releasing leader's successor would wait for.
+        self._watching = watching
         self._session = session
         self.key = key
         self.revision = revision
@@ -85,14 +95,17 @@ class EtcdHold(Hold):
         backoff = Backoff(first=0.05, maximum=1.0)
         while True:
             try:
-                async with b.conn.watch(self.key, start_revision=start, no_put=True) as stream:
-                    backoff.reset()
-                    while True:
-                        response = await stream.next()
-                        if any(event.type == DELETE for event in response.events):
-                            return await self._why_deleted()
-                        start = max(start, int(response.header.revision) + 1)
+                if self._watching is None:
+                    self._watching = await OpenWatch.open(b.conn, self.key, start_revision=start, no_put=True)
+                stream = self._watching.stream
+                backoff.reset()
+                while True:
+                    response = await stream.next()
+                    if any(e.type == DELETE and bytes(e.kv.key) == self.key for e in response.events):
+                        return await self._why_deleted()
+                    start = max(start, int(response.header.revision) + 1)
             except Transient as exc:
+                await self._close_watch()
                 b.log.debug("watch on our key interrupted (%s); reading it again", exc)
                 if not isinstance(exc, Retired):
                     await anyio.sleep(backoff.next_delay())
@@ -104,6 +117,11 @@ class EtcdHold(Hold):
             if kv is None or kv.create_revision != self.revision or kv.lease != self._session.lease_id:
                 return await self._why_deleted()
             start = revision + 1
+
+    async def _close_watch(self) -> None:
+        watching, self._watching = self._watching, None
+        if watching is not None:
+            await watching.close()
 
     async def _why_deleted(self) -> str:
         b = self._backend
@@ -149,3 +167,4 @@ class EtcdHold(Hold):
             finally:
                 if not keep:
                     await b.forget(session, "a resign did not finish")
+                await self._close_watch()
