@@ -186,6 +186,14 @@ def scale_section(data: dict[str, Any]) -> list[str]:
         "![scale](scale.png)",
         "",
     ]
+    m = data.get("machine", {})
+    if "nofile_hard" in m:
+        caps = ", ".join(f"{k} {v}" for k, v in m.get("scale_max_connections", {}).items())
+        lines += [
+            f"Limits set for this scenario: `max_connections` {caps}; each candidate process raises its"
+            f" descriptor limit (`RLIMIT_NOFILE`) to the hard limit, {m['nofile_hard']} here.",
+            "",
+        ]
     rows = []
     limits = []
     for key, n_str, row in _scale_rows(data):

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import signal
@@ -68,6 +69,12 @@ def _machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "load_before": [round(x, 2) for x in os.getloadavg()],
+        # Candidates raise their soft limit to this hard limit (a descriptor per connection or lock file).
+        "nofile_hard": resource.getrlimit(resource.RLIMIT_NOFILE)[1],
+        "scale_max_connections": {
+            "MariaDB": Servers.MARIADB_MAX_CONNECTIONS[1],
+            "PostgreSQL": Servers.POSTGRES_MAX_CONNECTIONS[1],
+        },
     }
 
 
