@@ -54,8 +54,9 @@ def rtt_section(data: dict[str, Any]) -> list[str]:
         " linearizable `Range` and a `Put` over grpc-aio with the API messages aioelect uses. SQL multiples"
         " are counted in `SELECT 1` round trips. A handover on etcd includes a write (the release's delete,"
         " fsynced), so etcd's multiples are counted in `Put` round trips. *In one process*: two candidates in one"
-        " process (`python -m bench.probes inproc`), the leader releases while the other waits: no other process"
-        " has to be woken, so this is the implementation's own path; in brackets the leader's `release()` alone.",
+        " process (`python -m bench.probes inproc`), the leader releases while the other waits: no process has to"
+        " be woken, and both sides share one event loop, so their work adds up instead of overlapping; in"
+        " brackets the leader's `release()` alone, from its call to its return.",
         "",
         *units,
         "",
