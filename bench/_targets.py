@@ -97,6 +97,8 @@ def targets(data: dict[str, Any]) -> list[str]:
                     ok_rt,
                     miss=f"{med / unit - 3:.1f} round trips over" if ok_rt is False else "",
                 )
+            elif be == "file":
+                add("graceful handover ≤ 3 round trips", label, "no server, no round trip to count in", None)
         # 2. crash
         if "crash" in r:
             med = median(samples(r["crash"]))
