@@ -547,9 +547,15 @@ async def test_a_kept_session_the_server_ended_is_replaced_at_once(
         started = time.monotonic()
         lead = await elector.acquire()
         assert time.monotonic() - started < 1.0, "no backoff: the kept session was merely stale"
-        assert lock_holder(mariadb, name) not in (None, first)
+        second = lock_holder(mariadb, name)
+        assert second not in (None, first)
         assert "campaign interrupted" not in caplog.text
         await lead.release()
+        mariadb.query("KILL %s", (second,))
+        tried = await elector.try_acquire()
+        assert tried is not None, "try_acquire() replaces a kept session the server ended"
+        assert lock_holder(mariadb, name) not in (None, first, second)
+        await tried.release()
 
 
 async def test_no_leadership_without_the_check_after_the_grant(

@@ -709,7 +709,8 @@ async def test_a_kept_session_the_server_ended_is_replaced_at_once(
         started = time.monotonic()
         lead = await elector.acquire()
         assert time.monotonic() - started < 1.0, "no backoff: the kept session was merely gone"
-        assert await holder_pid(admin, name) not in (None, first)
+        second = await holder_pid(admin, name)
+        assert second not in (None, first)
         assert "campaign interrupted" not in caplog.text
         await lead.release()
         # The new session got every setting in its startup packet (the server's version known by now).
@@ -733,6 +734,11 @@ async def test_a_kept_session_the_server_ended_is_replaced_at_once(
             "synchronous_commit": "on",
             "search_path": "pg_catalog, pg_temp",
         }
+        await admin.fetchval("SELECT pg_terminate_backend($1, 5000)", second)
+        tried = await elector.try_acquire()
+        assert tried is not None, "try_acquire() replaces a kept session the server ended"
+        assert await holder_pid(admin, name) not in (None, first, second)
+        await tried.release()
 
 
 async def test_no_leadership_without_the_check_after_the_grant(

@@ -459,32 +459,40 @@ class SessionLockBackend(Backend, Generic[_C]):
                     await self._drop(conn, waiting)
 
     async def try_campaign(self, identity: str) -> Hold | None:
-        """One lock request that does not wait: the hold, or None (connection closed) if another session holds it."""
-        conn: _C | None = None
-        waiting = False
-        try:
-            conn, _ = await self._session(identity)
-            waiting = True
-            granted = await self._try_request(conn)
-            waiting = False
-            if not granted:
-                return None
-            hold = await self._won(conn, identity)
-            conn = None
-            return hold
-        except Exception as exc:
-            if self.permanent(exc):
-                raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
-            if isinstance(exc, ElectionError):
-                raise
-            host, port = self._address
-            raise BackendUnavailable(
-                f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}"
-            ) from None
-        finally:
-            if conn is not None:
-                # A request cut off in flight may have been granted: end its session rather than trust the close.
-                await self._drop(conn, waiting)
+        """One lock request that does not wait: the hold, or None (connection closed) if another session holds it.
+
+        A kept session the server ended meanwhile is replaced once, at once.
+        """
+        for attempt in range(2):
+            conn: _C | None = None
+            waiting = reused = False
+            try:
+                conn, reused = await self._session(identity)
+                waiting = True
+                granted = await self._try_request(conn)
+                waiting = False
+                if not granted:
+                    return None
+                hold = await self._won(conn, identity)
+                conn = None
+                return hold
+            except Exception as exc:
+                if self.permanent(exc):
+                    raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
+                if isinstance(exc, ElectionError):
+                    raise
+                if reused and not attempt:
+                    self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
+                    continue
+                host, port = self._address
+                raise BackendUnavailable(
+                    f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}"
+                ) from None
+            finally:
+                if conn is not None:
+                    # A request cut off in flight may have been granted: end its session rather than trust the close.
+                    await self._drop(conn, waiting)
+        raise AssertionError("unreachable")
 
     async def _won(self, conn: _C, identity: str) -> SessionLockHold[_C]:
         """The hold of a lock just granted to ``conn``, dated from a check sent after the grant.
