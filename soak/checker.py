@@ -7,7 +7,7 @@ histories. It reports (never raises) every violation of:
   one accepted before it, or a leadership whose token is not larger than that
   of a leadership that started before it;
 * **overlap** -- two candidates acting (``held`` read True just before a write)
-  at once for longer than the margin;
+  at once for longer than the margin, not counting the time either was frozen;
 * **leaderless time** -- nobody acting for longer than the bound of the faults
   in force (see :mod:`soak.timing`), or than the base bound with none;
 * **leftovers** -- anything the run left behind (connections, leases, keys,
@@ -62,6 +62,8 @@ class Fault:
     heal: int
     deadline: int
     detail: str = ""
+    #: The candidate it was done to ("" for the server); a ``pause`` freezes it from ``start`` to ``heal``.
+    candidate: str = ""
 
 
 @dataclass(frozen=True)
@@ -177,16 +179,34 @@ def _token_violations(history: History, leaderships: list[Term]) -> list[Violati
     return found
 
 
-def _overlaps(leaderships: list[Term], margin_ns: int) -> tuple[list[Violation], int]:
+def _frozen_within(frozen: list[tuple[int, int]], a: int, b: int) -> int:
+    """How much of ``a``..``b`` the (possibly overlapping) ``frozen`` intervals cover."""
+    covered, cursor = 0, a
+    for start, end in sorted(frozen):
+        start, end = max(start, cursor), min(end, b)
+        if end > start:
+            covered += end - start
+            cursor = end
+    return covered
+
+
+def _overlaps(leaderships: list[Term], faults: list[Fault], margin_ns: int) -> tuple[list[Violation], int]:
+    """Time two candidates both acted: their leaderships' common stretch, less the time either was frozen
+    (a SIGSTOPped process does not act; a leader deposed while frozen acts on waking until it notices)."""
+    frozen: dict[str, list[tuple[int, int]]] = {}
+    for fault in faults:
+        if fault.kind == "pause" and fault.candidate:
+            frozen.setdefault(fault.candidate, []).append((fault.start, fault.heal))
     found: list[Violation] = []
     worst = 0
     for i, later in enumerate(leaderships):
         for earlier in leaderships[:i]:
             if earlier.who == later.who:
                 continue
-            overlap = min(earlier.end, later.end) - later.start
-            if overlap <= 0:
+            a, b = later.start, min(earlier.end, later.end)
+            if b <= a:
                 continue
+            overlap = b - a - _frozen_within(frozen.get(earlier.who, []) + frozen.get(later.who, []), a, b)
             worst = max(worst, overlap)
             if overlap > margin_ns:
                 found.append(
@@ -235,7 +255,7 @@ def check(history: History) -> Verdict:
     """Judge ``history``; the verdict lists every violation and the summary figures."""
     leaderships = terms(history.acts)
     violations = _token_violations(history, leaderships)
-    overlaps, worst_overlap = _overlaps(leaderships, int(history.margin * _NS))
+    overlaps, worst_overlap = _overlaps(leaderships, history.faults, int(history.margin * _NS))
     violations += overlaps
     gaps, max_gap, max_gap_bound = _gaps(history, leaderships)
     violations += gaps

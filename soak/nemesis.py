@@ -45,6 +45,9 @@ class Planned:
 
 def _duration(rng: random.Random, kind: str, lease: float) -> float:
     if kind == "pause":
+        if rng.random() < 0.25:
+            # Around the renew deadline, within the lease: the leader may wake fenced before anyone can take over.
+            return rng.uniform(0.5, lease)
         return lease + rng.uniform(0.5, 2.5)  # past the lease: the server must hand on
     if kind == "partition":
         return rng.uniform(1.0, lease + 3.0)
@@ -143,11 +146,14 @@ class Nemesis:
             others[0].busy = True
             return others[0], "follower"
 
-    def _record(self, planned: Planned, target: str, start: int, heal: int, detail: str) -> None:
+    def _record(
+        self, planned: Planned, target: str, start: int, heal: int, detail: str, candidate: Candidate | None = None
+    ) -> None:
         kind = f"partition-{planned.variant}" if planned.kind == "partition" else planned.kind
         deadline = int(self.timing.deadline(kind, start / 1e9, heal / 1e9) * 1e9)
         with self._lock:
-            self.faults.append(Fault(kind, target, start, heal, deadline, detail))
+            identity = candidate.identity if candidate is not None else ""
+            self.faults.append(Fault(kind, target, start, heal, deadline, detail, identity))
 
     def _fire(self, planned: Planned) -> None:
         try:
@@ -177,7 +183,7 @@ class Nemesis:
                 self.pool.kill(candidate)
                 with self._lock:
                     fresh = self.pool.start()
-                self._record(planned, who, start, time.monotonic_ns(), f"replaced by {fresh.identity}")
+                self._record(planned, who, start, time.monotonic_ns(), f"replaced by {fresh.identity}", candidate)
             elif planned.kind == "pause":
                 candidate.frozen = True
                 candidate.signal(signal.SIGSTOP)
@@ -186,7 +192,7 @@ class Nemesis:
                 finally:
                     candidate.signal(signal.SIGCONT)
                     candidate.frozen = False
-                self._record(planned, who, start, time.monotonic_ns(), f"SIGSTOP {planned.duration:.1f}s")
+                self._record(planned, who, start, time.monotonic_ns(), f"SIGSTOP {planned.duration:.1f}s", candidate)
             elif planned.kind == "partition":
                 try:
                     with self._lock:  # not while a slow server's delays are being applied or lifted
@@ -195,7 +201,9 @@ class Nemesis:
                 finally:
                     with self._lock:
                         _each(candidate.proxies, "heal")
-                self._record(planned, who, start, time.monotonic_ns(), f"{planned.variant} {planned.duration:.1f}s")
+                self._record(
+                    planned, who, start, time.monotonic_ns(), f"{planned.variant} {planned.duration:.1f}s", candidate
+                )
         finally:
             candidate.busy = False
 

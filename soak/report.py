@@ -43,6 +43,10 @@ def timeline(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
         for t in verdict.terms:
             lines.append((t.start, f"{t.who} leads, token {t.token}"))
             lines.append((t.end, f"{t.who} acts for the last time under token {t.token} ({t.acts} writes)"))
+        for act in run.history.acts:
+            if act.ok is not True:
+                outcome = "refused (a newer token is stored)" if act.ok is False else "failed"
+                lines.append((act.t0, f"{act.who} write under token {act.token} {outcome}"))
         for who, event in run.losses:
             lines.append((event["t"], f"{who} {event['e']} token {event['token']}: {event.get('reason')}"))
         for v in verdict.violations:

@@ -198,3 +198,15 @@ def test_short_soak_on_every_backend_passes(tmp_path: Path) -> None:
         assert f"| {label} | pass |" in report
     assert (tmp_path / "soak.svg").read_text().startswith("<svg")
     print(f"short soak: {wall:.0f} s wall\n{report}")
+
+
+def test_checker_does_not_count_the_time_a_deposed_leader_was_frozen() -> None:
+    # c1 is frozen from 8 s to 11 s, deposed meanwhile; c2 leads from 9 s; c1 acts once on waking at 11 s.
+    woken = Act("c1", 5, 11 * NS, 11 * NS + 1_000_000, True)
+    acts = [*_leader("c1", 5, 0.0, 8.0), woken, *_leader("c2", 9, 9.0, 20.0)]
+    pause = Fault("pause", "c1 (leader)", 8 * NS, 11 * NS, 14 * NS, candidate="c1")
+    verdict = check(_history(acts, faults=[pause]))
+    assert verdict.ok, verdict.violations
+    assert verdict.rejected == 1 and verdict.max_overlap < 0.01
+    # The same acts without the freeze are two leaders at once for 2 s.
+    assert [v.kind for v in check(_history(acts)).violations] == ["overlap"]
