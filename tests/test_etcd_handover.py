@@ -32,17 +32,17 @@ async def _delete(elector: EtcdElector, *names: str) -> None:
 
 async def _waiting(server: EtcdServer, name: str) -> list[str]:
     """Wait until two keys stand (leader, waiter); return them in create order."""
-    await eventually(lambda: _two(server, name), 5, "a leader and a waiter")
+    await eventually(lambda: _has(server, name, 2), 5, "a leader and a waiter")
     return [kv["key"] for kv in sorted(await keys(server, name), key=lambda kv: kv["create_revision"])]
 
 
-async def _two(server: EtcdServer, name: str) -> bool:
-    return len(await keys(server, name)) == 2
+async def _has(server: EtcdServer, name: str, n: int) -> bool:
+    return len(await keys(server, name)) == n
 
 
-async def _lead_on_a_standing_key(server: EtcdServer, name: str, lead: Leadership) -> None:
+async def _lead_on_a_standing_key(server: EtcdServer, name: str, lead: Leadership, identity: str = "b") -> None:
     (kv,) = await keys(server, name)
-    assert kv["value"] == "b" and kv["create_revision"] == lead.token
+    assert kv["value"] == identity and kv["create_revision"] == lead.token
 
 
 @contextlib.asynccontextmanager
@@ -126,3 +126,35 @@ async def test_the_watch_the_next_in_line_waited_on_watches_its_leadership(fresh
         await _delete(a, kv["key"])
         await eventually(lambda: not got[0].held, 5, "b's loss")
         assert "deleted" in (got[0].lost_reason or "")
+
+
+async def test_the_third_in_line_leads_without_a_read_once_the_keys_before_it_went(fresh_etcd: EtcdServer) -> None:
+    """a leads, b and c wait; a goes (c's leader watch sees b lead), then b goes: c leads on its watch alone."""
+    name = unique()
+    electors = [EtcdElector(fresh_etcd.endpoints, name=name, identity=i, ttl=TTL) for i in "abc"]
+    got: dict[str, Leadership] = {}
+    try:
+        got["a"] = await electors[0].acquire()
+        async with anyio.create_task_group() as tg:
+
+            async def campaign(elector: EtcdElector) -> None:
+                got[elector.identity] = await elector.acquire()
+                await anyio.sleep_forever()
+
+            for count, elector in enumerate(electors[1:], start=2):
+                tg.start_soon(campaign, elector)
+                await eventually(lambda n=count: _has(fresh_etcd, name, n), 5, "its key")
+            await got["a"].release()
+            await eventually(lambda: "b" in got, 10, "b leads")
+            await asyncio.sleep(0.3)  # c's leader watch reads who leads now
+            before = await grpc_counts(fresh_etcd)
+            await got["b"].release()
+            await eventually(lambda: "c" in got, 10, "c leads")
+            changes = delta(before, await grpc_counts(fresh_etcd))
+            assert changes.get("started:Txn", 0) == 1 and changes.get("started:Range", 0) == 0, changes
+            await _lead_on_a_standing_key(fresh_etcd, name, got["c"], "c")
+            tg.cancel_scope.cancel()
+    finally:
+        for elector in electors:
+            await elector.aclose()
+    assert await leases(fresh_etcd) == []

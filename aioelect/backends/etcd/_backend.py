@@ -36,7 +36,7 @@ from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
 from ._calls import first_of
 from ._degraded import DegradedHold
-from ._election import Election, KeyLost
+from ._election import RANGE_WAIT_MAX, Election, KeyLost
 from ._failures import SessionEnded, Transient
 from ._hold import EtcdHold
 from ._options import EtcdOptions, EtcdSettings, _Named
@@ -277,10 +277,10 @@ class EtcdBackend(Election):
         self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
         shortcut = True
         while predecessor is not None:
-            # Next in line (our predecessor leads): the watch's own revisions tell whether its deletion makes us
+            # In a small election, the watch's own revisions tell whether the predecessor's deletion makes us
             # leader, our key standing under our lease; otherwise, or if anything else happened, read.
-            next_in_line = self.view is not None and self.view.leader == predecessor
-            ours = (key, revision, session.lease_id) if next_in_line else None
+            small = self.crowd is not None and self.crowd <= RANGE_WAIT_MAX
+            ours = (key, revision, session.lease_id) if small else None
             shortcut, won = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
             if won is not None:
                 return EtcdHold(

@@ -14,10 +14,10 @@ Keys and revisions are those of ``election.go``, so that these candidates,
 :mod:`._backend`. Each step reads what it needs in one request: the
 campaign transaction creates our key *and* returns the key created just
 before it; after that key's deletion one transaction checks that our key
-still stands under our lease *and* looks for an older key left. The next in
-line (its predecessor leads) needs no such read: one watch covers both
-keys, and its revisions say whether our key stood, first, when the
-predecessor went.
+still stands under our lease *and* looks for an older key left. In a small
+election no such read is needed once the predecessor was seen leading: one
+watch covers both keys, and its revisions say whether our key stood,
+first, when the predecessor went.
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ from ._failures import Compacted, Retired, Transient
 from ._session import Session
 from ._watch import WatchStream
 
-__all__ = ["DELETE", "Election", "KeyLost", "OpenWatch"]
+__all__ = ["DELETE", "RANGE_WAIT_MAX", "Election", "KeyLost", "OpenWatch"]
 
 DELETE = rpc.Event.DELETE
+#: Up to this many candidates, a waiting candidate watches the keys from its predecessor's to its own (see
+#: ``_wait_turn``): events of the candidates whose keys sort in between reach it too, so not in a crowd.
+RANGE_WAIT_MAX = 16
 
 
 def _identity(value: bytes) -> str:
@@ -106,6 +109,8 @@ class Election(Backend):
         self.request_timeout = request_timeout
         self.prefix = (name + "/").encode()
         self._prefix_end = prefix_range_end(self.prefix)
+        #: How many candidates the last campaign transaction saw (None: unknown).
+        self.crowd: int | None = None
         #: The election as the current campaign last read it; None outside a campaign.
         self.view: View | None = None
         self._view_changed = anyio.Event()
@@ -246,12 +251,14 @@ class Election(Backend):
             "campaign", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
         )
         if reply.succeeded:
+            self.crowd = int(reply.responses[1].response_range.count)
             revision = int(reply.header.revision)
             older = [kv for kv in reply.responses[1].response_range.kvs if kv.create_revision < revision]
             predecessor = bytes(older[0].key) if older else None
             self._saw(reply.responses[2].response_range.kvs, key, predecessor, revision)
             return revision, predecessor, revision
         # Our key exists already (a campaign step retried after a timeout, or a key of ours left over).
+        self.crowd = None
         kvs = reply.responses[0].response_range.kvs
         if not kvs:
             raise KeyLost()
@@ -318,12 +325,13 @@ class Election(Backend):
     ) -> tuple[bool, OpenWatch | None]:
         """:meth:`_wait_deleted`; with ``ours``, also tell when the deletion makes us the leader, without a read.
 
-        ``ours`` is (our key, its create revision, our lease), given only when
-        ``predecessor`` was the leader at ``read_at``: no key older than ours
-        but it existed then, and none can be created later. One watch then
+        ``ours`` is (our key, its create revision, our lease): one watch then
         covers both keys (from the lower to the higher), so that etcd
-        delivers their events in revision order: a deletion of
-        ``predecessor`` at revision R with our key untouched up to R (no
+        delivers their events in revision order. If ``predecessor`` led in a
+        read before its deletion at revision R (the campaign's, or the
+        leader watch's once the keys before it went: :meth:`_led_before`),
+        no key older than ours but it existed then, and none can be created
+        later; so its deletion at R with our key untouched up to R (no
         delete, no other create revision or lease) means that at R our key
         stood first, under our lease. The watch is then returned open
         (:attr:`OpenWatch.revision` is R): it goes on watching our key for
@@ -345,9 +353,9 @@ class Election(Backend):
                 events = (await watching.stream.next()).events
                 if ours is not None and any(_changed(event, *ours) for event in events):
                     return True, None
-                gone = [e for e in events if e.type == DELETE and bytes(e.kv.key) == predecessor]
-                if gone and ours is not None:
-                    watching.revision = int(gone[0].kv.mod_revision)
+                gone = [int(e.kv.mod_revision) for e in events if e.type == DELETE and bytes(e.kv.key) == predecessor]
+                if gone and ours is not None and self._led_before(predecessor, ours[0], gone[0]):
+                    watching.revision = gone[0]
                     handed, watching = watching, None
                     return True, handed
                 if gone:
@@ -362,6 +370,11 @@ class Election(Backend):
             if watching is not None:
                 await watching.close()
         return True, None
+
+    def _led_before(self, predecessor: bytes, ours: bytes, revision: int) -> bool:
+        """Whether a read of this campaign, before ``revision``, found ``predecessor`` leading."""
+        view = self.view
+        return view is not None and view.ours == ours and view.leader == predecessor and view.revision < revision
 
     # --- who leads -------------------------------------------------------------------
 
