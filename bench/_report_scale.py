@@ -240,7 +240,7 @@ def scale_section(data: dict[str, Any]) -> list[str]:
             ]
         )
         if row.get("limit"):
-            limits.append(f"- {meta['label']}, N={n}: {row['limit']}")
+            limits.append(f"- {meta['label']}, N={n_str}: {row['limit']}")
     for key, meta in data["impls"].items():
         o = data["results"].get(key, {}).get("scale")
         for err in (o or {}).get("errors", []):
