@@ -48,6 +48,7 @@ OURS_ONLY = ("rtt", "scale")
 #: ``--quick``: aioelect and the fastest peer of each backend at graceful handover.
 QUICK_IMPLS = ("tooz-mysql", "baseline-etcd", "tooz-postgres", "tooz-file")
 QUICK_SCENARIOS = ("rtt", "graceful", "handoff", "inproc", "scale")
+SCALE_ORDER = ("aioelect-file", "aioelect-mysql", "aioelect-etcd-shared", "aioelect-etcd", "aioelect-postgres")
 _NOT_SETTINGS = ("servers", "log_dir", "scale_servers")
 
 
@@ -159,7 +160,9 @@ async def _phases(runner: Runner, impls: list[Impl], scenarios: list[str], overl
 
     async def scale_lane() -> None:
         print("scale: N elections per process, its own servers, beside phases 2 and 3", flush=True)
-        for impl in impls:
+        # The heaviest (thousands of PostgreSQL sessions, a thousand etcd leases per process) last, when
+        # phases 2 and 3 have ended or nearly.
+        for impl in sorted(impls, key=lambda i: SCALE_ORDER.index(i.key) if i.key in SCALE_ORDER else 0):
             if _runs(impl, "scale", scenarios):
                 await runner.job(impl, "scale", _limit(impl, "scale", ctx))
 
