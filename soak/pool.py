@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +79,7 @@ class Pool:
         register_dsn: str,
         key: str,
         upstreams: list[tuple[str, int]],
-        target_for: Any,
+        target_for: Callable[[list[TCPProxy]], str],
         directory: Path,
         seed: int,
     ) -> None:
