@@ -71,9 +71,7 @@ def svg(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
     parts: list[str] = []
     y = 10
     for run, verdict in zip(runs, verdicts, strict=True):
-        who = sorted(
-            {t.who for t in verdict.terms} | {f"c{i + 1}" for i in range(run.candidates)}, key=lambda w: int(w[1:])
-        )
+        who = [f"c{i + 1}" for i in range(run.candidates)]
         state = "PASS" if verdict.ok else f"FAIL ({len(verdict.violations)})"
         parts.append(f'<text x="4" y="{y + 10}" font-weight="bold">{run.label} {state}</text>')
         y += gap - 10
@@ -100,6 +98,14 @@ def svg(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
                 f'<rect x="{x0:.1f}" y="{rows[term.who]}" width="{x1 - x0:.1f}" height="{row - 2}" '
                 f'fill="{colour}"><title>{tip}</title></rect>'
             )
+        for f in run.history.faults:  # what was done to a candidate, under its row
+            if f.candidate in rows:
+                x0, x1 = x(run, f.start), max(x(run, f.heal), x(run, f.start) + 2)
+                colour = _KIND_COLOURS.get(f.kind, "#000")
+                parts.append(
+                    f'<rect x="{x0:.1f}" y="{rows[f.candidate] + row - 4}" width="{x1 - x0:.1f}" height="3" '
+                    f'fill="{colour}"><title>{html.escape(f.kind)}</title></rect>'
+                )
         bottom = y + row * (len(who) + 1)
         for v in verdict.violations:
             if v.at is not None:
