@@ -48,7 +48,10 @@ def timeline(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
                 outcome = "refused (a newer token is stored)" if act.ok is False else "failed"
                 lines.append((act.t0, f"{act.who} write under token {act.token} {outcome}"))
         for who, event in run.losses:
-            lines.append((event["t"], f"{who} {event['e']} token {event['token']}: {event.get('reason')}"))
+            if event["e"] == "unheld":
+                lines.append((event["t"], f"{who} read held False under token {event['token']}: no write"))
+            else:
+                lines.append((event["t"], f"{who} {event['e']} token {event['token']}: {event.get('reason')}"))
         for v in verdict.violations:
             if v.at is not None:
                 lines.append((v.at, f"VIOLATION {v.kind}: {v.message}"))

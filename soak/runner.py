@@ -42,7 +42,8 @@ class BackendRun:
     candidates: int
     directory: Path
     began: int  # monotonic ns: t = 0 of the timeline
-    #: (candidate, event) of every leadership lost or released, with its reason.
+    #: (candidate, event) of every leadership lost or released (with its reason), and of every write not made
+    #: because ``held`` read False.
     losses: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
@@ -112,7 +113,7 @@ def run_backend(
         with open(directory / "faults.jsonl", "w", encoding="utf-8") as fh:
             for fault in history.faults:
                 fh.write(json.dumps(asdict(fault)) + "\n")
-        losses = [(c.identity, e) for c in pool.all for e in c.events if e["e"] in ("lost", "released")]
+        losses = [(c.identity, e) for c in pool.all for e in c.events if e["e"] in ("lost", "released", "unheld")]
         return BackendRun(label, history, schedule, nemesis.skipped, len(pool.all), directory, began_ns, losses)
     finally:
         if pool is not None:
