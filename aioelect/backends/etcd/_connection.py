@@ -336,6 +336,10 @@ class Connection:
                 created = check_response(created, channel, "watch", self.fail)
                 if not created.created:
                     raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
-                yield WatchStream(call, channel, self.failed, self.fail, int(created.header.revision))
+                stream = WatchStream(call, channel, self.failed, self.fail, int(created.header.revision))
+                try:
+                    yield stream
+                finally:
+                    stream.close()
             finally:
                 call.cancel()

@@ -77,6 +77,8 @@ class WatchStream:
         #: The store's revision when etcd created the watch. A watch whose start revision is not above it
         #: may be "unsynced": etcd then sends its events from a background loop, up to 100 ms later.
         self.created_revision = created_revision
+        self._reading: asyncio.Future[Any] | None = None
+        self._retired: asyncio.Future[Any] | None = None
 
     async def next(self) -> Any:
         """The next WatchResponse that carries events.
@@ -94,20 +96,20 @@ class WatchStream:
     async def _read(self) -> Any:
         """The next response, or :class:`Retired` as soon as the channel is retired.
 
-        Plain asyncio waits (as :func:`settle`), no task group: cancelling a
-        waiting watch is on a releasing leader's path, and costs one step.
+        The read in flight and the wait for retirement outlive a cancelled
+        call (the next call picks them up; :meth:`close` ends them): a
+        leader's key watch is cancelled just before it resigns, and ending a
+        gRPC read there would delay the resign.
         """
-        read = asyncio.ensure_future(self._call.read())
-        retired = asyncio.ensure_future(self._channel.retired.wait())
-        try:
-            await asyncio.wait([read, retired], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in (read, retired):
-                if not waiter.done():
-                    waiter.cancel()
-                    waiter.add_done_callback(consume)
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._call.read())
+        if self._retired is None:
+            self._retired = asyncio.ensure_future(self._channel.retired.wait())
+        read, retired = self._reading, self._retired
+        await asyncio.wait([read, retired], return_when=asyncio.FIRST_COMPLETED)
         if not read.done():
             raise Retired()
+        self._reading = None
         if read.cancelled():
             raise Transient("the etcd watch was cancelled (channel closed)")
         try:
@@ -117,3 +119,12 @@ class WatchStream:
             if failure is exc:
                 raise
             raise failure from None
+
+    def close(self) -> None:
+        """End the read in flight and the wait for retirement (the caller cancels the call itself)."""
+        for waiter in (self._reading, self._retired):
+            if waiter is not None and not waiter.done():
+                waiter.cancel()
+            if waiter is not None:
+                waiter.add_done_callback(consume)
+        self._reading = self._retired = None
