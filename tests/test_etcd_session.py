@@ -85,6 +85,9 @@ async def test_electors_share_one_lease_and_release_leaves_it(
     assert await leases(fresh_etcd) == []
     for name in names:
         assert await keys(fresh_etcd, name) == []
+    await asyncio.sleep(0)  # tasks cancelled at close have run their last step
+    left = [t.get_name() for t in asyncio.all_tasks() if t.get_name().startswith("aioelect")]
+    assert left == [], left
 
 
 async def test_a_lost_lease_ends_every_leadership_then_a_new_one_is_shared(fresh_etcd: EtcdServer) -> None:
