@@ -249,7 +249,8 @@ class EtcdBackend(Election):
         try:
             while True:
                 try:
-                    which, hold = await first_of(session.wait_ended, lambda: self._try(session, key, value))
+                    # The hold first: when both end in one step, it is closed here rather than dropped.
+                    which, hold = await first_of(lambda: self._try(session, key, value), session.wait_ended)
                 except KeyLost:
                     self.log.warning("our candidate key was deleted while our lease lives; campaigning again")
                     continue
@@ -262,11 +263,14 @@ class EtcdBackend(Election):
                     with anyio.move_on_after(delay):
                         await session.wait_ended()
                     continue
-                if which == 0:
+                if which == 1:
                     raise SessionEnded(str(hold))
+                assert isinstance(hold, EtcdHold)
+                if session.done.is_set():
+                    await hold.abandon()
+                    raise SessionEnded(await session.wait_ended())
                 backoff.reset()
                 won = True
-                assert isinstance(hold, EtcdHold)
                 return hold
         finally:
             if not won:

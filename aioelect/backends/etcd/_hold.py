@@ -118,6 +118,11 @@ class EtcdHold(Hold):
                 return await self._why_deleted()
             start = revision + 1
 
+    async def abandon(self) -> None:
+        """Close what the hold keeps open, for a campaign that will not return it (its key is withdrawn)."""
+        self._released = True
+        await self._close_watch()
+
     async def _close_watch(self) -> None:
         watching, self._watching = self._watching, None
         if watching is not None:
