@@ -36,7 +36,7 @@ class Ctx:
     graceful_window: float = 10.0
     overlap_window: float = 3.0
     idle_counts: tuple[int, int] = (20, 100)
-    idle_windows: tuple[float, float, float] = (3.0, 6.0, 15.0)
+    idle_windows: tuple[float, float, float] = (3.0, 10.0, 20.0)
     handoff_seconds: float = 5.0
     frozen_lease: int = 5
     rtt_count: int = 200
