@@ -71,7 +71,7 @@ def rtt_section(data: dict[str, Any]) -> list[str]:
         if not r:
             continue
         crash = median(samples(r["crash"])) if "crash" in r else math.nan
-        crash_cell = _times(crash, unit) if crash < 1.0 else "TTL-bound"
+        crash_cell = _times(crash, unit) if crash < 1.0 else f"{fmt_s(crash)}: lease or poll bound"
         ho = r.get("handoff", {})
         per_leadership = math.nan
         if ho.get("metrics", {}).get("leaderships"):
