@@ -5,7 +5,8 @@ Sessions:
 - ``matrix-3.10`` ... ``matrix-3.13``: a fresh environment per interpreter with the package, its
   drivers and its test dependencies, then the tests that need no server (:data:`NO_SERVER`): the
   contract suite on the backends that need none, the elector core, the file backend, command-line
-  parsing, the version-specific asyncio tests, and the model-based test of the API.
+  parsing, the version-specific asyncio tests, the model-based test of the API, and the soak's
+  checker on constructed histories.
 - ``tests``: the whole suite, servers included, on the interpreter running nox and in its
   environment (``make pytest`` runs the same command in ``.venv``).
 
@@ -38,6 +39,7 @@ NO_SERVER: dict[str, str | None] = {
     "tests/test_testing.py": None,
     "tests/test_settings.py": None,
     "tests/test_model.py": None,
+    "tests/test_soak.py": "not short_soak",
 }
 
 nox.options.sessions = ["matrix", "tests"]
