@@ -578,3 +578,31 @@ async def test_no_leadership_without_the_check_after_the_grant(
         await hold.release()
     finally:
         await backend.aclose()
+
+
+@pytest.mark.parametrize("reused", [False, True], ids=["first-session", "reused-session"])
+async def test_killed_session_is_noticed_at_once(mariadb: MariaDBServer, reused: bool) -> None:
+    """The server ending the lock session ends the leadership at once, long before the next check is due.
+
+    Also on a session kept from the elector's previous leadership.
+    """
+    name = unique_name()
+    async with MySQLElector(mariadb.dsn, name=name, check_interval=5, check_timeout=5, lease=20) as elector:
+        if reused:
+            first = await elector.acquire()
+            kept = lock_holder(mariadb, name)
+            await first.release()
+        lead = await elector.acquire()
+        holder = lock_holder(mariadb, name)
+        assert holder is not None
+        if reused:
+            assert holder == kept, "the second leadership runs on the kept session"
+        await asyncio.sleep(0.2)
+        killed = time.monotonic()
+        mariadb.query("KILL %s", (holder,))
+        with anyio.move_on_after(1.0):
+            await lead.wait_lost()
+        took = time.monotonic() - killed
+        print(f"mysql loss ({reused=}) noticed {took * 1000:.1f} ms after KILL")
+        assert lead.lost and not lead.held, f"loss not seen {took:.2f}s after KILL (check due at 5s)"
+        await lead.release()

@@ -453,6 +453,38 @@ async def test_terminated_backend_is_a_loss(postgres_dsn: str, admin: asyncpg.Co
             tg.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("reused", [False, True], ids=["first-session", "reused-session"])
+async def test_terminated_session_is_noticed_at_once(
+    postgres_dsn: str, admin: asyncpg.Connection, reused: bool
+) -> None:
+    """The server ending the lock session ends the leadership at once, long before the next check is due.
+
+    Also on a session kept from the elector's previous leadership.
+    """
+    slow = {"check_interval": 5.0, "check_timeout": 5.0, "lease": 20}
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "victim", **slow) as elector:
+        if reused:
+            first = await elector.acquire()
+            kept = await holder_pid(admin, name)
+            await first.release()
+        lead = await elector.acquire()
+        pid = await holder_pid(admin, name)
+        assert pid is not None
+        if reused:
+            assert pid == kept, "the second leadership runs on the kept session"
+        await asyncio.sleep(0.2)
+        terminated = time.monotonic()
+        assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+        with anyio.move_on_after(1.0):
+            await lead.wait_lost()
+        took = time.monotonic() - terminated
+        print(f"postgres loss ({reused=}) noticed {took * 1000:.1f} ms after pg_terminate_backend")
+        assert lead.lost and not lead.held, f"loss not seen {took:.2f}s after pg_terminate_backend (check due at 5s)"
+        assert "closed" in (lead.lost_reason or "")
+        await lead.release()
+
+
 async def test_server_restart_leaves_exactly_one_leader(fresh_postgres: PostgresServer) -> None:
     dsn = fresh_postgres.dsn
     name = unique_name("pg")
