@@ -398,7 +398,8 @@ METHOD = [
     "6. **Handoff rate:** two candidates that release the moment they lead and campaign again at once.",
     "7. **Round trips:** see *In server round trips* above (a worker process, `python -m bench.probes rtt`).",
     "8. **Cold start:** see the cold start table (`python -m bench.probes coldstart`).",
-    "9. **Scale:** see the scale table; its servers are its own, and it runs beside phases 2 and 3.",
+    "9. **Scale:** see the scale table; its servers are its own, and it runs beside the lease-bound scenarios;"
+    " the idle costs run alone after both.",
     "",
     "Phases: latency-sensitive scenarios (round trips, graceful, sub-second crash, handoff, cold start) run one"
     " at a time with"
