@@ -60,7 +60,7 @@ bench: venv servers
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench
 
-# A subset of the benchmarks (fewer repetitions, shorter windows) for development: about 2 minutes.
+# A subset of the benchmarks (fewer repetitions, shorter windows) for development: under 2 minutes.
 bench-quick: venv servers
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench --quick
