@@ -295,6 +295,24 @@ async def test_nothing_leaks_after_many_cycles(fresh_etcd: EtcdServer) -> None:
     assert len(asyncio.all_tasks()) == baseline, asyncio.all_tasks()
 
 
+async def test_aclose_returns_once_grpc_has_ended_every_call(fresh_etcd: EtcdServer) -> None:
+    """No task is left the moment aclose() returns: gRPC ends a cancelled call in a task of its own."""
+    name = unique()
+    baseline = {t for t in asyncio.all_tasks()}
+    for _ in range(5):
+        leader, waiter = (EtcdElector(fresh_etcd.endpoints, name=name, identity=f"c{i}", ttl=TTL) for i in range(2))
+        lead = await leader.acquire()
+        waiting = asyncio.create_task(waiter.acquire())
+        await eventually(lambda: _count(keys(fresh_etcd, name), 2), 5, "two candidate keys")
+        waiting.cancel()  # its watch and its key's requests are in flight
+        await asyncio.gather(waiting, return_exceptions=True)
+        await waiter.aclose()
+        await lead.release()
+        await leader.aclose()
+        left = [t for t in asyncio.all_tasks() if t not in baseline and t is not asyncio.current_task()]
+        assert left == [], left
+
+
 async def test_lease_revoked_while_campaigning_campaigns_again(
     etcd: EtcdServer, electors: Callable[..., EtcdElector]
 ) -> None:

@@ -10,11 +10,13 @@ Guarantees: a channel is TLS whenever credentials are given (every
 reconnection and failover included); :meth:`Channel.authenticate` bounds
 its request by its ``timeout``; :meth:`Channel.close` closes the channel's
 shared keep-alive stream, then the channel, once, bounded, never
-interrupted, and never raises.
+interrupted, and never raises; it returns once gRPC has finished every call
+made on the channel (no task of gRPC's is left behind).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Protocol
 
 import anyio
@@ -59,9 +61,12 @@ class Channel:
             self.grpc = grpc.aio.insecure_channel(target, options=options)
         else:
             self.grpc = grpc.aio.secure_channel(target, credentials, options=options)
-        self.kv: Any = rpc.KVStub(self.grpc)
-        self.lease: Any = rpc.LeaseStub(self.grpc)
-        self.watch: Any = rpc.WatchStub(self.grpc)
+        # Calls not yet finished by gRPC: closing the channel cancels them but does not wait for them.
+        self._calls: set[Any] = set()
+        self._all_ended: asyncio.Event | None = None
+        self.kv: Any = _Tracked(rpc.KVStub(self.grpc), self)
+        self.lease: Any = _Tracked(rpc.LeaseStub(self.grpc), self)
+        self.watch: Any = _Tracked(rpc.WatchStub(self.grpc), self)
         #: gRPC metadata of every request: etcd's auth token once authenticated.
         self.metadata: Any = None
         #: Requests and watches running on this channel: it is closed only once none is.
@@ -89,5 +94,38 @@ class Channel:
             with anyio.move_on_after(CLOSE_TIMEOUT):
                 try:
                     await settle(self.grpc.close())
+                    if self._calls:  # cancelled by the close; gRPC ends each in a task of its own
+                        self._all_ended = asyncio.Event()
+                        await self._all_ended.wait()
+                    await asyncio.sleep(0)  # the step in which those tasks return after our callback
                 except Exception as exc:
                     log.debug("closing the gRPC channel to %s failed: %r", self.endpoint, exc)
+
+    def started(self, call: Any) -> None:
+        """Remember ``call`` until gRPC has finished it (its done callbacks run)."""
+        self._calls.add(call)
+        call.add_done_callback(self._ended)
+
+    def _ended(self, call: Any) -> None:
+        self._calls.discard(call)
+        if not self._calls and self._all_ended is not None:
+            self._all_ended.set()
+
+
+class _Tracked:
+    """A stub whose every call the channel remembers until gRPC has finished it."""
+
+    def __init__(self, stub: Any, channel: Channel) -> None:
+        self._stub = stub
+        self._channel = channel
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._stub, name)
+        channel = self._channel
+
+        def start(*args: Any, **kwargs: Any) -> Any:
+            call = method(*args, **kwargs)
+            channel.started(call)
+            return call
+
+        return start
