@@ -71,13 +71,15 @@ BLOCK_IDS = [f"{document}#{index}-{kind}" for document, index, kind, _ in BLOCKS
 class Program:
     """A docs block running as its own process; its output lines are read by a thread."""
 
-    def __init__(self, source: str, env: dict[str, str], cwd: Path) -> None:
-        script = cwd / f"block_{uuid.uuid4().hex[:8]}.py"
-        script.write_text(source)
+    def __init__(self, source: str, env: dict[str, str], cwd: Path, argv: list[str] | None = None) -> None:
+        if argv is None:
+            script = cwd / f"block_{uuid.uuid4().hex[:8]}.py"
+            script.write_text(source)
+            argv = [sys.executable, "-u", str(script)]
         self.output: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", str(script)],
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -113,6 +115,21 @@ class Program:
             found = re.search(pattern, line)
             if found:
                 return found
+
+    def lines_now(self) -> list[str]:
+        """The output lines printed since the last read, without waiting."""
+        new: list[str] = []
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                self._lines.put(None)  # the end stays visible to later reads
+                break
+            new.append(line)
+        self.output.extend(new)
+        return new
 
     def text(self) -> str:
         return "\n".join(self.output)

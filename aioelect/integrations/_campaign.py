@@ -154,10 +154,11 @@ class Campaign:
 
     async def status(self) -> Status:
         """This instance's role, identity, the current leader and its token while leading."""
-        lead = self.leadership
+        # Role and token read together, before the await: a leadership won meanwhile shows in the next status.
+        lead, role = self.leadership, self.role
         who = await self.leader() if self.healthy else None
         return Status(
-            role=self.role,
+            role=role,
             identity=self.elector.identity,
             backend=self.elector.backend,
             name=self.elector.name,
