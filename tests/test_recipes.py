@@ -238,9 +238,7 @@ def test_an_application_given_an_elector_starts_twice_in_one_process() -> None:
 
 
 @pytest.mark.parametrize("recipe", ["web_starlette", "web_fastapi"])
-def test_asgi_recipes_start_twice_in_one_process(
-    recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_asgi_recipes_start_twice_in_one_process(recipe: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from starlette.testclient import TestClient
 
     directory = tmp_path / "run"
