@@ -346,3 +346,61 @@ def test_the_try_once_block_gives_way_to_a_leader(
     assert code == 0, follower.text()
     assert follower.output == ["another instance leads: not running the report"], follower.text()
     assert leader.proc.poll() is None, "the leader loop must keep running"
+
+
+SHELL = re.compile(r"<!-- docs-test: shell -->\n```sh\n(.*?)\n```", re.S)
+
+
+def shell_setup(document: str) -> str:
+    """The ```sh block of ``document`` marked ``<!-- docs-test: shell -->``: its one-host setup."""
+    (setup,) = SHELL.findall((ROOT / document).read_text())
+    return str(setup)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("document", ["README.md", "docs/quickstart.md"])
+def test_followed_literally_on_one_host_a_leader_and_a_follower(
+    document: str, programs: list[Program], tmp_path: Path
+) -> None:
+    """The shell setup, then the leader loop twice: one leads, the other says it campaigns; then a handover."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (loop,) = [source for kind, source in python_blocks(document) if kind == "leader-loop"]
+    script = tmp_path / "leader.py"
+    script.write_text(loop)
+    env = {**base_env(), "HOME": str(home), "PYTHON": sys.executable}
+    command = f'set -e\n{shell_setup(document)}\nexec "$PYTHON" -u leader.py\n'
+    first = Program("", env, tmp_path, ["bash", "-c", command])
+    programs.append(first)
+    first.expect(r"leading with token 1\b")
+    second = Program("", env, tmp_path, ["bash", "-c", command])
+    programs.append(second)
+    second.expect(r"aioelect.*campaigning")
+    time.sleep(1.5)
+    assert not any("leading with token" in line for line in second.lines_now()), second.text()
+    first.proc.send_signal(signal.SIGINT)  # Ctrl-C
+    first.wait()
+    second.expect(r"leading with token 2\b")
+
+
+def test_recipe_pages_show_only_files_the_recipe_tests_run() -> None:
+    """Each ```python block of a recipe page includes a file of examples/recipes/ that tests/test_recipes.py starts."""
+    from tests.test_recipes import RECIPE_FILES
+
+    included: list[str] = []
+    for page in sorted((ROOT / "docs" / "recipes").glob("*.md")):
+        for block in re.findall(r"^```python\n(.*?)\n```", page.read_text(), re.S | re.M):
+            found = re.fullmatch(r'--8<-- "examples/recipes/(\w+\.py)"', block.strip())
+            assert found, f"{page.name}: a ```python block that is not an included, tested file:\n{block}"
+            included.append(found.group(1))
+    assert sorted(included) == sorted(RECIPE_FILES), included
+
+
+def test_the_api_page_reads_on_the_repository_page() -> None:
+    """docs/api.md names every public name with a line of prose, for readers who see its Markdown, not the site."""
+    import aioelect
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    prose = "\n".join(line for line in text.splitlines() if not line.startswith(("::: ", "    ")))
+    for name in aioelect.__all__:
+        assert re.search(rf"^\| `{name}(\(\))?` \| \S", prose, re.M), f"docs/api.md: no summary row for {name}"

@@ -159,6 +159,8 @@ def test_web_recipe_keeps_one_leader_and_hands_over(
     hold_steady([follower], follower, new_token)
 
 
+#: Every file of examples/recipes/ a test here starts.
+RECIPE_FILES = [*(f"{module}.py" for module in WEB.values()), "scheduler_apscheduler.py"]
 REFRESH = re.compile(r"cache refreshed with token (\d+)")
 
 
