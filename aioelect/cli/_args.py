@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from .._settings import (
+    ENV_CHECK_INTERVAL,
     ENV_ETCD_CA,
     ENV_ETCD_CERT,
     ENV_ETCD_ENDPOINTS,
@@ -21,10 +22,13 @@ from .._settings import (
     ENV_ETCD_USER,
     ENV_FILE,
     ENV_IDENTITY,
+    ENV_LEASE,
     ENV_MYSQL_DSN,
     ENV_NAME,
     ENV_PASSWORD,
+    ENV_POLL_INTERVAL,
     ENV_POSTGRES_DSN,
+    ENV_RENEW_DEADLINE,
     ENV_TOKEN,
     SECRET_VARIABLES,
 )
@@ -52,6 +56,11 @@ environment:
   {ENV_ETCD_CA:<24} etcd: CA certificate (PEM) that verifies the server
   {ENV_ETCD_CERT:<24} etcd: client certificate (PEM), with {ENV_ETCD_KEY}
   {ENV_ETCD_KEY:<24} etcd: the client certificate's unencrypted key (PEM)
+  {ENV_LEASE:<24} seconds a silent leader keeps the election (--lease, etcd --ttl)
+  {ENV_RENEW_DEADLINE:<24} seconds a leader may go unconfirmed before it fences itself
+  {ENV_POLL_INTERVAL:<24} seconds between a follower's tries (--poll-interval)
+  {ENV_CHECK_INTERVAL:<24} seconds between a leader's confirmations
+  (a timing variable that means nothing to the chosen backend is logged and ignored)
 
 TLS:
   etcd        https:// endpoints, or --etcd-ca/--etcd-cert/--etcd-key (which

@@ -136,6 +136,10 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
         options["lease"] = _whole(args.lease)
     if args.poll_interval is not None:
         options["poll_interval"] = args.poll_interval
+    # The portable timing variables (AIOELECT_LEASE...) under the flags; the factory says which mean nothing here.
+    for option, seconds in settings.timing.items():
+        if not (option == "lease" and ("ttl" in options or "lease" in options)):
+            options.setdefault(option, seconds)
     if getattr(args, "command", None) == "run":
         # CMD is the leader's work: after a loss the lock is released only once CMD is stopped.
         options["stop_timeout"] = max(args.grace or 0.0, DEFAULT_GRACE) + 2 * KILL_WAIT + 1
