@@ -712,8 +712,8 @@ class Elector:
             except Exception:
                 self._log.exception("event listener %r failed", listener)
 
-    async def run(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run ``await work(*args)`` only while leader, and return its result.
+    async def run(self, work: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``await work(*args, **kwargs)`` only while leader, and return its result.
 
         Campaigns first; if leadership is lost, ``work`` is cancelled, the loss
         is logged, and the elector campaigns again and starts ``work`` afresh.
@@ -724,7 +724,7 @@ class Elector:
         while True:
             try:
                 async with leading(self):
-                    return await work(*args)
+                    return await work(*args, **kwargs)
             except LeadershipLost as exc:
                 self._log.warning("work cancelled (%s); campaigning again", exc.reason)
 

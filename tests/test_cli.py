@@ -611,6 +611,29 @@ def test_run_no_wait_exits_75_while_another_leads_and_runs_cmd_once_when_free(
     assert both.returncode == 2 and "--no-wait" in both.stderr
 
 
+def test_run_no_wait_conflict_exit_code_is_the_status_while_another_leads(
+    target: Target, spawner: Spawner, tmp_path: Path
+) -> None:
+    """--conflict-exit-code N, as flock -E: a CronJob or systemd unit that counts 75 as failure asks for 0."""
+    lines = Lines(tmp_path / "ticks")
+    backend = [*target.with_name(), *target.tuning]
+    holder = spawner.run_cmd(*backend, "--identity", "holder", out=lines.path)
+    wait_until("the holder to run its command", lambda: bool(lines.of("holder", "start")), 30)
+    once = [sys.executable, str(spawner.script), str(lines.path), "once"]
+    for code in ("0", "3"):
+        tried = cli("run", *backend, "--no-wait", "--conflict-exit-code", code, "--identity", "cron", "--", *once)
+        assert tried.returncode == int(code), tried.stderr
+        assert f"exit status {code}" in tried.stderr
+    assert lines.of("cron") == [], "CMD must not run while another instance leads"
+    holder.send_signal(signal.SIGTERM)
+    spawner.wait(holder)
+    waits = cli("run", *backend, "--conflict-exit-code", "0", "--", *once)
+    assert waits.returncode == 2 and "--no-wait only" in waits.stderr
+    for bad in ("256", "-1", "x"):
+        refused = cli("run", *backend, "--no-wait", "--conflict-exit-code", bad, "--", *once)
+        assert refused.returncode == 2 and "--conflict-exit-code" in refused.stderr, refused.stderr
+
+
 def test_mysql_without_a_database_names_no_fencing() -> None:
     refused = cli("leader", "--mysql", f"mysql://root@127.0.0.1:{free_port()}", "--name", "x", "--timeout", "2")
     assert refused.returncode == 2, refused.stderr

@@ -92,7 +92,8 @@ exit status:
   run: CMD's exit status; 128+N when CMD died of signal N (143: SIGTERM,
        137: SIGKILL), or when aioelect was stopped by signal N before CMD
        started; 126/127 when CMD cannot be executed / is not found;
-       75 with --no-wait when another instance leads (CMD did not run).
+       75 with --no-wait when another instance leads (CMD did not run;
+       --conflict-exit-code N chooses another status).
 """
 
 _RUN_DESCRIPTION = f"""\
@@ -113,8 +114,10 @@ Campaign, and run CMD only while this process is the leader.
   Long-running commands (aioelect run --forever -- celery beat) keep one
   instance running on some host: a follower waits and takes over.
 * --no-wait tries once, like flock -n: when another instance leads, CMD
-  does not run and aioelect exits with status 75. Cron on several hosts
-  then runs a job once per schedule, not once per host in turn.
+  does not run and aioelect exits with status 75 (--conflict-exit-code N,
+  like flock -E, chooses another: 0 where 75 would count as a failure).
+  Cron on several hosts then runs a job once per schedule, not once per
+  host in turn.
 * CMD runs in its own process group and is killed (SIGKILL) if aioelect
   itself dies (Linux), so a crashed supervisor never leaves CMD running.
 * CMD's environment gets {ENV_IDENTITY} (ours) and {ENV_TOKEN} (the
@@ -153,6 +156,7 @@ def _number(convert: Callable[[str], _N], accept: Callable[[_N], bool], wanted: 
 _positive = _number(float, lambda v: 0 < v < math.inf, "a finite number > 0")
 _non_negative = _number(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
 _port = _number(int, lambda v: 1 <= v <= 65535, "a port, 1 to 65535")
+_exit_code = _number(int, lambda v: 0 <= v <= 255, "an exit status, 0 to 255")
 
 
 def _backend_options() -> _Parser:
@@ -276,6 +280,14 @@ def build_parser() -> Parsers:
         "--no-wait",
         action="store_true",
         help="try once: if another instance leads, do not run CMD and exit with status 75 (like flock -n)",
+    )
+    run.add_argument(
+        "--conflict-exit-code",
+        type=_exit_code,
+        default=None,
+        metavar="N",
+        help="with --no-wait: the exit status when another instance leads, 0 to 255 (default 75; like flock -E); "
+        "0 for a Kubernetes CronJob or a systemd unit that would count 75 as a failure",
     )
     run.add_argument(
         "--restart-delay",

@@ -137,6 +137,11 @@ class Runner:
         self.no_wait: bool = getattr(args, "no_wait", False)
         if self.no_wait and self.forever:
             raise UsageError("--no-wait and --forever exclude each other: --no-wait runs CMD at most once")
+        conflict: int | None = getattr(args, "conflict_exit_code", None)
+        if conflict is not None and not self.no_wait:
+            raise UsageError("--conflict-exit-code applies to --no-wait only: without it aioelect waits to lead")
+        #: The exit status when another instance leads under --no-wait.
+        self.conflict_status = EXIT_NOT_LEADER if conflict is None else conflict
         self.restart_delay: float = args.restart_delay
         self.group: ProcessGroup | None = None
         self.signals: list[int] = []
@@ -162,8 +167,8 @@ class Runner:
                     return self._stopped_status()
                 lead = await self.elector.try_acquire()
                 if lead is None:
-                    log.info("another instance leads: CMD not run (--no-wait), exit status %d", EXIT_NOT_LEADER)
-                    return EXIT_NOT_LEADER
+                    log.info("another instance leads: CMD not run (--no-wait), exit status %d", self.conflict_status)
+                    return self.conflict_status
             else:
                 lead = await self._campaign()
             if lead is None:
@@ -175,7 +180,7 @@ class Runner:
                 await lead.release()
             if status is None:  # lost before CMD could start: it never ran, so campaign again
                 if self.no_wait:
-                    return EXIT_NOT_LEADER
+                    return self.conflict_status
                 continue
             if not self.forever or self.stopping.is_set():
                 return status
