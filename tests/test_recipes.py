@@ -160,18 +160,23 @@ def test_web_recipe_keeps_one_leader_and_hands_over(
 
 
 #: Every file of examples/recipes/ a test here starts.
-RECIPE_FILES = [*(f"{module}.py" for module in WEB.values()), "scheduler_apscheduler.py"]
-REFRESH = re.compile(r"cache refreshed with token (\d+)")
+#: The recipes whose jobs run every second on the leader, each with the line a run prints.
+JOBS = {
+    "scheduler_apscheduler.py": re.compile(r"cache refreshed with token (\d+)"),
+    "leader_only_jobs.py": re.compile(r"digest sent with token (\d+)"),
+}
+RECIPE_FILES = [*(f"{module}.py" for module in WEB.values()), *JOBS]
 
 
 @pytest.mark.timeout(180)
-def test_apscheduler_recipe_keeps_one_leader_and_hands_over(
+@pytest.mark.parametrize("recipe", list(JOBS))
+def test_job_recipe_keeps_one_leader_and_hands_over(
+    recipe: str,
     backend_env: dict[str, str],
     programs: list[Program],  # noqa: F811
 ) -> None:
-    instances = [
-        Program("", backend_env, RECIPES, [sys.executable, "-u", "scheduler_apscheduler.py"]) for _ in range(2)
-    ]
+    run_line = JOBS[recipe]
+    instances = [Program("", backend_env, RECIPES, [sys.executable, "-u", recipe]) for _ in range(2)]
     programs.extend(instances)
 
     def runs() -> list[tuple[int, int]]:
@@ -180,7 +185,7 @@ def test_apscheduler_recipe_keeps_one_leader_and_hands_over(
             (index, int(found.group(1)))
             for index, program in enumerate(instances)
             for line in program.lines_now()
-            if (found := REFRESH.search(line))
+            if (found := run_line.search(line))
         ]
 
     first = wait_until("a job runs", runs, programs)
