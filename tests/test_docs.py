@@ -390,7 +390,7 @@ def test_recipe_pages_show_only_files_the_recipe_tests_run() -> None:
     included: list[str] = []
     for page in sorted((ROOT / "docs" / "recipes").glob("*.md")):
         for block in re.findall(r"^```python\n(.*?)\n```", page.read_text(), re.S | re.M):
-            found = re.fullmatch(r'--8<-- "examples/recipes/(\w+\.py)"', block.strip())
+            found = re.fullmatch(r'--8<-- "examples/recipes/([\w/]+\.py)"', block.strip())
             assert found, f"{page.name}: a ```python block that is not an included, tested file:\n{block}"
             included.append(found.group(1))
     assert sorted(included) == sorted(RECIPE_FILES), included

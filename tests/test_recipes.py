@@ -13,9 +13,11 @@ and the other leads with a larger token.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -165,7 +167,44 @@ JOBS = {
     "scheduler_apscheduler.py": re.compile(r"cache refreshed with token (\d+)"),
     "leader_only_jobs.py": re.compile(r"digest sent with token (\d+)"),
 }
-RECIPE_FILES = [*(f"{module}.py" for module in WEB.values()), *JOBS]
+RECIPE_FILES = [
+    *(f"{module}.py" for module in WEB.values()),
+    *JOBS,
+    "celery_beat_app.py",
+    "django_site/reports/management/commands/send_digest.py",
+]
+
+
+def one_runner_then_another(instances: list[Program], run_line: re.Pattern[str]) -> None:
+    """Only one instance prints ``run_line`` (under one token, when the line shows one) until it gets SIGTERM;
+    then only the other one does (under a larger token)."""
+
+    def runs() -> list[tuple[int, int]]:
+        """(instance, token) of each run printed since the last look (token 0 when the line shows none)."""
+        return [
+            (index, int(found.group(1)) if run_line.groups else 0)
+            for index, program in enumerate(instances)
+            for line in program.lines_now()
+            if (found := run_line.search(line))
+        ]
+
+    first = wait_until("a job runs", runs, instances)
+    leader, token = first[0]
+    assert all(run == (leader, token) for run in first), first
+    time.sleep(STEADY)
+    steady = runs()
+    assert len(steady) >= 2, "the leader's job runs every second"
+    assert set(steady) == {(leader, token)}, f"only the leader runs the job, under one token: {steady}"
+
+    instances[leader].proc.send_signal(signal.SIGTERM)
+    code = instances[leader].wait()
+    assert code in (0, 128 + signal.SIGTERM), f"exit status {code}:\n{instances[leader].text()}"
+    after = wait_until("the other instance runs the job", runs, instances)
+    other = 1 - leader
+    assert {index for index, _ in after} == {other}, after
+    if run_line.groups:
+        assert all(t > token for _, t in after), after
+    assert "Traceback" not in "\n".join(p.text() for p in instances)
 
 
 @pytest.mark.timeout(180)
@@ -175,33 +214,78 @@ def test_job_recipe_keeps_one_leader_and_hands_over(
     backend_env: dict[str, str],
     programs: list[Program],  # noqa: F811
 ) -> None:
-    run_line = JOBS[recipe]
     instances = [Program("", backend_env, RECIPES, [sys.executable, "-u", recipe]) for _ in range(2)]
     programs.extend(instances)
+    one_runner_then_another(instances, JOBS[recipe])
+    for program in instances:
+        if program.proc.poll() is not None:
+            assert "leadership released" in program.text(), program.text()
 
-    def runs() -> list[tuple[int, int]]:
-        """(instance, token) of each job run printed since the last look."""
-        return [
-            (index, int(found.group(1)))
-            for index, program in enumerate(instances)
-            for line in program.lines_now()
-            if (found := run_line.search(line))
-        ]
 
-    first = wait_until("a job runs", runs, programs)
-    leader, token = first[0]
-    assert all(run == (leader, token) for run in first), first
-    time.sleep(STEADY)
-    steady = runs()
-    assert len(steady) >= 2, "the leader's job runs every second"
-    assert set(steady) == {(leader, token)}, f"only the leader runs the job, under one token: {steady}"
+def aioelect_run(*options: str) -> list[str]:
+    """``aioelect run OPTIONS`` as the recipes print it (the command line of the package under test)."""
+    return [sys.executable, "-m", "aioelect", "run", *options]
 
-    instances[leader].proc.send_signal(signal.SIGTERM)
-    stopped(instances[leader])
-    after = wait_until("the other instance runs the job", runs, programs)
-    other = 1 - leader
-    assert {index for index, _ in after} == {other} and all(t > token for _, t in after), after
-    assert "Traceback" not in "\n".join(p.text() for p in instances)
+
+def with_venv_path(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this interpreter's directory first on PATH, where ``celery`` and ``python`` are installed."""
+    return {**env, "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])}
+
+
+@pytest.mark.timeout(180)
+def test_celery_beat_under_aioelect_run_forever_keeps_one_beat(
+    backend_env: dict[str, str],
+    programs: list[Program],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """Two hosts run ``aioelect run --forever -- celery -A celery_beat_app beat``: one beat sends, then the other."""
+    broker = tmp_path / "broker"
+    broker.mkdir()
+    env = with_venv_path({**backend_env, "CELERY_BROKER_URL": "filesystem://", "CELERY_BROKER_DIR": str(broker)})
+    instances = [
+        Program(
+            "",
+            env,
+            RECIPES,
+            aioelect_run(
+                "--forever", "--", "celery", "-A", "celery_beat_app", "beat",
+                "--schedule", str(tmp_path / f"schedule-{index}"), "--loglevel", "INFO",
+            ),
+        )
+        for index in range(2)
+    ]  # fmt: skip
+    programs.extend(instances)
+    one_runner_then_another(instances, re.compile(r"Sending due task refresh-cache"))
+    assert len(list(broker.iterdir())) >= 4, "every task beat sent is in the broker"
+
+
+@pytest.mark.timeout(180)
+def test_django_command_under_aioelect_run_no_wait_runs_on_the_leader_only(
+    backend_env: dict[str, str],
+    programs: list[Program],  # noqa: F811
+) -> None:
+    """Cron on two hosts starts ``aioelect run --no-wait --conflict-exit-code 0 -- python manage.py send_digest``."""
+    site = RECIPES / "django_site"
+    env = with_venv_path(backend_env)
+    command = [*aioelect_run("--no-wait", "--conflict-exit-code", "0", "--"), "python", "manage.py", "send_digest"]
+    holder = Program("", env, site, [*command, "--seconds", "60"])
+    programs.append(holder)
+    token = int(holder.expect(r"sending the digest with token (\d+)").group(1))
+
+    for conflict in ([], ["--conflict-exit-code", "0"]):
+        other = subprocess.run(
+            [*aioelect_run("--no-wait", *conflict, "--"), "python", "manage.py", "send_digest"],
+            cwd=site, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert other.returncode == (0 if conflict else 75), other.stderr
+        assert "digest" not in other.stdout and "another instance leads" in other.stderr, other
+
+    holder.proc.send_signal(signal.SIGTERM)
+    holder.wait()
+    after = subprocess.run(command, cwd=site, env=env, capture_output=True, text=True, timeout=60)
+    assert after.returncode == 0, after.stderr
+    sent = re.search(r"digest sent with token (\d+)", after.stdout)
+    assert sent and int(sent.group(1)) > token, after.stdout
 
 
 # --- In one process: what a test suite of the application does -------------------------------------------------
