@@ -1,13 +1,19 @@
 """The documentation stays true: its code runs, its site builds, the README stays a start.
 
-Every ```python block of README.md and docs/quickstart.md stands right under a
-marker that says how this module runs it, so that no block goes unrun:
+Every ```python block of README.md and docs/*.md stands right under a
+marker that says how it is run, so that no block goes unrun:
 
 * ``<!-- docs-test: runs -->``: a program that ends; it must exit 0, and a
   block that prints a fencing token must print a real one.
 * ``<!-- docs-test: leader-loop -->``: a leader loop that never ends. It must
   lead and show a fencing token; when its lock is taken away from outside it
   must report the loss, campaign again and lead with a larger token.
+* ``<!-- docs-test: pytest -->``: a test module, run by tests/test_testing.py.
+* ``<!-- docs-test: fragment -->``: lines around names the page introduces in
+  prose (an ``elector``, a database ``db``): it must compile.
+
+The recipe pages (docs/recipes/) show only whole files of examples/recipes/,
+which tests/test_recipes.py starts as users do.
 
 Each block runs as its own Python process, configured only through the
 environment as the docs tell users to (``AIOELECT_FILE``,
@@ -35,9 +41,12 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ("README.md", "docs/quickstart.md")
+#: Every page with code blocks; the recipe pages include files of examples/recipes/ that tests/test_recipes.py runs.
+DOCUMENTS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 MARKER = re.compile(r"<!-- docs-test: ([a-z-]+) -->\n```python\n(.*?)\n```", re.S)
-KINDS = ("runs", "leader-loop")
+KINDS = ("runs", "leader-loop", "pytest", "fragment")
+#: The kinds test_block_runs starts as programs, on every backend.
+PROGRAMS = ("runs", "leader-loop")
 #: How long a block may take to show what it must (the leader loop checks every second).
 WAIT = 30.0
 TOKEN = re.compile(r"token (\d+|None)")
@@ -64,7 +73,7 @@ def all_blocks() -> list[tuple[str, int, str, str]]:
     ]
 
 
-BLOCKS = all_blocks()
+BLOCKS = [block for block in all_blocks() if block[2] in PROGRAMS]
 BLOCK_IDS = [f"{document}#{index}-{kind}" for document, index, kind, _ in BLOCKS]
 
 
@@ -283,6 +292,18 @@ def test_block_runs(
         f"{document}: after the loss the loop must lead again with a larger token:\n{program.text()}"
     )
     assert program.proc.poll() is None, "the leader loop must keep running"
+
+
+def test_fragments_compile_and_pytest_blocks_are_run() -> None:
+    """A fragment (code around names a page introduces in prose) compiles; a pytest block is tests/test_testing.py's."""
+    import ast
+
+    for document, index, kind, source in all_blocks():
+        if kind == "fragment":
+            compile(source, f"{document}#{index}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        elif kind == "pytest":
+            text = (ROOT / document).read_text()
+            assert "<!-- test: example run by tests/test_testing.py -->\n<!-- docs-test: pytest -->" in text
 
 
 def test_every_document_has_its_blocks() -> None:
