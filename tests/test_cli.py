@@ -611,6 +611,7 @@ def test_run_no_wait_exits_75_while_another_leads_and_runs_cmd_once_when_free(
     assert both.returncode == 2 and "--no-wait" in both.stderr
 
 
+@pytest.mark.parametrize("target", ["file"], indirect=True)  # the exit status is the command line's, not a backend's
 def test_run_no_wait_conflict_exit_code_is_the_status_while_another_leads(
     target: Target, spawner: Spawner, tmp_path: Path
 ) -> None:

@@ -31,7 +31,7 @@ from tests.test_docs import ROOT, WAIT, Program, file_case, mysql_case, programs
 
 RECIPES = ROOT / "examples" / "recipes"
 #: How long the two instances are watched keeping one leader, before and after the handover.
-STEADY = 3.0
+STEADY = 2.0
 WEB = {
     "starlette": "web_starlette",
     "fastapi": "web_fastapi",
