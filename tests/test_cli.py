@@ -584,14 +584,21 @@ def test_processes_left_in_cmds_group_are_killed_before_the_release(
 # --- run --no-wait: try once, like flock -n -----------------------------------------------------
 
 
-def test_run_no_wait_exits_75_while_another_leads_and_runs_cmd_once_when_free(
+def a_holder_and_a_job(
     target: Target, spawner: Spawner, tmp_path: Path
-) -> None:
+) -> tuple[Lines, list[str], subprocess.Popen[str], list[str]]:
+    """An instance ``holder`` that leads and runs its command, and the command line of a short job to try beside it."""
     lines = Lines(tmp_path / "ticks")
     backend = [*target.with_name(), *target.tuning]
     holder = spawner.run_cmd(*backend, "--identity", "holder", out=lines.path)
     wait_until("the holder to run its command", lambda: bool(lines.of("holder", "start")), 30)
-    once = [sys.executable, str(spawner.script), str(lines.path), "once"]
+    return lines, backend, holder, [sys.executable, str(spawner.script), str(lines.path), "once"]
+
+
+def test_run_no_wait_exits_75_while_another_leads_and_runs_cmd_once_when_free(
+    target: Target, spawner: Spawner, tmp_path: Path
+) -> None:
+    lines, backend, holder, once = a_holder_and_a_job(target, spawner, tmp_path)
 
     started = time.monotonic()
     tried = cli("run", *backend, "--no-wait", "--identity", "cron", "--", *once)
@@ -616,11 +623,7 @@ def test_run_no_wait_conflict_exit_code_is_the_status_while_another_leads(
     target: Target, spawner: Spawner, tmp_path: Path
 ) -> None:
     """--conflict-exit-code N, as flock -E: a CronJob or systemd unit that counts 75 as failure asks for 0."""
-    lines = Lines(tmp_path / "ticks")
-    backend = [*target.with_name(), *target.tuning]
-    holder = spawner.run_cmd(*backend, "--identity", "holder", out=lines.path)
-    wait_until("the holder to run its command", lambda: bool(lines.of("holder", "start")), 30)
-    once = [sys.executable, str(spawner.script), str(lines.path), "once"]
+    lines, backend, holder, once = a_holder_and_a_job(target, spawner, tmp_path)
     for code in ("0", "3"):
         tried = cli("run", *backend, "--no-wait", "--conflict-exit-code", code, "--identity", "cron", "--", *once)
         assert tried.returncode == int(code), tried.stderr
