@@ -72,7 +72,8 @@ def _portable(kind: str, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` for the ``kind`` backend: ``ttl`` read as ``lease``, whole seconds where the backend counts
     them, and each portable option the backend has not dropped with a WARNING (once per process)."""
     options = dict(options)
-    if "ttl" in options:
+    given_as_ttl = "ttl" in options
+    if given_as_ttl:
         ttl = options.pop("ttl")
         if "lease" in options and options["lease"] != ttl:
             raise ValueError(f"ttl={ttl!r} and lease={options['lease']!r}: ttl is etcd's word for lease, give one")
@@ -84,7 +85,12 @@ def _portable(kind: str, options: dict[str, Any]) -> dict[str, Any]:
                 _IGNORED_SAID.add((kind, option))
                 log.warning("%s=%r means nothing to the %s backend, ignored: %s", option, value, kind, _WHY[kind])
     lease = options.get("lease")
-    if kind in ("etcd", "mysql") and isinstance(lease, float) and math.isfinite(lease) and lease > 0:
+    # Only a lease given as ``lease`` is rounded: etcd's own word ``ttl`` keeps etcd's whole seconds, as its
+    # elector takes it.
+    if given_as_ttl:
+        if isinstance(lease, float) and lease.is_integer():
+            options["lease"] = int(lease)
+    elif kind in ("etcd", "mysql") and isinstance(lease, float) and math.isfinite(lease) and lease > 0:
         # etcd's TTL and MySQL's wait_timeout are whole seconds: rounded up, never shortened.
         if not lease.is_integer():
             log.warning(

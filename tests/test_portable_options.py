@@ -65,6 +65,8 @@ def test_ttl_is_the_same_option_as_lease() -> None:
     assert "lease=7s" in mysql._backend.describe_timing()
     etcd = aioelect.new(etcd="127.0.0.1:2379", name="portable/ttl", lease=4)
     assert etcd._backend.describe_timing().startswith("ttl=4s")
+    with pytest.raises(ValueError, match="whole"):  # etcd's own word keeps etcd's own rule
+        aioelect.new(etcd="127.0.0.1:2379", name="portable/ttl", ttl=2.5)
     with pytest.raises(ValueError, match="ttl is etcd's word for lease"):
         aioelect.new(etcd="127.0.0.1:2379", name="portable/ttl", lease=4, ttl=5)
 

@@ -135,6 +135,8 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
             raise UsageError(f"--lease applies to the SQL backends only, not to the {kind} backend (etcd: --ttl)")
         options["lease"] = _whole(args.lease)
     if args.poll_interval is not None:
+        if kind == "etcd":  # a flag is explicit: refused where it means nothing (a variable is only logged)
+            raise UsageError("--poll-interval does not apply to the etcd backend: etcd watches the election")
         options["poll_interval"] = args.poll_interval
     # The portable timing variables (AIOELECT_LEASE...) under the flags; the factory says which mean nothing here.
     for option, seconds in settings.timing.items():
