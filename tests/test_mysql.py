@@ -287,7 +287,7 @@ async def test_leader_waits_for_a_new_holders_record(mariadb: MariaDBServer) -> 
 async def test_quiet_leader_is_kept_alive_past_wait_timeout(mariadb: MariaDBServer) -> None:
     """A leader whose connection would idle out (wait_timeout = lease) stays leader through its checks."""
     name = unique_name()
-    opts = {"lease": 2, "check_interval": 0.3, "check_timeout": 0.5, "renew_deadline": 1.2}
+    opts = {"lease": 2, "check_interval": 0.3, "check_timeout": 0.4, "renew_deadline": 1.2}
     async with MySQLElector(mariadb.dsn, name=name, **opts) as a, MySQLElector(mariadb.dsn, name=name) as b:
         lead = await a.acquire()
         follower = asyncio.create_task(b.acquire())
@@ -587,7 +587,7 @@ async def test_killed_session_is_noticed_at_once(mariadb: MariaDBServer, reused:
     Also on a session kept from the elector's previous leadership.
     """
     name = unique_name()
-    async with MySQLElector(mariadb.dsn, name=name, check_interval=5, check_timeout=5, lease=20) as elector:
+    async with MySQLElector(mariadb.dsn, name=name, check_interval=5, check_timeout=4, lease=20) as elector:
         if reused:
             first = await elector.acquire()
             kept = lock_holder(mariadb, name)
@@ -606,3 +606,40 @@ async def test_killed_session_is_noticed_at_once(mariadb: MariaDBServer, reused:
         print(f"mysql loss ({reused=}) noticed {took * 1000:.1f} ms after KILL")
         assert lead.lost and not lead.held, f"loss not seen {took:.2f}s after KILL (check due at 5s)"
         await lead.release()
+
+
+# --- server-side bounds ------------------------------------------------------------------
+
+
+async def test_server_keepalives_shorter_than_the_lease_are_refused_at_connect(mariadb: MariaDBServer) -> None:
+    """MariaDB's tcp_keepalive_* would drop an unreachable leader after 3 + 1 * 2 = 5 s, before lease=10.
+
+    Refused at once, naming the bound. A small global wait_timeout is no bound: the lock session sets its own.
+    """
+    names = ("tcp_keepalive_time", "tcp_keepalive_interval", "tcp_keepalive_probes", "wait_timeout")
+    before = mariadb.query("SELECT " + ", ".join(f"@@global.{name}" for name in names))[0]
+    mariadb.query(
+        "SET GLOBAL tcp_keepalive_time = 3, GLOBAL tcp_keepalive_interval = 1, GLOBAL tcp_keepalive_probes = 2, "
+        "GLOBAL wait_timeout = 2"
+    )
+    try:
+        async with MySQLElector(mariadb.dsn, name=unique_name(), lease=10) as elector:
+            started = time.monotonic()
+            with (
+                anyio.fail_after(10),
+                pytest.raises(
+                    ElectionError,
+                    match=r"5s after .*\(tcp_keepalive_time \+ tcp_keepalive_interval \* tcp_keepalive_probes\)",
+                ),
+            ):
+                await elector.acquire()
+            assert time.monotonic() - started < 3, "a bound that breaks the timing must not be retried"
+        mariadb.query("SET GLOBAL tcp_keepalive_time = 20")
+        async with MySQLElector(mariadb.dsn, name=unique_name(), lease=10) as elector:
+            with anyio.fail_after(10):
+                lead = await elector.acquire()  # the 2 s global wait_timeout is replaced by the session's 10 s
+            assert lead.held
+            await lead.release()
+    finally:
+        restore = ", ".join(f"GLOBAL {name} = {int(value)}" for name, value in zip(names, before, strict=True))
+        mariadb.query(f"SET {restore}")

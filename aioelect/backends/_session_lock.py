@@ -28,6 +28,12 @@ engine guarantees, for every dialect:
   cancellation closes it instead); a kept session is used again only while
   it has been idle for less than ``lease / 2`` (the server ends an idle one
   after ``lease``), and one the server ended anyway is replaced at once;
+* a new lock session is used only once every server-side bound on it
+  (idle timeouts, TCP keepalives, TCP user timeout), read from the server,
+  is at least ``lease``: otherwise the campaign raises
+  :class:`~aioelect.ElectionError` naming the bound, because the server
+  could hand the lock on while a cut-off leader, which stops only at its
+  renew deadline, still leads;
 * :meth:`SessionLockBackend.leader` waits (briefly) for a new holder's record
   of its identity rather than report the holder without it.
 """
@@ -340,6 +346,17 @@ class SessionLockBackend(Backend, Generic[_C]):
         """A new dedicated lock connection for ``identity``, its session set up; ElectionError if unusable."""
 
     @abc.abstractmethod
+    async def _server_bounds(self, conn: _C) -> dict[str, float | None]:
+        """Every server-side bound on ``conn``'s session, read from the server: setting -> seconds (None: off).
+
+        A bound is a time after which the server may end a session it no
+        longer hears from (an idle timeout, TCP keepalives, a TCP user
+        timeout), named as the user would change it. The engine refuses the
+        session when one is shorter than ``lease`` (see
+        :meth:`~aioelect._config.LockTiming.server_problem`).
+        """
+
+    @abc.abstractmethod
     async def _open(self, purpose: str) -> _C:
         """A new plain connection, for looking up the holder ("observer") or ending a session ("cleanup")."""
 
@@ -516,6 +533,15 @@ class SessionLockBackend(Backend, Generic[_C]):
                 return conn, True
             await conn.aclose(self.check_timeout)
         conn = await self._connect(identity)
+        try:
+            bounds = await self._server_bounds(conn)
+        except BaseException:
+            conn.close()
+            raise
+        problem = self.timing.server_problem(bounds, product=self.dialect.product)
+        if problem is not None:
+            conn.close()
+            raise ElectionError(problem)
         conn.identity = identity
         return conn, False
 

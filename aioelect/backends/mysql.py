@@ -9,7 +9,10 @@ The lock lives exactly as long as the connection that took it, so:
   negative check is a loss;
 * the connection's ``wait_timeout`` is set to ``lease``, so the server itself
   drops a leader that has gone silent (frozen, cut off) after ``lease``
-  seconds, and a follower takes over;
+  seconds, and a follower takes over; every other server-side bound on the
+  session (``net_read_timeout``, ``net_write_timeout``, MariaDB's
+  ``tcp_keepalive_*``) is read at connect, and a session with one shorter
+  than ``lease`` is refused, the bound named;
 * followers wait inside ``GET_LOCK(name, max(poll_interval, 1 s))``, so
   they wake the moment the lock is freed instead of at their next poll
   (whole seconds at least: MySQL truncates a fractional wait, and a wait of
@@ -36,7 +39,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import tls_from_query, transport_warning, validate_name
+from .._config import keepalive_bound, tls_from_query, transport_warning, validate_name
 from .._errors import ElectionError
 from ._session_lock import Dialect, LockConnection, SessionLockBackend, SessionLockOptions, SessionLost, read_options
 
@@ -95,6 +98,45 @@ _BUMP = (
 )
 
 
+# The lock session's idle timeout is lease; a packet half read or half written may wait at least as long.
+_SET_TIMEOUTS = (
+    "SET SESSION wait_timeout = %s, net_read_timeout = GREATEST(@@session.net_read_timeout, %s), "
+    "net_write_timeout = GREATEST(@@session.net_write_timeout, %s)"
+)
+# tcp_keepalive_* are MariaDB's (global only; SHOW SESSION VARIABLES shows them), absent on MySQL.
+_SHOW_BOUNDS = (
+    "SHOW SESSION VARIABLES WHERE Variable_name IN ('wait_timeout', 'net_read_timeout', 'net_write_timeout', "
+    "'tcp_keepalive_time', 'tcp_keepalive_interval', 'tcp_keepalive_probes')"
+)
+#: How :func:`server_bounds` names the TCP keepalive bound.
+KEEPALIVE_BOUND = "tcp_keepalive_time + tcp_keepalive_interval * tcp_keepalive_probes"
+
+
+def server_bounds(variables: dict[str, float]) -> dict[str, float | None]:
+    """Every server-side bound of a session whose variables (lower-case name -> seconds) are ``variables``.
+
+    ``wait_timeout`` ends an idle session; ``net_read_timeout`` and
+    ``net_write_timeout`` one stuck half-way through a packet. MariaDB's TCP
+    keepalives end a connection to an unreachable client; 0 (and MySQL,
+    which has no such variables) is the kernel's default (Linux: 2 hours),
+    taken as off.
+    """
+
+    def on(name: str) -> float | None:
+        return variables.get(name) or None
+
+    return {
+        "wait_timeout": on("wait_timeout"),
+        "net_read_timeout": on("net_read_timeout"),
+        "net_write_timeout": on("net_write_timeout"),
+        KEEPALIVE_BOUND: keepalive_bound(
+            variables.get("tcp_keepalive_time", 0),
+            variables.get("tcp_keepalive_interval", 0),
+            variables.get("tcp_keepalive_probes", 0),
+        ),
+    }
+
+
 def _code(exc: BaseException) -> int | None:
     if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]
@@ -126,6 +168,16 @@ class _Connection(LockConnection):
 
         row = await self.run(call, timeout)
         return None if row is None else row[0]
+
+    async def rows(self, sql: str, args: Sequence[Any] = (), *, timeout: float) -> list[tuple[Any, ...]]:  # noqa: ASYNC109
+        """Every row of ``sql``."""
+
+        async def call() -> list[tuple[Any, ...]]:
+            async with self.raw.cursor() as cursor:
+                await cursor.execute(sql, args)
+                return list(await cursor.fetchall())
+
+        return await self.run(call, timeout)
 
     async def write(self, sql: str, args: Sequence[Any], *, timeout: float) -> tuple[int, int]:  # noqa: ASYNC109
         """Run ``sql``: (rows affected, the insert id the server reported)."""
@@ -259,7 +311,8 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         conn = await self._open()
         try:
             conn.session_id = int(conn.raw.server_thread_id[0])  # CONNECTION_ID(), from the handshake
-            await conn.scalar("SET SESSION wait_timeout = %s", (int(self.lease),), timeout=self.check_timeout)
+            lease = int(self.lease)
+            await conn.scalar(_SET_TIMEOUTS, (lease, lease, lease), timeout=self.check_timeout)
             if not self._topology_checked:
                 await self._check_topology(conn)
                 self._topology_checked = True
@@ -267,6 +320,11 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             conn.close()
             raise
         return conn
+
+    async def _server_bounds(self, conn: _Connection) -> dict[str, float | None]:
+        """The session's timeouts and MariaDB's TCP keepalives, as ``SHOW SESSION VARIABLES`` shows them."""
+        rows = await conn.rows(_SHOW_BOUNDS, timeout=self.check_timeout)
+        return server_bounds({str(name).lower(): float(value) for name, value in rows})
 
     async def _check_topology(self, conn: _Connection) -> None:
         """Refuse servers on which GET_LOCK is not cluster-wide, unless allowed."""

@@ -22,8 +22,14 @@ The lock lives exactly as long as the server session that took it, so:
   statement the leader sends while holding the lock is prepared before the
   lock is taken, so its session is never left half-way through a protocol
   exchange (where that timeout is not armed) whenever the process stops.
-  TCP keepalives (``tcp_keepalives_*``) are set too; they only detect a dead
-  or unreachable client host, never a stopped process whose kernel answers;
+  TCP keepalives (``tcp_keepalives_*``) are set too, so that they never end
+  the session before ``lease``; they only detect a dead or unreachable
+  client host, never a stopped process whose kernel answers;
+* every server-side bound on the lock session (``idle_session_timeout``,
+  ``idle_in_transaction_session_timeout``, the keepalives,
+  ``tcp_user_timeout``: whatever set them, the startup packet, a role, a
+  database or the server) is read from ``pg_settings`` at connect, and a
+  session with one shorter than ``lease`` is refused, the bound named;
 * the identity is the session's ``application_name`` (truncated to 63
   bytes), visible in ``pg_stat_activity``;
 * with ``fencing=True`` a leadership's token is the server's transaction id
@@ -54,7 +60,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import transport_warning, validate_name
+from .._config import keepalive_bound, transport_warning, validate_name
 from .._errors import ElectionError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
 from ._postgres_tls import TLS_FILES, NoTls, Tls, no_tls, resolve_tls, transport_fix
@@ -161,6 +167,55 @@ def _try_next(plan: Tls, attempt: _ssl.SSLContext | bool, exc: BaseException) ->
     return attempt is not False and (isinstance(exc, NoTls) or tls_error(exc) is not None)
 
 
+#: The settings after which the server may end a session it no longer hears from (those it has).
+_BOUND_SETTINGS = (
+    "idle_session_timeout",
+    "idle_in_transaction_session_timeout",
+    "tcp_keepalives_idle",
+    "tcp_keepalives_interval",
+    "tcp_keepalives_count",
+    "tcp_user_timeout",
+)
+_BOUNDS = """SELECT name, setting::pg_catalog.float8 * CASE unit WHEN 'ms' THEN 0.001 WHEN 'min' THEN 60 ELSE 1 END
+  AS seconds FROM pg_catalog.pg_settings WHERE name = ANY($1::pg_catalog.text[])"""
+#: How :func:`server_bounds` names the TCP keepalive bound.
+KEEPALIVE_BOUND = "tcp_keepalives_idle + tcp_keepalives_interval * tcp_keepalives_count"
+
+
+def keepalives(lease: float) -> tuple[int, int, int]:
+    """``(tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count)`` of a lock session.
+
+    The first probe is sent once the connection has been silent for
+    ``lease`` (rounded up to whole seconds, the setting's unit), so the
+    server never drops an unreachable client before ``lease``; three probes
+    a tenth of the lease apart (at least a second) then confirm it is gone.
+    """
+    return math.ceil(lease), max(1, math.ceil(lease / 10)), 3
+
+
+def server_bounds(settings: dict[str, float]) -> dict[str, float | None]:
+    """Every server-side bound of a session whose ``pg_settings`` (name -> seconds, 0: off) are ``settings``.
+
+    A setting the server does not have (``idle_session_timeout`` before
+    PostgreSQL 14) is off. A keepalive idle of 0 is the kernel's default
+    (Linux: 2 hours), taken as off.
+    """
+
+    def on(name: str) -> float | None:
+        return settings.get(name) or None
+
+    return {
+        "idle_session_timeout": on("idle_session_timeout"),
+        "idle_in_transaction_session_timeout": on("idle_in_transaction_session_timeout"),
+        KEEPALIVE_BOUND: keepalive_bound(
+            settings.get("tcp_keepalives_idle", 0),
+            settings.get("tcp_keepalives_interval", 0),
+            settings.get("tcp_keepalives_count", 0),
+        ),
+        "tcp_user_timeout": on("tcp_user_timeout"),
+    }
+
+
 def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
@@ -213,6 +268,11 @@ class _Connection(LockConnection):
     async def fetchval(self, sql: str, *args: Any, timeout: float) -> Any:  # noqa: ASYNC109
         """First value of ``sql``'s first row: its prepared statement if there is one, else ad hoc."""
         return await self._fetch("fetchval", sql, args, timeout)
+
+    async def fetch(self, sql: str, *args: Any, timeout: float) -> list[Any]:  # noqa: ASYNC109
+        """All rows of ``sql``, prepared or ad hoc as :meth:`fetchval`."""
+        rows: list[Any] = await self._fetch("fetch", sql, args, timeout)
+        return rows
 
     async def fetchrow(self, sql: str, *args: Any, timeout: float) -> Any:  # noqa: ASYNC109
         """``sql``'s first row (None without one), prepared or ad hoc as :meth:`fetchval`."""
@@ -327,7 +387,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
         self._warned_old_server = False
         #: The server's major version once a lock connection has shown it (its settings depend on it).
         self._server_version: int | None = None
-        self._keepalive = (max(1, int(self.lease / 2)), max(1, int(self.lease / 6)))
+        self._keepalive = keepalives(self.lease)
         self._observer_table_ok = False
         # prefer: TLS whenever the server offers it, but an attacker can refuse TLS or present any
         # certificate and get plaintext, so it is never verified.
@@ -405,7 +465,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             "idle_in_transaction_session_timeout": lease_ms,
             "tcp_keepalives_idle": str(self._keepalive[0]),
             "tcp_keepalives_interval": str(self._keepalive[1]),
-            "tcp_keepalives_count": "3",
+            "tcp_keepalives_count": str(self._keepalive[2]),
             # A token's commit must reach the WAL on disk (and synchronous standbys) before it is used.
             "synchronous_commit": "on",
         }
@@ -430,7 +490,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
                     "PostgreSQL %s has no idle_session_timeout: a frozen leader is replaced only when its "
                     "connection closes (TCP keepalives detect a dead host after about %ss, never a stopped process)",
                     conn.server_version,
-                    self._keepalive[0] + 3 * self._keepalive[1],
+                    keepalive_bound(*self._keepalive),
                 )
             ready = await conn.fetchrow(_READY, timeout=self.check_timeout)
             if ready["standby"]:
@@ -460,6 +520,11 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             conn.close()
             raise
         return conn
+
+    async def _server_bounds(self, conn: _Connection) -> dict[str, float | None]:
+        """The session's own values (startup packet, role, database, server), as ``pg_settings`` shows them."""
+        rows = await conn.fetch(_BOUNDS, list(_BOUND_SETTINGS), timeout=self.check_timeout)
+        return server_bounds({row["name"]: float(row["seconds"]) for row in rows})
 
     async def _end_session(self, conn: _Connection, session_id: int) -> None:
         """Returns once the backend is gone (PostgreSQL 14+) or signalled (older servers)."""
