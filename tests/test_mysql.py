@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import aiomysql
 import anyio
+import pymysql
 import pytest
 
 from aioelect import BackendUnavailable, ElectionError, Elector, LeadershipLost, MySQLElector, leadership
@@ -328,6 +330,46 @@ async def test_campaign_survives_server_restart(fresh_mariadb: MariaDBServer, ca
             await again
         await lead_b.release()
         await follower.close()
+
+
+def connection_with_id(server: MariaDBServer, wanted: int, tries: int = 500) -> Any:
+    """A new root connection whose CONNECTION_ID() is ``wanted`` (connections are opened until one gets it)."""
+    for _ in range(tries):
+        conn = pymysql.connect(host=server.host, port=server.port, user="root", connect_timeout=5, read_timeout=5)
+        if conn.thread_id() == wanted:
+            return conn
+        conn.close()
+        if conn.thread_id() > wanted:
+            break
+    raise AssertionError(f"no connection got id {wanted}")
+
+
+async def test_kept_session_from_before_a_restart_never_kills_the_session_now_holding_its_id(
+    fresh_mariadb: MariaDBServer,
+) -> None:
+    """A session kept across a server restart is found dead before it is used, and no KILL names its old id.
+
+    After the restart the old connection id belongs to another session (here a plain connection of the
+    same user): it must survive the elector's next campaign.
+    """
+    name = unique_name()
+    async with MySQLElector(fresh_mariadb.dsn, name=name, lease=30, fencing=False) as elector:
+        lead = await elector.acquire()
+        old_id = lock_holder(fresh_mariadb, name)
+        await lead.release()
+        assert old_id is not None
+        await anyio.to_thread.run_sync(fresh_mariadb.restart)
+        other = await anyio.to_thread.run_sync(connection_with_id, fresh_mariadb, old_id)
+        try:
+            with anyio.fail_after(20):
+                lead = await elector.acquire()
+            assert lock_holder(fresh_mariadb, name) != old_id
+            await lead.release()
+            with other.cursor() as cursor:  # the session that now has the old id was not killed
+                cursor.execute("SELECT CONNECTION_ID()")
+                assert cursor.fetchone()[0] == old_id
+        finally:
+            other.close()
 
 
 async def test_fencing_tokens_increase_across_restarts(fresh_mariadb: MariaDBServer) -> None:

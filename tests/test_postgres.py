@@ -8,6 +8,7 @@ pg_terminate_backend, and a server restart.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import json
 import logging
@@ -864,3 +865,29 @@ async def test_a_server_bound_shorter_than_the_lease_is_refused_at_connect(
             "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'idle_session_timeout'"
         ) == ("2000")
         await lead.release()
+
+
+async def test_a_session_is_terminated_only_when_its_pid_and_start_are_the_ones_recorded(
+    postgres_dsn: str, admin: asyncpg.Connection
+) -> None:
+    """Ending a lock session that may still wait for the lock names it by pid and backend_start, never by pid alone.
+
+    A pid that now belongs to another backend (reused on this server, or after a restart) has another start.
+    """
+    backend = PostgresBackend(postgres_dsn, name=unique_name("pg"), **FAST)
+    victim = await backend._connect("victim")
+    cleanup = await backend._open("cleanup")
+    try:
+        assert victim.backend_start is not None
+        recorded = victim.backend_start
+        victim.backend_start = recorded - datetime.timedelta(microseconds=1)  # the same pid, another session
+        assert not await backend._end_session(cleanup, victim)
+        assert not victim.broken and await victim.raw.fetchval("SELECT 1") == 1
+        victim.backend_start = recorded
+        assert await backend._end_session(cleanup, victim)
+        with anyio.fail_after(5):
+            await victim.ended.wait()
+    finally:
+        victim.close()
+        cleanup.close()
+        await backend.aclose()

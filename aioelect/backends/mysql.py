@@ -32,6 +32,7 @@ node, and the ``aioelect_leaders`` table of tokens and identities.
 from __future__ import annotations
 
 import math
+import secrets
 import ssl as _ssl
 import warnings
 from collections.abc import Hashable, Sequence
@@ -108,6 +109,14 @@ _SHOW_BOUNDS = (
     "SHOW SESSION VARIABLES WHERE Variable_name IN ('wait_timeout', 'net_read_timeout', 'net_write_timeout', "
     "'tcp_keepalive_time', 'tcp_keepalive_interval', 'tcp_keepalive_probes')"
 )
+# The server's start on its own clock, in whole seconds (Uptime counts whole seconds).
+_STARTED = (
+    "SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'"
+)
+# Whether session %s runs a lock request tagged %s (its text, comment included, as the server shows it), and
+# whether it holds lock %s; no row when no such session exists.
+_OURS = "SELECT INFO LIKE %s, ID = IS_USED_LOCK(%s) FROM information_schema.PROCESSLIST WHERE ID = %s"
+_TAG_MARK = "aioelect-session:"
 #: How :func:`server_bounds` names the TCP keepalive bound.
 KEEPALIVE_BOUND = "tcp_keepalive_time + tcp_keepalive_interval * tcp_keepalive_probes"
 
@@ -144,11 +153,19 @@ def _code(exc: BaseException) -> int | None:
 
 
 class _Connection(LockConnection):
-    """One aiomysql connection; :attr:`session_id` is its ``CONNECTION_ID()``."""
+    """One aiomysql connection; :attr:`session_id` is its ``CONNECTION_ID()``.
+
+    A lock connection also has :attr:`tag`, written into each of its lock
+    requests, and :attr:`server_started`, the server's start as seen at
+    connect: together with the id they prove, from another connection, that
+    a session is this one (see :meth:`MySQLBackend._end_session`).
+    """
 
     def __init__(self, raw: aiomysql.Connection) -> None:
         self.raw = raw
         self._closed = False
+        self.tag = secrets.token_hex(16)
+        self.server_started: float | None = None
 
     @property
     def broken(self) -> bool:
@@ -313,6 +330,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             conn.session_id = int(conn.raw.server_thread_id[0])  # CONNECTION_ID(), from the handshake
             lease = int(self.lease)
             await conn.scalar(_SET_TIMEOUTS, (lease, lease, lease), timeout=self.check_timeout)
+            conn.server_started = await self._server_started(conn)
             if not self._topology_checked:
                 await self._check_topology(conn)
                 self._topology_checked = True
@@ -353,20 +371,45 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         if problems:
             self.log.warning("unsafe topology allowed: %s", "; ".join(problems))
 
-    async def _end_session(self, conn: _Connection, session_id: int) -> None:
-        await conn.scalar("KILL %s", (session_id,), timeout=self.check_timeout)
+    async def _server_started(self, conn: _Connection) -> float:
+        """When the server started (its clock, whole seconds): a restart changes it."""
+        row = await conn.rows(_STARTED, timeout=self.check_timeout)
+        return float(row[0][0])
+
+    async def _end_session(self, conn: _Connection, victim: _Connection) -> bool:
+        """KILL ``victim``'s session only if it is running one of its own tagged lock requests, or holds the lock
+        on the server incarnation it was opened on; the check and the KILL run on one connection, and a server
+        never reuses an id while it runs.
+        """
+        found = await conn.rows(
+            _OURS, (f"%{_TAG_MARK}{victim.tag}%", self.name, victim.session_id), timeout=self.check_timeout
+        )
+        if not found:
+            return False
+        running_ours, holds_lock = bool(found[0][0]), bool(found[0][1])
+        if not running_ours:
+            started = await self._server_started(conn)
+            same_server = victim.server_started is not None and abs(started - victim.server_started) <= 1
+            if not (holds_lock and same_server):
+                return False
+        await conn.scalar("KILL %s", (victim.session_id,), timeout=self.check_timeout)
+        return True
 
     # --- the lock ----------------------------------------------------------------
 
     async def _request(self, conn: _Connection) -> bool:
         wait = math.ceil(max(self.poll_interval, _MIN_WAIT))
-        got = await conn.scalar("SELECT GET_LOCK(%s, %s)", (self.name, wait), timeout=wait + self.check_timeout)
+        got = await conn.scalar(
+            f"SELECT GET_LOCK(%s, %s) /* {_TAG_MARK}{conn.tag} */", (self.name, wait), timeout=wait + self.check_timeout
+        )
         if got is None:
             raise SessionLost("GET_LOCK was interrupted")
         return bool(got == 1)
 
     async def _try_request(self, conn: _Connection) -> bool:
-        got = await conn.scalar("SELECT GET_LOCK(%s, 0)", (self.name,), timeout=self.check_timeout)
+        got = await conn.scalar(
+            f"SELECT GET_LOCK(%s, 0) /* {_TAG_MARK}{conn.tag} */", (self.name,), timeout=self.check_timeout
+        )
         if got is None:
             raise SessionLost("GET_LOCK was interrupted")
         return bool(got == 1)

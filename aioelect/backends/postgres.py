@@ -127,8 +127,13 @@ _TOKEN_BEFORE_13 = f"SELECT {_HELD_EXPR}, pg_catalog.txid_current(), {_EMIT}"
 _MESSAGE_FUNCTION = "pg_catalog.pg_logical_emit_message(boolean, pg_catalog.text, pg_catalog.text)"
 _READY = (
     "SELECT pg_catalog.pg_is_in_recovery() AS standby, "
-    f"pg_catalog.has_function_privilege('{_MESSAGE_FUNCTION}', 'EXECUTE') AS can_token"
+    f"pg_catalog.has_function_privilege('{_MESSAGE_FUNCTION}', 'EXECUTE') AS can_token, "
+    "(SELECT backend_start FROM pg_catalog.pg_stat_activity WHERE pid = pg_catalog.pg_backend_pid()) AS backend_start"
 )
+# Ends backend $1 only if it started at $2 (the pid alone may now be another backend's); waits up to $3 ms.
+_OURS = "FROM pg_catalog.pg_stat_activity WHERE pid = $1 AND backend_start = $2"
+_TERMINATE = f"SELECT pg_catalog.pg_terminate_backend(pid, $3) {_OURS}"
+_TERMINATE_BEFORE_14 = f"SELECT pg_catalog.pg_terminate_backend(pid) {_OURS}"
 # Errors that no retry can fix: authentication, unknown database, privileges, SQL, client configuration.
 _PERMANENT: tuple[type[BaseException], ...] = (
     asyncpg.InvalidAuthorizationSpecificationError,  # includes InvalidPasswordError, no pg_hba entry
@@ -240,6 +245,8 @@ class _Connection(LockConnection):
     def __init__(self, raw: asyncpg.Connection) -> None:
         self.raw = raw
         self.session_id = raw.get_server_pid()
+        #: When the server started this session's backend (read at connect): with the pid, it names the session.
+        self.backend_start: Any = None
         self.server_version: int = raw.get_server_version().major
         #: Statements prepared before the lock is taken, by SQL text.
         self.statements: dict[str, Any] = {}
@@ -493,6 +500,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
                     keepalive_bound(*self._keepalive),
                 )
             ready = await conn.fetchrow(_READY, timeout=self.check_timeout)
+            conn.backend_start = ready["backend_start"]
             if ready["standby"]:
                 raise ElectionError(
                     "the server is a standby (pg_is_in_recovery() is true): advisory locks are local to one "
@@ -526,17 +534,29 @@ class PostgresBackend(SessionLockBackend[_Connection]):
         rows = await conn.fetch(_BOUNDS, list(_BOUND_SETTINGS), timeout=self.check_timeout)
         return server_bounds({row["name"]: float(row["seconds"]) for row in rows})
 
-    async def _end_session(self, conn: _Connection, session_id: int) -> None:
-        """Returns once the backend is gone (PostgreSQL 14+) or signalled (older servers)."""
+    async def _end_session(self, conn: _Connection, victim: _Connection) -> bool:
+        """Terminate ``victim``'s backend only if the server shows its pid with the ``backend_start`` recorded at
+        connect (a pid is reused by another backend, on this server or after a restart, never with the same
+        start). Returns once the backend is gone (PostgreSQL 14+) or signalled (older servers).
+        """
+        if victim.backend_start is None:
+            return False
         if conn.server_version >= 14:  # waits until the backend has exited
-            await conn.fetchval(
-                "SELECT pg_catalog.pg_terminate_backend($1, $2)",
-                session_id,
+            ended = await conn.fetchval(
+                _TERMINATE,
+                victim.session_id,
+                victim.backend_start,
                 _ms(self.check_timeout),
                 timeout=self.check_timeout + 1,
             )
         else:
-            await conn.fetchval("SELECT pg_catalog.pg_terminate_backend($1)", session_id, timeout=self.check_timeout)
+            ended = await conn.fetchval(
+                _TERMINATE_BEFORE_14,
+                victim.session_id,
+                victim.backend_start,
+                timeout=self.check_timeout,
+            )
+        return bool(ended)
 
     # --- the lock ----------------------------------------------------------------
 
