@@ -424,6 +424,6 @@ def test_the_documented_margins_are_the_computed_ones() -> None:
     ).margin
     concepts = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
     operations = " ".join((ROOT / "docs" / "operations.md").read_text().split())
-    assert f"`lease − renew_deadline`: {margin:g} s on MySQL and PostgreSQL" in concepts
+    assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL and PostgreSQL" in concepts
     assert f"lease less renew deadline: {margin:g} s on MySQL and PostgreSQL" in operations
     assert f"half the margin ({margin / 2:g} s on MySQL and PostgreSQL" in operations
