@@ -685,3 +685,30 @@ async def test_server_keepalives_shorter_than_the_lease_are_refused_at_connect(m
     finally:
         restore = ", ".join(f"GLOBAL {name} = {int(value)}" for name, value in zip(names, before, strict=True))
         mariadb.query(f"SET {restore}")
+
+
+async def test_tokens_that_may_not_survive_a_crash_are_refused_when_asked_for_and_warned_of_otherwise(
+    mariadb: MariaDBServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """innodb_flush_log_at_trx_commit=2: a host crash may lose the last token bump and hand a token out twice."""
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    before = mariadb.query("SELECT @@global.innodb_flush_log_at_trx_commit")[0][0]
+    mariadb.query("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
+    try:
+        async with MySQLElector(mariadb.dsn, name=unique_name(), fencing=True) as elector:
+            with (
+                anyio.fail_after(10),
+                pytest.raises(ElectionError, match=r"innodb_flush_log_at_trx_commit=2.*allow_volatile_tokens=True"),
+            ):
+                await elector.acquire()
+        assert "innodb_flush_log_at_trx_commit" not in caplog.text
+        for options in ({}, {"fencing": True, "allow_volatile_tokens": True}):
+            caplog.clear()
+            async with MySQLElector(mariadb.dsn, name=unique_name(), **options) as elector:  # type: ignore[arg-type]
+                with anyio.fail_after(10):
+                    lead = await elector.acquire()
+                assert lead.token is not None
+                await lead.release()
+            assert "innodb_flush_log_at_trx_commit=2: a crash of the server's host" in caplog.text
+    finally:
+        mariadb.query(f"SET GLOBAL innodb_flush_log_at_trx_commit = {int(before)}")

@@ -117,6 +117,7 @@ _STARTED = (
 # whether it holds lock %s; no row when no such session exists.
 _OURS = "SELECT INFO LIKE %s, ID = IS_USED_LOCK(%s) FROM information_schema.PROCESSLIST WHERE ID = %s"
 _TAG_MARK = "aioelect-session:"
+_DURABILITY = "SELECT @@global.innodb_flush_log_at_trx_commit, @@global.log_bin, @@global.sync_binlog"
 #: How :func:`server_bounds` names the TCP keepalive bound.
 KEEPALIVE_BOUND = "tcp_keepalive_time + tcp_keepalive_interval * tcp_keepalive_probes"
 
@@ -235,13 +236,19 @@ class MySQLOptions(_Named, SessionLockOptions, total=False):
     ``poll_interval`` is the wait of one ``GET_LOCK`` request (at least a
     second on the server); ``fencing`` (on by default) keeps increasing
     tokens and the holders' identities in table ``aioelect_leaders``, which
-    needs a database and CREATE, SELECT, INSERT and UPDATE on it.
+    needs a database and CREATE, SELECT, INSERT and UPDATE on it. Tokens
+    survive a crash only with ``innodb_flush_log_at_trx_commit=1`` (and
+    ``sync_binlog=1`` where the binary log is on): otherwise the first
+    campaign logs a WARNING, or, with ``fencing=True`` given, refuses
+    (:class:`~aioelect.ElectionError`) unless ``allow_volatile_tokens=True``.
     """
 
     #: Whole seconds of the session's ``wait_timeout``: the server drops a silent leader after it (default 10).
     lease: int
     #: Accept Galera and Group Replication, where ``GET_LOCK`` is per node (default False).
     allow_unsafe_topology: bool
+    #: With ``fencing=True`` given, accept a server on which a crash may lose the last tokens (default False).
+    allow_volatile_tokens: bool
     #: TLS context for the connections (else the DSN's ``ssl_mode``...; default none).
     ssl: _ssl.SSLContext | None
 
@@ -287,6 +294,11 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         self._connect_args = connect_args
         self.fencing = where.fencing
         self.allow_unsafe_topology = options.get("allow_unsafe_topology", False)
+        # Tokens asked for by name (not by default) must be durable, unless that is explicitly given up.
+        self._durable_tokens_required = options.get("fencing") is True and not options.get(
+            "allow_volatile_tokens", False
+        )
+        self._durability_checked = False
         self._topology_checked = False
         self._fencing_ready = False
         warning = transport_warning(
@@ -334,6 +346,9 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             if not self._topology_checked:
                 await self._check_topology(conn)
                 self._topology_checked = True
+            if self.fencing and not self._durability_checked:
+                await self._check_durability(conn)
+                self._durability_checked = True
         except BaseException:
             conn.close()
             raise
@@ -343,6 +358,29 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         """The session's timeouts and MariaDB's TCP keepalives, as ``SHOW SESSION VARIABLES`` shows them."""
         rows = await conn.rows(_SHOW_BOUNDS, timeout=self.check_timeout)
         return server_bounds({str(name).lower(): float(value) for name, value in rows})
+
+    async def _check_durability(self, conn: _Connection) -> None:
+        """Refuse (``fencing=True`` given) or warn about a server on which a crash may lose the last token bumps."""
+        flush, log_bin, sync_binlog = (await conn.rows(_DURABILITY, timeout=self.check_timeout))[0]
+        problems = []
+        if int(flush) != 1:
+            lost = "a crash of the server" if int(flush) == 0 else "a crash of the server's host (or a power loss)"
+            problems.append(f"innodb_flush_log_at_trx_commit={int(flush)}: {lost} can lose the last commits")
+        if int(log_bin) and int(sync_binlog) != 1:
+            problems.append(
+                f"the binary log is on with sync_binlog={int(sync_binlog)}: a crash of the server's host can lose "
+                "the last commits from it"
+            )
+        if not problems:
+            return
+        text = (
+            f"fencing tokens in {FENCING_TABLE} may not survive a crash ({'; '.join(problems)}), so a leader after "
+            "it may be given a token already handed out; set innodb_flush_log_at_trx_commit=1 (and sync_binlog=1 "
+            "where the binary log is on)"
+        )
+        if self._durable_tokens_required:
+            raise ElectionError(f"{text}, or pass allow_volatile_tokens=True to accept it")
+        self.log.warning("%s", text)
 
     async def _check_topology(self, conn: _Connection) -> None:
         """Refuse servers on which GET_LOCK is not cluster-wide, unless allowed."""
