@@ -18,7 +18,7 @@ import shutil
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from aioelect.backends.postgres import KEY_SQL, PostgresBackend, advisory_key, a
 
 from .backends import Follower, handover_delays, unique_name, with_database
 from .faults import CANDIDATE, EventProcess
-from .harness import Certificates, MissingBinaryError, PostgresServer, free_port
+from .harness import Certificates, MissingBinaryError, PgBouncer, PostgresServer, free_port
 from .harness.plugin import server_unavailable
 from .session_locks import losing_its_first_grant, unconfirmed_release
 
@@ -891,3 +891,43 @@ async def test_a_session_is_terminated_only_when_its_pid_and_start_are_the_ones_
         victim.close()
         cleanup.close()
         await backend.aclose()
+
+
+# --- connection poolers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool_mode", ["transaction", "statement"])
+async def test_a_pooler_that_lends_server_sessions_per_transaction_is_refused(
+    pgbouncer_factory: Callable[[str], PgBouncer], pool_mode: str
+) -> None:
+    """PgBouncer in transaction or statement mode: a session advisory lock would stay with a lent server session."""
+    pooler = await anyio.to_thread.run_sync(pgbouncer_factory, pool_mode)
+    async with make(pooler.dsn, unique_name("pg"), "pooled") as elector:
+        started = time.monotonic()
+        with anyio.fail_after(15), pytest.raises(ElectionError, match="pool_mode=session"):
+            await elector.acquire()
+        assert time.monotonic() - started < 5, "a pooler that breaks the lock must not be retried"
+
+
+async def test_a_pooler_in_session_mode_works_with_every_session_setting(
+    pgbouncer_factory: Callable[[str], PgBouncer], admin: asyncpg.Connection
+) -> None:
+    """PgBouncer in session mode keeps one server session per client; the settings it drops are set with SET."""
+    pooler = await anyio.to_thread.run_sync(pgbouncer_factory, "session")
+    name = unique_name("pg")
+    async with make(pooler.dsn, name, "pooled-a") as a, make(pooler.dsn, name, "pooled-b") as b:
+        with anyio.fail_after(15):
+            lead = await a.acquire()
+        assert lead.held and lead.token is not None
+        conn = lead._hold._conn  # type: ignore[attr-defined]
+        assert conn.session_id == await holder_pid(admin, name), "the lock session is known by its server pid"
+        shown = {k: await conn.raw.fetchval(f"SHOW {k}") for k in ("idle_session_timeout", "search_path")}
+        assert shown == {"idle_session_timeout": "4s", "search_path": "pg_catalog, pg_temp"}
+        follower = asyncio.create_task(b.acquire())
+        await asyncio.sleep(0.5)
+        assert not follower.done()
+        await lead.release()
+        with anyio.fail_after(10):
+            second = await follower
+        assert second.held and second.token > lead.token
+        await second.release()

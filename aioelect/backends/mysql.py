@@ -111,7 +111,8 @@ _SHOW_BOUNDS = (
 )
 # The server's start on its own clock, in whole seconds (Uptime counts whole seconds).
 _STARTED = (
-    "SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'"
+    "SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE, CONNECTION_ID() FROM information_schema.GLOBAL_STATUS "
+    "WHERE VARIABLE_NAME = 'UPTIME'"
 )
 # Whether session %s runs a lock request tagged %s (its text, comment included, as the server shows it), and
 # whether it holds lock %s; no row when no such session exists.
@@ -342,7 +343,8 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             conn.session_id = int(conn.raw.server_thread_id[0])  # CONNECTION_ID(), from the handshake
             lease = int(self.lease)
             await conn.scalar(_SET_TIMEOUTS, (lease, lease, lease), timeout=self.check_timeout)
-            conn.server_started = await self._server_started(conn)
+            # The server's own id (a proxy's handshake may present another) and its start, read together.
+            conn.server_started, conn.session_id = await self._server_started(conn)
             if not self._topology_checked:
                 await self._check_topology(conn)
                 self._topology_checked = True
@@ -409,10 +411,10 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         if problems:
             self.log.warning("unsafe topology allowed: %s", "; ".join(problems))
 
-    async def _server_started(self, conn: _Connection) -> float:
-        """When the server started (its clock, whole seconds): a restart changes it."""
-        row = await conn.rows(_STARTED, timeout=self.check_timeout)
-        return float(row[0][0])
+    async def _server_started(self, conn: _Connection) -> tuple[float, int]:
+        """When the server started (its clock, whole seconds; a restart changes it) and ``CONNECTION_ID()``."""
+        row = (await conn.rows(_STARTED, timeout=self.check_timeout))[0]
+        return float(row[0]), int(row[1])
 
     async def _end_session(self, conn: _Connection, victim: _Connection) -> bool:
         """KILL ``victim``'s session only if it is running one of its own tagged lock requests, or holds the lock
@@ -426,7 +428,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             return False
         running_ours, holds_lock = bool(found[0][0]), bool(found[0][1])
         if not running_ours:
-            started = await self._server_started(conn)
+            started, _ = await self._server_started(conn)
             same_server = victim.server_started is not None and abs(started - victim.server_started) <= 1
             if not (holds_lock and same_server):
                 return False

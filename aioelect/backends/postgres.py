@@ -128,8 +128,10 @@ _MESSAGE_FUNCTION = "pg_catalog.pg_logical_emit_message(boolean, pg_catalog.text
 _READY = (
     "SELECT pg_catalog.pg_is_in_recovery() AS standby, "
     f"pg_catalog.has_function_privilege('{_MESSAGE_FUNCTION}', 'EXECUTE') AS can_token, "
-    "(SELECT backend_start FROM pg_catalog.pg_stat_activity WHERE pid = pg_catalog.pg_backend_pid()) AS backend_start"
+    "(SELECT backend_start FROM pg_catalog.pg_stat_activity WHERE pid = pg_catalog.pg_backend_pid()) AS backend_start, "
+    "pg_catalog.pg_backend_pid() AS pid, pg_catalog.current_setting('search_path') AS search_path"
 )
+_PID = "SELECT pg_catalog.pg_backend_pid()"
 # Ends backend $1 only if it started at $2 (the pid alone may now be another backend's); waits up to $3 ms.
 _OURS = "FROM pg_catalog.pg_stat_activity WHERE pid = $1 AND backend_start = $2"
 _TERMINATE = f"SELECT pg_catalog.pg_terminate_backend(pid, $3) {_OURS}"
@@ -392,6 +394,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
         self.fencing = where.fencing
         self.schema = schema
         self._warned_old_server = False
+        self._pooling_checked = False
         #: The server's major version once a lock connection has shown it (its settings depend on it).
         self._server_version: int | None = None
         self._keepalive = keepalives(self.lease)
@@ -501,6 +504,14 @@ class PostgresBackend(SessionLockBackend[_Connection]):
                 )
             ready = await conn.fetchrow(_READY, timeout=self.check_timeout)
             conn.backend_start = ready["backend_start"]
+            conn.session_id = ready["pid"]  # the server's, not what a pooler may present as its own
+            if ready["search_path"].replace(" ", "") != _SEARCH_PATH.replace(" ", ""):
+                # A pooler or proxy dropped the startup packet's settings: the session gets them from SET instead.
+                settings = {**self._lock_settings(conn.server_version), "search_path": _SEARCH_PATH}
+                await conn.execute("; ".join(f"SET {k} = {v}" for k, v in settings.items()), timeout=self.check_timeout)
+            if not self._pooling_checked:
+                await self._check_pooling(conn)
+                self._pooling_checked = True
             if ready["standby"]:
                 raise ElectionError(
                     "the server is a standby (pg_is_in_recovery() is true): advisory locks are local to one "
@@ -528,6 +539,42 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             conn.close()
             raise
         return conn
+
+    async def _check_pooling(self, conn: _Connection) -> None:
+        """ElectionError if ``conn``'s statements are not all run by one server session (a pooler in transaction
+        or statement mode), which breaks session advisory locks without a word.
+
+        A second connection, inside a transaction where the pooler allows one,
+        asks for its backend's pid, then ``conn`` asks again for its own: a
+        pooler that hands server sessions out per transaction or statement
+        gives the second connection ``conn``'s idle backend (PgBouncer reuses
+        the last one first), or ``conn`` another backend afterwards. A
+        direct session, or a pooler in session mode, never does either.
+        """
+        seen = ""
+        probe = await self._open("pooler-check")
+        try:
+            try:
+                await probe.execute("BEGIN", timeout=self.check_timeout)
+            except asyncpg.PostgresError as exc:  # PostgreSQL itself never refuses it; statement pooling does
+                seen = f"a transaction was refused ({self.describe(exc)})"
+            else:
+                other = await probe.fetchval(_PID, timeout=self.check_timeout)
+                if other == conn.session_id:
+                    seen = f"two connections ran statements in one server session (pid {other})"
+                elif await conn.fetchval(_PID, timeout=self.check_timeout) != conn.session_id:
+                    seen = "one connection's statements ran in two server sessions"
+        finally:
+            await probe.aclose(self.check_timeout)
+        if seen:
+            host, port = self._address
+            raise ElectionError(
+                f"the connections to {host}:{port} do not each keep one server session: {seen}. That is a "
+                "connection pooler in transaction or statement mode (PgBouncer pool_mode=transaction or statement), "
+                "which breaks session advisory locks: a lock taken by one statement stays with a server session "
+                "the pooler then lends to another client. Connect to PostgreSQL directly, or through a pool in "
+                "session mode (pool_mode=session)"
+            )
 
     async def _server_bounds(self, conn: _Connection) -> dict[str, float | None]:
         """The session's own values (startup packet, role, database, server), as ``pg_settings`` shows them."""

@@ -34,6 +34,7 @@ from .processes import LOOPBACK, free_port
 from .proxy import TCPProxy
 from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
+from .servers.pgbouncer import PgBouncer
 from .servers.postgres import PostgresServer
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "HarnessError",
     "MariaDBServer",
     "MissingBinaryError",
+    "PgBouncer",
     "PostgresServer",
     "ServerStartError",
     "TCPProxy",
