@@ -7,7 +7,7 @@ import math
 import os
 import re
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -21,6 +21,7 @@ __all__ = [
     "confirmation_gap",
     "keepalive_bound",
     "release_bound",
+    "session_bounds",
     "is_loopback",
     "parse_dsn",
     "positive",
@@ -499,6 +500,23 @@ def release_bound(bounds: Mapping[str, float | None]) -> tuple[str, float] | Non
         return None
     seconds, setting = min(on)
     return setting, seconds
+
+
+def session_bounds(
+    values: Mapping[str, float], timeouts: Sequence[str], keepalives: tuple[str, str, str]
+) -> dict[str, float | None]:
+    """The server-side bounds of a session whose settings (name -> seconds) are ``values``.
+
+    Each of ``timeouts`` as it is (0 or absent: off), then the TCP keepalive
+    bound of the settings ``keepalives`` names (idle, interval, count), named
+    ``"idle + interval * count"`` (see :func:`keepalive_bound`).
+    """
+    bounds = {name: values.get(name) or None for name in timeouts}
+    idle, interval, count = keepalives
+    bounds[f"{idle} + {interval} * {count}"] = keepalive_bound(
+        values.get(idle, 0), values.get(interval, 0), values.get(count, 0)
+    )
+    return bounds
 
 
 def keepalive_bound(idle: float, interval: float, count: float) -> float | None:

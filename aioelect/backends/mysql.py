@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import keepalive_bound, tls_from_query, transport_warning, validate_name
+from .._config import session_bounds, tls_from_query, transport_warning, validate_name
 from .._errors import ElectionError
 from ._session_lock import Dialect, LockConnection, SessionLockBackend, SessionLockOptions, SessionLost, read_options
 
@@ -119,8 +119,6 @@ _STARTED = (
 _OURS = "SELECT INFO LIKE %s, ID = IS_USED_LOCK(%s) FROM information_schema.PROCESSLIST WHERE ID = %s"
 _TAG_MARK = "aioelect-session:"
 _DURABILITY = "SELECT @@global.innodb_flush_log_at_trx_commit, @@global.log_bin, @@global.sync_binlog"
-#: How :func:`server_bounds` names the TCP keepalive bound.
-KEEPALIVE_BOUND = "tcp_keepalive_time + tcp_keepalive_interval * tcp_keepalive_probes"
 
 
 def server_bounds(variables: dict[str, float]) -> dict[str, float | None]:
@@ -133,19 +131,11 @@ def server_bounds(variables: dict[str, float]) -> dict[str, float | None]:
     taken as off.
     """
 
-    def on(name: str) -> float | None:
-        return variables.get(name) or None
-
-    return {
-        "wait_timeout": on("wait_timeout"),
-        "net_read_timeout": on("net_read_timeout"),
-        "net_write_timeout": on("net_write_timeout"),
-        KEEPALIVE_BOUND: keepalive_bound(
-            variables.get("tcp_keepalive_time", 0),
-            variables.get("tcp_keepalive_interval", 0),
-            variables.get("tcp_keepalive_probes", 0),
-        ),
-    }
+    return session_bounds(
+        variables,
+        ("wait_timeout", "net_read_timeout", "net_write_timeout"),
+        ("tcp_keepalive_time", "tcp_keepalive_interval", "tcp_keepalive_probes"),
+    )
 
 
 def _code(exc: BaseException) -> int | None:

@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import keepalive_bound, transport_warning, validate_name
+from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
 from .._errors import ElectionError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
 from ._postgres_tls import TLS_FILES, NoTls, Tls, no_tls, resolve_tls, transport_fix
@@ -185,8 +185,6 @@ _BOUND_SETTINGS = (
 )
 _BOUNDS = """SELECT name, setting::pg_catalog.float8 * CASE unit WHEN 'ms' THEN 0.001 WHEN 'min' THEN 60 ELSE 1 END
   AS seconds FROM pg_catalog.pg_settings WHERE name = ANY($1::pg_catalog.text[])"""
-#: How :func:`server_bounds` names the TCP keepalive bound.
-KEEPALIVE_BOUND = "tcp_keepalives_idle + tcp_keepalives_interval * tcp_keepalives_count"
 
 
 def keepalives(lease: float) -> tuple[int, int, int]:
@@ -208,19 +206,11 @@ def server_bounds(settings: dict[str, float]) -> dict[str, float | None]:
     (Linux: 2 hours), taken as off.
     """
 
-    def on(name: str) -> float | None:
-        return settings.get(name) or None
-
-    return {
-        "idle_session_timeout": on("idle_session_timeout"),
-        "idle_in_transaction_session_timeout": on("idle_in_transaction_session_timeout"),
-        KEEPALIVE_BOUND: keepalive_bound(
-            settings.get("tcp_keepalives_idle", 0),
-            settings.get("tcp_keepalives_interval", 0),
-            settings.get("tcp_keepalives_count", 0),
-        ),
-        "tcp_user_timeout": on("tcp_user_timeout"),
-    }
+    return session_bounds(
+        settings,
+        ("idle_session_timeout", "idle_in_transaction_session_timeout", "tcp_user_timeout"),
+        ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count"),
+    )
 
 
 def _ms(seconds: float) -> int:
