@@ -359,6 +359,12 @@ def tls_from_query(query: dict[str, str]) -> ssl.SSLContext | None:
     return tls_context(ca=ca, cert=cert, key=key, verify=mode != "REQUIRED", verify_identity=mode == "VERIFY_IDENTITY")
 
 
+#: The default bound on one lock check of a session-lock backend, in seconds.
+CHECK_TIMEOUT = 2.0
+#: The least check_timeout derived from a short renew deadline; below it the default is kept (and refused).
+MIN_DERIVED_CHECK_TIMEOUT = 0.5
+
+
 @dataclass(frozen=True)
 class LockTiming:
     """The timing of a lock held by one server session (MySQL, PostgreSQL), checked as a whole.
@@ -393,7 +399,7 @@ class LockTiming:
         *,
         poll_interval: float,
         check_interval: float,
-        check_timeout: float,
+        check_timeout: float | None,
         connect_timeout: float,
         lease: float,
         renew_deadline: float | None,
@@ -403,6 +409,11 @@ class LockTiming:
         dated_after_grant: bool = False,
     ) -> LockTiming:
         """Validate the options (ValueError saying why); ``renew_deadline`` defaults to 0.7 * lease.
+
+        ``check_timeout`` defaults to :data:`CHECK_TIMEOUT` (2 s), or, where
+        the renew deadline is too short for it, to the most that fits,
+        ``(renew_deadline - check_interval) / 2``, if that is at least
+        :data:`MIN_DERIVED_CHECK_TIMEOUT` (0.5 s).
 
         ``server_timeout`` names the server setting ``lease`` becomes.
         ``dated_after_grant`` says the backend dates a new leadership from a
@@ -418,8 +429,11 @@ class LockTiming:
         if lease < min_lease:
             raise ValueError(f"lease must be at least {min_lease:g} seconds (it becomes {server_timeout})")
         check_interval = positive("check_interval", check_interval)
-        check_timeout = positive("check_timeout", check_timeout)
         deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else lease * 0.7
+        if check_timeout is None:
+            fits = (deadline - check_interval) / 2
+            check_timeout = min(CHECK_TIMEOUT, fits) if fits >= MIN_DERIVED_CHECK_TIMEOUT else CHECK_TIMEOUT
+        check_timeout = positive("check_timeout", check_timeout)
         if deadline >= lease:
             raise ValueError(
                 f"renew_deadline ({deadline:g}s) must be shorter than lease ({lease:g}s): "

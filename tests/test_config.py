@@ -208,3 +208,12 @@ def test_server_bounds_shorter_than_the_lease_are_named() -> None:
 
 def test_leadership_dated_after_the_grant_allows_any_poll_interval() -> None:
     assert timing(poll_interval=10, lease=10, dated_after_grant=True).renew_deadline == 7
+
+
+def test_the_default_check_timeout_fits_a_short_renew_deadline() -> None:
+    """Not given, check_timeout is 2 s, or the most that fits the renew deadline (at least 0.5 s)."""
+    assert timing(check_timeout=None, dated_after_grant=True).check_timeout == 2  # lease 10: 1 + 2 * 2 <= 7
+    short = timing(check_timeout=None, lease=5, dated_after_grant=True)  # renew_deadline 3.5: 1 + 2 * 1.25
+    assert short.check_timeout == 1.25
+    with pytest.raises(ValueError, match=r"check_interval \+ 2 \* check_timeout \(5s\)"):
+        timing(check_timeout=None, lease=2, dated_after_grant=True)  # (1.4 - 1) / 2 < 0.5: the default, refused
