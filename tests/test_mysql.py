@@ -712,3 +712,31 @@ async def test_tokens_that_may_not_survive_a_crash_are_refused_when_asked_for_an
             assert "innodb_flush_log_at_trx_commit=2: a crash of the server's host" in caplog.text
     finally:
         mariadb.query(f"SET GLOBAL innodb_flush_log_at_trx_commit = {int(before)}")
+
+
+async def test_a_session_holding_the_lock_is_killed_only_on_the_server_incarnation_it_was_opened_on(
+    mariadb: MariaDBServer,
+) -> None:
+    """A lock request whose grant was never read leaves its session idle, holding the lock: no tagged request
+    is running, so only the lock held under its id, on the server it was opened on (same start), proves it ours.
+    """
+    name = unique_name()
+    backend = MySQLBackend(mariadb.dsn, name=name, fencing=False)
+    victim = await backend._connect("victim")
+    cleanup = await backend._open("cleanup")
+    try:
+        assert await victim.scalar("SELECT GET_LOCK(%s, 0)", (name,), timeout=5) == 1
+        assert victim.server_started is not None
+        recorded = victim.server_started
+        victim.server_started = recorded - 5  # as if opened on a server that has restarted since
+        assert not await backend._end_session(cleanup, victim)
+        assert lock_holder(mariadb, name) == victim.session_id
+        victim.server_started = recorded
+        assert await backend._end_session(cleanup, victim)
+        with anyio.fail_after(5):
+            while lock_holder(mariadb, name) is not None:
+                await asyncio.sleep(0.05)
+    finally:
+        victim.close()
+        cleanup.close()
+        await backend.aclose()
