@@ -16,6 +16,7 @@ import grpc
 
 from ..._errors import ElectionError
 from ._endpoints import Endpoint
+from ._options import MAX_TTL
 
 __all__ = ["Compacted", "Retired", "SessionEnded", "Transient", "classify", "rpc_error"]
 
@@ -94,6 +95,10 @@ def classify(exc: BaseException, what: str, endpoint: Endpoint, username: str | 
     etcd_said = details.removeprefix("etcdserver: ")
     if "authentication failed" in details:
         return ElectionError(f"etcd at {endpoint} rejected the credentials of user {username!r}: {etcd_said}")
+    if "too large lease TTL" in details:
+        return ElectionError(
+            f"etcd at {endpoint} refused {what}: {etcd_said} (etcd grants leases of at most {MAX_TTL} seconds)"
+        )
     if "user name is empty" in details:
         return ElectionError(f"etcd at {endpoint} has authentication enabled: pass username and password")
     permanent = code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED) or (
