@@ -248,6 +248,48 @@ async def test_a_lease_granted_shorter_than_asked_is_refused_and_revoked(
 # --- the election as etcd's Go package runs it -------------------------------------------------------
 
 
+async def test_a_nested_election_is_refused_naming_both(etcd: EtcdServer, electors: Callable[..., EtcdElector]) -> None:
+    """``X`` and ``X/invoice-cron`` share keys under ``X/``: a candidate of ``X`` that meets the other's keys refuses.
+
+    Whether the nested election's key leads ``X`` or is the key an ``X``
+    candidate would wait for, the campaign raises ElectionError naming both
+    elections (and leaves no key of its own); ``leader()`` and ``observe()`` of
+    ``X`` never name the nested election's leader. The nested election itself goes on.
+    """
+    outer = unique()
+    inner = outer + "/invoice-cron"
+
+    def refused(exc: ElectionError) -> None:
+        assert not isinstance(exc, BackendUnavailable)
+        assert repr(outer) in str(exc) and repr(inner) in str(exc), exc
+
+    cron = electors("cron-a", inner)
+    cron_lead = await cron.acquire()
+    billing = electors("billing-a", outer)
+    with pytest.raises(ElectionError) as raised:
+        await billing.leader()
+    refused(raised.value)
+    with pytest.raises(ElectionError) as raised:
+        async for _ in billing.observe():
+            pass
+    refused(raised.value)
+    with pytest.raises(ElectionError) as raised:
+        await asyncio.wait_for(billing.acquire(), 10)
+    refused(raised.value)
+    assert [kv["value"] for kv in await keys(etcd, outer)] == ["cron-a"]
+
+    await cron_lead.release()
+    lead = await billing.acquire()  # the first key under outer/ is its own: it leads
+    cron_lead = await cron.acquire()
+    with pytest.raises(ElectionError) as raised:  # its predecessor would be the nested election's key
+        await asyncio.wait_for(electors("billing-b", outer).acquire(), 10)
+    refused(raised.value)
+    assert sorted(kv["value"] for kv in await keys(etcd, outer)) == ["billing-a", "cron-a"]
+    assert await cron.leader() == "cron-a" and cron_lead.held and lead.held
+    await lead.release()
+    await cron_lead.release()
+
+
 async def test_key_layout_token_and_leader(etcd: EtcdServer, electors: Callable[..., EtcdElector]) -> None:
     name = unique()
     a = electors("cand-a", name)

@@ -129,6 +129,25 @@ class Election(Backend):
 
     # --- requests ------------------------------------------------------------------
 
+    def _own(self, kvs: Any) -> Any:
+        """``kvs``, if every key is one of this election's candidates; else :class:`ElectionError`.
+
+        A candidate's key is one level under the prefix (``{name}/{lease}``,
+        as Go writes it). A deeper key belongs to a nested election
+        (``{name}/other/{lease}``), whose keys share our prefix and would lead
+        this election or be waited for here: a permanent misconfiguration.
+        """
+        for kv in kvs:
+            key = bytes(kv.key)
+            if b"/" in key[len(self.prefix) :]:
+                other = key[: key.rindex(b"/")].decode(errors="replace")
+                raise ElectionError(
+                    f"etcd election {self.name!r} contains the keys of election {other!r} (key "
+                    f"{key.decode(errors='replace')!r}): a name followed by '/' must not begin another election's "
+                    f"name, since candidates of {self.name!r} would wait for those of {other!r}; rename one of them"
+                )
+        return kvs
+
     async def get_key(self, key: bytes) -> tuple[Any, int]:
         """(our key's KeyValue or None, header revision)."""
         reply = await self.conn.call(
@@ -231,7 +250,8 @@ class Election(Backend):
             lambda ch: ch.kv.Range(request, metadata=ch.metadata),
             timeout=self.request_timeout,
         )
-        return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
+        kvs = self._own(reply.kvs)
+        return (kvs[0] if kvs else None), int(reply.header.revision)
 
     async def resign(self, key: bytes, revision: int) -> None:
         """Delete ``key`` if its create revision is still ``revision`` (election.go ``Resign``)."""
@@ -281,9 +301,10 @@ class Election(Backend):
         if reply.succeeded:
             self.crowd = int(reply.responses[1].response_range.count)
             revision = int(reply.header.revision)
-            older = [kv for kv in reply.responses[1].response_range.kvs if kv.create_revision < revision]
+            last = self._own(reply.responses[1].response_range.kvs)
+            older = [kv for kv in last if kv.create_revision < revision]
             predecessor = bytes(older[0].key) if older else None
-            self._saw(reply.responses[2].response_range.kvs, key, revision, predecessor, revision)
+            self._saw(self._own(reply.responses[2].response_range.kvs), key, revision, predecessor, revision)
             return revision, predecessor, revision
         # Our key exists already (a campaign step retried after a timeout, or a key of ours left over).
         self.crowd = None
@@ -329,9 +350,10 @@ class Election(Backend):
         if not reply.succeeded:
             await session.keepalive()  # raises SessionEnded if the key went with our lease
             raise KeyLost()
-        kvs = reply.responses[0].response_range.kvs
+        kvs = self._own(reply.responses[0].response_range.kvs)
         predecessor = bytes(kvs[0].key) if kvs else None
-        self._saw(reply.responses[1].response_range.kvs, key, revision, predecessor, int(reply.header.revision))
+        leader = self._own(reply.responses[1].response_range.kvs)
+        self._saw(leader, key, revision, predecessor, int(reply.header.revision))
         return predecessor, int(reply.header.revision)
 
     async def _wait_deleted(self, predecessor: bytes, read_at: int, *, shortcut: bool) -> bool:
