@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -14,6 +15,7 @@ from aetcd import rpc
 
 from aioelect import EtcdElector, Leadership
 from aioelect.backends.etcd import EtcdBackend
+from aioelect.backends.etcd._election import View
 from aioelect.backends.etcd._failures import Transient
 
 from .harness import EtcdServer
@@ -265,3 +267,19 @@ async def test_a_late_leader_read_taken_before_our_key_was_put_again_proves_noth
         for elector in (p, q, w):
             await elector.aclose()
     assert await leases(fresh_etcd) == []
+
+
+def test_only_a_read_taken_while_our_key_stood_proves_a_handover() -> None:
+    """Our key (bytes ``w``) created at 8; the predecessor ``p`` deleted at 10."""
+    backend = EtcdBackend("127.0.0.1:2379", name="/t")
+    read = View(leader=b"/t/p", identity="p", ours=b"/t/w", predecessor=b"/t/p", revision=9, created=8)
+    for view, proves in [
+        (read, True),
+        (replace(read, revision=8), True),
+        (replace(read, revision=7), False),  # read before our key was put (the same bytes, put earlier)
+        (replace(read, created=4, revision=9), False),  # read for an earlier key with the same bytes
+        (replace(read, revision=10), False),  # read at the deletion: proves nothing before it
+        (replace(read, leader=b"/t/q"), False),
+    ]:
+        backend.view = view
+        assert backend._led_before(b"/t/p", b"/t/w", 8, 10) is proves, view
