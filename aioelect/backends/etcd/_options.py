@@ -2,8 +2,9 @@
 
 Guarantees: :meth:`EtcdSettings.parse` accepts only options that keep one
 leader (a renew deadline shorter than the lease, longer than the keep-alive
-interval; whole-second TTLs within what etcd grants, 2 to 9000000000 s) and reach every endpoint the same
-way; anything else is a ValueError naming the option, never the password.
+interval; whole-second TTLs that etcd grants, 2 to 9000000000 s) and reach
+every endpoint the same way; anything else is a ValueError naming the
+option, never the password.
 The TLS files are read and checked here; nothing connects.
 """
 
