@@ -16,9 +16,11 @@ import grpc
 
 from ..._errors import ElectionError
 from ._endpoints import Endpoint
-from ._options import MAX_TTL
 
-__all__ = ["Compacted", "Retired", "SessionEnded", "Transient", "classify", "rpc_error"]
+__all__ = ["MAX_TTL", "Compacted", "Retired", "SessionEnded", "Transient", "classify", "rpc_error"]
+
+#: etcd refuses a lease longer than this ("too large lease TTL"; ``MaxLeaseTTL`` in etcd's lease package).
+MAX_TTL = 9_000_000_000
 
 # Server replies that a new client (a fresh auth token) or another member can fix.
 _RETRYABLE_DETAILS = ("invalid auth token", "auth store is old", "not leader", "leader changed", "lease already exists")

@@ -16,14 +16,13 @@ from typing import TypedDict
 
 from ..._config import check_options, positive, validate_name
 from ._endpoints import Endpoint, parse_endpoints
+from ._failures import MAX_TTL
 from ._tls import EtcdTLS
 
 __all__ = ["MAX_TTL", "MIN_TTL", "EtcdOptions", "EtcdSessionOptions", "EtcdSettings"]
 
 #: etcd grants no lease shorter than its minimum TTL (2 s with default timings).
 MIN_TTL = 2
-#: etcd refuses a lease longer than this ("too large lease TTL"; ``MaxLeaseTTL`` in etcd's lease package).
-MAX_TTL = 9_000_000_000
 
 
 class EtcdSessionOptions(TypedDict, total=False):
