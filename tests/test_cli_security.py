@@ -349,3 +349,14 @@ def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) 
     text = "\n".join(outputs)
     shown = [part for part in PASSWORD_PARTS if part in text]
     assert shown == [], f"parts of the password were printed: {shown}\n{text}"
+
+
+def test_a_ca_file_that_does_not_load_is_a_usage_error(tmp_path: Path) -> None:
+    """A CA file that exists but holds no certificate: exit 2 with its name, no traceback."""
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate\n")
+    for query in (f"ssl-ca={garbage}", f"ssl_mode=VERIFY_CA&ssl_ca={garbage}"):
+        result = cli("leader", "--mysql", f"mysql://u@127.0.0.1:1/db?{query}", "--name", "t", "--timeout", "2")
+        assert result.returncode == 2, result.stderr
+        assert "cannot load the ssl-ca file" in result.stderr and str(garbage) in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

@@ -24,7 +24,7 @@ import pytest
 from aioelect import ElectionError, PostgresElector
 
 from .backends import unique_name, with_database
-from .harness import Certificates, MissingBinaryError, PostgresServer
+from .harness import Certificates, DowngradeProxy, MissingBinaryError, PostgresServer
 from .harness.plugin import server_unavailable
 
 FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
@@ -232,6 +232,18 @@ async def test_require_on_a_server_without_tls_is_permanent(postgres: PostgresSe
         lead = await elector.acquire()  # prefer: plaintext when the server has no TLS
         assert not encrypted(postgres, "plain-prefer")
         await lead.release()
+
+
+@pytest.mark.parametrize("mode", ["require", "verify-ca", "verify-full"])
+async def test_a_proxy_that_refuses_tls_for_the_server_is_refused(
+    tls_postgres: PostgresServer, certs: Certificates, mode: str
+) -> None:
+    """A man in the middle answers 'N' to the SSLRequest of a TLS server: never a plaintext session."""
+    with DowngradeProxy(("127.0.0.1", tls_postgres.port), "postgres") as proxy:
+        target = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?sslmode={mode}&sslrootcert={certs.ca}"
+        async with PostgresElector(target, name=unique_name("pg"), **FAST) as elector:
+            await refused_at_once(elector, "does not support TLS")
+        assert proxy.downgraded >= 1
 
 
 async def test_pgsslmode_is_read_as_libpq_reads_it(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -95,6 +95,40 @@ _BUMP = (
 )
 
 
+class NoTls(Exception):
+    """The DSN asks for TLS but the connection is not encrypted: no retry can fix it.
+
+    Not an OSError, so aiomysql passes it on as it is instead of as a
+    transient "cannot connect".
+    """
+
+
+def _tls_required(host: str) -> NoTls:
+    return NoTls(
+        f"the server at {host} does not offer TLS, but the TLS settings require it: refused rather than connecting "
+        "in plaintext (someone on the path may have stripped TLS from the server's greeting)"
+    )
+
+
+class _TlsOnlyConnection(aiomysql.Connection):  # type: ignore[misc]
+    """An aiomysql connection that refuses, before it answers the greeting, a server that does not offer TLS.
+
+    aiomysql starts TLS only when the greeting advertises ``CLIENT_SSL``; the
+    refusal here comes before the client sends its credentials.
+    """
+
+    async def _request_authentication(self) -> None:
+        if not self.server_capabilities & pymysql.constants.CLIENT.SSL:
+            raise _tls_required(self._host)
+        await super()._request_authentication()
+
+
+def _encrypted(raw: aiomysql.Connection) -> bool:
+    """Whether ``raw``'s transport is TLS (an SSL object under the stream)."""
+    writer = getattr(raw, "_writer", None)
+    return writer is not None and writer.get_extra_info("ssl_object") is not None
+
+
 def _code(exc: BaseException) -> int | None:
     if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]
@@ -233,10 +267,12 @@ class MySQLBackend(SessionLockBackend[_Connection]):
 
     def _refused(self, exc: BaseException) -> bool:
         return _code(exc) in _PERMANENT or isinstance(
-            exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
+            exc, (NoTls, pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
         )
 
     def _describe_driver_error(self, exc: BaseException) -> str | None:
+        if isinstance(exc, NoTls):
+            return str(exc)
         code = _code(exc)
         if code is not None and len(exc.args) > 1:
             return f"({code}) {exc.args[1]}"
@@ -245,13 +281,21 @@ class MySQLBackend(SessionLockBackend[_Connection]):
     # --- connections -------------------------------------------------------------
 
     async def _open(self, purpose: str = "") -> _Connection:
+        """A new connection; with TLS asked for, refused (:class:`NoTls`) unless its transport really is TLS."""
+        tls = "ssl" in self._connect_args
         try:
             with anyio.fail_after(self.connect_timeout + 1):
-                raw = await aiomysql.connect(
-                    connect_timeout=self.connect_timeout, autocommit=True, **self._connect_args
-                )
+                args = {"connect_timeout": self.connect_timeout, "autocommit": True, **self._connect_args}
+                if tls:
+                    raw = _TlsOnlyConnection(**args)
+                    await raw._connect()
+                else:
+                    raw = await aiomysql.connect(**args)
         except TimeoutError:
             raise pymysql.err.OperationalError(2003, f"connect timed out after {self.connect_timeout:g}s") from None
+        if tls and not _encrypted(raw):  # checked again on the transport, whatever the driver did
+            raw.close()
+            raise _tls_required(self._connect_args["host"])
         return _Connection(raw)
 
     async def _connect(self, identity: str = "") -> _Connection:
