@@ -178,11 +178,21 @@ class Settings:
         return {"etcd": self.etcd_endpoints, "mysql": self.mysql_dsn, "postgres": self.postgres_dsn, "file": self.file}
 
     def backend(self) -> tuple[str, str] | None:
-        """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names if its variable is set, else of the first
-        backend configured in priority order; None if none is."""
-        named = self.targets.get(self.backend_kind or "")
-        if named is not None:
-            assert self.backend_kind is not None
+        """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names, else of the first backend configured in
+        priority order; None if none is (or ``AIOELECT_BACKEND=local``).
+
+        ValueError when ``AIOELECT_BACKEND`` names a backend whose variable is
+        not set: the configuration contradicts itself, and falling back to
+        another backend that happens to be set would lead beside the real
+        election.
+        """
+        if self.backend_kind == "local":
+            return None
+        if self.backend_kind is not None:
+            named = self.targets[self.backend_kind]
+            if named is None:
+                variable = dict(BACKEND_VARIABLES)[self.backend_kind]
+                raise ValueError(f"{ENV_BACKEND}={self.backend_kind} but {variable} is not set")
             return self.backend_kind, named
         for kind, target in self.targets.items():
             if target is not None:
