@@ -502,6 +502,34 @@ async def test_health_server_with_a_failed_campaign_fails_liveness(tmp_path: Pat
             await campaign.stop()
 
 
+async def test_a_leader_work_error_is_served_with_its_type_and_redacted(
+    memory_elector: MakeMemory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Leader work that fails with a DSN in its message: /leader and the log show the type, never the password."""
+    secret = "Sup3rS3cret"
+
+    async def work(lead: aioelect.Leadership) -> None:
+        raise RuntimeError(f"could not connect to postgresql://report:{secret}@db.example:5432/reports")
+
+    campaign = Campaign(memory_elector("a"), work)
+    async with HealthServer(campaign.elector, campaign=campaign) as health:
+        await health.start()
+        await campaign.start()
+        try:
+            await wait_for(lambda: campaign.role == "failed", what="the campaign to fail")
+            for path in PATHS:
+                status, body = await probe(f"http://127.0.0.1:{health.port}{path}")
+                assert status == 503 and body is not None and body["role"] == "failed"
+                assert (
+                    body["error"]
+                    == "RuntimeError: could not connect to postgresql://report:***@db.example:5432/reports"
+                )
+            assert secret not in ((await campaign.status()).error or "")
+        finally:
+            await campaign.stop()
+    assert "RuntimeError" in caplog.text and secret not in caplog.text
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
