@@ -645,3 +645,82 @@ def test_frameworks_load_only_with_their_own_module() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _lower_fd_limit() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+
+def _flood(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections to ``port`` that send part of a request head and never finish it."""
+    opened = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(("127.0.0.1", port))
+        opened.append(sock)
+    return opened
+
+
+def _descriptors_and_threads(pid: int) -> tuple[int, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    threads = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+    return len(os.listdir(f"/proc/{pid}/fd")), threads
+
+
+async def test_probes_that_never_finish_cannot_starve_the_election(tmp_path: Path) -> None:
+    """``ulimit -n 128``, 400 probe and 300 metrics connections that never finish their heads: the leader leads on.
+
+    Each server holds at most its cap of connections (an eighth of the
+    limit) and resets the rest, so the supervisor keeps most descriptors
+    free and runs no thread per connection; accept failures are logged a
+    few times, not once per attempt; the probes answer again once the
+    flood ends.
+    """
+    lock, port, metrics_port = tmp_path / "lock", free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOELECT_")}
+    env["PYTHONPATH"] = str(ROOT)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aioelect", "run", "--file", str(lock), "--identity", "a", "--forever",
+        "--health-port", str(port), "--metrics-port", str(metrics_port),
+        "--", sys.executable, "-c", "import time; time.sleep(60)",
+        env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, preexec_fn=_lower_fd_limit,
+    )  # fmt: skip
+    assert process.stderr is not None
+    errors = asyncio.create_task(process.stderr.read())  # read all along: a full pipe would block the supervisor
+    url = f"http://127.0.0.1:{port}"
+    flood: list[socket.socket] = []
+    try:
+        await wait_for_probe(url + "/leader", 200)
+        flood = _flood(port, 400) + _flood(metrics_port, 300)
+        await asyncio.sleep(0.5)
+        for sock in flood:
+            with contextlib.suppress(OSError):
+                sock.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never the blank line that ends the head
+        most_fds = most_threads = 0
+        for _ in range(35):  # 7 s: longer than the request timeout, so slow heads are dropped while the flood goes on
+            fds, threads = _descriptors_and_threads(process.pid)
+            most_fds, most_threads = max(most_fds, fds), max(most_threads, threads)
+            await asyncio.sleep(0.2)
+        print(f"under the flood: at most {most_fds} descriptors of 128, {most_threads} threads")
+        assert process.returncode is None, "the supervisor died under the flood"
+        assert most_fds <= 80 and most_threads <= 10, (most_fds, most_threads)
+        for sock in flood:
+            sock.close()
+        flood.clear()
+        body = await wait_for_probe(url + "/leader", 200, timeout=10)
+        assert body["identity"] == "a" and body["role"] == "leader"
+        async with httpx.AsyncClient(timeout=5) as client:
+            page = await client.get(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert page.status_code == 200 and 'aioelect_is_leader{backend="file",name="aioelect/leader"} 1.0' in page.text
+    finally:
+        for sock in flood:
+            sock.close()
+        await stop_process(process)
+        stderr = (await asyncio.wait_for(errors, 10)).decode(errors="replace")
+    assert "leadership lost" not in stderr and "interrupted" not in stderr, stderr[-3000:]
+    assert stderr.count("Traceback") == 0 and len(stderr.splitlines()) < 40, stderr[-3000:]
