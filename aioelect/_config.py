@@ -60,14 +60,16 @@ def check_options(who: str, options: Mapping[str, object], spec: Any) -> None:
             raise TypeError(f"{who}() missing required keyword argument: {key!r}")
 
 
-def positive(option: str, value: float, *, maximum: float | None = None) -> float:
-    """Return ``value`` as a float if it is finite and > 0 (and <= maximum), else raise ValueError."""
+def positive(option: str, value: float, *, maximum: float | None = None, minimum: float | None = None) -> float:
+    """Return ``value`` as a float if it is finite and > 0 (and within minimum..maximum), else raise ValueError."""
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{option} must be a number, not {value!r}") from None
     if not math.isfinite(number) or number <= 0:
         raise ValueError(f"{option} must be a finite number > 0, not {value!r}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{option} must be at least {minimum:g} seconds, not {value!r}")
     if maximum is not None and number > maximum:
         raise ValueError(f"{option} must be at most {maximum:g}, not {value!r}")
     return number
