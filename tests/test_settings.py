@@ -108,6 +108,10 @@ def test_secret_variables() -> None:
     assert is_secret("AIOELECT_OTHER_DSN") and is_secret("AIOELECT_ETCD_PASSWORD")
     for plain in ("AIOELECT_NAME", "AIOELECT_IDENTITY", "AIOELECT_ETCD_ENDPOINTS", "AIOELECT_FILE", "MY_DSN", "PATH"):
         assert not is_secret(plain), plain
+    for client in ("PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGHOST", "MYSQL_PWD", "MYSQL_TEST_LOGIN_FILE"):
+        assert is_secret(client), client
+    assert is_secret("MARIADB_ROOT_PASSWORD") and is_secret("LIBMYSQL_ENABLE_CLEARTEXT_PLUGIN")
+    assert not is_secret("PGDATA") and not is_secret("PAGER")
 
 
 def test_each_variable_name_is_defined_once_in_the_package() -> None:

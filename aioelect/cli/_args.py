@@ -111,8 +111,10 @@ Campaign, and run CMD only while this process is the leader.
 * CMD's environment gets {ENV_IDENTITY} (ours) and {ENV_TOKEN} (the
   fencing token of this leadership, empty if the backend has none). It does
   not get aioelect's secrets unless --pass-secret NAME: {ENV_PASSWORD},
-  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, and any other AIOELECT_*
-  variable whose name holds PASSWORD or ends in _DSN.
+  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, any other AIOELECT_*
+  variable whose name holds PASSWORD or ends in _DSN, and the database
+  clients' variables: libpq's (PGPASSWORD, PGPASSFILE, PGHOST...) and
+  those starting with MYSQL_, MARIADB_ or LIBMYSQL_ (MYSQL_PWD...).
 """
 
 
@@ -259,7 +261,8 @@ def build_parser() -> Parsers:
         action="append",
         default=[],
         metavar="NAME",
-        help=f"hand secret variable NAME ({', '.join(SECRET_VARIABLES)}) to CMD, which never gets them otherwise; "
+        help=f"hand secret variable NAME ({', '.join(SECRET_VARIABLES)}, PGPASSWORD, MYSQL_PWD...) to CMD, which "
+        "never gets them otherwise; "
         "repeatable; logged as a warning",
     )
     run.add_argument("--forever", action="store_true", help="campaign again after CMD exits or is stopped")
