@@ -53,8 +53,9 @@ __all__ = ["FENCING_DDL", "FENCING_TABLE", "MySQLBackend", "MySQLOptions"]
 
 #: The table that keeps fencing tokens and the holders' identities.
 FENCING_TABLE = "aioelect_leaders"
+# Names are binary, compared byte for byte as GET_LOCK names are: "Billing" and "billing" are two rows.
 FENCING_DDL = f"""CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (
-  name VARCHAR(64) NOT NULL PRIMARY KEY,
+  name VARBINARY(64) NOT NULL PRIMARY KEY,
   token BIGINT UNSIGNED NOT NULL,
   holder VARCHAR(128) NOT NULL,
   connection_id BIGINT UNSIGNED NOT NULL,
@@ -84,12 +85,31 @@ _MAX_NAME = 64
 #: fractional seconds, so a shorter wait may become 0 and return at once.
 _MIN_WAIT = 1.0
 _HELD_BY_ME = "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()"
+# A table made with a name column that compares without regard to case (VARCHAR, a _ci collation) kept one
+# row for every spelling of a name. It is altered to binary names; the row with the empty name (no election
+# has one) keeps the largest token the table held, and a name's first row starts above it, so no spelling
+# ever gets a token below one its shared row gave out.
+_NAME_TYPE = (
+    "SELECT DATA_TYPE FROM information_schema.COLUMNS "
+    f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{FENCING_TABLE}' AND COLUMN_NAME = 'name'"
+)
+_FLOOR = (
+    f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
+    f"SELECT '', COALESCE(MAX(token), 0), '', 0 FROM {FENCING_TABLE} "
+    "ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))"
+)
+_FLOOR_ROW = (
+    f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) VALUES ('', 0, '', 0) "
+    "ON DUPLICATE KEY UPDATE token = token"
+)
+_TO_BINARY = f"ALTER TABLE {FENCING_TABLE} MODIFY name VARBINARY(64) NOT NULL"
 # The check after a grant and the token bump in one statement: the row is written only if our
 # session holds the lock (else 0 rows are affected), and LAST_INSERT_ID(expr) makes the server
 # report the new token in the statement's answer (its insert id), so no SELECT follows.
 _BUMP = (
     f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
-    "SELECT %s, LAST_INSERT_ID(1), %s, CONNECTION_ID() FROM DUAL WHERE IS_USED_LOCK(%s) = CONNECTION_ID() "
+    f"SELECT %s, LAST_INSERT_ID(1 + COALESCE((SELECT f.token FROM {FENCING_TABLE} f WHERE f.name = ''), 0)), "
+    "%s, CONNECTION_ID() FROM DUAL WHERE IS_USED_LOCK(%s) = CONNECTION_ID() "
     "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), holder = VALUES(holder), "
     "connection_id = VALUES(connection_id), acquired_at = CURRENT_TIMESTAMP(6)"
 )
@@ -397,11 +417,37 @@ class MySQLBackend(SessionLockBackend[_Connection]):
                     await conn.scalar(f"SELECT 1 FROM {FENCING_TABLE} LIMIT 0", timeout=self.check_timeout)
                 except pymysql.err.MySQLError:
                     raise exc from None
+            if await conn.scalar(_NAME_TYPE, timeout=self.check_timeout) != "varbinary":
+                await self._migrate_names(conn)
+            # The floor row read by every bump: present, it is locked alone (absent, the read would lock a gap).
+            await conn.write(_FLOOR_ROW, (), timeout=self.check_timeout)
             self._fencing_ready = True
         rows, token = await conn.write(_BUMP, (self.name, identity, self.name), timeout=self.check_timeout)
         if rows == 0:  # the check in the statement found the lock not held by our session: nothing written
             raise SessionLost(self.not_held)
         return token
+
+    async def _migrate_names(self, conn: _Connection) -> None:
+        """Alter a table whose names ignore case to binary names, keeping the largest token as the floor."""
+        self.log.warning(
+            "table %s compares names without regard to case: altering its name column to VARBINARY(64)",
+            FENCING_TABLE,
+        )
+        # The floor before the change, and again after it: tokens the shared rows gave out in between count too.
+        try:
+            await conn.write(_FLOOR, (), timeout=self.check_timeout * 5)
+            await conn.scalar(_TO_BINARY, timeout=self.check_timeout * 5)
+            await conn.write(_FLOOR, (), timeout=self.check_timeout * 5)
+        except pymysql.err.MySQLError as exc:
+            if _code(exc) not in _DENIED:
+                raise
+            database = self._connect_args.get("db")
+            raise ElectionError(
+                f"table {database}.{FENCING_TABLE} compares names without regard to case, so names that differ "
+                f"only in case would share fencing tokens; aioelect alters it to binary names (keeping every "
+                f"token increasing) but the server refused ({exc.args[0]}) {exc.args[1]}: grant ALTER and INSERT "
+                f"on {database}.{FENCING_TABLE} for one start (GRANT ALTER ON {database}.{FENCING_TABLE} TO ...)"
+            ) from None
 
     # --- who leads -----------------------------------------------------------------
 
