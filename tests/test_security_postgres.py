@@ -246,6 +246,44 @@ async def test_a_proxy_that_refuses_tls_for_the_server_is_refused(
         assert proxy.downgraded >= 1
 
 
+async def test_the_password_is_read_from_pgpassword_and_pgpassfile_as_libpq_does(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Documented: with no password given, PGPASSWORD, else the password file, else none (refused at once)."""
+    role, password = f"pw_{secrets.token_hex(4)}", f"Pw-{secrets.token_hex(6)}"
+    postgres.query(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    hba = Path(postgres.data_dir) / "pg_hba.conf"
+    original = hba.read_text()
+    hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + original)
+    try:
+        postgres.query("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 10  # the reload is asynchronous
+        while not postgres.query("SELECT count(*) FROM pg_hba_file_rules WHERE $1 = ANY(user_name)", [role])[0][0]:
+            assert time.monotonic() < deadline, "pg_hba.conf was not reloaded"
+            await anyio.sleep(0.05)
+        dsn = f"postgresql://{role}@127.0.0.1:{postgres.port}/postgres?sslmode=disable"
+        for variable in ("PGPASSWORD", "PGPASSFILE", "PGSERVICE", "PGSERVICEFILE"):
+            monkeypatch.delenv(variable, raising=False)
+        async with PostgresElector(dsn, name=unique_name("pg"), **FAST) as elector:
+            await refused_at_once(elector, "28P01|password")
+        monkeypatch.setenv("PGPASSWORD", password)
+        async with PostgresElector(dsn, name=unique_name("pg"), **FAST) as elector:
+            with anyio.fail_after(10):
+                await (await elector.acquire()).release()
+        monkeypatch.delenv("PGPASSWORD")
+        passfile = tmp_path / "pgpass"
+        passfile.write_text(f"127.0.0.1:{postgres.port}:*:{role}:{password}\n")
+        passfile.chmod(0o600)
+        monkeypatch.setenv("PGPASSFILE", str(passfile))
+        async with PostgresElector(dsn, name=unique_name("pg"), **FAST) as elector:
+            with anyio.fail_after(10):
+                await (await elector.acquire()).release()
+    finally:
+        hba.write_text(original)
+        postgres.query("SELECT pg_reload_conf()")
+        postgres.query(f"DROP ROLE IF EXISTS {role}")
+
+
 async def test_pgsslmode_is_read_as_libpq_reads_it(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGSSLMODE", "require")
     async with PostgresElector(base(postgres), name=unique_name("pg"), **FAST) as elector:
