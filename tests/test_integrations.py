@@ -487,6 +487,29 @@ async def test_health_server_refuses_an_oversized_request(memory_elector: MakeMe
         assert answer.startswith(b"HTTP/1.1 431 ")
 
 
+async def test_health_server_resets_connections_beyond_its_cap_and_drops_slow_heads(
+    memory_elector: MakeMemory,
+) -> None:
+    """Two idle connections fill a cap of 2: a third is reset at once; a probe answers once one is gone."""
+    async with HealthServer(memory_elector("a"), max_connections=2) as health:
+        await health.start()
+        health.http.request_timeout = 1.0  # the idle ones get their 408 after a second
+        idle = [await asyncio.open_connection("127.0.0.1", health.port) for _ in range(2)]
+        await wait_for(lambda: health.http.open_connections == 2, what="both idle connections")
+        reader, writer = await asyncio.open_connection("127.0.0.1", health.port)
+        try:
+            with contextlib.suppress(ConnectionResetError):
+                assert await asyncio.wait_for(reader.read(), 2) == b""  # closed unanswered
+        finally:
+            writer.close()
+        assert health.http.refused == 1
+        for idle_reader, idle_writer in idle:
+            answer = await asyncio.wait_for(idle_reader.read(), 5)
+            idle_writer.close()
+            assert answer.startswith(b"HTTP/1.1 408 ")
+        assert (await probe(f"http://127.0.0.1:{health.port}/healthz"))[0] == 200
+
+
 async def test_health_server_with_a_failed_campaign_fails_liveness(tmp_path: Path) -> None:
     (tmp_path / "target").write_text("")
     (tmp_path / "link").symlink_to(tmp_path / "target")
