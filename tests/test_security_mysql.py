@@ -283,3 +283,19 @@ async def test_a_dsn_that_asks_for_tls_never_connects_in_plaintext(
             with anyio.fail_after(10):
                 lead = await e.acquire()
             await lead.release()
+
+
+async def test_the_transport_is_checked_after_the_connect_too(
+    mariadb: MariaDBServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should the driver ever skip the greeting check, the connection is still refused for its plaintext transport."""
+    import aiomysql
+
+    from aioelect.backends import mysql
+
+    unchecked = aiomysql.Connection._request_authentication
+    monkeypatch.setattr(mysql._TlsOnlyConnection, "_request_authentication", unchecked)
+    target = f"mysql://root@127.0.0.1:{mariadb.port}/{mariadb.database}?ssl_mode=REQUIRED"
+    async with MySQLElector(target, name=unique_name()) as elector:
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="does not offer TLS"):
+            await elector.acquire()
