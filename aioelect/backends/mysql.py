@@ -149,6 +149,12 @@ def _encrypted(raw: aiomysql.Connection) -> bool:
     return writer is not None and writer.get_extra_info("ssl_object") is not None
 
 
+def _denied(exc: BaseException) -> str | None:
+    """``(code) message`` when ``exc`` is the server refusing a privilege, else None."""
+    code = _code(exc)
+    return f"({code}) {exc.args[1]}" if code in _DENIED and len(exc.args) > 1 else None
+
+
 def _code(exc: BaseException) -> int | None:
     if isinstance(exc, pymysql.err.MySQLError) and exc.args and isinstance(exc.args[0], int):
         return exc.args[0]
@@ -392,13 +398,14 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         try:
             return await self._bump_token(conn, identity)
         except pymysql.err.MySQLError as exc:
-            if _code(exc) not in _DENIED:
+            refusal = _denied(exc)
+            if refusal is None:
                 raise
             database = self._connect_args.get("db")
             raise ElectionError(
                 f"fencing tokens (on by default) need the SELECT, INSERT and UPDATE privileges on table "
                 f"{database}.{FENCING_TABLE}, and CREATE on database {database} unless the table exists already; "
-                f"the server refused ({exc.args[0]}) {exc.args[1]}: grant them (GRANT CREATE, SELECT, INSERT, UPDATE "
+                f"the server refused {refusal}: grant them (GRANT CREATE, SELECT, INSERT, UPDATE "
                 f"ON {database}.* TO ...), or pass fencing=False (--no-fencing on the command line) to lead without "
                 "tokens"
             ) from None
@@ -439,14 +446,14 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             await conn.scalar(_TO_BINARY, timeout=self.check_timeout * 5)
             await conn.write(_FLOOR, (), timeout=self.check_timeout * 5)
         except pymysql.err.MySQLError as exc:
-            if _code(exc) not in _DENIED:
+            refusal = _denied(exc)
+            if refusal is None:
                 raise
-            database = self._connect_args.get("db")
+            table = f"{self._connect_args.get('db')}.{FENCING_TABLE}"
             raise ElectionError(
-                f"table {database}.{FENCING_TABLE} compares names without regard to case, so names that differ "
-                f"only in case would share fencing tokens; aioelect alters it to binary names (keeping every "
-                f"token increasing) but the server refused ({exc.args[0]}) {exc.args[1]}: grant ALTER and INSERT "
-                f"on {database}.{FENCING_TABLE} for one start (GRANT ALTER ON {database}.{FENCING_TABLE} TO ...)"
+                f"table {table} compares names without regard to case, so names that differ only in case would "
+                f"share fencing tokens; aioelect alters it to binary names (keeping every token increasing) but the "
+                f"server refused {refusal}: grant ALTER and INSERT on {table} for one start"
             ) from None
 
     # --- who leads -----------------------------------------------------------------
