@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import ssl
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -299,3 +300,17 @@ async def test_the_transport_is_checked_after_the_connect_too(
     async with MySQLElector(target, name=unique_name()) as elector:
         with anyio.fail_after(10), pytest.raises(ElectionError, match="does not offer TLS"):
             await elector.acquire()
+
+
+async def test_mysql_pwd_is_never_read(mariadb: MariaDBServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Documented: the MySQL client's variables are ignored; the password comes from the DSN or password= only."""
+    user, password = f"pwd_{secrets.token_hex(3)}", f"Pwd-{secrets.token_hex(6)}"
+    mariadb.create_user(user, password)
+    monkeypatch.setenv("MYSQL_PWD", password)
+    target = f"mysql://{user}@127.0.0.1:{mariadb.port}/{mariadb.database}"
+    async with MySQLElector(target, name=unique_name()) as elector:
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
+            await elector.acquire()
+    async with MySQLElector(target, name=unique_name(), password=password) as elector:
+        with anyio.fail_after(10):
+            await (await elector.acquire()).release()
