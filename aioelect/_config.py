@@ -64,14 +64,16 @@ def check_options(who: str, options: Mapping[str, object], spec: Any) -> None:
             raise TypeError(f"{who}() missing required keyword argument: {key!r}")
 
 
-def positive(option: str, value: float, *, maximum: float | None = None) -> float:
-    """Return ``value`` as a float if it is finite and > 0 (and <= maximum), else raise ValueError."""
+def positive(option: str, value: float, *, maximum: float | None = None, minimum: float | None = None) -> float:
+    """Return ``value`` as a float if it is finite and > 0 (and within minimum..maximum), else raise ValueError."""
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{option} must be a number, not {value!r}") from None
     if not math.isfinite(number) or number <= 0:
         raise ValueError(f"{option} must be a finite number > 0, not {value!r}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{option} must be at least {minimum:g} seconds, not {value!r}")
     if maximum is not None and number > maximum:
         raise ValueError(f"{option} must be at most {maximum:g}, not {value!r}")
     return number
@@ -301,7 +303,10 @@ def tls_context(
             raise ValueError(f"{option} file {path!r} does not exist")
     if key is not None and cert is None:
         raise ValueError("ssl-key needs ssl-cert")
-    context = ssl.create_default_context(cafile=ca)
+    try:
+        context = ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the ssl-ca file {ca!r}: {exc}") from None
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -331,14 +336,18 @@ def tls_from_query(query: dict[str, str]) -> ssl.SSLContext | None:
     ValueErrors that name the key.
     """
     found: dict[str, str] = {}
+    spelled: dict[str, str] = {}
     for given, value in query.items():
         canonical = given.replace("_", "-")
         if canonical not in _MYSQL_TLS_KEYS:
             accepted = ", ".join(f"{k} (or {k.replace('-', '_')})" for k in _MYSQL_TLS_KEYS)
             raise ValueError(f"unsupported DSN parameter {given!r}; accepted: {accepted}")
         if canonical in found:
-            raise ValueError(f"DSN parameter {canonical} is given in both spellings ({canonical} and {given})")
+            raise ValueError(
+                f"DSN parameter {canonical} is given in both spellings ({spelled[canonical]} and {given}): keep one"
+            )
         found[canonical] = value
+        spelled[canonical] = given
     mode = found.get("ssl-mode", "").upper()
     ca, cert, key = found.get("ssl-ca"), found.get("ssl-cert"), found.get("ssl-key")
     if mode == "PREFERRED":

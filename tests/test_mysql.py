@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from typing import Any
 
@@ -15,7 +16,7 @@ import pytest
 from aioelect import BackendUnavailable, ElectionError, Elector, LeadershipLost, MySQLElector, leadership
 from aioelect.backends.mysql import MySQLBackend
 
-from .backends import Follower, unique_name
+from .backends import Follower, unique_name, with_database
 from .harness import MariaDBServer, TCPProxy, free_port
 from .session_locks import losing_its_first_grant, unconfirmed_release
 
@@ -740,3 +741,62 @@ async def test_a_session_holding_the_lock_is_killed_only_on_the_server_incarnati
         victim.close()
         cleanup.close()
         await backend.aclose()
+
+
+OLD_FENCING_DDL = """CREATE TABLE aioelect_leaders (
+  name VARCHAR(64) NOT NULL PRIMARY KEY,
+  token BIGINT UNSIGNED NOT NULL,
+  holder VARCHAR(128) NOT NULL,
+  connection_id BIGINT UNSIGNED NOT NULL,
+  acquired_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE=InnoDB DEFAULT CHARSET=latin1 COLLATE=latin1_swedish_ci"""
+
+
+async def _lead_once(dsn: str, name: str, identity: str) -> tuple[int | None, str | None]:
+    async with MySQLElector(dsn, name=name, fencing=True, identity=identity) as elector:
+        with anyio.fail_after(10):
+            lead = await elector.acquire()
+        try:
+            return lead.token, await elector.leader()
+        finally:
+            await lead.release()
+
+
+async def test_names_that_differ_only_in_case_keep_their_own_tokens_and_holders(mariadb: MariaDBServer) -> None:
+    """``Billing`` and ``billing`` are two GET_LOCK names, so two rows of the fencing table."""
+    stem = unique_name("case")
+    upper, lower = stem.capitalize(), stem
+    assert await _lead_once(mariadb.dsn, upper, "upper-1") == (1, "upper-1")
+    assert await _lead_once(mariadb.dsn, lower, "lower-1") == (1, "lower-1")
+    assert await _lead_once(mariadb.dsn, upper, "upper-2") == (2, "upper-2")
+
+
+async def test_a_fencing_table_of_the_case_insensitive_kind_is_migrated(mariadb: MariaDBServer) -> None:
+    """A table created with a case-insensitive name column is altered to binary names; no token goes back.
+
+    The old row was shared by every spelling, so a spelling that gets a row
+    of its own after the change starts above every token the table held.
+    """
+    database = f"aioelect_migrate_{secrets.token_hex(4)}"
+    mariadb.query(f"CREATE DATABASE {database}", database="")
+    try:
+        dsn = with_database(mariadb.dsn, database)
+        stem = unique_name("mig")
+        mariadb.query(OLD_FENCING_DDL, database=database)
+        mariadb.query(
+            "INSERT INTO aioelect_leaders (name, token, holder, connection_id) VALUES (%s, 7, 'old', 0)",
+            (stem,),
+            database=database,
+        )
+        token, holder = await _lead_once(dsn, stem.upper(), "upper")
+        assert token is not None and token > 7 and holder == "upper"
+        assert await _lead_once(dsn, stem, "lower") == (8, "lower")
+        ((kind,),) = mariadb.query(
+            "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+            "TABLE_NAME = 'aioelect_leaders' AND COLUMN_NAME = 'name'",
+            (database,),
+            database="",
+        )
+        assert kind == "varbinary"
+    finally:
+        mariadb.query(f"DROP DATABASE {database}", database="")

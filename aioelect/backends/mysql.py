@@ -57,8 +57,9 @@ __all__ = ["FENCING_DDL", "FENCING_TABLE", "MySQLBackend", "MySQLOptions"]
 
 #: The table that keeps fencing tokens and the holders' identities.
 FENCING_TABLE = "aioelect_leaders"
+# Names are binary, compared byte for byte as GET_LOCK names are: "Billing" and "billing" are two rows.
 FENCING_DDL = f"""CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (
-  name VARCHAR(64) NOT NULL PRIMARY KEY,
+  name VARBINARY(64) NOT NULL PRIMARY KEY,
   token BIGINT UNSIGNED NOT NULL,
   holder VARCHAR(128) NOT NULL,
   connection_id BIGINT UNSIGNED NOT NULL,
@@ -88,12 +89,31 @@ _MAX_NAME = 64
 #: fractional seconds, so a shorter wait may become 0 and return at once.
 _MIN_WAIT = 1.0
 _HELD_BY_ME = "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()"
+# A table made with a name column that compares without regard to case (VARCHAR, a _ci collation) kept one
+# row for every spelling of a name. It is altered to binary names; the row with the empty name (no election
+# has one) keeps the largest token the table held, and a name's first row starts above it, so no spelling
+# ever gets a token below one its shared row gave out.
+_NAME_TYPE = (
+    "SELECT DATA_TYPE FROM information_schema.COLUMNS "
+    f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{FENCING_TABLE}' AND COLUMN_NAME = 'name'"
+)
+_FLOOR = (
+    f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
+    f"SELECT '', COALESCE(MAX(token), 0), '', 0 FROM {FENCING_TABLE} "
+    "ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))"
+)
+_FLOOR_ROW = (
+    f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) VALUES ('', 0, '', 0) "
+    "ON DUPLICATE KEY UPDATE token = token"
+)
+_TO_BINARY = f"ALTER TABLE {FENCING_TABLE} MODIFY name VARBINARY(64) NOT NULL"
 # The check after a grant and the token bump in one statement: the row is written only if our
 # session holds the lock (else 0 rows are affected), and LAST_INSERT_ID(expr) makes the server
 # report the new token in the statement's answer (its insert id), so no SELECT follows.
 _BUMP = (
     f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
-    "SELECT %s, LAST_INSERT_ID(1), %s, CONNECTION_ID() FROM DUAL WHERE IS_USED_LOCK(%s) = CONNECTION_ID() "
+    f"SELECT %s, LAST_INSERT_ID(1 + COALESCE((SELECT f.token FROM {FENCING_TABLE} f WHERE f.name = ''), 0)), "
+    "%s, CONNECTION_ID() FROM DUAL WHERE IS_USED_LOCK(%s) = CONNECTION_ID() "
     "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), holder = VALUES(holder), "
     "connection_id = VALUES(connection_id), acquired_at = CURRENT_TIMESTAMP(6)"
 )
@@ -136,6 +156,46 @@ def server_bounds(variables: dict[str, float]) -> dict[str, float | None]:
         ("wait_timeout", "net_read_timeout", "net_write_timeout"),
         ("tcp_keepalive_time", "tcp_keepalive_interval", "tcp_keepalive_probes"),
     )
+
+
+class NoTls(Exception):
+    """The DSN asks for TLS but the connection is not encrypted: no retry can fix it.
+
+    Not an OSError, so aiomysql passes it on as it is instead of as a
+    transient "cannot connect".
+    """
+
+
+def _tls_required(host: str) -> NoTls:
+    return NoTls(
+        f"the server at {host} does not offer TLS, but the TLS settings require it: refused rather than connecting "
+        "in plaintext (someone on the path may have stripped TLS from the server's greeting)"
+    )
+
+
+class _TlsOnlyConnection(aiomysql.Connection):  # type: ignore[misc]
+    """An aiomysql connection that refuses, before it answers the greeting, a server that does not offer TLS.
+
+    aiomysql starts TLS only when the greeting advertises ``CLIENT_SSL``; the
+    refusal here comes before the client sends its credentials.
+    """
+
+    async def _request_authentication(self) -> None:
+        if not self.server_capabilities & pymysql.constants.CLIENT.SSL:
+            raise _tls_required(self._host)
+        await super()._request_authentication()
+
+
+def _encrypted(raw: aiomysql.Connection) -> bool:
+    """Whether ``raw``'s transport is TLS (an SSL object under the stream)."""
+    writer = getattr(raw, "_writer", None)
+    return writer is not None and writer.get_extra_info("ssl_object") is not None
+
+
+def _denied(exc: BaseException) -> str | None:
+    """``(code) message`` when ``exc`` is the server refusing a privilege, else None."""
+    code = _code(exc)
+    return f"({code}) {exc.args[1]}" if code in _DENIED and len(exc.args) > 1 else None
 
 
 def _code(exc: BaseException) -> int | None:
@@ -305,10 +365,12 @@ class MySQLBackend(SessionLockBackend[_Connection]):
 
     def _refused(self, exc: BaseException) -> bool:
         return _code(exc) in _PERMANENT or isinstance(
-            exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
+            exc, (NoTls, pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
         )
 
     def _describe_driver_error(self, exc: BaseException) -> str | None:
+        if isinstance(exc, NoTls):
+            return str(exc)
         code = _code(exc)
         if code is not None and len(exc.args) > 1:
             return f"({code}) {exc.args[1]}"
@@ -317,20 +379,27 @@ class MySQLBackend(SessionLockBackend[_Connection]):
     # --- connections -------------------------------------------------------------
 
     async def _open(self, purpose: str = "") -> _Connection:
+        """A new connection; with TLS asked for, refused (:class:`NoTls`) unless its transport really is TLS."""
+        tls = "ssl" in self._connect_args
         try:
             with anyio.fail_after(self.connect_timeout + 1):
-                raw = await aiomysql.connect(
-                    connect_timeout=self.connect_timeout, autocommit=True, **self._connect_args
-                )
+                args = {"connect_timeout": self.connect_timeout, "autocommit": True, **self._connect_args}
+                if tls:
+                    raw = _TlsOnlyConnection(**args)
+                    await raw._connect()
+                else:
+                    raw = await aiomysql.connect(**args)
         except TimeoutError:
             raise pymysql.err.OperationalError(2003, f"connect timed out after {self.connect_timeout:g}s") from None
+        if tls and not _encrypted(raw):  # checked again on the transport, whatever the driver did
+            raw.close()
+            raise _tls_required(self._connect_args["host"])
         return _Connection(raw)
 
     async def _connect(self, identity: str = "") -> _Connection:
         """A new dedicated connection with ``wait_timeout = lease``, topology checked."""
         conn = await self._open()
         try:
-            conn.session_id = int(conn.raw.server_thread_id[0])  # CONNECTION_ID(), from the handshake
             lease = int(self.lease)
             await conn.scalar(_SET_TIMEOUTS, (lease, lease, lease), timeout=self.check_timeout)
             # The server's own id (a proxy's handshake may present another) and its start, read together.
@@ -459,13 +528,14 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         try:
             return await self._bump_token(conn, identity)
         except pymysql.err.MySQLError as exc:
-            if _code(exc) not in _DENIED:
+            refusal = _denied(exc)
+            if refusal is None:
                 raise
             database = self._connect_args.get("db")
             raise ElectionError(
                 f"fencing tokens (on by default) need the SELECT, INSERT and UPDATE privileges on table "
                 f"{database}.{FENCING_TABLE}, and CREATE on database {database} unless the table exists already; "
-                f"the server refused ({exc.args[0]}) {exc.args[1]}: grant them (GRANT CREATE, SELECT, INSERT, UPDATE "
+                f"the server refused {refusal}: grant them (GRANT CREATE, SELECT, INSERT, UPDATE "
                 f"ON {database}.* TO ...), or pass fencing=False (--no-fencing on the command line) to lead without "
                 "tokens"
             ) from None
@@ -484,11 +554,37 @@ class MySQLBackend(SessionLockBackend[_Connection]):
                     await conn.scalar(f"SELECT 1 FROM {FENCING_TABLE} LIMIT 0", timeout=self.check_timeout)
                 except pymysql.err.MySQLError:
                     raise exc from None
+            if await conn.scalar(_NAME_TYPE, timeout=self.check_timeout) != "varbinary":
+                await self._migrate_names(conn)
+            # The floor row read by every bump: present, it is locked alone (absent, the read would lock a gap).
+            await conn.write(_FLOOR_ROW, (), timeout=self.check_timeout)
             self._fencing_ready = True
         rows, token = await conn.write(_BUMP, (self.name, identity, self.name), timeout=self.check_timeout)
         if rows == 0:  # the check in the statement found the lock not held by our session: nothing written
             raise SessionLost(self.not_held)
         return token
+
+    async def _migrate_names(self, conn: _Connection) -> None:
+        """Alter a table whose names ignore case to binary names, keeping the largest token as the floor."""
+        self.log.warning(
+            "table %s compares names without regard to case: altering its name column to VARBINARY(64)",
+            FENCING_TABLE,
+        )
+        # The floor before the change, and again after it: tokens the shared rows gave out in between count too.
+        try:
+            await conn.write(_FLOOR, (), timeout=self.check_timeout * 5)
+            await conn.scalar(_TO_BINARY, timeout=self.check_timeout * 5)
+            await conn.write(_FLOOR, (), timeout=self.check_timeout * 5)
+        except pymysql.err.MySQLError as exc:
+            refusal = _denied(exc)
+            if refusal is None:
+                raise
+            table = f"{self._connect_args.get('db')}.{FENCING_TABLE}"
+            raise ElectionError(
+                f"table {table} compares names without regard to case, so names that differ only in case would "
+                f"share fencing tokens; aioelect alters it to binary names (keeping every token increasing) but the "
+                f"server refused {refusal}: grant ALTER and INSERT on {table} for one start"
+            ) from None
 
     # --- who leads -----------------------------------------------------------------
 

@@ -454,6 +454,11 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             if no_tls(exc):
                 raise NoTls(f"the server does not support TLS, but sslmode={self._tls.mode} requires it") from None
             raise
+        transport = getattr(raw, "_transport", None)
+        if ssl is not False and (transport is None or transport.get_extra_info("ssl_object") is None):
+            # A TLS attempt must end on a TLS transport, whatever the driver did with the server's answer.
+            raw.terminate()
+            raise NoTls(f"the connection is not encrypted, but sslmode={self._tls.mode} requires it")
         return _Connection(raw)
 
     def _lock_settings(self, version: int | None) -> dict[str, str]:

@@ -73,6 +73,9 @@ probes (run):
   runs), /readyz (200 while the backend answers) and /leader (200 only
   while this process leads), each a JSON object with role, identity,
   leader and token (HOST: --health-host, default 127.0.0.1).
+  Both servers run in aioelect's event loop: at most 32 connections each
+  (fewer under a low ulimit -n), the surplus reset; a request must arrive
+  within 5 s; so they never hold more descriptors than that.
 
 exit status:
   0    success (observe: interrupted by SIGINT/SIGTERM)
@@ -111,8 +114,10 @@ Campaign, and run CMD only while this process is the leader.
 * CMD's environment gets {ENV_IDENTITY} (ours) and {ENV_TOKEN} (the
   fencing token of this leadership, empty if the backend has none). It does
   not get aioelect's secrets unless --pass-secret NAME: {ENV_PASSWORD},
-  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, and any other AIOELECT_*
-  variable whose name holds PASSWORD or ends in _DSN.
+  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, any other AIOELECT_*
+  variable whose name holds PASSWORD or ends in _DSN, and the database
+  clients' variables: libpq's (PGPASSWORD, PGPASSFILE, PGHOST...) and
+  those starting with MYSQL_, MARIADB_ or LIBMYSQL_ (MYSQL_PWD...).
 """
 
 
@@ -259,7 +264,8 @@ def build_parser() -> Parsers:
         action="append",
         default=[],
         metavar="NAME",
-        help=f"hand secret variable NAME ({', '.join(SECRET_VARIABLES)}) to CMD, which never gets them otherwise; "
+        help=f"hand secret variable NAME ({', '.join(SECRET_VARIABLES)}, PGPASSWORD, MYSQL_PWD...) to CMD, which "
+        "never gets them otherwise; "
         "repeatable; logged as a warning",
     )
     run.add_argument("--forever", action="store_true", help="campaign again after CMD exits or is stopped")

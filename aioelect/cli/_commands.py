@@ -22,6 +22,7 @@ import anyio
 from .._backend import Backoff
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
+from ..integrations._http import BoundedHTTPServer
 from ..integrations.health import HealthServer
 from ._configure import Config
 from ._output import json_line, out
@@ -119,6 +120,7 @@ async def execute(
     runner = Runner(elector, cmd, args, environ) if command == "run" else None
     interrupted: list[int] = []
     health: HealthServer | None = None
+    metrics: BoundedHTTPServer | None = None
 
     def on_signal(sig: int) -> None:
         if runner is not None:
@@ -134,7 +136,7 @@ async def execute(
             runner.grace = choose_grace(args.grace, elector, config.kind)
             log.debug("--grace %gs", runner.grace)
         if runner is not None and args.metrics_port is not None:
-            serve_metrics(elector, args.metrics_host, args.metrics_port)
+            metrics = await serve_metrics(elector, args.metrics_host, args.metrics_port)
         if runner is not None and getattr(args, "health_port", None) is not None:
             health = await serve_health(elector, args.health_host, args.health_port)
         if runner is not None:
@@ -162,4 +164,6 @@ async def execute(
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             if health is not None:
                 await health.aclose()
+            if metrics is not None:
+                await metrics.aclose()
             await elector.aclose()

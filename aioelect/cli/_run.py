@@ -32,6 +32,7 @@ from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, Usage
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
 
 if TYPE_CHECKING:
+    from ..integrations._http import BoundedHTTPServer
     from ..integrations.health import HealthServer
 
 __all__ = ["Runner", "check_metrics", "choose_grace", "serve_health", "serve_metrics"]
@@ -86,10 +87,16 @@ def check_metrics(args: argparse.Namespace) -> None:
         raise UsageError(f"--metrics-port: {exc}") from None
 
 
-def serve_metrics(elector: Elector, host: str, port: int) -> None:
-    """Expose ``elector``'s metrics on ``host:port`` (a daemon thread that ends with the process)."""
+async def serve_metrics(elector: Elector, host: str, port: int) -> BoundedHTTPServer:
+    """Serve ``elector``'s metrics on ``http://host:port/metrics`` in this event loop (the caller closes it).
+
+    The server is the health probes' bounded one (a connection cap, request
+    timeouts, rate-limited accept errors), not prometheus_client's thread per
+    connection: idle clients cannot pile up threads or descriptors.
+    """
     import prometheus_client
 
+    from ..integrations._http import BoundedHTTPServer
     from ..metrics import PrometheusMetrics
 
     # A registry of our own (main() may run more than once in a process), with the usual process metrics.
@@ -99,11 +106,20 @@ def serve_metrics(elector: Elector, host: str, port: int) -> None:
     prometheus_client.GCCollector(registry=registry)
     metrics = PrometheusMetrics(registry)
     metrics.attach(elector)
+
+    async def respond(method: str, path: str) -> tuple[int, str, bytes]:
+        if path != "/metrics":
+            return 404, "text/plain; charset=utf-8", b"metrics are on /metrics\n"
+        return 200, prometheus_client.CONTENT_TYPE_LATEST, prometheus_client.generate_latest(registry)
+
+    server = BoundedHTTPServer(respond, name="metrics")
     try:
-        metrics.serve(port, host=host)
+        await server.start(host, port)
     except OSError as exc:
+        await server.aclose()
         raise UsageError(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     log.info("metrics on http://%s:%d/metrics", host if ":" not in host else f"[{host}]", port)
+    return server
 
 
 async def serve_health(elector: Elector, host: str, port: int) -> HealthServer:
