@@ -1,0 +1,225 @@
+"""``aioelect run``: no process of CMD's tree outlives the supervisor or the leadership.
+
+CMD here starts a tree that tries every usual way out: a child in its
+process group, a child in a session of its own (``setsid``), and a
+double-forked grandchild (orphaned, in a session of its own), each ignoring
+every catchable signal. Every process of the tree carries a marker in its
+environment; the next leader's CMD looks for live processes with that marker
+the moment it starts. Every process is killed at teardown, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .test_cli import ROOT, Spawner, _env, aioelect_argv, cli, wait_until
+
+MARKER = "AIOELECT_TEST_TREE"
+
+IGNORED = "TERM INT HUP QUIT USR1 USR2 PIPE"
+
+#: CMD: starts the escaping tree, writes "CMD IN-GROUP SETSID DOUBLE-FORKED" pids to argv[1], then waits for
+#: its children ("stay") or exits at once ("exit").
+TREE = f"""\
+import os, signal, subprocess, sys
+stubborn = ["sh", "-c", 'trap "" {IGNORED}; exec sleep 300']
+in_group = subprocess.Popen(stubborn)
+own_session = subprocess.Popen(stubborn, start_new_session=True)
+r, w = os.pipe()
+middle = os.fork()
+if middle == 0:
+    grandchild = os.fork()
+    if grandchild == 0:
+        os.setsid()
+        os.execvp("sh", stubborn)
+    os.write(w, str(grandchild).encode())
+    os._exit(0)
+os.close(w)
+os.waitpid(middle, 0)
+double = int(os.read(r, 64))
+with open(sys.argv[1] + ".tmp", "w") as fh:
+    fh.write(f"{{os.getpid()}} {{in_group.pid}} {{own_session.pid}} {{double}}\\n")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+if sys.argv[2] == "exit":
+    sys.exit(0)
+in_group.wait()
+"""
+
+#: The next leader's CMD: writes the live (non-zombie) processes carrying marker argv[2] to argv[1] at once,
+#: leaving out the pids given after it (the old supervisor, which may still be on its way out).
+SURVIVORS = f"""\
+import os, sys
+out, token, ignore = sys.argv[1], sys.argv[2].encode(), set(sys.argv[3:])
+needle, alive = b"\\0{MARKER}=" + token + b"\\0", []
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or entry in ignore or int(entry) == os.getpid():
+        continue
+    try:
+        with open(f"/proc/{{entry}}/environ", "rb") as fh:
+            env = b"\\0" + fh.read()
+        with open(f"/proc/{{entry}}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        continue
+    if needle in env and state != "Z":
+        alive.append(entry)
+with open(out, "w") as fh:
+    fh.write(" ".join(alive) + "\\n")
+"""
+
+
+def marked(token: str) -> list[int]:
+    """Live processes whose environment carries ``MARKER=token``."""
+    needle = f"\0{MARKER}={token}\0".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = b"\0" + fh.read()
+            with open(f"/proc/{entry}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture
+def token() -> Iterator[str]:
+    """The marker of one test's CMD tree; whatever carries it is SIGKILLed at teardown."""
+    value = secrets.token_hex(6)
+    try:
+        yield value
+    finally:
+        for _ in range(3):
+            for pid in marked(value):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> tuple[Path, Path]:
+    tree, survivors = tmp_path / "tree.py", tmp_path / "survivors.py"
+    tree.write_text(TREE)
+    survivors.write_text(SURVIVORS)
+    return tree, survivors
+
+
+def start_tree(
+    spawner: Spawner, backend: list[str], tree: Path, out: Path, token: str, mode: str = "stay"
+) -> tuple[subprocess.Popen[str], list[int]]:
+    """``aioelect run BACKEND -- python tree.py``; the supervisor and the tree's pids once it is up."""
+    proc = spawner.start("run", *backend, "--grace", "0.5", "--", sys.executable, str(tree), str(out), mode,
+                         **{MARKER: token})  # fmt: skip
+    wait_until("CMD's tree to start", out.exists, 30)
+    pids = [int(pid) for pid in out.read_text().split()]
+    assert len(pids) == 4
+    return proc, pids
+
+
+def next_leader_sees(backend: list[str], survivors: Path, out: Path, token: str, *ignore: int) -> list[str]:
+    """Run the next leader; the processes of the old tree alive when its CMD started."""
+    result = cli("run", *backend, "--", sys.executable, str(survivors), str(out), token, *map(str, ignore))
+    assert result.returncode == 0, f"the next leader did not run its CMD: {result.stderr}"
+    return out.read_text().split()
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE, signal.SIGTERM, signal.SIGINT,
+     signal.SIGKILL],  # fmt: skip
+    ids=lambda s: signal.Signals(s).name,
+)
+def test_no_process_of_cmds_tree_outlives_the_supervisor_killed_by(
+    sig: signal.Signals, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
+) -> None:
+    tree, survivors = scripts
+    backend = ["--file", str(tmp_path / "leader.lock")]
+    proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token)
+    proc.send_signal(sig)
+    status = spawner.wait(proc, timeout=20)
+    alive = next_leader_sees([*backend, "--no-wait"], survivors, tmp_path / "seen", token, proc.pid)
+    assert alive == [], f"after {sig.name} of the supervisor, CMD's tree {pids} still had {alive} alive"
+    if sig != signal.SIGKILL:  # handled like SIGTERM: forwarded, and CMD (which dies of it) gives the status
+        assert status == 128 + sig, spawner.stderr(proc)
+
+
+def test_sigkilled_supervisor_on_mariadb_leaves_no_process_of_cmds_tree(
+    mysql_dsn: str, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
+) -> None:
+    tree, survivors = scripts
+    backend = ["--mysql", mysql_dsn, "--name", f"tree-{secrets.token_hex(4)}", "--poll-interval", "0.1"]
+    proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token)
+    proc.kill()
+    proc.wait(10)
+    alive = next_leader_sees(backend, survivors, tmp_path / "seen", token)
+    assert alive == [], f"CMD's tree {pids} still had {alive} alive when the next leader started"
+
+
+@pytest.mark.parametrize("ending", ["cmd-exits", "sigterm"])
+def test_setsid_and_double_forked_descendants_are_ended_before_the_release(
+    ending: str, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
+) -> None:
+    tree, survivors = scripts
+    backend = ["--file", str(tmp_path / "leader.lock")]
+    proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token,
+                            mode="exit" if ending == "cmd-exits" else "stay")  # fmt: skip
+    if ending == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    status = spawner.wait(proc, timeout=20)
+    assert status == (0 if ending == "cmd-exits" else 128 + signal.SIGTERM), spawner.stderr(proc)
+    assert marked(token) == [], "a descendant of CMD outlived aioelect run"
+    alive = next_leader_sees([*backend, "--no-wait"], survivors, tmp_path / "seen", token)
+    assert alive == []
+    if ending == "cmd-exits":
+        assert "still running" in spawner.stderr(proc), spawner.stderr(proc)
+
+
+#: CMD as aioelect runs it as PID 1: leaves argv[2] orphans (double forks whose middle exits at once), lets them
+#: end, then writes the number of zombies in the PID namespace to argv[1].
+ORPHANS = """\
+import os, sys, time
+for _ in range(int(sys.argv[2])):
+    if os.fork() == 0:
+        if os.fork() == 0:
+            time.sleep(0.05)
+            os._exit(0)
+        os._exit(0)
+time.sleep(1.5)
+zombies = 0
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                zombies += fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            pass
+with open(sys.argv[1], "w") as fh:
+    fh.write(f"{zombies}\\n")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="needs Linux and root")
+def test_as_pid_1_orphans_are_reaped(tmp_path: Path) -> None:
+    script, out = tmp_path / "orphans.py", tmp_path / "zombies"
+    script.write_text(ORPHANS)
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+            *aioelect_argv("run", "--file", str(tmp_path / "leader.lock"), "--", sys.executable, str(script),
+                           str(out), "30")]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env(), cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert out.read_text().split() == ["0"], f"zombies in the PID namespace: {out.read_text()}"
