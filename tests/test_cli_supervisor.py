@@ -140,8 +140,16 @@ def next_leader_sees(backend: list[str], survivors: Path, out: Path, token: str,
 
 @pytest.mark.parametrize(
     "sig",
-    [signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE, signal.SIGTERM, signal.SIGINT,
-     signal.SIGKILL],  # fmt: skip
+    [
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGPIPE,
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGKILL,
+    ],
     ids=lambda s: signal.Signals(s).name,
 )
 def test_no_process_of_cmds_tree_outlives_the_supervisor_killed_by(
@@ -154,8 +162,8 @@ def test_no_process_of_cmds_tree_outlives_the_supervisor_killed_by(
     status = spawner.wait(proc, timeout=20)
     alive = next_leader_sees([*backend, "--no-wait"], survivors, tmp_path / "seen", token, proc.pid)
     assert alive == [], f"after {sig.name} of the supervisor, CMD's tree {pids} still had {alive} alive"
-    if sig != signal.SIGKILL:  # handled like SIGTERM: forwarded, and CMD (which dies of it) gives the status
-        assert status == 128 + sig, spawner.stderr(proc)
+    if sig != signal.SIGKILL:  # forwarded (SIGPIPE as SIGTERM); CMD dies of it and gives the status
+        assert status == 128 + (signal.SIGTERM if sig == signal.SIGPIPE else sig), spawner.stderr(proc)
 
 
 def test_sigkilled_supervisor_on_mariadb_leaves_no_process_of_cmds_tree(
@@ -176,8 +184,8 @@ def test_setsid_and_double_forked_descendants_are_ended_before_the_release(
 ) -> None:
     tree, survivors = scripts
     backend = ["--file", str(tmp_path / "leader.lock")]
-    proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token,
-                            mode="exit" if ending == "cmd-exits" else "stay")  # fmt: skip
+    mode = "exit" if ending == "cmd-exits" else "stay"
+    proc, _ = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token, mode=mode)
     if ending == "sigterm":
         proc.send_signal(signal.SIGTERM)
     status = spawner.wait(proc, timeout=20)
@@ -189,16 +197,23 @@ def test_setsid_and_double_forked_descendants_are_ended_before_the_release(
         assert "still running" in spawner.stderr(proc), spawner.stderr(proc)
 
 
-#: CMD as aioelect runs it as PID 1: leaves argv[2] orphans (double forks whose middle exits at once), lets them
-#: end, then writes the number of zombies in the PID namespace to argv[1].
+#: CMD as aioelect runs it as PID 1: leaves argv[3] orphans of its own (double forks whose middle exits at once),
+#: writes argv[1] + ".ready", waits for argv[1] + ".go", lets every orphan end, then writes the number of zombies
+#: in the PID namespace to argv[1].
 ORPHANS = """\
 import os, sys, time
 for _ in range(int(sys.argv[2])):
-    if os.fork() == 0:
+    middle = os.fork()
+    if middle == 0:
         if os.fork() == 0:
             time.sleep(0.05)
             os._exit(0)
         os._exit(0)
+    os.waitpid(middle, 0)
+open(sys.argv[1] + ".ready", "w").close()
+deadline = time.monotonic() + 30
+while not os.path.exists(sys.argv[1] + ".go") and time.monotonic() < deadline:
+    time.sleep(0.02)
 time.sleep(1.5)
 zombies = 0
 for entry in os.listdir("/proc"):
@@ -215,11 +230,35 @@ with open(sys.argv[1], "w") as fh:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="needs Linux and root")
 def test_as_pid_1_orphans_are_reaped(tmp_path: Path) -> None:
+    # Orphans of CMD's tree (reaped by the shim) and orphans of a process that entered the PID namespace from
+    # outside, as `kubectl exec` does (the kernel hands them to PID 1: aioelect).
     script, out = tmp_path / "orphans.py", tmp_path / "zombies"
     script.write_text(ORPHANS)
-    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
-            *aioelect_argv("run", "--file", str(tmp_path / "leader.lock"), "--", sys.executable, str(script),
-                           str(out), "30")]  # fmt: skip
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env(), cwd=ROOT)
-    assert result.returncode == 0, result.stderr
+    run = aioelect_argv(
+        "run", "--file", str(tmp_path / "leader.lock"), "--", sys.executable, str(script), str(out), "30"
+    )
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *run]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    try:
+        wait_until("CMD's orphans", Path(f"{out}.ready").exists, 30)
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+            (pid_1,) = map(int, fh.read().split())  # aioelect, PID 1 in the namespace
+        entered = [
+            "nsenter",
+            "-t",
+            str(pid_1),
+            "-p",
+            "-m",
+            "--",
+            "sh",
+            "-c",
+            "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.01 & done",
+        ]
+        subprocess.run(entered, check=True, timeout=30)
+        Path(f"{out}.go").touch()
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert proc.returncode == 0, stderr
     assert out.read_text().split() == ["0"], f"zombies in the PID namespace: {out.read_text()}"

@@ -4,14 +4,17 @@ Guarantees, on top of :mod:`aioelect.cli._supervisor`'s:
 
 * CMD starts only while this process holds the leadership, in the task
   the leadership is bound to;
-* on a loss CMD's process group gets SIGTERM, then SIGKILL after the
-  grace, and the lock is released only once the group is gone; the grace
-  fits in the backend's safety margin (:func:`choose_grace`), so CMD is
-  dead before another candidate can lead;
-* when CMD exits, processes it left in its group are stopped before the
-  release;
-* SIGINT and SIGTERM are forwarded to CMD's group, or stop the campaign
-  before CMD started.
+* on a loss every process of CMD's tree (its process group and, on Linux,
+  every descendant, wherever it went) gets SIGTERM, then SIGKILL after the
+  grace, and the lock is released only once they are gone; the grace fits
+  in the backend's safety margin (:func:`choose_grace`), so CMD is dead
+  before another candidate can lead;
+* when CMD exits, processes it left running are stopped the same way
+  before the release;
+* each of :data:`~aioelect.cli._supervisor.STOP_SIGNALS` (INT, TERM, HUP,
+  QUIT, USR1, USR2, and PIPE as TERM: :func:`forwarded_signal`) is
+  forwarded to CMD's group and ends aioelect once CMD has exited (no
+  restart with ``--forever``), or stops the campaign before CMD started.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_enviro
 if TYPE_CHECKING:
     from ..integrations.health import HealthServer
 
-__all__ = ["Runner", "check_metrics", "choose_grace", "serve_health", "serve_metrics"]
+__all__ = ["Runner", "check_metrics", "choose_grace", "forwarded_signal", "serve_health", "serve_metrics"]
 
 log = logging.getLogger("aioelect.cli")
 
@@ -121,6 +124,15 @@ async def serve_health(elector: Elector, host: str, port: int) -> HealthServer:
     return health
 
 
+def forwarded_signal(sig: int) -> int:
+    """What CMD gets when aioelect gets ``sig``: the same signal, except SIGTERM for SIGPIPE.
+
+    SIGPIPE tells of aioelect's own output going nowhere; it means nothing
+    to CMD, and many runtimes (Python's among them) ignore it.
+    """
+    return signal.SIGTERM if sig == signal.SIGPIPE else sig
+
+
 class Runner:
     """``aioelect run``: one leadership (or one after another) and CMD under it."""
 
@@ -149,8 +161,9 @@ class Runner:
         if self._campaign_scope is not None:
             self._campaign_scope.cancel()
         if self.group is not None and self.group.running:
-            log.info("forwarding %s to CMD (pid %d)", signal.Signals(sig).name, self.group.pid)
-            self.group.signal(sig)
+            forwarded = forwarded_signal(sig)
+            log.info("forwarding %s to CMD (pid %d)", signal.Signals(forwarded).name, self.group.pid)
+            self.group.signal(forwarded)
 
     def _stopped_status(self) -> int:
         return 128 + self.signals[0]
@@ -221,7 +234,7 @@ class Runner:
             return EXIT_NOT_EXECUTABLE
         log.info("leader (token %s): started %s, pid %d", lead.token, os.path.basename(self.cmd[0]), group.pid)
         if self.signals:  # arrived while CMD was being started
-            group.signal(self.signals[-1])
+            group.signal(forwarded_signal(self.signals[-1]))
         lost = asyncio.ensure_future(lead.wait_lost())
         # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
         # lock only once CMD's whole process group is gone (the finally below).
@@ -232,7 +245,10 @@ class Runner:
             finally:
                 lost.cancel()
                 with anyio.CancelScope(shield=True):
-                    await self._stop_group(lead, group)
+                    try:
+                        await self._stop_group(lead, group)
+                    finally:
+                        await group.aclose()
         status = await group.status()
         log.info("CMD exited with status %d", status)
         return status
@@ -248,7 +264,7 @@ class Runner:
             )
         elif group.alive():
             log.warning(
-                "processes still running in CMD's process group %d after CMD exited: stopping them before the "
+                "processes CMD started (pid %d) are still running after CMD exited: stopping them before the "
                 "leadership is released",
                 group.pid,
             )
