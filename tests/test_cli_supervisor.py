@@ -11,6 +11,7 @@ the moment it starts. Every process is killed at teardown, whatever happened.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import secrets
 import signal
@@ -97,6 +98,25 @@ def marked(token: str) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """Keep ``pid`` stopped in a ptrace stop (which, unlike SIGSTOP, the SIGCONT the kernel sends to an
+    orphaned process group does not end), then let it go."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    if libc.ptrace(_PTRACE_SEIZE, pid, None, None) != 0:
+        pytest.skip(f"ptrace not permitted here: {os.strerror(ctypes.get_errno())}")
+    try:
+        assert libc.ptrace(_PTRACE_INTERRUPT, pid, None, None) == 0, os.strerror(ctypes.get_errno())
+        os.waitpid(pid, _WALL)
+        yield
+    finally:
+        libc.ptrace(_PTRACE_DETACH, pid, None, None)
+
+
+_PTRACE_DETACH, _PTRACE_SEIZE, _PTRACE_INTERRUPT, _WALL = 17, 0x4206, 0x4207, 0x40000000
+
+
 @pytest.fixture
 def token() -> Iterator[str]:
     """The marker of one test's CMD tree; whatever carries it is SIGKILLed at teardown."""
@@ -166,14 +186,28 @@ def test_no_process_of_cmds_tree_outlives_the_supervisor_killed_by(
         assert status == 128 + (signal.SIGTERM if sig == signal.SIGPIPE else sig), spawner.stderr(proc)
 
 
-def test_sigkilled_supervisor_on_mariadb_leaves_no_process_of_cmds_tree(
-    mysql_dsn: str, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
+@pytest.mark.parametrize("kind", ["file", "mysql", "postgres"])
+def test_the_lock_of_a_sigkilled_supervisor_passes_on_only_once_cmds_tree_is_gone(
+    kind: str, request: pytest.FixtureRequest, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
 ) -> None:
+    # The shim between aioelect and CMD holds the lock file / the server session's socket until it has killed
+    # the tree. Frozen (SIGSTOP) while the supervisor is SIGKILLed, it shows that: the lock stays taken until
+    # it runs again, and the next leader then finds nothing of the tree alive.
     tree, survivors = scripts
-    backend = ["--mysql", mysql_dsn, "--name", f"tree-{secrets.token_hex(4)}", "--poll-interval", "0.1"]
+    if kind in ("mysql", "postgres"):
+        dsn = request.getfixturevalue(f"{kind}_dsn")
+        backend = [f"--{kind}", dsn, "--name", f"tree-{secrets.token_hex(4)}", "--poll-interval", "0.1"]
+    else:
+        backend = ["--file", str(tmp_path / "leader.lock")]
     proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token)
-    proc.kill()
-    proc.wait(10)
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+        (shim,) = map(int, fh.read().split())
+    with frozen(shim):
+        proc.kill()
+        proc.wait(10)
+        held = cli("run", *backend, "--no-wait", "--", "true")
+        assert held.returncode == 75, f"the lock passed on while CMD's tree lived: {held.stderr}"
+        assert set(pids) <= set(marked(token))
     alive = next_leader_sees(backend, survivors, tmp_path / "seen", token)
     assert alive == [], f"CMD's tree {pids} still had {alive} alive when the next leader started"
 

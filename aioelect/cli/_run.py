@@ -225,7 +225,8 @@ class Runner:
             log.warning("leadership lost before CMD started (%s)", lead.lost_reason)
             return None
         try:
-            self.group = group = await ProcessGroup.start(self.cmd, env)
+            # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
+            self.group = group = await ProcessGroup.start(self.cmd, env, hold=lead._descriptors())
         except FileNotFoundError:
             log.error("CMD not found: %s", self.cmd[0])
             return EXIT_NOT_FOUND

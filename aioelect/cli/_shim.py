@@ -1,8 +1,11 @@
 """Between ``aioelect run`` and CMD (Linux): a child subreaper that leaves no descendant of CMD behind.
 
 Started by :class:`aioelect.cli._supervisor.ProcessTree` as
-``python -I -S _shim.py FD CMD [ARGS...]``, FD being one end of a socket
-pair whose other end only the supervisor holds. It imports nothing but the
+``python -I -S _shim.py FD HOLD CMD [ARGS...]``, FD being one end of a
+socket pair whose other end only the supervisor holds, HOLD the
+comma-separated descriptors (or ``-``) it keeps open until it exits and
+does not pass on to CMD: the leadership's lock file or server session,
+which then cannot pass to another candidate while CMD's tree lives. It imports nothing but the
 standard library, so it starts in milliseconds, and nothing of aioelect.
 
 Guarantees:
@@ -122,7 +125,9 @@ def _kill_all(group: int | None) -> None:
 def main(argv: list[str]) -> int:
     sock = socket.socket(fileno=int(argv[1]))
     sock.set_inheritable(False)
-    cmd = argv[2:]
+    for held in argv[2].split(",") if argv[2] != "-" else ():
+        os.set_inheritable(int(held), False)  # kept open here until the shim exits; CMD does not get it
+    cmd = argv[3:]
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     for sig in _IGNORED:
         signal.signal(sig, lambda signum, frame: None)

@@ -165,10 +165,13 @@ class ProcessGroup:
         self.exited: asyncio.Future[int] = asyncio.ensure_future(process.wait())
 
     @classmethod
-    async def start(cls, argv: Sequence[str], env: Mapping[str, str]) -> ProcessGroup:
-        """Start ``argv`` (under the shim on Linux); FileNotFoundError or another OSError if it cannot be executed."""
+    async def start(cls, argv: Sequence[str], env: Mapping[str, str], *, hold: Sequence[int] = ()) -> ProcessGroup:
+        """Start ``argv`` (under the shim on Linux); FileNotFoundError or another OSError if it cannot be executed.
+
+        ``hold``: descriptors the shim keeps a duplicate of until CMD's whole tree is gone (Linux only).
+        """
         if _use_shim():
-            return await ProcessTree.start_tree(argv, env)
+            return await ProcessTree.start_tree(argv, env, hold=hold)
         process = await asyncio.create_subprocess_exec(*argv, env=dict(env), preexec_fn=_child_setup)
         return cls(process)
 
@@ -249,19 +252,28 @@ class ProcessTree(ProcessGroup):
         self._reading = asyncio.ensure_future(self._read(reader))
 
     @classmethod
-    async def start_tree(cls, argv: Sequence[str], env: Mapping[str, str]) -> ProcessTree:
-        """Start the shim, and ``argv`` under it; OSError (FileNotFoundError...) if it cannot be executed."""
+    async def start_tree(cls, argv: Sequence[str], env: Mapping[str, str], *, hold: Sequence[int] = ()) -> ProcessTree:
+        """Start the shim, and ``argv`` under it; OSError (FileNotFoundError...) if it cannot be executed.
+
+        The shim keeps a duplicate of each descriptor of ``hold`` (not passed to CMD) until it exits, that
+        is until CMD's whole tree is gone: a lock that ends with its descriptor's last close outlives a
+        supervisor killed with SIGKILL until then.
+        """
         ours, theirs = socket.socketpair()
+        kept: list[int] = []
         try:
+            kept.extend(os.dup(fd) for fd in hold)  # duplicates of our own: the originals stay ours to close
             shim = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", _SHIM, str(theirs.fileno()), *argv,
-                env=dict(env), pass_fds=(theirs.fileno(),), preexec_fn=_shim_setup,
+                sys.executable, "-I", "-S", _SHIM, str(theirs.fileno()), ",".join(map(str, kept)) or "-", *argv,
+                env=dict(env), pass_fds=(theirs.fileno(), *kept), preexec_fn=_shim_setup,
             )  # fmt: skip
         except BaseException:
             ours.close()
             raise
         finally:
             theirs.close()
+            for fd in kept:
+                os.close(fd)
         _SHIMS.add(shim.pid)
         reader, writer = await asyncio.open_unix_connection(sock=ours)
         try:
