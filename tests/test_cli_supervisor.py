@@ -212,23 +212,32 @@ def test_the_lock_of_a_sigkilled_supervisor_passes_on_only_once_cmds_tree_is_gon
     assert alive == [], f"CMD's tree {pids} still had {alive} alive when the next leader started"
 
 
-@pytest.mark.parametrize("ending", ["cmd-exits", "sigterm"])
+@pytest.mark.parametrize("ending", ["cmd-exits", "sigterm", "shim-killed"])
 def test_setsid_and_double_forked_descendants_are_ended_before_the_release(
     ending: str, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
 ) -> None:
+    # shim-killed: the process between aioelect and CMD is SIGKILLed; CMD dies with it, and aioelect (a child
+    # subreaper too) ends the rest of the tree before the release.
     tree, survivors = scripts
     backend = ["--file", str(tmp_path / "leader.lock")]
     mode = "exit" if ending == "cmd-exits" else "stay"
     proc, _ = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token, mode=mode)
     if ending == "sigterm":
         proc.send_signal(signal.SIGTERM)
+    elif ending == "shim-killed":
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+            (shim,) = map(int, fh.read().split())
+        os.kill(shim, signal.SIGKILL)
     status = spawner.wait(proc, timeout=20)
-    assert status == (0 if ending == "cmd-exits" else 128 + signal.SIGTERM), spawner.stderr(proc)
+    expected = {"cmd-exits": 0, "sigterm": 128 + signal.SIGTERM, "shim-killed": 128 + signal.SIGKILL}
+    assert status == expected[ending], spawner.stderr(proc)
     assert marked(token) == [], "a descendant of CMD outlived aioelect run"
     alive = next_leader_sees([*backend, "--no-wait"], survivors, tmp_path / "seen", token)
     assert alive == []
     if ending == "cmd-exits":
         assert "still running" in spawner.stderr(proc), spawner.stderr(proc)
+    if ending == "shim-killed":
+        assert "the process shim died" in spawner.stderr(proc), spawner.stderr(proc)
 
 
 #: CMD as aioelect runs it as PID 1: leaves argv[3] orphans of its own (double forks whose middle exits at once),

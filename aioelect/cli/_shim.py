@@ -64,8 +64,9 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def descendants(root: int) -> list[tuple[int, bool]]:
-    """Every descendant of ``root`` as ``(pid, alive)``, alive meaning not a zombie (read from /proc)."""
+def descendants(root: int, depth: int | None = None) -> list[tuple[int, bool]]:
+    """Every descendant of ``root`` (``depth`` generations down at most) as ``(pid, alive)``, alive meaning
+    not a zombie (read from /proc)."""
     children: dict[int, list[tuple[int, bool]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -77,11 +78,14 @@ def descendants(root: int) -> list[tuple[int, bool]]:
             continue
         children.setdefault(int(fields[1]), []).append((int(entry), fields[0] != b"Z"))
     found: list[tuple[int, bool]] = []
-    todo = [root]
+    todo = [(root, 0)]
     while todo:
-        for child in children.get(todo.pop(), ()):
+        parent, level = todo.pop()
+        if depth is not None and level >= depth:
+            continue
+        for child in children.get(parent, ()):
             found.append(child)
-            todo.append(child[0])
+            todo.append((child[0], level + 1))
     return found
 
 

@@ -40,6 +40,7 @@ from typing import cast
 import anyio
 
 from .._settings import is_secret
+from ._shim import descendants
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -78,6 +79,7 @@ STOP_SIGNALS = (
 SHIM_START_WAIT = 30.0
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 _SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_shim.py")
 
 
@@ -259,6 +261,8 @@ class ProcessTree(ProcessGroup):
         is until CMD's whole tree is gone: a lock that ends with its descriptor's last close outlives a
         supervisor killed with SIGKILL until then.
         """
+        if _prctl is not None:  # should the shim die, CMD's orphans come to us (see aclose())
+            _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         ours, theirs = socket.socketpair()
         kept: list[int] = []
         try:
@@ -356,11 +360,49 @@ class ProcessTree(ProcessGroup):
         await self.kill()
 
     async def aclose(self) -> None:
-        """Close the line to the shim (which then kills whatever is left) and wait for it, bounded."""
+        """Close the line to the shim (which then kills whatever is left) and wait for it, bounded.
+
+        Then SIGKILL any process of CMD's tree that the shim left to us by dying (killed by someone):
+        this process is a child subreaper too, so they are its descendants.
+        """
         self._writer.close()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_WAIT):
-            await asyncio.shield(self._shim_exited)
-            await asyncio.shield(self._reading)
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(KILL_WAIT):
+                await asyncio.shield(self._shim_exited)
+                await asyncio.shield(self._reading)
+            await _end_strays()
+
+
+def _strays(me: int) -> list[tuple[int, bool]]:
+    """Every descendant of ``me`` but the shims and their trees, as ``(pid, alive)``."""
+    found: list[tuple[int, bool]] = []
+    for pid, alive in descendants(me, depth=1):
+        if pid not in _SHIMS:
+            found.append((pid, alive))
+            found.extend(descendants(pid))
+    return found
+
+
+async def _end_strays() -> None:
+    """SIGKILL and reap every descendant of this process that is not a running shim (bounded: KILL_WAIT)."""
+    me = os.getpid()
+    with anyio.move_on_after(KILL_WAIT) as scope:
+        warned = False
+        while strays := _strays(me):
+            live = [pid for pid, alive in strays if alive]
+            if live and not warned:
+                log.warning("the process shim died: killing %d process(es) of CMD's tree it left", len(live))
+                warned = True
+            for pid in live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            for pid in _zombie_children():
+                if pid not in _SHIMS:
+                    with contextlib.suppress(ChildProcessError):
+                        os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - a zombie: returns at once
+            await anyio.sleep(0.01)
+    if scope.cancelled_caught:
+        log.error("processes of CMD's tree survived SIGKILL for %gs", KILL_WAIT)
 
 
 def _zombie_children() -> list[int]:
