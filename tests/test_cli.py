@@ -357,7 +357,7 @@ def test_help_explains_options_environment_and_exit_codes() -> None:
     assert result.returncode == 0
     for text in ("--etcd", "--mysql", "--postgres", "--file", "--name", "--ttl", "--identity", "--password-file",
                  "--grace", "--forever", "AIOELECT_MYSQL_DSN", "AIOELECT_ETCD_ENDPOINTS", "AIOELECT_PASSWORD",
-                 "exit status", "SIGKILL"):  # fmt: skip
+                 "exit status", "SIGKILL", "SIGHUP", "setsid", "84 ms", "Not covered"):  # fmt: skip
         assert text in result.stdout, text
 
 

@@ -64,9 +64,55 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
+def _state(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _children(pid: int) -> list[int] | None:
+    """``pid``'s children from /proc/PID/task/*/children (None where the kernel has no such file)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as fh:
+                found.extend(int(child) for child in fh.read().split())
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{task}"):
+                continue  # the thread ended
+            return None
+        except OSError:
+            continue
+    return found
+
+
 def descendants(root: int, depth: int | None = None) -> list[tuple[int, bool]]:
     """Every descendant of ``root`` (``depth`` generations down at most) as ``(pid, alive)``, alive meaning
-    not a zombie (read from /proc)."""
+    not a zombie (read from /proc: the tree's own ``children`` files, else every process's ``stat``)."""
+    found: list[tuple[int, bool]] = []
+    todo = [(root, 0)]
+    while todo:
+        parent, level = todo.pop()
+        if depth is not None and level >= depth:
+            continue
+        children = _children(parent)
+        if children is None:
+            return _descendants_by_scan(root, depth)
+        for child in children:
+            state = _state(child)
+            if state is not None:
+                found.append((child, state != b"Z"))
+                todo.append((child, level + 1))
+    return found
+
+
+def _descendants_by_scan(root: int, depth: int | None) -> list[tuple[int, bool]]:
     children: dict[int, list[tuple[int, bool]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -216,4 +262,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    os._exit(main(sys.argv))  # no interpreter shutdown: the lock's descriptors close a few ms sooner
