@@ -238,7 +238,7 @@ class Runner:
             group.signal(forwarded_signal(self.signals[-1]))
         lost = asyncio.ensure_future(lead.wait_lost())
         # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
-        # lock only once CMD's whole process group is gone (the finally below).
+        # lock only once CMD's whole tree is gone (the finally below).
         with lead._guard():
             try:
                 either: set[asyncio.Future[Any]] = {group.exited, lost}
@@ -255,13 +255,13 @@ class Runner:
         return status
 
     async def _stop_group(self, lead: Leadership, group: ProcessGroup) -> None:
-        """Leave nothing of CMD's process group running; called before every release."""
+        """Leave nothing of CMD's tree running; called before every release."""
         if not group.exited.done():
             if not lead.lost:  # cancelled ourselves: never leave CMD running
                 await group.kill()
                 return
             log.warning(
-                "leadership lost (%s): stopping CMD (pid %d) and its process group", lead.lost_reason, group.pid
+                "leadership lost (%s): stopping CMD (pid %d) and every process it started", lead.lost_reason, group.pid
             )
         elif group.alive():
             log.warning(

@@ -11,9 +11,12 @@ It knows nothing of leadership. It guarantees:
   :meth:`ProcessGroup.kill` reach all of them, and return once all are
   gone (the shim exits only then);
 * when this process dies, whatever kills it (SIGKILL included) or however
-  it crashes, the shim SIGKILLs every descendant of CMD at once (Linux
-  only: elsewhere CMD runs in its process group without a shim, and
+  it crashes, the shim SIGKILLs every descendant of CMD at once, and keeps
+  the descriptors it was given (the lock's) open until they are all gone
+  (Linux only: elsewhere CMD runs in its process group without a shim, and
   neither it nor its processes die with a SIGKILLed supervisor);
+* should the shim die, this process (a child subreaper too) inherits what
+  is left of CMD's tree and :meth:`ProcessTree.aclose` SIGKILLs it;
 * :meth:`ProcessGroup.terminate` sends SIGTERM, waits ``grace`` seconds,
   then SIGKILL, and returns only once CMD's processes are gone (or
   :data:`KILL_WAIT` after SIGKILL, logged as an error);
