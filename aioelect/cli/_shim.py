@@ -40,6 +40,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable, Iterator
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -64,56 +65,8 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(err, os.strerror(err))
 
 
-def _state(pid: int) -> bytes | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _children(pid: int) -> list[int] | None:
-    """``pid``'s children from /proc/PID/task/*/children (None where the kernel has no such file)."""
-    found: list[int] = []
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []
-    for task in tasks:
-        try:
-            with open(f"/proc/{pid}/task/{task}/children", "rb") as fh:
-                found.extend(int(child) for child in fh.read().split())
-        except FileNotFoundError:
-            if not os.path.exists(f"/proc/{pid}/task/{task}"):
-                continue  # the thread ended
-            return None
-        except OSError:
-            continue
-    return found
-
-
-def descendants(root: int, depth: int | None = None) -> list[tuple[int, bool]]:
-    """Every descendant of ``root`` (``depth`` generations down at most) as ``(pid, alive)``, alive meaning
-    not a zombie (read from /proc: the tree's own ``children`` files, else every process's ``stat``)."""
-    found: list[tuple[int, bool]] = []
-    todo = [(root, 0)]
-    while todo:
-        parent, level = todo.pop()
-        if depth is not None and level >= depth:
-            continue
-        children = _children(parent)
-        if children is None:
-            return _descendants_by_scan(root, depth)
-        for child in children:
-            state = _state(child)
-            if state is not None:
-                found.append((child, state != b"Z"))
-                todo.append((child, level + 1))
-    return found
-
-
-def _descendants_by_scan(root: int, depth: int | None) -> list[tuple[int, bool]]:
-    children: dict[int, list[tuple[int, bool]]] = {}
+def processes() -> Iterator[tuple[int, list[bytes]]]:
+    """Every process in /proc as ``(pid, fields)``, the fields of its ``stat`` after the name: state, ppid, pgid..."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -122,14 +75,66 @@ def _descendants_by_scan(root: int, depth: int | None) -> list[tuple[int, bool]]
                 fields = fh.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        children.setdefault(int(fields[1]), []).append((int(entry), fields[0] != b"Z"))
+        yield int(entry), fields
+
+
+def _alive(pid: int) -> bool | None:
+    """Whether ``pid`` is alive (not a zombie); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return None
+
+
+def _children(pid: int) -> list[tuple[int, bool]] | None:
+    """``pid``'s children as ``(pid, alive)``, from /proc/PID/task/*/children (None where the kernel has none)."""
+    found: list[tuple[int, bool]] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as fh:
+                listed = fh.read().split()
+        except FileNotFoundError:
+            if not os.path.exists(f"/proc/{pid}/task/{task}"):
+                continue  # the thread ended
+            return None
+        except OSError:
+            continue
+        for child in map(int, listed):
+            alive = _alive(child)
+            if alive is not None:
+                found.append((child, alive))
+    return found
+
+
+def _children_by_scan() -> Callable[[int], list[tuple[int, bool]] | None]:
+    """What :func:`_children` gives, from one pass over every process's ``stat``."""
+    table: dict[int, list[tuple[int, bool]]] = {}
+    for pid, fields in processes():
+        table.setdefault(int(fields[1]), []).append((pid, fields[0] != b"Z"))
+    return lambda pid: table.get(pid, [])
+
+
+def descendants(root: int, depth: int | None = None) -> list[tuple[int, bool]]:
+    """Every descendant of ``root`` (``depth`` generations down at most) as ``(pid, alive)``, alive meaning
+    not a zombie (read from /proc: the tree's own ``children`` files, else every process's ``stat``)."""
+    children_of: Callable[[int], list[tuple[int, bool]] | None] = _children
     found: list[tuple[int, bool]] = []
     todo = [(root, 0)]
     while todo:
         parent, level = todo.pop()
         if depth is not None and level >= depth:
             continue
-        for child in children.get(parent, ()):
+        children = children_of(parent)
+        if children is None:  # no children files: one pass over every process instead, then start over
+            children_of = _children_by_scan()
+            found, todo = [], [(root, 0)]
+            continue
+        for child in children:
             found.append(child)
             todo.append((child[0], level + 1))
     return found
@@ -144,12 +149,17 @@ def _signal_all(sig: int) -> int:
     return len(live)
 
 
-def _has_children() -> bool:
-    try:
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return False
-    return True
+def _reap() -> tuple[list[tuple[int, int]], bool]:
+    """Reap every child that has exited: their ``(pid, wait status)``, and whether any child is left."""
+    reaped: list[tuple[int, int]] = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped, False
+        if pid == 0:
+            return reaped, True
+        reaped.append((pid, status))
 
 
 def _kill_all(group: int | None) -> None:
@@ -162,13 +172,9 @@ def _kill_all(group: int | None) -> None:
             os.killpg(group, signal.SIGKILL)  # at once, before the slower walk through /proc
     while True:
         _signal_all(signal.SIGKILL)
-        while True:
-            try:
-                pid, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                break
+        _, left = _reap()
+        if not left:
+            return
         time.sleep(0.001)  # let the killed exit before the next pass
 
 
@@ -227,20 +233,15 @@ def main(argv: list[str]) -> int:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
             os.read(wake_r, 512)
-            while True:
-                try:
-                    reaped, status = os.waitpid(-1, os.WNOHANG)
-                except ChildProcessError:
-                    break
-                if reaped == 0:
-                    break
+            exited, left = _reap()
+            for reaped, status in exited:
                 if reaped == pid:
                     cmd_done = True
-                    left = sum(alive for _, alive in descendants(me))
-                    if not send(f"exit {os.waitstatus_to_exitcode(status)} {left}"):
+                    running = sum(alive for _, alive in descendants(me))
+                    if not send(f"exit {os.waitstatus_to_exitcode(status)} {running}"):
                         _kill_all(None if cmd_done else pid)
                         return 1
-            if cmd_done and not _has_children():
+            if cmd_done and not left:
                 return 0
         if sock.fileno() in readable:
             try:

@@ -43,7 +43,7 @@ from typing import cast
 import anyio
 
 from .._settings import is_secret
-from ._shim import descendants
+from ._shim import descendants, processes
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -133,23 +133,8 @@ def exit_status(returncode: int) -> int:
 
 def group_alive(pgid: int) -> bool:
     """Whether process group ``pgid`` has a live (not zombie) member."""
-    if sys.platform.startswith("linux"):
-        try:
-            entries = os.listdir("/proc")
-        except OSError:
-            entries = []
-        for entry in entries:
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    fields = fh.read().rsplit(b")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if fields[0] != b"Z" and int(fields[2]) == pgid:
-                return True
-        if entries:
-            return False
+    if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
+        return any(fields[0] != b"Z" and int(fields[2]) == pgid for _, fields in processes())
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -410,18 +395,7 @@ async def _end_strays() -> None:
 
 def _zombie_children() -> list[int]:
     me = str(os.getpid()).encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[0] == b"Z" and fields[1] == me:
-            found.append(int(entry))
-    return found
+    return [pid for pid, fields in processes() if fields[0] == b"Z" and fields[1] == me]
 
 
 async def reap_orphans(interval: float = 0.5) -> None:
