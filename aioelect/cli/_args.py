@@ -111,13 +111,13 @@ Campaign, and run CMD only while this process is the leader.
 * --no-wait tries once, like flock -n: when another instance leads, CMD
   does not run and aioelect exits with status 75. Cron on several hosts
   then runs a job once per schedule, not once per host in turn.
-* If aioelect itself dies otherwise (SIGKILL, the OOM killer, a crash), the
-  shim SIGKILLs CMD's whole tree at once (measured on 2 busy cores: gone
-  after 16 ms in the median, 84 ms at most) and holds the lock file or the
-  server session until then: on the file, MySQL and PostgreSQL backends the
-  lock passes on only once the tree is gone; on etcd the lease ends TTL
-  seconds later. As PID 1 (in a container) aioelect reaps the orphans it is
-  handed.
+* If aioelect itself dies otherwise (SIGKILL, the OOM killer, a crash),
+  the shim SIGKILLs CMD's whole tree at once (measured on 2 busy cores:
+  gone after 9 to 16 ms in the median, 84 ms at most) and holds the lock
+  file or the server session until then: on the file, MySQL and PostgreSQL
+  backends the lock passes on only once the tree is gone; on etcd the lease
+  ends TTL seconds later. As PID 1 (in a container) aioelect reaps the
+  orphans it is handed.
 * Not covered: processes started through another service (systemd-run,
   at, ssh, a container runtime), a process stuck in the kernel (it dies
   when the kernel lets go; logged), a stopped (SIGSTOP) or frozen aioelect
