@@ -15,8 +15,9 @@ It knows nothing of leadership. It guarantees:
   the descriptors it was given (the lock's) open until they are all gone
   (Linux only: elsewhere CMD runs in its process group without a shim, and
   neither it nor its processes die with a SIGKILLed supervisor);
-* should the shim die, this process (a child subreaper too) inherits what
-  is left of CMD's tree and :meth:`ProcessTree.aclose` SIGKILLs it;
+* should the shim die of a signal, this process (a child subreaper while
+  CMD runs) inherits what is left of CMD's tree and
+  :meth:`ProcessTree.aclose` SIGKILLs it;
 * :meth:`ProcessGroup.terminate` sends SIGTERM, waits ``grace`` seconds,
   then SIGKILL, and returns only once CMD's processes are gone (or
   :data:`KILL_WAIT` after SIGKILL, logged as an error);
@@ -237,6 +238,8 @@ class ProcessTree(ProcessGroup):
         #: Descendants still alive when CMD exited.
         self.left = 0
         self._writer = writer
+        #: When the shim started: CMD's tree started no earlier.
+        self._started = _start_time(shim.pid) or 0
         self._shim_exited: asyncio.Future[int] = asyncio.ensure_future(shim.wait())
         self._shim_exited.add_done_callback(lambda _: _SHIMS.discard(shim.pid))
         self._reading = asyncio.ensure_future(self._read(reader))
@@ -350,33 +353,56 @@ class ProcessTree(ProcessGroup):
     async def aclose(self) -> None:
         """Close the line to the shim (which then kills whatever is left) and wait for it, bounded.
 
-        Then SIGKILL any process of CMD's tree that the shim left to us by dying (killed by someone):
-        this process is a child subreaper too, so they are its descendants.
+        If the shim died of a signal (killed by someone), SIGKILL what it left of CMD's tree: this
+        process is a child subreaper while CMD runs, so those processes became its children (the
+        children it has that were started after the shim). Then stop being a subreaper.
         """
         self._writer.close()
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(KILL_WAIT):
                 await asyncio.shield(self._shim_exited)
                 await asyncio.shield(self._reading)
-            await _end_strays()
+            code = self.process.returncode
+            if code is None or code < 0:
+                await _end_strays(self._started)
+        if not _SHIMS and _prctl is not None:
+            _prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
-def _strays(me: int) -> list[tuple[int, bool]]:
-    """Every descendant of ``me`` but the shims and their trees, as ``(pid, alive)``."""
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _strays(me: int, since: int) -> tuple[list[tuple[int, bool]], list[int]]:
+    """The descendants of ``me`` under its children started at ``since`` or later that are not shims, as
+    ``(pid, alive)``; and those children that are zombies."""
     found: list[tuple[int, bool]] = []
+    zombies: list[int] = []
     for pid, alive in descendants(me, depth=1):
-        if pid not in _SHIMS:
-            found.append((pid, alive))
-            found.extend(descendants(pid))
-    return found
+        started = _start_time(pid)
+        if pid in _SHIMS or started is None or started < since:
+            continue
+        found.append((pid, alive))
+        found.extend(descendants(pid))
+        if not alive:
+            zombies.append(pid)
+    return found, zombies
 
 
-async def _end_strays() -> None:
-    """SIGKILL and reap every descendant of this process that is not a running shim (bounded: KILL_WAIT)."""
+async def _end_strays(since: int) -> None:
+    """SIGKILL and reap the processes :func:`_strays` finds until there are none (bounded: KILL_WAIT)."""
     me = os.getpid()
     with anyio.move_on_after(KILL_WAIT) as scope:
         warned = False
-        while strays := _strays(me):
+        while True:
+            strays, zombies = _strays(me, since)
+            if not strays:
+                break
             live = [pid for pid, alive in strays if alive]
             if live and not warned:
                 log.warning("the process shim died: killing %d process(es) of CMD's tree it left", len(live))
@@ -384,10 +410,9 @@ async def _end_strays() -> None:
             for pid in live:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            for pid in _zombie_children():
-                if pid not in _SHIMS:
-                    with contextlib.suppress(ChildProcessError):
-                        os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - a zombie: returns at once
+            for pid in zombies:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - a zombie: returns at once
             await anyio.sleep(0.01)
     if scope.cancelled_caught:
         log.error("processes of CMD's tree survived SIGKILL for %gs", KILL_WAIT)
