@@ -136,6 +136,10 @@ class LockConnection(abc.ABC):
         """Close politely where the driver can, within ``timeout``; else as :meth:`close`."""
         self.close()
 
+    def descriptor(self) -> int | None:
+        """The connection's socket descriptor, while it is open (None where the driver does not tell)."""
+        return None
+
     @abc.abstractmethod
     async def closed_by_server(self, wait: float) -> bool:
         """Wait up to ``wait`` seconds on the idle connection; True if the server closed it meanwhile."""
@@ -158,6 +162,18 @@ class LockConnection(abc.ABC):
 
 
 _C = TypeVar("_C", bound=LockConnection)
+
+
+def socket_fd(holder: object) -> int | None:
+    """The socket descriptor under ``holder``'s asyncio transport (its ``transport`` or ``_transport``), if open."""
+    transport = getattr(holder, "transport", None) or getattr(holder, "_transport", None)
+    get = getattr(transport, "get_extra_info", None)
+    sock = get("socket") if callable(get) else None
+    try:
+        fd = sock.fileno() if sock is not None else -1
+    except (OSError, ValueError):
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
 
 
 class SessionLockOptions(TypedDict, total=False):
@@ -283,6 +299,10 @@ class SessionLockHold(Hold, Generic[_C]):
             if not mine:
                 return b.lost_lock
             confirm(sent)
+
+    def descriptors(self) -> tuple[int, ...]:
+        fd = None if self._conn.broken else self._conn.descriptor()
+        return () if fd is None else (fd,)
 
     async def release(self) -> None:
         conn, b = self._conn, self._backend

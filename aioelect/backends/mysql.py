@@ -42,7 +42,15 @@ import anyio
 
 from .._config import session_bounds, tls_from_query, transport_warning, validate_name
 from .._errors import ElectionError
-from ._session_lock import Dialect, LockConnection, SessionLockBackend, SessionLockOptions, SessionLost, read_options
+from ._session_lock import (
+    Dialect,
+    LockConnection,
+    SessionLockBackend,
+    SessionLockOptions,
+    SessionLost,
+    read_options,
+    socket_fd,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -222,6 +230,9 @@ class _Connection(LockConnection):
     @property
     def broken(self) -> bool:
         return self._closed
+
+    def descriptor(self) -> int | None:
+        return socket_fd(getattr(self.raw, "_writer", None))
 
     def leaves_clean(self, exc: BaseException) -> bool:
         code = _code(exc)

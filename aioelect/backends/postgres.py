@@ -71,6 +71,7 @@ from ._session_lock import (
     SessionLockOptions,
     SessionLost,
     read_options,
+    socket_fd,
     tls_error,
 )
 
@@ -252,6 +253,9 @@ class _Connection(LockConnection):
     @property
     def broken(self) -> bool:
         return bool(self.raw.is_closed())
+
+    def descriptor(self) -> int | None:
+        return socket_fd(self.raw)
 
     def leaves_clean(self, exc: BaseException) -> bool:
         return isinstance(exc, asyncpg.PostgresError) and not isinstance(
