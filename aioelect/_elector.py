@@ -281,6 +281,10 @@ class Leadership:
         self._elector._ended(self)
         self._done.set()
 
+    def _descriptors(self) -> tuple[int, ...]:
+        """The descriptors whose last close ends this leadership (:meth:`Hold.descriptors`); empty once it ended."""
+        return () if self._lost.is_set() or self._released else self._hold.descriptors()
+
     @contextlib.contextmanager
     def _guard(self) -> Any:
         """Run the body as leader work: cancelled on loss, awaited before release."""

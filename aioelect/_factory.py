@@ -17,7 +17,6 @@ from ._config import DEFAULT_NAME
 from ._elector import Elector
 from ._electors import EtcdElector, FileElector, LocalElector, MemoryElector, MySQLElector, PostgresElector
 from ._settings import (
-    BACKEND_VARIABLES,
     ENV_BACKEND,
     ENV_ETCD_ENDPOINTS,
     ENV_FILE,
@@ -225,9 +224,7 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
         targets = {}
         options = {kind: True, **options}
     elif kind is not None:
-        if targets[kind] is None:
-            variable = dict(BACKEND_VARIABLES)[kind]
-            raise ValueError(f"{ENV_BACKEND}={kind} but {variable} is not set")
+        settings.backend()  # ValueError when the variable of the backend named is not set
         targets = {kind: targets[kind]}
     elif not any(targets.values()) and not any(options.get(k) for k in (*targets, "local", "memory")):
         raise ValueError(

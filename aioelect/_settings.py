@@ -10,8 +10,9 @@ environment through :meth:`Settings.from_environ`. This module guarantees:
   never quoting the value of a secret variable;
 * a secret (a password, or a DSN that may hold one) never appears in the
   ``repr()`` of :class:`Settings`;
-* :func:`is_secret` says which variables are secrets, so that the command
-  keeps them out of the environment of the programs it starts.
+* :func:`is_secret` says which variables are secrets (aioelect's, and every
+  libpq, MySQL and MariaDB client variable), so that the command keeps them
+  out of the environment of the programs it starts.
 
 It imports nothing of aioelect's but :mod:`aioelect._config`, so every
 layer may use it.
@@ -45,9 +46,11 @@ __all__ = [
     "ENV_POSTGRES_DSN",
     "ENV_RENEW_DEADLINE",
     "ENV_TOKEN",
-    "TIMING_VARIABLES",
+    "LIBPQ_VARIABLES",
+    "MYSQL_PREFIXES",
     "SECRET_VARIABLES",
     "Settings",
+    "TIMING_VARIABLES",
     "is_secret",
 ]
 
@@ -114,14 +117,70 @@ BACKEND_KINDS = (*(kind for kind, _ in BACKEND_VARIABLES), "local", "memory")
 #: ``PASSWORD`` or ends in ``_DSN`` is a secret too (see :func:`is_secret`).
 SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN)
 
+#: libpq's environment variables (PostgreSQL's client library, read by psql and every libpq client, and in part
+#: by asyncpg): the password, the password and service files, and what they connect to and how.
+LIBPQ_VARIABLES = (
+    "PGHOST",
+    "PGHOSTADDR",
+    "PGPORT",
+    "PGDATABASE",
+    "PGUSER",
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGREQUIREAUTH",
+    "PGCHANNELBINDING",
+    "PGSERVICE",
+    "PGSERVICEFILE",
+    "PGOPTIONS",
+    "PGAPPNAME",
+    "PGSSLMODE",
+    "PGREQUIRESSL",
+    "PGSSLNEGOTIATION",
+    "PGSSLCOMPRESSION",
+    "PGSSLCERT",
+    "PGSSLKEY",
+    "PGSSLCERTMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCRL",
+    "PGSSLCRLDIR",
+    "PGSSLSNI",
+    "PGREQUIREPEER",
+    "PGSSLMINPROTOCOLVERSION",
+    "PGSSLMAXPROTOCOLVERSION",
+    "PGGSSENCMODE",
+    "PGKRBSRVNAME",
+    "PGGSSLIB",
+    "PGGSSDELEGATION",
+    "PGCONNECT_TIMEOUT",
+    "PGCLIENTENCODING",
+    "PGTARGETSESSIONATTRS",
+    "PGLOADBALANCEHOSTS",
+    "PGMINPROTOCOLVERSION",
+    "PGMAXPROTOCOLVERSION",
+    "PGDATESTYLE",
+    "PGTZ",
+    "PGGEQO",
+    "PGSYSCONFDIR",
+    "PGLOCALEDIR",
+)
+#: The prefixes of the MySQL and MariaDB clients' variables (``MYSQL_PWD``, ``MYSQL_HOST``,
+#: ``MYSQL_TEST_LOGIN_FILE``, ``LIBMYSQL_ENABLE_CLEARTEXT_PLUGIN``...) and of the servers' images
+#: (``MYSQL_ROOT_PASSWORD``, ``MARIADB_PASSWORD``...).
+MYSQL_PREFIXES = ("MYSQL_", "MARIADB_", "LIBMYSQL_")
+
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
 def is_secret(variable: str) -> bool:
-    """Whether ``variable`` may hold a secret of aioelect's (a password, or a DSN that may carry one)."""
-    return variable in SECRET_VARIABLES or (
-        variable.startswith("AIOELECT_") and ("PASSWORD" in variable or variable.endswith("_DSN"))
+    """Whether ``variable`` may hold a secret: aioelect's (a password, or a DSN that may carry one), or a
+    database client's (every libpq variable of :data:`LIBPQ_VARIABLES`, every MySQL or MariaDB variable of
+    :data:`MYSQL_PREFIXES`: passwords, password files, and where they are sent)."""
+    return (
+        variable in SECRET_VARIABLES
+        or (variable.startswith("AIOELECT_") and ("PASSWORD" in variable or variable.endswith("_DSN")))
+        or variable in LIBPQ_VARIABLES
+        or variable.startswith(MYSQL_PREFIXES)
     )
 
 
@@ -221,11 +280,22 @@ class Settings:
         return {"etcd": self.etcd_endpoints, "mysql": self.mysql_dsn, "postgres": self.postgres_dsn, "file": self.file}
 
     def backend(self) -> tuple[str, str] | None:
-        """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names if its variable is set, else of the first
-        backend configured in priority order; None if none is."""
-        named = self.targets.get(self.backend_kind or "")
-        if named is not None:
-            assert self.backend_kind is not None
+        """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names, else of the first backend configured in
+        priority order; None if none is (or ``AIOELECT_BACKEND=local`` or ``memory``: no backend of another
+        process).
+
+        ValueError when ``AIOELECT_BACKEND`` names a backend whose variable is
+        not set: the configuration contradicts itself, and falling back to
+        another backend that happens to be set would lead beside the real
+        election.
+        """
+        if self.backend_kind in ("local", "memory"):
+            return None
+        if self.backend_kind is not None:
+            named = self.targets[self.backend_kind]
+            if named is None:
+                variable = dict(BACKEND_VARIABLES)[self.backend_kind]
+                raise ValueError(f"{ENV_BACKEND}={self.backend_kind} but {variable} is not set")
             return self.backend_kind, named
         for kind, target in self.targets.items():
             if target is not None:

@@ -66,7 +66,12 @@ class PrometheusMetrics:
         _series.record(event, self._sink)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Expose this registry over HTTP on ``host:port`` (loopback by default), in a daemon thread."""
+        """Expose this registry over HTTP on ``host:port`` (loopback by default), in a daemon thread.
+
+        This is prometheus_client's server: one thread per connection and no
+        connection limit, so keep it off addresses untrusted clients reach
+        (``aioelect run --metrics-port`` serves from a bounded server instead).
+        """
         prometheus_client.start_http_server(port, addr=host, registry=self.registry)
 
 

@@ -425,3 +425,101 @@ def test_the_api_page_reads_on_the_repository_page() -> None:
     prose = "\n".join(line for line in text.splitlines() if not line.startswith(("::: ", "    ")))
     for name in aioelect.__all__:
         assert re.search(rf"^\| `{name}(\(\))?` \| \S", prose, re.M), f"docs/api.md: no summary row for {name}"
+
+
+# --- the server-side bounds table of docs/guarantees.md -------------------------------------
+
+#: What aioelect does with each bound, by the name the backends' server_bounds() give it.
+BOUND_ROLE = {
+    "wait_timeout": "sets it to `lease`",
+    "net_read_timeout": "raises it to at least `lease`",
+    "net_write_timeout": "raises it to at least `lease`",
+    "tcp_keepalive_time + tcp_keepalive_interval * tcp_keepalive_probes": "reads it (MariaDB; global only)",
+    "idle_session_timeout": "sets it to `lease` (PostgreSQL 14+)",
+    "idle_in_transaction_session_timeout": "sets it to `lease`",
+    "tcp_keepalives_idle + tcp_keepalives_interval * tcp_keepalives_count": (
+        "sets idle to `lease`, interval to `lease`/10 (at least 1 s), count to 3"
+    ),
+    "tcp_user_timeout": "reads it",
+}
+
+
+def bounds_table() -> str:
+    """The table, computed at the defaults from the functions the backends check every lock session with."""
+    from aioelect._config import LockTiming, release_bound
+    from aioelect.backends import mysql, postgres
+
+    lease = 10
+    rows = ["| backend | bound | aioelect | at the defaults |", "| --- | --- | --- | --- |"]
+    # The server's own defaults where aioelect only reads (or only raises) a setting.
+    mysql_session = {"wait_timeout": lease, "net_read_timeout": max(30, lease), "net_write_timeout": max(60, lease)}
+    idle, interval, count = postgres.keepalives(lease)
+    postgres_session = {
+        "idle_session_timeout": lease,
+        "idle_in_transaction_session_timeout": lease,
+        "tcp_keepalives_idle": idle,
+        "tcp_keepalives_interval": interval,
+        "tcp_keepalives_count": count,
+        "tcp_user_timeout": 0,
+    }
+    for product, backend, bounds in (
+        ("MySQL / MariaDB", mysql.MySQLBackend, mysql.server_bounds(mysql_session)),
+        ("PostgreSQL", postgres.PostgresBackend, postgres.server_bounds(postgres_session)),
+    ):
+        dialect = backend.dialect
+        timing = LockTiming.checked(
+            poll_interval=2,
+            check_interval=1,
+            check_timeout=2,
+            connect_timeout=5,
+            lease=lease,
+            renew_deadline=None,
+            server_timeout=dialect.server_timeout,
+            min_lease=dialect.min_lease,
+            whole_lease=dialect.whole_lease,
+            dated_after_grant=True,
+        )
+        assert timing.server_problem(bounds, product=product) is None
+        for setting, seconds in bounds.items():
+            shown = "off" if seconds is None else f"{seconds:g} s"
+            rows.append(f"| {product} | `{setting}` | {BOUND_ROLE[setting]} | {shown} |")
+        earliest = release_bound(bounds)
+        assert earliest is not None
+        margin = earliest[1] - timing.renew_deadline
+        assert margin == timing.margin  # the margin run --grace uses
+        rows.append(
+            f"| {product} | earliest bound, and the safety margin | | {earliest[1]:g} s (`{earliest[0]}`); "
+            f"margin **{margin:g} s** |"
+        )
+    return "\n".join(rows)
+
+
+def test_the_server_bounds_table_is_computed_from_the_backends() -> None:
+    text = (ROOT / "docs" / "guarantees.md").read_text()
+    found = re.search(r"<!-- server-bounds:start -->\n(.*?)\n<!-- server-bounds:end -->", text, re.S)
+    assert found is not None, "docs/guarantees.md lost its server-bounds markers"
+    expected = bounds_table()
+    assert found.group(1) == expected, f"docs/guarantees.md's table must read:\n{expected}"
+
+
+def test_the_documented_margins_are_the_computed_ones() -> None:
+    """The 3 s (and its half, the default --grace) that concepts.md and operations.md state at the defaults."""
+    from aioelect._config import LockTiming
+
+    margin = LockTiming.checked(
+        poll_interval=2,
+        check_interval=1,
+        check_timeout=2,
+        connect_timeout=5,
+        lease=10,
+        renew_deadline=None,
+        server_timeout="wait_timeout",
+        min_lease=2,
+        whole_lease=True,
+        dated_after_grant=True,
+    ).margin
+    concepts = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
+    operations = " ".join((ROOT / "docs" / "operations.md").read_text().split())
+    assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL and PostgreSQL" in concepts
+    assert f"lease less renew deadline: {margin:g} s on MySQL and PostgreSQL" in operations
+    assert f"half the margin ({margin / 2:g} s on MySQL and PostgreSQL" in operations

@@ -110,3 +110,9 @@ def test_the_command_line_reads_the_timing_variables_under_its_flags() -> None:
     assert from_variable._backend.describe_timing().startswith("ttl=4s")
     from_flag = configure(parser.parse_args(["leader", "--ttl", "6"]), Settings.from_environ(environ)).build()
     assert from_flag._backend.describe_timing().startswith("ttl=6s")
+
+
+def test_the_memory_backend_is_no_backend_of_the_command_line() -> None:
+    from aioelect._settings import Settings
+
+    assert Settings.from_environ({"AIOELECT_BACKEND": "memory", "AIOELECT_FILE": "/x/l.lock"}).backend() is None

@@ -100,7 +100,10 @@ def _choose_backend(args: argparse.Namespace, settings: Settings) -> tuple[str, 
         kind = given[0]
         value: str = getattr(args, kind)
         return kind, value
-    found = settings.backend()
+    try:
+        found = settings.backend()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if found is None:
         raise UsageError(
             "no backend configured: give --etcd, --mysql, --postgres or --file "
