@@ -44,7 +44,10 @@ from typing import cast
 import anyio
 
 from .._settings import is_secret
-from ._shim import descendants, processes
+from ._orphans import KILL_WAIT, reap_orphans, start_time
+from ._orphans import SHIMS as _SHIMS
+from ._orphans import end_strays as _end_strays
+from ._shim import processes
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -65,8 +68,6 @@ log = logging.getLogger("aioelect.cli")
 KILL_RESERVE = 0.5
 #: The grace between SIGTERM and SIGKILL where leadership cannot be taken away while this process lives.
 DEFAULT_GRACE = 10.0
-#: How long processes killed with SIGKILL get to be gone.
-KILL_WAIT = 2.0
 
 #: The signals ``aioelect run`` handles: each is forwarded to CMD's group and stops the campaign, where the
 #: default action would end aioelect with CMD left behind (SIGPIPE included, which Python ignores).
@@ -112,10 +113,6 @@ def _shim_setup() -> None:  # pragma: no cover - runs in the forked child
 
 def _use_shim() -> bool:
     return _prctl is not None and bool(sys.executable) and os.path.isdir("/proc/self")
-
-
-#: The shims running now: :func:`reap_orphans` leaves them to asyncio.
-_SHIMS: set[int] = set()
 
 
 def child_environment(
@@ -239,7 +236,7 @@ class ProcessTree(ProcessGroup):
         self.left = 0
         self._writer = writer
         #: When the shim started: CMD's tree started no earlier.
-        self._started = _start_time(shim.pid) or 0
+        self._started = start_time(shim.pid) or 0
         self._shim_exited: asyncio.Future[int] = asyncio.ensure_future(shim.wait())
         self._shim_exited.add_done_callback(lambda _: _SHIMS.discard(shim.pid))
         self._reading = asyncio.ensure_future(self._read(reader))
@@ -367,72 +364,3 @@ class ProcessTree(ProcessGroup):
                 await _end_strays(self._started)
         if not _SHIMS and _prctl is not None:
             _prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-def _start_time(pid: int) -> int | None:
-    """When ``pid`` started, in clock ticks since boot (None if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _strays(me: int, since: int) -> tuple[list[tuple[int, bool]], list[int]]:
-    """The descendants of ``me`` under its children started at ``since`` or later that are not shims, as
-    ``(pid, alive)``; and those children that are zombies."""
-    found: list[tuple[int, bool]] = []
-    zombies: list[int] = []
-    for pid, alive in descendants(me, depth=1):
-        started = _start_time(pid)
-        if pid in _SHIMS or started is None or started < since:
-            continue
-        found.append((pid, alive))
-        found.extend(descendants(pid))
-        if not alive:
-            zombies.append(pid)
-    return found, zombies
-
-
-async def _end_strays(since: int) -> None:
-    """SIGKILL and reap the processes :func:`_strays` finds until there are none (bounded: KILL_WAIT)."""
-    me = os.getpid()
-    with anyio.move_on_after(KILL_WAIT) as scope:
-        warned = False
-        while True:
-            strays, zombies = _strays(me, since)
-            if not strays:
-                break
-            live = [pid for pid, alive in strays if alive]
-            if live and not warned:
-                log.warning("the process shim died: killing %d process(es) of CMD's tree it left", len(live))
-                warned = True
-            for pid in live:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            for pid in zombies:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - a zombie: returns at once
-            await anyio.sleep(0.01)
-    if scope.cancelled_caught:
-        log.error("processes of CMD's tree survived SIGKILL for %gs", KILL_WAIT)
-
-
-def _zombie_children() -> list[int]:
-    me = str(os.getpid()).encode()
-    return [pid for pid, fields in processes() if fields[0] == b"Z" and fields[1] == me]
-
-
-async def reap_orphans(interval: float = 0.5) -> None:
-    """Reap, every ``interval`` seconds, this process's zombie children that no one else waits for.
-
-    For aioelect as PID 1, which the kernel hands every orphan of its PID
-    namespace: without it they would stay zombies. Children asyncio waits
-    for (the shims) are left to it. Runs until cancelled.
-    """
-    while True:
-        for pid in _zombie_children():
-            if pid not in _SHIMS:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - a zombie: returns at once
-        await anyio.sleep(interval)
