@@ -40,13 +40,14 @@ __all__ = [
     "ENV_NAME",
     "ENV_PASSWORD",
     "ENV_POSTGRES_DSN",
+    "ENV_REDIS_URL",
     "ENV_TOKEN",
     "SECRET_VARIABLES",
     "Settings",
     "is_secret",
 ]
 
-#: The backend to use, by kind: ``etcd``, ``mysql``, ``postgres``, ``file`` or ``local``. Required for
+#: The backend to use, by kind: ``etcd``, ``mysql``, ``postgres``, ``redis``, ``file`` or ``local``. Required for
 #: ``local`` (no mutual exclusion: never chosen because nothing else is configured); with another kind,
 #: that backend's variable is used even when others are set.
 ENV_BACKEND = "AIOELECT_BACKEND"
@@ -56,6 +57,8 @@ ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
 ENV_MYSQL_DSN = "AIOELECT_MYSQL_DSN"
 #: ``postgresql://user:password@host:port/database``.
 ENV_POSTGRES_DSN = "AIOELECT_POSTGRES_DSN"
+#: ``redis://user:password@host:port/db`` or ``rediss://...`` (TLS).
+ENV_REDIS_URL = "AIOELECT_REDIS_URL"
 #: The path of a lock file (one machine only).
 ENV_FILE = "AIOELECT_FILE"
 #: The election name (lock name or etcd key prefix).
@@ -82,6 +85,7 @@ BACKEND_VARIABLES = (
     ("etcd", ENV_ETCD_ENDPOINTS),
     ("mysql", ENV_MYSQL_DSN),
     ("postgres", ENV_POSTGRES_DSN),
+    ("redis", ENV_REDIS_URL),
     ("file", ENV_FILE),
 )
 
@@ -89,8 +93,8 @@ BACKEND_VARIABLES = (
 BACKEND_KINDS = (*(kind for kind, _ in BACKEND_VARIABLES), "local")
 
 #: The secret variables aioelect defines. Any other ``AIOELECT_`` variable whose name holds
-#: ``PASSWORD`` or ends in ``_DSN`` is a secret too (see :func:`is_secret`).
-SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN)
+#: ``PASSWORD`` or ends in ``_DSN`` or ``_URL`` is a secret too (see :func:`is_secret`).
+SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN, ENV_REDIS_URL)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -99,7 +103,8 @@ _FALSE = ("0", "false", "no", "off")
 def is_secret(variable: str) -> bool:
     """Whether ``variable`` may hold a secret of aioelect's (a password, or a DSN that may carry one)."""
     return variable in SECRET_VARIABLES or (
-        variable.startswith("AIOELECT_") and ("PASSWORD" in variable or variable.endswith("_DSN"))
+        variable.startswith("AIOELECT_")
+        and ("PASSWORD" in variable or variable.endswith("_DSN") or variable.endswith("_URL"))
     )
 
 
@@ -133,6 +138,7 @@ class Settings:
     etcd_endpoints: str | None = None
     mysql_dsn: str | None = field(default=None, repr=False)
     postgres_dsn: str | None = field(default=None, repr=False)
+    redis_url: str | None = field(default=None, repr=False)
     file: str | None = None
     name: str | None = None
     identity: str | None = None
@@ -161,6 +167,7 @@ class Settings:
             etcd_endpoints=text(ENV_ETCD_ENDPOINTS),
             mysql_dsn=text(ENV_MYSQL_DSN),
             postgres_dsn=text(ENV_POSTGRES_DSN),
+            redis_url=text(ENV_REDIS_URL),
             file=text(ENV_FILE),
             name=text(ENV_NAME),
             identity=text(ENV_IDENTITY),
@@ -175,7 +182,13 @@ class Settings:
     @property
     def targets(self) -> dict[str, str | None]:
         """Each backend's configured target (endpoints, DSN, path) or None, in the factory's priority order."""
-        return {"etcd": self.etcd_endpoints, "mysql": self.mysql_dsn, "postgres": self.postgres_dsn, "file": self.file}
+        return {
+            "etcd": self.etcd_endpoints,
+            "mysql": self.mysql_dsn,
+            "postgres": self.postgres_dsn,
+            "redis": self.redis_url,
+            "file": self.file,
+        }
 
     def backend(self) -> tuple[str, str] | None:
         """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names if its variable is set, else of the first
@@ -197,6 +210,7 @@ class Settings:
                 ("etcd_endpoints", self.etcd_endpoints),
                 ("mysql_dsn", _redacted(self.mysql_dsn)),
                 ("postgres_dsn", _redacted(self.postgres_dsn)),
+                ("redis_url", _redacted(self.redis_url)),
                 ("file", self.file),
                 ("name", self.name),
                 ("identity", self.identity),

@@ -4,7 +4,8 @@ Nothing here ships in the wheel; users test their code with
 :mod:`aioelect.testing` instead. The parts, one job each:
 
 * :mod:`.servers` -- :class:`MariaDBServer`, :class:`EtcdServer`,
-  :class:`EtcdCluster`, :class:`PostgresServer`, all with the lifecycle of
+  :class:`EtcdCluster`, :class:`PostgresServer`, :class:`RedisServer`,
+  :class:`SentinelServer`, all with the lifecycle of
   :mod:`.lifecycle` (start, stop, kill, freeze, thaw, restart, cleanup).
 * :mod:`.proxy` -- :class:`TCPProxy`, a fault-injecting TCP proxy.
 * :mod:`.certificates` -- :class:`Certificates`, a throwaway CA for TLS tests.
@@ -35,6 +36,7 @@ from .proxy import TCPProxy
 from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
 from .servers.postgres import PostgresServer
+from .servers.redis import RedisServer, SentinelServer, redis_command
 
 __all__ = [
     "ENV_ETCD_DIR",
@@ -47,12 +49,15 @@ __all__ = [
     "MariaDBServer",
     "MissingBinaryError",
     "PostgresServer",
+    "RedisServer",
+    "SentinelServer",
     "ServerStartError",
     "TCPProxy",
     "etcd_tool_version",
     "etcd_version_matches",
     "expected_etcd_version",
     "free_port",
+    "redis_command",
     "require_binary",
     "started_etcd_versions",
 ]
