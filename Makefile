@@ -52,7 +52,7 @@ docs: venv
 test: venv servers lint docs matrix pytest-etcd35 pytest
 
 # Only a named server backend needs server packages; the default demo uses a lock file.
-demo: venv $(if $(filter mysql etcd postgres,$(BACKEND)),servers,)
+demo: venv $(if $(filter mysql etcd postgres redis,$(BACKEND)),servers,)
 	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
 
 # Peers (tooz, etcd3gw...) go into the venv for the benchmarks only, never as dependencies.

@@ -512,7 +512,9 @@ def test_grace_within_the_margin_is_accepted(mysql_dsn: str, options: list[str],
 
 def test_lease_applies_to_sql_backends_only(etcd_endpoints: list[str]) -> None:
     result = cli("run", "--etcd", ",".join(etcd_endpoints), "--name", "/t", "--lease", "30", "--", "true")
-    assert result.returncode == 2 and "--lease applies to the SQL and Redis backends only" in result.stderr, result.stderr
+    assert result.returncode == 2 and "--lease applies to the SQL and Redis backends only" in result.stderr, (
+        result.stderr
+    )
 
 
 @pytest.mark.parametrize("kind", ["etcd", "mysql"])
