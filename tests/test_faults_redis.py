@@ -87,6 +87,8 @@ def test_server_restarted_with_aof_keeps_the_leader_and_the_tokens(
     time.sleep(1.5)
     current = candidates.wait_leader(timeout=LEASE + 10)
     last = current.acts()[-1]["token"]
-    print(f"MEASURED redis restart with AOF: leader {'kept' if current is leader else 'changed'}, token {token}->{last}")
+    print(
+        f"MEASURED redis restart with AOF: leader {'kept' if current is leader else 'changed'}, token {token}->{last}"
+    )
     assert last >= token
     check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
