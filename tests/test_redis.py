@@ -274,3 +274,15 @@ async def test_an_acl_user_limited_to_its_keys_campaigns_and_nothing_more() -> N
             with pytest.raises(ElectionError, match=r"refused the campaign.*(?i:permission|can.t access)"):
                 await outside.acquire(timeout=5)
             assert time.monotonic() - started < 3, "a denied key is permanent, never retried"
+
+
+def test_a_sentinel_url_names_the_sentinels_and_the_master_never_the_password() -> None:
+    url = "redis+sentinel://user:pw%23x@127.0.0.1:26379,127.0.0.2:26380/mymaster/3"
+    backend = RedisBackend(url, name="n")
+    s = backend.settings
+    assert s.sentinels == (("127.0.0.1", 26379), ("127.0.0.2", 26380)) and s.master_name == "mymaster"
+    assert (s.username, s.password, s.db) == ("user", "pw#x", 3)
+    assert s.url == "redis+sentinel://user:***@127.0.0.1:26379,127.0.0.2:26380/mymaster/3"
+    assert "pw" not in repr(backend) + repr(s) + backend.describe_timing()
+    with pytest.raises(ValueError, match="name the master"):
+        RedisBackend("redis+sentinel://127.0.0.1:26379", name="n")

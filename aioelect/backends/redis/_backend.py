@@ -102,7 +102,9 @@ class RedisHold(Hold):
             except Exception as exc:
                 if b.permanent(exc):
                     return f"renew refused by Redis: {b.describe(exc)}"
-                # The keeper fences at the renew deadline; until then a retry may still confirm.
+                # The keeper fences at the renew deadline; until then a retry may still confirm, on a new
+                # connection (through Sentinel: to the master it names now).
+                await b.drop_lock_connection()
                 pause = min(t.check_interval, 0.25)
                 b.log.warning("renew failed (%s); retrying in %.2fs", b.describe(exc), pause)
                 b.reporter_error(f"renew failed ({b.describe(exc)})")
@@ -151,6 +153,7 @@ class RedisBackend(Backend):
         self._version: tuple[int, ...] | None = None
         self._volatile_warned = False
         self._closed = False
+        self._sentinels: dict[int, list[Redis]] = {}
 
     def __repr__(self) -> str:
         return f"<RedisBackend {self.settings.url} name={self.name!r}>"
@@ -178,7 +181,27 @@ class RedisBackend(Backend):
     def _client(self) -> Redis:
         if self._closed:
             raise ElectionError("the Redis elector is closed")
-        return Redis(**self.settings.client_options(), single_connection_client=True, decode_responses=True)
+        options = self.settings.client_options()
+        if not self.settings.sentinels:
+            return Redis(**options, single_connection_client=True, decode_responses=True)
+        from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+        del options["host"], options["port"]
+        asked = {key: options[key] for key in options if key.startswith("socket_") or key == "retry"}
+        sentinel = Sentinel(self.settings.sentinels, sentinel_kwargs=asked, **options)  # type: ignore[no-untyped-call]
+        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            self.settings.master_name, sentinel, decode_responses=True, **options
+        )
+        client = Redis(connection_pool=pool, single_connection_client=True, decode_responses=True)
+        self._sentinels[id(client)] = sentinel.sentinels
+        return client
+
+    async def _close(self, client: Redis) -> None:
+        """Close ``client`` with its pool, and the connections to the sentinels it asked."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout):
+            await client.aclose(close_connection_pool=True)
+            for asked in self._sentinels.pop(id(client), []):
+                await asked.aclose()
 
     def lock_client(self) -> Redis:
         """The one connection campaigns and the hold use (``WAIT`` follows the grant on it)."""
@@ -196,8 +219,7 @@ class RedisBackend(Backend):
         """Close the lock connection (the next request opens a new one): an idle elector holds nothing."""
         client, self._lock = self._lock, None
         if client is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout):
-                await client.aclose()
+            await self._close(client)
 
     async def run_script(self, client: Redis, script: str, *args: str | int) -> Any:
         """Run ``script`` on the election's two keys (by its digest; sent whole when the server lacks it)."""
@@ -361,14 +383,32 @@ class RedisBackend(Backend):
                     if pubsub is not None:
                         await self._close_pubsub(pubsub)
                         pubsub = None
+                    # A new connection for the next try (through Sentinel: to the master it names now); a try
+                    # that may have set our key is recognised by the next one (same owner), or withdrawn below.
+                    await self.drop_lock_connection()
                     await anyio.sleep(delay)
         finally:
-            if pubsub is not None:
-                await self._close_pubsub(pubsub)
-            if not won:
+            if won and pubsub is not None:
+                await self._close_won(pubsub, owner)
+            else:
+                if pubsub is not None:
+                    await self._close_pubsub(pubsub)
                 if uncertain:
                     await self._withdraw(owner)
                 await self.drop_lock_connection()
+
+    async def _close_won(self, pubsub: PubSub, owner: str) -> None:
+        """Close a won campaign's subscription, not shielded: a cancellation of the caller's task must reach it
+        (a shield would swallow it and hand leadership to a cancelled task); cancelled, the key is withdrawn."""
+        try:
+            with anyio.move_on_after(self.timing.check_timeout):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            self.log.debug("closing the subscription failed (%s)", exc)
+        except BaseException:
+            await self._withdraw(owner)
+            await self.drop_lock_connection()
+            raise
 
     async def try_campaign(self, identity: str) -> Hold | None:
         owner = secrets.token_hex(8) + ":"
@@ -461,8 +501,7 @@ class RedisBackend(Backend):
     async def _drop_look(self) -> None:
         client, self._look = self._look, None
         if client is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout):
-                await client.aclose()
+            await self._close(client)
 
     async def close_observer(self) -> None:
         await self._drop_look()

@@ -12,6 +12,7 @@ from ..._config import DSN, LockTiming, check_options, parse_dsn, positive, tran
 __all__ = ["RedisOptions", "RedisSettings"]
 
 _SCHEMES = ("redis", "rediss")
+_SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
 _TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 #: How many keep-alive probes, one a second, declare a silent peer dead.
 KEEPALIVE_PROBES = 2
@@ -63,6 +64,9 @@ class RedisSettings:
     min_replicas: int
     volatile_tokens: bool
     url: str
+    #: Sentinel addresses (``redis+sentinel://``): the master named ``master_name`` is asked of them.
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master_name: str | None = None
 
     @classmethod
     def parse(cls, url: str, options: dict[str, Any]) -> RedisSettings:
@@ -71,6 +75,10 @@ class RedisSettings:
         name = validate_name(options["name"], max_length=512)
         if "{" in name or "}" in name:
             raise ValueError(f"name {name!r} must not contain '{{' or '}}': it becomes the keys' hash tag")
+        sentinels: tuple[tuple[str, int], ...] = ()
+        master_name = None
+        if isinstance(url, str) and url.split("://", 1)[0] in _SENTINEL_SCHEMES:
+            url, sentinels, master_name = _sentinel_url(url)
         parsed: DSN = parse_dsn(url, *_SCHEMES)
         if not parsed.host:
             raise ValueError("a Redis URL must name a host: redis://user:password@host:port/db")
@@ -137,7 +145,9 @@ class RedisSettings:
             key_prefix=prefix,
             min_replicas=replicas,
             volatile_tokens=bool(volatile),
-            url=parsed.redacted(),
+            url=_shown(parsed, sentinels, master_name),
+            sentinels=sentinels,
+            master_name=master_name,
         )
 
     @property
@@ -187,6 +197,41 @@ class RedisSettings:
                 ssl_keyfile=self.ssl_keyfile,
             )
         return options
+
+
+def _sentinel_url(url: str) -> tuple[str, tuple[tuple[str, int], ...], str]:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/master[/db][?...]`` as a plain URL (the first
+    sentinel as its host), the sentinels and the master's name. ValueErrors never quote the URL."""
+    scheme, _, rest = url.partition("://")
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, path = rest[:end], rest[end:]
+    userinfo, at, hosts = authority.rpartition("@")
+    sentinels: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        probe = parse_dsn(f"redis://{item.strip()}/", "redis")
+        if not probe.host:
+            raise ValueError("a Sentinel URL must list host:port of each sentinel, separated by commas")
+        sentinels.append((probe.host, probe.port or 26379))
+    query = ""
+    if "?" in path:
+        path, query = path.split("?", 1)
+        query = "?" + query
+    parts = [p for p in path.split("/") if p]
+    if not parts or len(parts) > 2:
+        raise ValueError("a Sentinel URL must name the master: redis+sentinel://host:port,host:port/master/db")
+    master = parts[0]
+    db = f"/{parts[1]}" if len(parts) == 2 else "/0"
+    first = hosts.split(",")[0].strip()
+    return f"{_SENTINEL_SCHEMES[scheme]}://{userinfo}{at}{first}{db}{query}", tuple(sentinels), master
+
+
+def _shown(parsed: DSN, sentinels: tuple[tuple[str, int], ...], master: str | None) -> str:
+    """The URL for messages, without the password."""
+    if not sentinels:
+        return parsed.redacted()
+    auth = f"{parsed.user or ''}:***@" if parsed.password is not None else (f"{parsed.user}@" if parsed.user else "")
+    hosts = ",".join(f"{h}:{p}" for h, p in sentinels)
+    return f"{parsed.scheme}+sentinel://{auth}{hosts}/{master}/{parsed.database or 0}"
 
 
 def keepalive_idle(timing: LockTiming) -> int:
