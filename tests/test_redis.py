@@ -286,3 +286,26 @@ def test_a_sentinel_url_names_the_sentinels_and_the_master_never_the_password() 
     assert "pw" not in repr(backend) + repr(s) + backend.describe_timing()
     with pytest.raises(ValueError, match="name the master"):
         RedisBackend("redis+sentinel://127.0.0.1:26379", name="n")
+
+
+async def test_a_campaign_cancelled_as_its_grant_arrives_is_cancelled_and_leaves_no_key(
+    redis_server: RedisServer,
+) -> None:
+    """redis-py can finish a request although its task was cancelled meanwhile: the grant must not survive that."""
+    name = unique_name()
+    for i in range(40):
+        async with make(redis_server.url, name) as elector:
+
+            async def lead(elector: RedisElector = elector) -> None:
+                await elector.acquire()
+                await asyncio.sleep(3600)
+
+            task = asyncio.create_task(lead())
+            await asyncio.sleep((i % 10) * 0.0005)
+            task.cancel()
+            with anyio.fail_after(5):  # a swallowed cancellation would leave the task leading and asleep
+                await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()
+        with anyio.fail_after(5):
+            while redis_server.command("EXISTS", lock_key(name)):
+                await asyncio.sleep(0.01)

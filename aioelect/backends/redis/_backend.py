@@ -25,6 +25,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 import ssl
@@ -74,6 +75,21 @@ def _tls_verify_error(exc: BaseException) -> ssl.SSLError | None:
 async def _command(client: Redis, *args: str | int) -> Any:
     """One command by name (redis-py does not type ``execute_command``)."""
     return await client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _cancel_if_swallowed() -> None:
+    """Raise CancelledError if this task was cancelled during a request whose reply came back anyway.
+
+    redis-py can complete a request although the task awaiting it was
+    cancelled meanwhile, losing the cancellation: a campaign would then
+    return leadership to a task that was cancelled. ``Task.cancelling()``
+    (Python 3.11+) still counts the request. Only for the main path of a
+    campaign: inside a shielded cleanup a cancellation is pending on purpose.
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
 
 
 class _NotConfirmed(Exception):
@@ -333,6 +349,7 @@ class RedisBackend(Backend):
         token, value, pttl = await self.run_script(
             client, ACQUIRE, owner, identity, self.lease_ms, self.settings.channel
         )
+        _cancel_if_swallowed()  # never a grant to a cancelled task: the caller withdraws the key
         if not token:
             return None, value, int(pttl)
         try:
@@ -340,6 +357,7 @@ class RedisBackend(Backend):
         except BaseException:
             await self._withdraw(owner)
             raise
+        _cancel_if_swallowed()
         return RedisHold(self, owner, int(token), sent), value, int(pttl)
 
     async def _withdraw(self, owner: str) -> None:
