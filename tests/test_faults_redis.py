@@ -3,7 +3,8 @@
 Never two leaders acting at once, tokens never going backwards, and a
 bounded time without a leader: a crashed, frozen or cut-off leader's key
 expires after the lease, and the leader itself stops first (it fences at
-its renew deadline, measured from the send time of its last renew).
+its renew deadline, measured from the send time of its last renew). The
+partition through the TCP proxy is in test_faults_partition.py.
 """
 
 from __future__ import annotations
@@ -14,12 +15,8 @@ from collections.abc import Iterator
 import pytest
 
 from .backends import unique_name
-from .faults import CHECK_INTERVAL, LEASE, MARGIN, Candidates, check_invariants
-from .harness import RedisServer, TCPProxy
-
-#: As the SQL fault suites' OPTIONS, in the Redis backend's option names.
-REDIS_OPTIONS = {"lease": LEASE, "check_interval": CHECK_INTERVAL, "check_timeout": 0.6, "renew_deadline": 2.0}
-RENEW_DEADLINE = 2.0
+from .faults import CHECK_INTERVAL, LEASE, MARGIN, REDIS_OPTIONS, Candidates, check_invariants
+from .harness import RedisServer
 
 
 @pytest.fixture
@@ -28,13 +25,8 @@ def candidates(fresh_redis: RedisServer) -> Iterator[Candidates]:
         yield group
 
 
-def start_three(candidates: Candidates) -> None:
-    for i in range(3):
-        candidates.start(f"cand-{i}")
-
-
 def test_leader_killed(candidates: Candidates) -> None:
-    start_three(candidates)
+    candidates.start_three()
     leader = candidates.wait_leader()
     successor, took = candidates.replace(leader, leader.kill, timeout=LEASE + 10)
     assert successor is not leader
@@ -45,7 +37,7 @@ def test_leader_killed(candidates: Candidates) -> None:
 
 
 def test_leader_frozen_longer_than_lease(candidates: Candidates) -> None:
-    start_three(candidates)
+    candidates.start_three()
     leader = candidates.wait_leader()
     successor, took = candidates.replace(leader, leader.freeze, timeout=LEASE + 10)
     print(f"MEASURED redis sigstop takeover {took:.3f}s (lease {LEASE}s)")
@@ -56,31 +48,10 @@ def test_leader_frozen_longer_than_lease(candidates: Candidates) -> None:
     check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
 
 
-def test_network_partition_between_leader_and_server(fresh_redis: RedisServer) -> None:
-    with (
-        Candidates("redis", fresh_redis.url, unique_name("fault"), REDIS_OPTIONS) as candidates,
-        TCPProxy(fresh_redis.host, fresh_redis.port) as proxy,
-    ):
-        via_proxy = fresh_redis.url.replace(f":{fresh_redis.port}/", f":{proxy.port}/")
-        leader = candidates.start("partitioned", target=via_proxy)
-        assert candidates.wait_leader() is leader
-        for i in range(2):
-            candidates.start(f"direct-{i}")
-        time.sleep(0.5)
-        stopped, successor, took = candidates.cut_off(leader, proxy, timeout=LEASE + 10)
-        print(f"MEASURED redis partition: leader stops {stopped:.3f}s, takeover {took:.3f}s (lease {LEASE}s)")
-        # The cut-off leader fences at its renew deadline, before its key can expire and be taken.
-        assert stopped < RENEW_DEADLINE + 0.3
-        assert successor is not leader
-        assert stopped < took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover across a partition took {took:.2f}s"
-        proxy.heal()
-        check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
-
-
 def test_server_restarted_with_aof_keeps_the_leader_and_the_tokens(
     candidates: Candidates, fresh_redis: RedisServer
 ) -> None:
-    start_three(candidates)
+    candidates.start_three()
     leader = candidates.wait_leader()
     token = leader.acts()[-1]["token"]
     fresh_redis.restart()
