@@ -110,10 +110,14 @@ async def test_failover_with_min_replicas_keeps_the_token_growing(group: Group) 
 
 
 async def test_without_min_replicas_a_failover_can_send_the_token_back(group: Group) -> None:
-    """The grant reaches no replica (both frozen), the master dies: the promoted replica never saw it."""
+    """The grant reaches no replica (both frozen, their links closed), the master dies: the promoted replica never
+    saw it."""
     name = unique_name()
     for replica in group.replicas:
         replica.freeze()
+    # Their links closed by the master: nothing written from now on is sent to them (not even into a socket
+    # buffer they would read once thawed).
+    group.master.command("CLIENT", "KILL", "TYPE", "replica")
     try:
         async with RedisElector(group.url, name=name, min_replicas=1, **OPTIONS) as guarded:  # type: ignore[arg-type]
             with pytest.raises(BackendUnavailable, match="only 0 of min_replicas=1"):
