@@ -452,7 +452,7 @@ class RedisBackend(Backend):
         """Until a message on the election's channel, or ``wait`` seconds."""
         with anyio.move_on_after(wait):
             while await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait) is None:
-                pass
+                await anyio.lowlevel.checkpoint()  # a reply that was only a confirmation must not spin the loop
 
     async def _close_pubsub(self, pubsub: PubSub) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout):
