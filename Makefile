@@ -52,12 +52,12 @@ docs: venv
 test: venv servers lint docs matrix pytest-etcd35 pytest
 
 # Only a named server backend needs server packages; the default demo uses a lock file.
-demo: demo-venv $(if $(filter mysql etcd postgres,$(BACKEND)),servers,)
+demo: demo-venv $(if $(filter mysql etcd postgres redis,$(BACKEND)),servers,)
 	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
 
 # What the demo needs and nothing more: the package (the lock file needs no extra), and a server backend's driver
 # (pymysql for the throwaway MariaDB's set-up). A venv that `make venv` filled already has everything.
-DEMO_SERVER := $(filter mysql etcd postgres,$(BACKEND))
+DEMO_SERVER := $(filter mysql etcd postgres redis,$(BACKEND))
 DEMO_PACKAGES := -e '.$(if $(DEMO_SERVER),[$(DEMO_SERVER)],)' $(if $(filter mysql,$(DEMO_SERVER)),pymysql,)
 demo-venv: $(VENV)/.demo-$(or $(DEMO_SERVER),file)
 

@@ -25,8 +25,17 @@ if TYPE_CHECKING:
     from .backends.memory import MemoryElection
     from .backends.mysql import MySQLOptions
     from .backends.postgres import PostgresOptions
+    from .backends.redis import RedisOptions
 
-__all__ = ["EtcdElector", "FileElector", "LocalElector", "MemoryElector", "MySQLElector", "PostgresElector"]
+__all__ = [
+    "EtcdElector",
+    "FileElector",
+    "LocalElector",
+    "MemoryElector",
+    "MySQLElector",
+    "PostgresElector",
+    "RedisElector",
+]
 
 
 class MySQLElector(Elector):
@@ -153,6 +162,57 @@ class PostgresElector(Elector):
         from .backends.postgres import PostgresBackend
 
         super().__init__(PostgresBackend(dsn, **options), identity=identity, stop_timeout=stop_timeout)
+
+
+class RedisElector(Elector):
+    """A candidate in a Redis (or Valkey) election: a lock key with an expiry, renewed by its owner.
+
+    Guarantees (beyond :class:`~aioelect.Elector`'s):
+
+    * mutual exclusion as long as every candidate talks to the same server
+      and no acknowledged write is lost: one atomic script sets the lock key
+      (``SET NX PX``) and takes the token (``INCR``); Redis replication is
+      asynchronous, so a failover to a replica that missed the grant can
+      make two leaders (``min_replicas`` narrows it; the token still orders
+      them, see the guarantees page);
+    * :attr:`Leadership.token` increases from one leader to the next and
+      across server crashes: a server that could lose the last token
+      increment (no ``appendonly yes`` with ``appendfsync always``, no
+      ``WAITAOF`` on 7.2+, or a user that may not run ``CONFIG GET``) is
+      refused with :class:`~aioelect.ElectionError` unless
+      ``volatile_tokens=True``, which logs a WARNING;
+    * a release deletes the key only if it is ours and publishes it: a
+      waiting candidate takes over within milliseconds; a crashed or cut-off
+      leader's key expires after ``lease`` seconds;
+    * a leader renews every ``check_interval`` by a script that *sets* the
+      expiry, only on its own key: a key deleted, expired or changed is a
+      loss, seen within ``check_interval`` plus ``check_timeout``; one that
+      cannot renew for ``renew_deadline`` seconds fences itself, before its
+      key can expire (every deadline is measured from the send time of the
+      request that set the expiry);
+    * cancelling a campaign leaves no key and no connection.
+
+    ``url`` is ``redis://user:password@host:port/db`` or ``rediss://`` for TLS
+    (the server's certificate always verified, against
+    ``?ssl_ca_certs=PATH`` or the system CAs; ``ssl_certfile`` and
+    ``ssl_keyfile`` for a client certificate). Special characters in the user
+    name or password must be percent-encoded; a URL that could be read more
+    than one way is a ValueError, which never shows the password.
+
+    Options: :class:`~aioelect.backends.redis.RedisOptions` (``name`` is required).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        identity: str | None = None,
+        stop_timeout: float = 5.0,
+        **options: Unpack[RedisOptions],
+    ) -> None:
+        from .backends.redis import RedisBackend
+
+        super().__init__(RedisBackend(url, **options), identity=identity, stop_timeout=stop_timeout)
 
 
 class EtcdElector(Elector):

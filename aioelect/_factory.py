@@ -1,4 +1,4 @@
-"""Choosing a backend: etcd > MySQL > PostgreSQL > file, the first one configured; local only when asked for.
+"""Choosing a backend: etcd > MySQL > PostgreSQL > Redis > file, the first one configured; local only when asked for.
 
 Nothing configured is an error, never a silent local elector: a local
 elector leads at once in every process, so instances that each fell back
@@ -15,7 +15,15 @@ from typing import Any
 
 from ._config import DEFAULT_NAME
 from ._elector import Elector
-from ._electors import EtcdElector, FileElector, LocalElector, MemoryElector, MySQLElector, PostgresElector
+from ._electors import (
+    EtcdElector,
+    FileElector,
+    LocalElector,
+    MemoryElector,
+    MySQLElector,
+    PostgresElector,
+    RedisElector,
+)
 from ._settings import (
     ENV_BACKEND,
     ENV_ETCD_ENDPOINTS,
@@ -23,6 +31,7 @@ from ._settings import (
     ENV_MYSQL_DSN,
     ENV_NAME,
     ENV_POSTGRES_DSN,
+    ENV_REDIS_URL,
     Settings,
 )
 
@@ -53,6 +62,7 @@ _HAS: dict[str, frozenset[str]] = {
     "etcd": frozenset({"lease", "renew_deadline", "connect_timeout"}),
     "mysql": frozenset(PORTABLE_OPTIONS),
     "postgres": frozenset(PORTABLE_OPTIONS),
+    "redis": frozenset(PORTABLE_OPTIONS),
     "file": frozenset({"poll_interval", "check_interval"}),
     "local": frozenset(),
     "memory": frozenset({"renew_deadline", "check_interval"}),
@@ -114,6 +124,7 @@ def new(
     etcd: str | Sequence[str] | None = None,
     mysql: str | None = None,
     postgres: str | None = None,
+    redis: str | None = None,
     file: str | None = None,
     local: bool = False,
     memory: bool = False,
@@ -123,7 +134,8 @@ def new(
     """Build an elector, choosing the first backend configured.
 
     The priority: etcd endpoints -> etcd; else a MySQL DSN -> MySQL;
-    else a PostgreSQL DSN -> PostgreSQL; else a lock file path -> file.
+    else a PostgreSQL DSN -> PostgreSQL; else a Redis URL -> Redis; else a
+    lock file path -> file.
     ``local=True`` (and nothing else) builds a :class:`LocalElector`, logged
     at WARNING: it offers no mutual exclusion. With nothing configured, or
     ``local=True`` beside another backend, raises ValueError: strict is the
@@ -146,7 +158,7 @@ def new(
     runs on a lock file in development and on a server in production. An
     option no backend takes (a typo) raises TypeError.
 
-    The server backends (etcd, MySQL, PostgreSQL) need ``name``: without
+    The server backends (etcd, MySQL, PostgreSQL, Redis) need ``name``: without
     it, ValueError says why. The file and local backends default to
     :data:`~aioelect._config.DEFAULT_NAME` (``aioelect/leader``).
     """
@@ -158,7 +170,15 @@ def new(
     if local or memory:
         chosen = "local" if local else "memory"
         others = [
-            kind for kind, given in (("etcd", etcd), ("mysql", mysql), ("postgres", postgres), ("file", file)) if given
+            kind
+            for kind, given in (
+                ("etcd", etcd),
+                ("mysql", mysql),
+                ("postgres", postgres),
+                ("redis", redis),
+                ("file", file),
+            )
+            if given
         ]
         if others:
             raise ValueError(f"{chosen}=True and {', '.join(others)} given: choose one backend")
@@ -175,11 +195,13 @@ def new(
         return PostgresElector(
             postgres, name=_required_name(name, "postgres", "PostgreSQL database"), **_portable("postgres", options)
         )
+    if redis:
+        return RedisElector(redis, name=_required_name(name, "redis", "Redis server"), **_portable("redis", options))
     if file:
         return FileElector(file, name=name if name is not None else DEFAULT_NAME, **_portable("file", options))
     raise ValueError(
         _NOTHING_CONFIGURED.format(
-            how="give etcd=, mysql=, postgres= or file= (or local=True for development, memory=True for tests)"
+            how="give etcd=, mysql=, postgres=, redis= or file= (or local=True for development, memory=True for tests)"
         )
     )
 
@@ -193,8 +215,9 @@ def _required_name(name: str | None, kind: str, server: str) -> str:
 def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Elector:
     """Build an elector with :func:`new` from ``AIOELECT_ETCD_ENDPOINTS``
     (comma separated), ``AIOELECT_MYSQL_DSN``, ``AIOELECT_POSTGRES_DSN``,
-    ``AIOELECT_FILE`` and ``AIOELECT_NAME`` (empty means unset; required
-    with etcd, MySQL and PostgreSQL, see :func:`new`).
+    ``AIOELECT_REDIS_URL``, ``AIOELECT_FILE`` and ``AIOELECT_NAME`` (empty
+    means unset; required with etcd, MySQL, PostgreSQL and Redis, see
+    :func:`new`).
 
     ``AIOELECT_ETCD_DEGRADE_TO_LOCAL`` (``1``/``true``/``yes``/``on`` or
     ``0``/``false``/``no``/``off``; anything else is a ValueError) sets the
@@ -206,7 +229,7 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     of :func:`new`, on whichever backend is chosen.
 
     ``AIOELECT_BACKEND`` names the backend (``etcd``, ``mysql``, ``postgres``,
-    ``file``, ``local`` or ``memory``): that backend's variable is then
+    ``redis``, ``file``, ``local`` or ``memory``): that backend's variable is then
     required and the others are ignored. A local elector is built only when
     asked for: ``AIOELECT_BACKEND=local`` or ``local=True`` (logged at
     WARNING); ``AIOELECT_BACKEND=memory`` builds a
@@ -229,9 +252,9 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     elif not any(targets.values()) and not any(options.get(k) for k in (*targets, "local", "memory")):
         raise ValueError(
             _NOTHING_CONFIGURED.format(
-                how=f"set {ENV_ETCD_ENDPOINTS}, {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN} or {ENV_FILE} (with "
-                f"{ENV_NAME}: required by etcd, MySQL and PostgreSQL), or {ENV_BACKEND}=local for one instance in "
-                "development"
+                how=f"set {ENV_ETCD_ENDPOINTS}, {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, {ENV_REDIS_URL} or {ENV_FILE} "
+                f"(with {ENV_NAME}: required by etcd, MySQL, PostgreSQL and Redis), or {ENV_BACKEND}=local for one "
+                "instance in development"
             )
         )
     chosen: dict[str, Any] = {**targets, "name": settings.name, **settings.timing}

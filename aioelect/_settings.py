@@ -44,6 +44,7 @@ __all__ = [
     "ENV_PASSWORD",
     "ENV_POLL_INTERVAL",
     "ENV_POSTGRES_DSN",
+    "ENV_REDIS_URL",
     "ENV_RENEW_DEADLINE",
     "ENV_TOKEN",
     "LIBPQ_VARIABLES",
@@ -54,9 +55,9 @@ __all__ = [
     "is_secret",
 ]
 
-#: The backend to use, by kind: ``etcd``, ``mysql``, ``postgres``, ``file``, ``local`` or ``memory``. Required
-#: for ``local`` and ``memory`` (no mutual exclusion between processes: never chosen because nothing else is
-#: configured); with another kind, that backend's variable is used even when others are set.
+#: The backend to use, by kind: ``etcd``, ``mysql``, ``postgres``, ``redis``, ``file``, ``local`` or ``memory``.
+#: Required for ``local`` and ``memory`` (no mutual exclusion between processes: never chosen because nothing
+#: else is configured); with another kind, that backend's variable is used even when others are set.
 ENV_BACKEND = "AIOELECT_BACKEND"
 #: Comma-separated etcd endpoints (``host:port`` or ``https://host:port``).
 ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
@@ -64,6 +65,8 @@ ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
 ENV_MYSQL_DSN = "AIOELECT_MYSQL_DSN"
 #: ``postgresql://user:password@host:port/database``.
 ENV_POSTGRES_DSN = "AIOELECT_POSTGRES_DSN"
+#: ``redis://user:password@host:port/db`` or ``rediss://...`` (TLS).
+ENV_REDIS_URL = "AIOELECT_REDIS_URL"
 #: The path of a lock file (one machine only).
 ENV_FILE = "AIOELECT_FILE"
 #: The election name (lock name or etcd key prefix).
@@ -107,6 +110,7 @@ BACKEND_VARIABLES = (
     ("etcd", ENV_ETCD_ENDPOINTS),
     ("mysql", ENV_MYSQL_DSN),
     ("postgres", ENV_POSTGRES_DSN),
+    ("redis", ENV_REDIS_URL),
     ("file", ENV_FILE),
 )
 
@@ -114,8 +118,8 @@ BACKEND_VARIABLES = (
 BACKEND_KINDS = (*(kind for kind, _ in BACKEND_VARIABLES), "local", "memory")
 
 #: The secret variables aioelect defines. Any other ``AIOELECT_`` variable whose name holds
-#: ``PASSWORD`` or ends in ``_DSN`` is a secret too (see :func:`is_secret`).
-SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN)
+#: ``PASSWORD`` or ends in ``_DSN`` or ``_URL`` is a secret too (see :func:`is_secret`).
+SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN, ENV_REDIS_URL)
 
 #: libpq's environment variables (PostgreSQL's client library, read by psql and every libpq client, and in part
 #: by asyncpg): the password, the password and service files, and what they connect to and how.
@@ -173,12 +177,15 @@ _FALSE = ("0", "false", "no", "off")
 
 
 def is_secret(variable: str) -> bool:
-    """Whether ``variable`` may hold a secret: aioelect's (a password, or a DSN that may carry one), or a
+    """Whether ``variable`` may hold a secret: aioelect's (a password, or a DSN or URL that may carry one), or a
     database client's (every libpq variable of :data:`LIBPQ_VARIABLES`, every MySQL or MariaDB variable of
     :data:`MYSQL_PREFIXES`: passwords, password files, and where they are sent)."""
     return (
         variable in SECRET_VARIABLES
-        or (variable.startswith("AIOELECT_") and ("PASSWORD" in variable or variable.endswith("_DSN")))
+        or (
+            variable.startswith("AIOELECT_")
+            and ("PASSWORD" in variable or variable.endswith("_DSN") or variable.endswith("_URL"))
+        )
         or variable in LIBPQ_VARIABLES
         or variable.startswith(MYSQL_PREFIXES)
     )
@@ -228,6 +235,7 @@ class Settings:
     etcd_endpoints: str | None = None
     mysql_dsn: str | None = field(default=None, repr=False)
     postgres_dsn: str | None = field(default=None, repr=False)
+    redis_url: str | None = field(default=None, repr=False)
     file: str | None = None
     name: str | None = None
     identity: str | None = None
@@ -258,6 +266,7 @@ class Settings:
             etcd_endpoints=text(ENV_ETCD_ENDPOINTS),
             mysql_dsn=text(ENV_MYSQL_DSN),
             postgres_dsn=text(ENV_POSTGRES_DSN),
+            redis_url=text(ENV_REDIS_URL),
             file=text(ENV_FILE),
             name=text(ENV_NAME),
             identity=text(ENV_IDENTITY),
@@ -277,7 +286,13 @@ class Settings:
     @property
     def targets(self) -> dict[str, str | None]:
         """Each backend's configured target (endpoints, DSN, path) or None, in the factory's priority order."""
-        return {"etcd": self.etcd_endpoints, "mysql": self.mysql_dsn, "postgres": self.postgres_dsn, "file": self.file}
+        return {
+            "etcd": self.etcd_endpoints,
+            "mysql": self.mysql_dsn,
+            "postgres": self.postgres_dsn,
+            "redis": self.redis_url,
+            "file": self.file,
+        }
 
     def backend(self) -> tuple[str, str] | None:
         """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names, else of the first backend configured in
@@ -310,6 +325,7 @@ class Settings:
                 ("etcd_endpoints", self.etcd_endpoints),
                 ("mysql_dsn", _redacted(self.mysql_dsn)),
                 ("postgres_dsn", _redacted(self.postgres_dsn)),
+                ("redis_url", _redacted(self.redis_url)),
                 ("file", self.file),
                 ("name", self.name),
                 ("identity", self.identity),

@@ -32,6 +32,13 @@ OPTIONS = {
     "poll_interval": 1.0,
     "fencing": True,
 }
+#: The same timing in the Redis backend's option names (its lease is the lock key's expiry).
+REDIS_OPTIONS = {
+    "lease": LEASE,
+    "check_interval": CHECK_INTERVAL,
+    "check_timeout": CHECK_TIMEOUT,
+    "renew_deadline": 2.0,
+}
 #: Scheduling slack on a shared two-core machine.
 MARGIN = 1.5
 
@@ -128,6 +135,11 @@ class Candidates:
         )
         self.all.append(candidate)
         return candidate
+
+    def start_three(self) -> None:
+        """Three candidates, ``cand-0`` to ``cand-2``, on the group's target."""
+        for i in range(3):
+            self.start(f"cand-{i}")
 
     def close(self) -> None:
         for candidate in self.all:

@@ -24,7 +24,7 @@ import pytest
 from .harness import EtcdServer, MariaDBServer, TCPProxy, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKENDS = ("mysql", "etcd", "postgres", "file")
+BACKENDS = ("mysql", "etcd", "postgres", "redis", "file")
 
 TICK = """\
 import os, signal, sys, time
@@ -177,6 +177,9 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     if kind == "postgres":
         pg: str = request.getfixturevalue("postgres_dsn")
         return Target("postgres", ["--postgres", pg], ["--poll-interval", "0.3"], 10.0)
+    if kind == "redis":
+        url: str = request.getfixturevalue("redis_url")
+        return Target("redis", ["--redis", url], ["--lease", "5", "--poll-interval", "0.3"], 10.0)
     return Target("file", ["--file", str(tmp_path / "leader.lock")], ["--poll-interval", "0.05"], 10.0)
 
 
@@ -509,7 +512,9 @@ def test_grace_within_the_margin_is_accepted(mysql_dsn: str, options: list[str],
 
 def test_lease_applies_to_sql_backends_only(etcd_endpoints: list[str]) -> None:
     result = cli("run", "--etcd", ",".join(etcd_endpoints), "--name", "/t", "--lease", "30", "--", "true")
-    assert result.returncode == 2 and "--lease applies to the SQL backends only" in result.stderr, result.stderr
+    assert result.returncode == 2 and "--lease applies to the SQL and Redis backends only" in result.stderr, (
+        result.stderr
+    )
 
 
 @pytest.mark.parametrize("kind", ["etcd", "mysql"])

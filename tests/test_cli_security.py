@@ -240,6 +240,7 @@ def test_cmd_does_not_inherit_aioelects_secrets(mariadb: MariaDBServer, tmp_path
     environment = {
         "AIOELECT_MYSQL_DSN": f"mysql://cli_env@127.0.0.1:{mariadb.port}/{mariadb.database}",
         "AIOELECT_POSTGRES_DSN": f"postgresql://cli_env:{secret}@127.0.0.1:1/unused",
+        "AIOELECT_REDIS_URL": f"redis://cli_env:{secret}@127.0.0.1:1/0",
         "AIOELECT_PASSWORD": secret,
         "AIOELECT_NAME": f"env-{secrets.token_hex(4)}",
         "UNRELATED_SETTING": "kept",
@@ -248,7 +249,8 @@ def test_cmd_does_not_inherit_aioelects_secrets(mariadb: MariaDBServer, tmp_path
     result = cli("run", "--", sys.executable, "-c", DUMP_ENV, str(dump), **environment)
     assert result.returncode == 0, result.stderr
     seen = json.loads(dump.read_text())
-    leaked = sorted(k for k in seen if k in ("AIOELECT_PASSWORD", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN"))
+    secret_names = ("AIOELECT_PASSWORD", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN", "AIOELECT_REDIS_URL")
+    leaked = sorted(k for k in seen if k in secret_names)
     assert leaked == [], f"CMD got aioelect's secrets: {leaked}"
     assert not [k for k, v in seen.items() if secret in v], "the password reached CMD's environment"
     assert seen["UNRELATED_SETTING"] == "kept" and seen["AIOELECT_NAME"] == environment["AIOELECT_NAME"]
@@ -346,9 +348,9 @@ def silent_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+@pytest.mark.parametrize("kind", ["mysql", "postgres", "redis"])
 def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) -> None:
-    scheme = "mysql" if kind == "mysql" else "postgresql"
+    scheme = {"mysql": "mysql", "postgres": "postgresql", "redis": "redis"}[kind]
     awkward = "Alpha1#Bravo2@Charlie3?Delta4/Echo5"
     dsns = [
         f"{scheme}://someone:{awkward}@127.0.0.1:{silent_port}/db",  # raw
@@ -358,7 +360,7 @@ def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) 
         # ...or, here, connects to 127.0.0.1:{silent_port}, a server that hangs: the timeout message.
         f"{scheme}://127.0.0.1:{silent_port}#Bravo2@Charlie3?Delta4/Echo5@127.0.0.1:{free_port()}/db",
     ]
-    variable = "AIOELECT_MYSQL_DSN" if kind == "mysql" else "AIOELECT_POSTGRES_DSN"
+    variable = {"mysql": "AIOELECT_MYSQL_DSN", "postgres": "AIOELECT_POSTGRES_DSN", "redis": "AIOELECT_REDIS_URL"}[kind]
     outputs = []
     for dsn in dsns:
         for command in (["leader"], ["observe"], ["run", "--", "true"]):

@@ -93,6 +93,7 @@ def test_repr_shows_no_secret() -> None:
         {
             "AIOELECT_MYSQL_DSN": f"mysql://u:{PASSWORD}@127.0.0.1/db",
             "AIOELECT_POSTGRES_DSN": f"postgresql://u:{PASSWORD}@127.0.0.1/db",
+            "AIOELECT_REDIS_URL": f"redis://u:{PASSWORD}@127.0.0.1/0",
             "AIOELECT_PASSWORD": PASSWORD,
             "AIOELECT_NAME": "n",
         }
@@ -103,9 +104,14 @@ def test_repr_shows_no_secret() -> None:
 
 
 def test_secret_variables() -> None:
-    assert set(SECRET_VARIABLES) == {"AIOELECT_PASSWORD", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN"}
+    assert set(SECRET_VARIABLES) == {
+        "AIOELECT_PASSWORD",
+        "AIOELECT_MYSQL_DSN",
+        "AIOELECT_POSTGRES_DSN",
+        "AIOELECT_REDIS_URL",
+    }
     assert all(is_secret(variable) for variable in SECRET_VARIABLES)
-    assert is_secret("AIOELECT_OTHER_DSN") and is_secret("AIOELECT_ETCD_PASSWORD")
+    assert is_secret("AIOELECT_OTHER_DSN") and is_secret("AIOELECT_ETCD_PASSWORD") and is_secret("AIOELECT_OTHER_URL")
     for plain in ("AIOELECT_NAME", "AIOELECT_IDENTITY", "AIOELECT_ETCD_ENDPOINTS", "AIOELECT_FILE", "MY_DSN", "PATH"):
         assert not is_secret(plain), plain
     for client in ("PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGHOST", "MYSQL_PWD", "MYSQL_TEST_LOGIN_FILE"):

@@ -28,6 +28,7 @@ from .._settings import (
     ENV_PASSWORD,
     ENV_POLL_INTERVAL,
     ENV_POSTGRES_DSN,
+    ENV_REDIS_URL,
     ENV_RENEW_DEADLINE,
     ENV_TOKEN,
     SECRET_VARIABLES,
@@ -39,15 +40,16 @@ __all__ = ["Parsers", "build_parser", "split_command"]
 
 _EPILOG = f"""\
 backend selection:
-  Give one of --etcd, --mysql, --postgres or --file. Without any, the
-  environment is read like aioelect.from_env(): {ENV_ETCD_ENDPOINTS},
-  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, {ENV_FILE}, in that
+  Give one of --etcd, --mysql, --postgres, --redis or --file. Without any,
+  the environment is read like aioelect.from_env(): {ENV_ETCD_ENDPOINTS},
+  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, {ENV_REDIS_URL}, {ENV_FILE}, in that
   priority. A backend named on the command line replaces the environment's.
 
 environment:
   {ENV_ETCD_ENDPOINTS:<24} comma-separated etcd endpoints (host:port or https://host:port)
   {ENV_MYSQL_DSN:<24} mysql://user@host:port/database
   {ENV_POSTGRES_DSN:<24} postgresql://user@host:port/database
+  {ENV_REDIS_URL:<24} redis://user@host:port/db (rediss:// for TLS)
   {ENV_FILE:<24} path of a lock file (one machine only)
   {ENV_NAME:<24} election name (lock name / key prefix)
   {ENV_IDENTITY:<24} this candidate's identity (default hostname:pid:random)
@@ -142,10 +144,11 @@ Campaign, and run CMD only while this process is the leader.
 * CMD's environment gets {ENV_IDENTITY} (ours) and {ENV_TOKEN} (the
   fencing token of this leadership, empty if the backend has none). It does
   not get aioelect's secrets unless --pass-secret NAME: {ENV_PASSWORD},
-  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, any other AIOELECT_*
-  variable whose name holds PASSWORD or ends in _DSN, and the database
-  clients' variables: libpq's (PGPASSWORD, PGPASSFILE, PGHOST...) and
-  those starting with MYSQL_, MARIADB_ or LIBMYSQL_ (MYSQL_PWD...).
+  {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, {ENV_REDIS_URL}, any other
+  AIOELECT_* variable whose name holds PASSWORD or ends in _DSN or _URL,
+  and the database clients' variables: libpq's (PGPASSWORD, PGPASSFILE,
+  PGHOST...) and those starting with MYSQL_, MARIADB_ or LIBMYSQL_
+  (MYSQL_PWD...).
 """
 
 
@@ -190,6 +193,7 @@ def _backend_options() -> _Parser:
     )
     g.add_argument("--mysql", metavar="DSN", help=f"mysql://user@host:port/database [{ENV_MYSQL_DSN}]")
     g.add_argument("--postgres", metavar="DSN", help=f"postgresql://user@host:port/database [{ENV_POSTGRES_DSN}]")
+    g.add_argument("--redis", metavar="URL", help=f"redis://user@host:port/db or rediss://... [{ENV_REDIS_URL}]")
     g.add_argument("--file", metavar="PATH", help=f"lock file shared by the candidates on one machine [{ENV_FILE}]")
     g.add_argument(
         "--name", help=f"election name: lock name or etcd key prefix; required with a server backend [{ENV_NAME}]"
@@ -200,7 +204,8 @@ def _backend_options() -> _Parser:
         "--lease",
         type=_positive,
         metavar="SECONDS",
-        help="SQL backends: how long the server keeps the lock of a leader it no longer hears from (default 10)",
+        help="SQL and Redis backends: how long the server keeps the lock of a leader it no longer hears from "
+        "(default 10)",
     )
     g.add_argument(
         "--poll-interval", type=_positive, metavar="SECONDS", help="how often followers and `observe` poll (SQL)"

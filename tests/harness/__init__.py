@@ -4,7 +4,8 @@ Nothing here ships in the wheel; users test their code with
 :mod:`aioelect.testing` instead. The parts, one job each:
 
 * :mod:`.servers` -- :class:`MariaDBServer`, :class:`EtcdServer`,
-  :class:`EtcdCluster`, :class:`PostgresServer`, all with the lifecycle of
+  :class:`EtcdCluster`, :class:`PostgresServer`, :class:`RedisServer`,
+  :class:`SentinelServer`, all with the lifecycle of
   :mod:`.lifecycle` (start, stop, kill, freeze, thaw, restart, cleanup).
 * :mod:`.proxy` -- :class:`TCPProxy`, a fault-injecting TCP proxy.
 * :mod:`.downgrade` -- :class:`DowngradeProxy`, which strips TLS from a MySQL or
@@ -39,6 +40,7 @@ from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
 from .servers.pgbouncer import PgBouncer
 from .servers.postgres import PostgresServer
+from .servers.redis import RedisServer, SentinelServer, redis_command
 
 __all__ = [
     "ENV_ETCD_DIR",
@@ -53,12 +55,15 @@ __all__ = [
     "MissingBinaryError",
     "PgBouncer",
     "PostgresServer",
+    "RedisServer",
+    "SentinelServer",
     "ServerStartError",
     "TCPProxy",
     "etcd_tool_version",
     "etcd_version_matches",
     "expected_etcd_version",
     "free_port",
+    "redis_command",
     "require_binary",
     "started_etcd_versions",
 ]

@@ -1,8 +1,8 @@
 """The harness's pytest fixtures and report lines; tests/conftest.py registers this plugin.
 
-Session fixtures (``mariadb``, ``etcd``, ``postgres``) are shared: never kill
+Session fixtures (``mariadb``, ``etcd``, ``postgres``, ``redis_server``) are shared: never kill
 or freeze them, use the ``fresh_*`` ones for that. The DSN fixtures
-(``mysql_dsn``, ``etcd_endpoints``, ``postgres_dsn``) take an external server
+(``mysql_dsn``, ``etcd_endpoints``, ``postgres_dsn``, ``redis_url``) take an external server
 from ``AIOELECT_MYSQL_DSN`` / ``AIOELECT_ETCD_ENDPOINTS`` /
 ``AIOELECT_POSTGRES_DSN`` when one is set.
 
@@ -27,11 +27,13 @@ from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
 from .servers.pgbouncer import PgBouncer
 from .servers.postgres import PostgresServer
+from .servers.redis import RedisServer
 
 __all__ = [
     "ENV_ETCD_ENDPOINTS",
     "ENV_MYSQL_DSN",
     "ENV_POSTGRES_DSN",
+    "ENV_REDIS_URL",
     "ENV_REQUIRE_SERVERS",
     "external_server",
     "server_unavailable",
@@ -44,6 +46,7 @@ _S = TypeVar("_S", bound=Started)
 ENV_MYSQL_DSN = "AIOELECT_MYSQL_DSN"
 ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
 ENV_POSTGRES_DSN = "AIOELECT_POSTGRES_DSN"
+ENV_REDIS_URL = "AIOELECT_REDIS_URL"
 ENV_REQUIRE_SERVERS = "AIOELECT_REQUIRE_SERVERS"
 
 _EXTERNAL_ENV = {
@@ -51,6 +54,7 @@ _EXTERNAL_ENV = {
     "mariadb": ENV_MYSQL_DSN,
     "etcd": ENV_ETCD_ENDPOINTS,
     "postgres": ENV_POSTGRES_DSN,
+    "redis": ENV_REDIS_URL,
 }
 
 
@@ -149,6 +153,26 @@ def postgres() -> Iterator[PostgresServer]:
 def postgres_dsn(request: pytest.FixtureRequest) -> str:
     """``AIOELECT_POSTGRES_DSN`` if set, else the DSN of the session ``postgres``."""
     return _dsn(request, "postgres", "postgres")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """Session-wide local Redis with ``appendfsync always`` (do not kill/freeze it: use ``fresh_redis``)."""
+    skip_if_external("redis")
+    yield from _serve(RedisServer)
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """``AIOELECT_REDIS_URL`` if set, else the URL of the session ``redis_server``."""
+    value = external_server("redis")
+    return value if value is not None else str(request.getfixturevalue("redis_server").url)
+
+
+@pytest.fixture
+def fresh_redis() -> Iterator[RedisServer]:
+    """A private Redis (``appendfsync always``) for one test; kill/freeze/restart it freely."""
+    yield from _serve(RedisServer)
 
 
 @pytest.fixture
