@@ -14,6 +14,7 @@ from ._electors import LocalElector
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost
 from ._events import Event
 from ._factory import from_env, new
+from ._shards import Shards
 
 if TYPE_CHECKING:
     from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector
@@ -32,6 +33,7 @@ __all__ = [
     "LocalElector",
     "MySQLElector",
     "PostgresElector",
+    "Shards",
     "current_leadership",
     "from_env",
     "leadership",
