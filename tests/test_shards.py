@@ -8,6 +8,7 @@ name, is a violation. The instances share one event loop, so the register sees e
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import secrets
 import time
@@ -335,3 +336,80 @@ async def test_postgres_instances_spread_names_and_rebalance(postgres_dsn: str) 
     finally:
         await fleet.close()
     assert register.violations == []
+
+
+async def test_apscheduler_jobs_spread_over_instances_and_run_only_on_their_owner() -> None:
+    """6 jobs every 0.1 s on 2 then 3 instances: each run under its job's own leadership, never two at once."""
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    from aioelect.integrations.apscheduler import ShardedScheduler
+
+    group = f"shards-{secrets.token_hex(3)}"
+    jobs = [f"job-{i}" for i in range(6)]
+    runs: list[tuple[str, str, int, float, float]] = []  # job, instance, token, start, end
+
+    def instance(identity: str) -> ShardedScheduler:
+        async def run(job: str) -> None:
+            lead = current_leadership()
+            lead.check()
+            assert lead.token is not None
+            start = time.monotonic()
+            try:
+                await asyncio.sleep(0.05)
+            finally:
+                runs.append((job, identity, lead.token, start, time.monotonic()))
+
+        scheduler = AsyncIOScheduler()
+        for job in jobs:
+            scheduler.add_job(run, "interval", seconds=0.1, args=[job], id=job)
+        shards = Shards(
+            [j.id for j in scheduler.get_jobs()],
+            group=group,
+            identity=identity,
+            electors=lambda n: MemoryElector(name=n, renew_deadline=5),
+            max_instances=4,
+            settle=0.02,
+        )
+        return ShardedScheduler(scheduler, shards)
+
+    async def every_job_ran_on(instances: list[ShardedScheduler], since: float) -> None:
+        with anyio.fail_after(15):
+            while True:
+                owners = {j: s.shards.identity for s in instances for j in s.owned}
+                counts = Counter(job for job, who, _, start, _ in runs if start > since and owners.get(job) == who)
+                if len(owners) == len(jobs) and all(counts[j] >= 2 for j in jobs):
+                    return
+                await asyncio.sleep(0.05)
+
+    a, b = instance("a"), instance("b")
+    async with a, b:
+        await every_job_ran_on([a, b], 0)
+        assert sorted(len(s.owned) for s in (a, b)) == [3, 3]
+        async with instance("c") as c:
+            joined = time.monotonic()
+            await every_job_ran_on([a, b, c], joined)
+            assert sorted(len(s.owned) for s in (a, b, c)) == [2, 2, 2]
+            with pytest.raises(ValueError, match="not started"):
+                ShardedScheduler(c.scheduler, c.shards)
+    by_job: dict[str, list[tuple[str, str, int, float, float]]] = {}
+    for run in runs:
+        by_job.setdefault(run[0], []).append(run)
+    for job, its in by_job.items():
+        its.sort(key=lambda r: r[3])
+        for one, nxt in itertools.pairwise(its):
+            if one[1] != nxt[1]:
+                assert one[4] <= nxt[3], f"{job}: {one} overlaps {nxt}"
+                assert nxt[2] > one[2], f"{job}: token {nxt[2]} after {one[2]}"
+
+
+async def test_apscheduler_refuses_jobs_outside_the_shards() -> None:
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    from aioelect.integrations.apscheduler import ShardedScheduler
+
+    scheduler = AsyncIOScheduler()
+    scheduler.add_job(asyncio.sleep, "interval", seconds=1, args=[0], id="other")
+    sharded = ShardedScheduler(scheduler, Shards(["mine"], group="g", electors=lambda n: MemoryElector(name=n)))
+    with pytest.raises(ValueError, match="other"):
+        await sharded.start()
+    assert not scheduler.running
