@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
+import os
 import secrets
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -24,7 +28,12 @@ from aioelect import Elector, EtcdElector, EtcdSession, Shards, current_leadersh
 from aioelect._shards import assign
 from aioelect.testing import MemoryElector
 
+from .harness.processes import popen
+
 pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parent.parent
+MEMBER = Path(__file__).parent / "candidates" / "shards_member.py"
 
 
 class Register:
@@ -34,6 +43,7 @@ class Register:
         self.running: dict[str, str] = {}
         self.last: dict[str, int] = {}
         self.starts: Counter[str] = Counter()
+        self.started_at: dict[str, float] = {}
         self.violations: list[str] = []
 
     def work_of(self, instance: Shards) -> Callable[[str], Any]:
@@ -47,6 +57,7 @@ class Register:
             self.running[name] = instance.identity
             self.last[name] = lead.token
             self.starts[name] += 1
+            self.started_at[name] = time.monotonic()
             try:
                 await anyio.sleep_forever()
             finally:
@@ -413,3 +424,60 @@ async def test_apscheduler_refuses_jobs_outside_the_shards() -> None:
     with pytest.raises(ValueError, match="other"):
         await sharded.start()
     assert not scheduler.running
+
+
+async def test_etcd_a_crashed_instance_s_names_move_after_its_leases_expire(etcd: Any, tmp_path: Any) -> None:
+    """Two instances in this process and one SIGKILLed process (built by from_env()): the survivors take the dead
+    one's names once its leases expire, each with a larger token, and settle at 10 each."""
+    group = f"/aioelect-test/shards-{secrets.token_hex(3)}"
+    register = Register()
+    sessions = {i: EtcdSession(etcd.endpoints, ttl=2) for i in ("a", "b")}
+    fleet = Fleet(
+        lambda identity: Shards(
+            20,
+            group=group,
+            identity=identity,
+            electors=lambda n: EtcdElector(session=sessions[identity], name=n),
+            max_instances=5,
+        ),
+        register,
+    )
+    log_path = tmp_path / "member.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "AIOELECT_ETCD_ENDPOINTS": ",".join(etcd.endpoints),
+        "AIOELECT_NAME": group,
+    }
+    child = popen([sys.executable, str(MEMBER), "20"], log_path=str(log_path), env=env)
+    try:
+        for s in sessions.values():
+            await s.__aenter__()
+        fleet.start("a")
+        fleet.start("b")
+
+        def child_owns() -> dict[str, int]:
+            lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.startswith("{")]
+            return {x["name"]: x["token"] for x in lines}
+
+        with anyio.fail_after(30):
+            while not (
+                len(fleet.instances["a"].members) == 3
+                and all(len(s.owned) in (6, 7) for s in fleet.instances.values())
+                and len(set(child_owns()) - set().union(*(s.owned for s in fleet.instances.values()))) in (6, 7)
+            ):
+                await asyncio.sleep(0.05)
+        theirs = {n: t for n, t in child_owns().items() if not any(n in s.owned for s in fleet.instances.values())}
+        child.kill()
+        killed = time.monotonic()
+        took = await fleet.settle(20, timeout=30)
+        assert took < 2 + 10, f"balanced {took:.1f}s after the crash (lease ttl 2s)"
+        for name, token in theirs.items():
+            assert register.last[name] > token and register.started_at[name] > killed
+    finally:
+        child.kill()
+        child.wait(10)
+        await fleet.close()
+        for s in sessions.values():
+            await s.aclose()
+    assert register.violations == []
