@@ -321,18 +321,20 @@ async def test_etcd_shared_sessions_spread_names_and_rebalance(etcd: Any) -> Non
     assert register.running == {}
 
 
-async def test_postgres_instances_spread_names_and_rebalance(postgres_dsn: str) -> None:
-    """6 names, 2 then 3 instances, on PostgreSQL (one elector per election: few names keep connections low)."""
+@pytest.mark.parametrize("kind", ["postgres", "mysql"])
+async def test_sql_instances_spread_names_and_rebalance(kind: str, request: pytest.FixtureRequest) -> None:
+    """6 names, 2 then 3 instances, on PostgreSQL and MariaDB (one elector per election: few names keep the
+    connections low)."""
+    dsn = request.getfixturevalue(f"{kind}_dsn")
     group = f"shards-{secrets.token_hex(3)}"
     register = Register()
+    make: Callable[[str], Elector] = (
+        (lambda n: aioelect.PostgresElector(dsn, name=n, poll_interval=0.2))
+        if kind == "postgres"
+        else (lambda n: aioelect.MySQLElector(dsn, name=n, poll_interval=0.2))
+    )
     fleet = Fleet(
-        lambda identity: Shards(
-            6,
-            group=group,
-            identity=identity,
-            electors=lambda n: aioelect.PostgresElector(postgres_dsn, name=n, poll_interval=0.2),
-            max_instances=3,
-        ),
+        lambda identity: Shards(6, group=group, identity=identity, electors=make, max_instances=3),
         register,
     )
     try:
