@@ -149,6 +149,12 @@ class Shards:
     election gets its own lock file, ``AIOELECT_FILE`` plus ``.`` plus the
     quoted election name.
 
+    ``settle`` (seconds) gathers membership changes that arrive together
+    into one rebalance. A rebalance starts at most ``step`` campaigns and
+    resigns at most ``step`` names, then goes on after another ``settle``:
+    a whole share moving at once (a cold start, a lost session) does not
+    stall the event loop that keeps the sessions alive.
+
     Guarantees:
 
     * each owned name is a leadership of its own, on its own election: its
@@ -188,6 +194,7 @@ class Shards:
         identity: str | None = None,
         max_instances: int = 16,
         settle: float = 0.1,
+        step: int = 50,
         environ: Mapping[str, str] | None = None,
         **options: Any,
     ) -> None:
@@ -206,6 +213,9 @@ class Shards:
         self.identity: str = validate_identity(identity if identity is not None else default_identity())
         self.max_instances = max_instances
         self.settle = float(settle)
+        if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+            raise ValueError(f"step must be an int >= 1, not {step!r}")
+        self.step = step
         self._electors = electors
         #: What each member election's leader is, as last observed (None: nobody); filled by the observers.
         self._seen: dict[int, str | None] = {}
@@ -372,32 +382,48 @@ class Shards:
         return members, frozenset(n for n in self.names if owners.get(n) == me)
 
     async def _rebalance(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> None:
+        backlog = False
         while True:
-            await self._next_change()
-            # Changes that arrive together make one rebalance.
+            if not backlog:
+                await self._next_change()
+            # Changes that arrive together make one rebalance; a backlog goes on one step per settle period.
             await anyio.sleep(self.settle)
-            members, target = self._view()
-            if members != self._members or target != self._target:
-                log.info(
-                    "%s: %d members, %d of %d names assigned here",
-                    self.identity,
-                    len(members),
-                    len(target),
-                    len(self.names),
-                )
-            self._members, self._target = members, target
-            for name, owner in list(self._owners.items()):
-                if name not in target and not owner.scope.cancel_called:
-                    owner.scope.cancel()
-            for name in self.names:
-                if name not in target:
-                    continue
-                previous = self._owners.get(name)
-                if previous is not None and not previous.scope.cancel_called:
-                    continue
-                owner = _Owner()
-                self._owners[name] = owner
-                tg.start_soon(self._guarded, tg, self._own, name, owner, previous, work)
+            backlog = self._apply(tg, work)
+
+    def _apply(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> bool:
+        """Resign what is no longer ours and campaign for what is, at most :attr:`step` of each; True if more is
+        left to do.
+
+        Bounded steps keep the event loop responsive (the session's keep-alives run on it) when a whole share
+        moves at once: a cold start, or the return after a lost session.
+        """
+        members, target = self._view()
+        if members != self._members or target != self._target:
+            log.info(
+                "%s: %d members, %d of %d names assigned here",
+                self.identity,
+                len(members),
+                len(target),
+                len(self.names),
+            )
+        self._members, self._target = members, target
+        resigns = [o for n, o in self._owners.items() if n not in target and not o.scope.cancel_called]
+        for owner in resigns[: self.step]:
+            owner.scope.cancel()
+        started = 0
+        for name in self.names:
+            if name not in target:
+                continue
+            previous = self._owners.get(name)
+            if previous is not None and not previous.scope.cancel_called:
+                continue
+            if started == self.step:
+                return True
+            owner = _Owner()
+            self._owners[name] = owner
+            tg.start_soon(self._guarded, tg, self._own, name, owner, previous, work)
+            started += 1
+        return len(resigns) > self.step
 
     async def _own(self, name: str, owner: _Owner, previous: _Owner | None, work: ShardWork | None) -> None:
         try:

@@ -483,3 +483,28 @@ async def test_etcd_a_crashed_instance_s_names_move_after_its_leases_expire(etcd
         for s in sessions.values():
             await s.aclose()
     assert register.violations == []
+
+
+async def test_a_share_is_taken_step_by_step_and_completely() -> None:
+    """step=2: the first rebalance campaigns for 2 names, the next ones go on without any further change."""
+    shards = Shards(
+        10,
+        group=f"shards-{secrets.token_hex(3)}",
+        electors=lambda n: MemoryElector(name=n),
+        max_instances=1,
+        settle=0.2,
+        step=2,
+    )
+    task = asyncio.get_running_loop().create_task(shards.run())
+    try:
+        with anyio.fail_after(10):
+            while not shards.owned:
+                await asyncio.sleep(0.005)
+            assert len(shards.owned) <= 2
+            while len(shards.owned) < 10:
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    with pytest.raises(ValueError, match="step"):
+        Shards(3, group="g", electors=lambda n: MemoryElector(name=n), step=0)
