@@ -22,6 +22,7 @@ import hashlib
 import logging
 import math
 import os
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -151,9 +152,10 @@ class Shards:
 
     ``settle`` (seconds) gathers membership changes that arrive together
     into one rebalance. A rebalance starts at most ``step`` campaigns and
-    resigns at most ``step`` names, then goes on after another ``settle``:
-    a whole share moving at once (a cold start, a lost session) does not
-    stall the event loop that keeps the sessions alive.
+    resigns at most ``step`` names, then goes on after another ``settle``
+    (longer while the event loop lags): a whole share moving at once (a
+    cold start, a lost session) does not stall the event loop that keeps
+    the sessions alive.
 
     Guarantees:
 
@@ -194,7 +196,7 @@ class Shards:
         identity: str | None = None,
         max_instances: int = 16,
         settle: float = 0.1,
-        step: int = 50,
+        step: int = 20,
         environ: Mapping[str, str] | None = None,
         **options: Any,
     ) -> None:
@@ -386,8 +388,13 @@ class Shards:
         while True:
             if not backlog:
                 await self._next_change()
-            # Changes that arrive together make one rebalance; a backlog goes on one step per settle period.
+            # Changes that arrive together make one rebalance; a backlog goes on one step per settle period,
+            # and waits longer while the event loop lags behind (a busy process or machine).
+            began = time.monotonic()
             await anyio.sleep(self.settle)
+            lag = time.monotonic() - began - self.settle
+            if backlog and lag > self.settle:
+                await anyio.sleep(lag)
             backlog = self._apply(tg, work)
 
     def _apply(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> bool:

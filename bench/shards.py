@@ -355,7 +355,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.shards", description=__doc__)
     parser.add_argument("--names", type=int, default=1000)
     parser.add_argument("--instances", type=int, default=5)
-    parser.add_argument("--ttl", type=int, default=3)
+    parser.add_argument("--ttl", type=int, default=5)
     parser.add_argument("--steady", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--only", default="aioelect,tooz")
