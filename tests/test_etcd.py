@@ -188,7 +188,106 @@ def test_options_are_validated_with_reasons() -> None:
     assert elector.name == "/t" and elector.backend == "etcd"
 
 
+def test_a_ttl_above_what_etcd_grants_is_refused_naming_the_limit() -> None:
+    ep = "127.0.0.1:2379"
+    for too_long in (10**12, 9_000_000_001):
+        with pytest.raises(ValueError, match="9000000000"):
+            EtcdElector(ep, ttl=too_long, name="/t")
+        with pytest.raises(ValueError, match="9000000000"):
+            aioelect.EtcdSession(ep, ttl=too_long)
+    assert EtcdElector(ep, ttl=9_000_000_000, name="/t")._backend.ttl == 9_000_000_000
+
+
+async def test_etcd_refusing_a_lease_ttl_as_too_large_is_a_permanent_error(etcd: EtcdServer) -> None:
+    """etcd's "too large lease TTL" is raised at once as ElectionError with the limit, never retried."""
+    elector = EtcdElector(etcd.endpoints, name=unique(), ttl=TTL)
+    backend = elector._backend
+    assert isinstance(backend, EtcdBackend)
+    try:
+        start = time.monotonic()
+        with pytest.raises(ElectionError, match=r"too large lease TTL.*9000000000") as raised:
+            await Session.grant(backend.conn, 10**10, interval=1, keepalive_timeout=1, request_timeout=2)
+        assert not isinstance(raised.value, BackendUnavailable)
+        assert time.monotonic() - start < 2
+    finally:
+        await elector.aclose()
+    assert await leases(etcd) == []
+
+
+async def test_a_lease_granted_shorter_than_asked_is_refused_and_revoked(
+    fresh_etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The timing proof (renew deadline, keep-alive interval) assumes the ttl asked: a shorter grant is refused.
+
+    etcd itself grants the ttl asked (or its minimum, which is longer); the
+    reply's TTL is rewritten on its way to the client here, as a proxy or
+    another server could answer.
+    """
+    elector = EtcdElector(fresh_etcd.endpoints, name=unique(), ttl=6)
+    backend = elector._backend
+    assert isinstance(backend, EtcdBackend)
+    call = backend.conn.call
+
+    async def shorter(what: str, request: Any, **options: Any) -> Any:
+        reply = await call(what, request, **options)
+        if what == "lease grant":
+            reply.TTL = 3
+        return reply
+
+    backend.conn.call = shorter  # type: ignore[method-assign]
+    try:
+        with pytest.raises(ElectionError, match="granted a 3s lease for the 6s asked") as raised:
+            await asyncio.wait_for(elector.acquire(), 10)
+        assert not isinstance(raised.value, BackendUnavailable)
+        assert "renew_deadline" in str(raised.value)
+        assert await leases(fresh_etcd) == []
+    finally:
+        await elector.aclose()
+
+
 # --- the election as etcd's Go package runs it -------------------------------------------------------
+
+
+async def test_a_nested_election_is_refused_naming_both(etcd: EtcdServer, electors: Callable[..., EtcdElector]) -> None:
+    """``X`` and ``X/invoice-cron`` share keys under ``X/``: a candidate of ``X`` that meets the other's keys refuses.
+
+    Whether the nested election's key leads ``X`` or is the key an ``X``
+    candidate would wait for, the campaign raises ElectionError naming both
+    elections (and leaves no key of its own); ``leader()`` and ``observe()`` of
+    ``X`` never name the nested election's leader. The nested election itself goes on.
+    """
+    outer = unique()
+    inner = outer + "/invoice-cron"
+
+    def refused(exc: ElectionError) -> None:
+        assert not isinstance(exc, BackendUnavailable)
+        assert repr(outer) in str(exc) and repr(inner) in str(exc), exc
+
+    cron = electors("cron-a", inner)
+    cron_lead = await cron.acquire()
+    billing = electors("billing-a", outer)
+    with pytest.raises(ElectionError) as raised:
+        await billing.leader()
+    refused(raised.value)
+    with pytest.raises(ElectionError) as raised:
+        async for _ in billing.observe():
+            pass
+    refused(raised.value)
+    with pytest.raises(ElectionError) as raised:
+        await asyncio.wait_for(billing.acquire(), 10)
+    refused(raised.value)
+    assert [kv["value"] for kv in await keys(etcd, outer)] == ["cron-a"]
+
+    await cron_lead.release()
+    lead = await billing.acquire()  # the first key under outer/ is its own: it leads
+    cron_lead = await cron.acquire()
+    with pytest.raises(ElectionError) as raised:  # its predecessor would be the nested election's key
+        await asyncio.wait_for(electors("billing-b", outer).acquire(), 10)
+    refused(raised.value)
+    assert sorted(kv["value"] for kv in await keys(etcd, outer)) == ["billing-a", "cron-a"]
+    assert await cron.leader() == "cron-a" and cron_lead.held and lead.held
+    await lead.release()
+    await cron_lead.release()
 
 
 async def test_key_layout_token_and_leader(etcd: EtcdServer, electors: Callable[..., EtcdElector]) -> None:

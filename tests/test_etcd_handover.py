@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
 
 import anyio
 import pytest
@@ -13,6 +15,8 @@ from aetcd import rpc
 
 from aioelect import EtcdElector, Leadership
 from aioelect.backends.etcd import EtcdBackend
+from aioelect.backends.etcd._election import View
+from aioelect.backends.etcd._failures import Transient
 
 from .harness import EtcdServer
 from .test_etcd import TTL, delta, eventually, grpc_counts, keys, leases, unique
@@ -158,3 +162,124 @@ async def test_the_third_in_line_leads_without_a_read_once_the_keys_before_it_we
         for elector in electors:
             await elector.aclose()
     assert await leases(fresh_etcd) == []
+
+
+class _LateLeaderReads:
+    """Network-like delays on one waiter's connection, at its client side (etcd itself answers as usual).
+
+    Its first leader watch is cancelled as etcd cancels a watch; its first
+    "read leader" reply (etcd read it at once) reaches it only at :meth:`deliver`;
+    every later one only when the test ends (:meth:`end`).
+    """
+
+    def __init__(self, backend: EtcdBackend) -> None:
+        self.taken = asyncio.Event()
+        self._first = asyncio.Event()
+        self._later = asyncio.Event()
+        self._reads = 0
+        self._cancelled = False
+        conn = backend.conn
+        call, watch = conn.call, conn.watch
+
+        async def late_call(what: str, request: Any, **options: Any) -> Any:
+            reply = await call(what, request, **options)
+            if what == "read leader":
+                self._reads += 1
+                if self._reads == 1:
+                    self.taken.set()
+                await (self._first if self._reads == 1 else self._later).wait()
+            return reply
+
+        @contextlib.asynccontextmanager
+        async def cancelled_watch(key: bytes, **options: Any) -> AsyncIterator[Any]:
+            leader_watch = options.get("range_end") is None and not options.get("no_put")
+            if leader_watch and not self._cancelled:
+                self._cancelled = True
+                raise Transient("etcd cancelled the watch", answered=True)
+            async with watch(key, **options) as stream:
+                yield stream
+
+        conn.call = late_call  # type: ignore[method-assign]
+        conn.watch = cancelled_watch  # type: ignore[method-assign]
+
+    def deliver(self) -> None:
+        self._first.set()
+
+    def end(self) -> None:
+        self._first.set()
+        self._later.set()
+
+
+async def test_a_late_leader_read_taken_before_our_key_was_put_again_proves_nothing(fresh_etcd: EtcdServer) -> None:
+    """A waiter's late read of who led, taken before its key was deleted and put again, never makes it leader.
+
+    P leads, Q and W wait. W's leader read (P leads) is late. W's key is
+    deleted by hand and W puts the same key bytes again, after P released
+    (Q leads) and campaigned again on its kept session (same key bytes,
+    behind W's old key, before W's new one). Then the late read lands, and P
+    gives up: its key is deleted. W must not lead on that deletion: Q does.
+    """
+    name = unique()
+    p, q, w = (EtcdElector(fresh_etcd.endpoints, name=name, identity=i, ttl=5) for i in "pqw")
+    got: dict[str, Leadership] = {}
+    late = _LateLeaderReads(w._backend)  # type: ignore[arg-type]
+
+    async def campaign(elector: EtcdElector) -> None:
+        got[elector.identity] = await elector.acquire()
+        await anyio.sleep_forever()
+
+    try:
+        first = await p.acquire()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(campaign, q)
+            await eventually(lambda: _has(fresh_etcd, name, 2), 5, "q's key")
+            tg.start_soon(campaign, w)
+            await eventually(lambda: _has(fresh_etcd, name, 3), 5, "w's key")
+            await asyncio.wait_for(late.taken.wait(), 5)  # W read "P leads"; the reply is on its way
+            w_key = next(kv["key"] for kv in await keys(fresh_etcd, name) if kv["value"] == "w")
+
+            await first.release()
+            await eventually(lambda: "q" in got, 10, "q leads")
+            again = asyncio.get_running_loop().create_task(p.acquire())  # same lease, same key bytes
+            await eventually(lambda: _has(fresh_etcd, name, 3), 5, "p's key again")
+            await _delete(q, w_key)  # by hand: W puts it again, now behind P's
+            await eventually(lambda: _has(fresh_etcd, name, 3), 5, "w's key again")
+            order = [kv["value"] for kv in sorted(await keys(fresh_etcd, name), key=lambda kv: kv["create_revision"])]
+            assert order == ["q", "p", "w"]
+
+            late.deliver()
+            await asyncio.sleep(0.3)
+            again.cancel()  # P gives up: its key is deleted
+            with contextlib.suppress(asyncio.CancelledError):
+                await again
+            await eventually(lambda: _has(fresh_etcd, name, 2), 5, "p's key gone")
+            await asyncio.sleep(1.0)
+            assert got["q"].held
+            assert "w" not in got, "w leads beside q"
+
+            late.end()
+            await got["q"].release()
+            await eventually(lambda: "w" in got, 10, "w leads after q")
+            await _lead_on_a_standing_key(fresh_etcd, name, got["w"], "w")
+            tg.cancel_scope.cancel()
+    finally:
+        late.end()
+        for elector in (p, q, w):
+            await elector.aclose()
+    assert await leases(fresh_etcd) == []
+
+
+def test_only_a_read_taken_while_our_key_stood_proves_a_handover() -> None:
+    """Our key (bytes ``w``) created at 8; the predecessor ``p`` deleted at 10."""
+    backend = EtcdBackend("127.0.0.1:2379", name="/t")
+    read = View(leader=b"/t/p", identity="p", ours=b"/t/w", predecessor=b"/t/p", revision=9, created=8)
+    for view, proves in [
+        (read, True),
+        (replace(read, revision=8), True),
+        (replace(read, revision=7), False),  # read before our key was put (the same bytes, put earlier)
+        (replace(read, created=4, revision=9), False),  # read for an earlier key with the same bytes
+        (replace(read, revision=10), False),  # read at the deletion: proves nothing before it
+        (replace(read, leader=b"/t/q"), False),
+    ]:
+        backend.view = view
+        assert backend._led_before(b"/t/p", b"/t/w", 8, 10) is proves, view

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -52,7 +52,13 @@ def _identity(value: bytes) -> str:
 
 @dataclass(frozen=True)
 class View:
-    """What a campaign last read of the election, in its own transactions (no request of its own)."""
+    """What a campaign last read of the election: who led at ``revision``, for one incarnation of our key.
+
+    A view is a value with one owner, the campaign: :class:`Election`
+    replaces it with the campaign's own reads, and with a read of the leader
+    watch only if that read was taken for the view still current, and after
+    it (:meth:`Election._saw_later`). A late reply for an earlier view is dropped.
+    """
 
     #: The leader's key and identity (None: nobody), our key, and the key we wait for.
     leader: bytes | None
@@ -60,6 +66,8 @@ class View:
     ours: bytes
     predecessor: bytes | None
     revision: int
+    #: Our key's create revision: the same key bytes put again (after a delete by hand) are another candidate.
+    created: int
 
 
 def _changed(event: Any, key: bytes, revision: int, lease: int) -> bool:
@@ -121,6 +129,25 @@ class Election(Backend):
 
     # --- requests ------------------------------------------------------------------
 
+    def _own(self, kvs: Any) -> Any:
+        """``kvs``, if every key is one of this election's candidates; else :class:`ElectionError`.
+
+        A candidate's key is one level under the prefix (``{name}/{lease}``,
+        as Go writes it). A deeper key belongs to a nested election
+        (``{name}/other/{lease}``), whose keys share our prefix and would lead
+        this election or be waited for here: a permanent misconfiguration.
+        """
+        for kv in kvs:
+            key = bytes(kv.key)
+            if b"/" in key[len(self.prefix) :]:
+                other = key[: key.rindex(b"/")].decode(errors="replace")
+                raise ElectionError(
+                    f"etcd election {self.name!r} contains the keys of election {other!r} (key "
+                    f"{key.decode(errors='replace')!r}): a name followed by '/' must not begin another election's "
+                    f"name, since candidates of {self.name!r} would wait for those of {other!r}; rename one of them"
+                )
+        return kvs
+
     async def get_key(self, key: bytes) -> tuple[Any, int]:
         """(our key's KeyValue or None, header revision)."""
         reply = await self.conn.call(
@@ -140,16 +167,37 @@ class Election(Backend):
             limit=1,
         )
 
-    def _saw(self, kvs: Any, ours: bytes, predecessor: bytes | None, revision: int) -> None:
-        """Record the leader a campaign transaction read; report it unless it is our own key (we won)."""
+    def _saw(self, kvs: Any, ours: bytes, created: int, predecessor: bytes | None, revision: int) -> None:
+        """Record the leader a campaign transaction read (:meth:`_see`).
+
+        ``created`` is our key's create revision, ``revision`` the one the
+        transaction read at (not below ``created``).
+        """
         kv = kvs[0] if kvs else None
         leader = None if kv is None else bytes(kv.key)
         identity = None if kv is None else _identity(kv.value)
-        self.view = View(leader, identity, ours, predecessor, revision)
+        self._see(View(leader, identity, ours, predecessor, revision, created))
+
+    def _saw_later(self, view: View, kv: Any, revision: int) -> None:
+        """Record the leader the leader watch read for ``view``, only if ``view`` is still current and older.
+
+        The read may come back late: meanwhile the campaign may have read the
+        election again, or put its key again. Such a reply describes a view
+        that is gone and is dropped.
+        """
+        if self.view is not view or revision <= view.revision:
+            return
+        leader = None if kv is None else bytes(kv.key)
+        identity = None if kv is None else _identity(kv.value)
+        self._see(replace(view, leader=leader, identity=identity, revision=revision))
+
+    def _see(self, view: View) -> None:
+        """Make ``view`` current, wake the leader watch, and report the leader unless it is us (we won)."""
+        self.view = view
         self._view_changed.set()
         self._view_changed = anyio.Event()
-        if leader != ours:
-            self._reporter.leader(identity)
+        if view.leader != view.ours:
+            self._reporter.leader(view.identity)
 
     def end_view(self) -> None:
         """The campaign ended: nothing to watch for it any more."""
@@ -180,8 +228,7 @@ class Election(Backend):
                         if not gone and response.events:
                             yield _identity(response.events[-1].kv.value)
                 kv, revision = await self.first_candidate()
-                if self.view is view:  # the campaign has not read anything newer meanwhile
-                    self._saw([kv] if kv is not None else [], view.ours, view.predecessor, revision)
+                self._saw_later(view, kv, revision)
                 backoff.reset()
             except (Transient, Compacted) as exc:
                 if self.conn.closed:
@@ -193,7 +240,7 @@ class Election(Backend):
                         kv, revision = await self.first_candidate()
                     except Transient:
                         continue
-                    self._saw([kv] if kv is not None else [], view.ours, view.predecessor, revision)
+                    self._saw_later(view, kv, revision)
 
     async def first_candidate(self) -> tuple[Any, int]:
         """(the KeyValue with the lowest create revision under the prefix, or None; header revision)."""
@@ -203,7 +250,8 @@ class Election(Backend):
             lambda ch: ch.kv.Range(request, metadata=ch.metadata),
             timeout=self.request_timeout,
         )
-        return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
+        kvs = self._own(reply.kvs)
+        return (kvs[0] if kvs else None), int(reply.header.revision)
 
     async def resign(self, key: bytes, revision: int) -> None:
         """Delete ``key`` if its create revision is still ``revision`` (election.go ``Resign``)."""
@@ -253,9 +301,10 @@ class Election(Backend):
         if reply.succeeded:
             self.crowd = int(reply.responses[1].response_range.count)
             revision = int(reply.header.revision)
-            older = [kv for kv in reply.responses[1].response_range.kvs if kv.create_revision < revision]
+            last = self._own(reply.responses[1].response_range.kvs)
+            older = [kv for kv in last if kv.create_revision < revision]
             predecessor = bytes(older[0].key) if older else None
-            self._saw(reply.responses[2].response_range.kvs, key, predecessor, revision)
+            self._saw(self._own(reply.responses[2].response_range.kvs), key, revision, predecessor, revision)
             return revision, predecessor, revision
         # Our key exists already (a campaign step retried after a timeout, or a key of ours left over).
         self.crowd = None
@@ -301,9 +350,10 @@ class Election(Backend):
         if not reply.succeeded:
             await session.keepalive()  # raises SessionEnded if the key went with our lease
             raise KeyLost()
-        kvs = reply.responses[0].response_range.kvs
+        kvs = self._own(reply.responses[0].response_range.kvs)
         predecessor = bytes(kvs[0].key) if kvs else None
-        self._saw(reply.responses[1].response_range.kvs, key, predecessor, int(reply.header.revision))
+        leader = self._own(reply.responses[1].response_range.kvs)
+        self._saw(leader, key, revision, predecessor, int(reply.header.revision))
         return predecessor, int(reply.header.revision)
 
     async def _wait_deleted(self, predecessor: bytes, read_at: int, *, shortcut: bool) -> bool:
@@ -354,7 +404,7 @@ class Election(Backend):
                 if ours is not None and any(_changed(event, *ours) for event in events):
                     return True, None
                 gone = [int(e.kv.mod_revision) for e in events if e.type == DELETE and bytes(e.kv.key) == predecessor]
-                if gone and ours is not None and self._led_before(predecessor, ours[0], gone[0]):
+                if gone and ours is not None and self._led_before(predecessor, ours[0], ours[1], gone[0]):
                     watching.revision = gone[0]
                     handed, watching = watching, None
                     return True, handed
@@ -371,10 +421,21 @@ class Election(Backend):
                 await watching.close()
         return True, None
 
-    def _led_before(self, predecessor: bytes, ours: bytes, revision: int) -> bool:
-        """Whether a read of this campaign, before ``revision``, found ``predecessor`` leading."""
+    def _led_before(self, predecessor: bytes, ours: bytes, created: int, revision: int) -> bool:
+        """Whether a read of this campaign, before ``revision``, found ``predecessor`` leading beside our key.
+
+        Only a read taken while our key stood, as created at ``created``,
+        proves it: a read from before (of an earlier key with the same bytes)
+        says nothing about the keys created before this one.
+        """
         view = self.view
-        return view is not None and view.ours == ours and view.leader == predecessor and view.revision < revision
+        return (
+            view is not None
+            and view.ours == ours
+            and view.created == created
+            and created <= view.revision < revision
+            and view.leader == predecessor
+        )
 
     # --- who leads -------------------------------------------------------------------
 

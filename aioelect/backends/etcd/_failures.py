@@ -17,7 +17,10 @@ import grpc
 from ..._errors import ElectionError
 from ._endpoints import Endpoint
 
-__all__ = ["Compacted", "Retired", "SessionEnded", "Transient", "classify", "rpc_error"]
+__all__ = ["MAX_TTL", "Compacted", "Retired", "SessionEnded", "Transient", "classify", "rpc_error"]
+
+#: etcd refuses a lease longer than this ("too large lease TTL"; ``MaxLeaseTTL`` in etcd's lease package).
+MAX_TTL = 9_000_000_000
 
 # Server replies that a new client (a fresh auth token) or another member can fix.
 _RETRYABLE_DETAILS = ("invalid auth token", "auth store is old", "not leader", "leader changed", "lease already exists")
@@ -94,6 +97,10 @@ def classify(exc: BaseException, what: str, endpoint: Endpoint, username: str | 
     etcd_said = details.removeprefix("etcdserver: ")
     if "authentication failed" in details:
         return ElectionError(f"etcd at {endpoint} rejected the credentials of user {username!r}: {etcd_said}")
+    if "too large lease TTL" in details:
+        return ElectionError(
+            f"etcd at {endpoint} refused {what}: {etcd_said} (etcd grants leases of at most {MAX_TTL} seconds)"
+        )
     if "user name is empty" in details:
         return ElectionError(f"etcd at {endpoint} has authentication enabled: pass username and password")
     permanent = code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED) or (

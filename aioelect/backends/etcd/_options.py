@@ -2,8 +2,9 @@
 
 Guarantees: :meth:`EtcdSettings.parse` accepts only options that keep one
 leader (a renew deadline shorter than the lease, longer than the keep-alive
-interval; whole-second TTLs etcd grants) and reach every endpoint the same
-way; anything else is a ValueError naming the option, never the password.
+interval; whole-second TTLs that etcd grants, 2 to 9000000000 s) and reach
+every endpoint the same way; anything else is a ValueError naming the
+option, never the password.
 The TLS files are read and checked here; nothing connects.
 """
 
@@ -15,9 +16,10 @@ from typing import TypedDict
 
 from ..._config import check_options, positive, validate_name
 from ._endpoints import Endpoint, parse_endpoints
+from ._failures import MAX_TTL
 from ._tls import EtcdTLS
 
-__all__ = ["MIN_TTL", "EtcdOptions", "EtcdSessionOptions", "EtcdSettings"]
+__all__ = ["MAX_TTL", "MIN_TTL", "EtcdOptions", "EtcdSessionOptions", "EtcdSettings"]
 
 #: etcd grants no lease shorter than its minimum TTL (2 s with default timings).
 MIN_TTL = 2
@@ -26,7 +28,7 @@ MIN_TTL = 2
 class EtcdSessionOptions(TypedDict, total=False):
     """How to reach etcd and keep a session's lease alive: the options of :class:`~aioelect.EtcdSession`."""
 
-    #: The session lease in whole seconds, at least 2 (default 5); keep-alives go out every ``ttl / 3``.
+    #: The session lease in whole seconds, from 2 to 9000000000 (default 5); keep-alives go out every ``ttl / 3``.
     ttl: int
     #: etcd credentials: both or neither.
     username: str | None
@@ -91,6 +93,8 @@ class EtcdSettings:
         ttl = int(ttl)
         if ttl < MIN_TTL:
             raise ValueError(f"ttl must be at least {MIN_TTL} seconds: etcd grants no shorter lease")
+        if ttl > MAX_TTL:
+            raise ValueError(f"ttl must be at most {MAX_TTL} seconds, not {ttl}: etcd refuses a longer lease")
         interval = ttl / 3
         deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else ttl * 2 / 3
         if deadline >= ttl:

@@ -82,6 +82,16 @@ class Session:
 
         The lease ID is chosen here, so that a grant interrupted before its
         reply arrives can still be revoked: nothing is left behind.
+
+        The lease must live at least the ``ttl`` asked: the keep-alive
+        interval, the renew deadline and the session's own end are computed
+        from it. A longer grant (etcd's minimum TTL) only makes a crashed
+        leader's key outlive it longer and is used as asked. A shorter grant
+        would let the lease expire while a leader still counts on it, so it
+        is refused: the lease is revoked and :class:`ElectionError` raised
+        (a permanent error: the same server grants the same again). Adjusting
+        the timings to the grant instead would silently weaken what the
+        settings promise.
         """
         lease_id = secrets.randbelow(2**62) + 1
         sent = monotonic()
@@ -101,6 +111,14 @@ class Session:
             raise
         if reply.error:
             raise Transient(f"etcd refused the lease: {reply.error}", answered=True)
+        if ttl > reply.TTL:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(request_timeout):
+                await _revoke(conn, lease_id, request_timeout)
+            raise ElectionError(
+                f"etcd granted a {reply.TTL}s lease for the {ttl}s asked: the keep-alive interval and renew_deadline "
+                f"are computed from ttl, so the lease could expire while a leader still counts on it; refusing to "
+                f"campaign on it (lower ttl and renew_deadline to fit what etcd grants)"
+            )
         if ttl != reply.TTL:
             conn.log.debug("etcd granted a %ss lease for the %ss asked (its minimum TTL)", reply.TTL, ttl)
         session = cls(
