@@ -141,7 +141,8 @@ class Shards:
 
     ``electors(election_name)`` builds the elector of one election; it is
     called for ``{group}/shard/{name}`` per name this instance campaigns for
-    and ``{group}/member/{k}`` for ``k < max_instances``, and every elector
+    (``name`` percent-encoded: see :meth:`shard_election`) and
+    ``{group}/member/{k}`` for ``k < max_instances``, and every elector
     gets this instance's :attr:`identity`. Give a factory over a shared
     session where the backend has one (``lambda n: EtcdElector(session=s,
     name=n)``). Without ``electors``, each one is built by
@@ -241,8 +242,9 @@ class Shards:
     # --- what this instance sees -------------------------------------------------------
 
     def shard_election(self, name: str) -> str:
-        """The election name of ``name``."""
-        return f"{self.group}/shard/{name}"
+        """The election name of ``name``: ``{group}/shard/`` and ``name`` percent-encoded (``/`` as ``%2F``), so
+        that no name's election nests in another's on etcd, where ``a/`` is a prefix of ``a/b/``."""
+        return f"{self.group}/shard/{urllib.parse.quote(name, safe='')}"
 
     def member_election(self, slot: int) -> str:
         """The election name of member slot ``slot``."""

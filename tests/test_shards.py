@@ -508,3 +508,30 @@ async def test_a_share_is_taken_step_by_step_and_completely() -> None:
         await asyncio.gather(task, return_exceptions=True)
     with pytest.raises(ValueError, match="step"):
         Shards(3, group="g", electors=lambda n: MemoryElector(name=n), step=0)
+
+
+async def test_etcd_names_that_nest_are_separate_elections(etcd: Any) -> None:
+    """Names "a/b" and "a": two elections on etcd, neither inside the other's prefix."""
+    group = f"/aioelect-test/shards-{secrets.token_hex(3)}"
+    async with EtcdSession(etcd.endpoints, ttl=2) as session:
+        shards = Shards(
+            ["a/b", "a%2Fb", "a"],
+            group=group,
+            electors=lambda n: EtcdElector(session=session, name=n),
+            max_instances=1,
+            step=2,
+        )
+        elections = [shards.shard_election(n) for n in shards.names]
+        assert not any(one.startswith(other + "/") for one in elections for other in elections)
+        task = asyncio.get_running_loop().create_task(shards.run())
+        try:
+            with anyio.fail_after(20):
+                while len(shards.owned) < 3:
+                    if task.done():
+                        await task
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)
+            assert not task.done() and len(shards.owned) == 3
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
