@@ -229,43 +229,34 @@ def run_one(kind: str, server: EtcdServer, args: argparse.Namespace) -> dict[str
             "after": sorted(len(i.owned) for i in fleet.instances.values()),
         }
 
-        # An instance leaves gracefully (SIGTERM: its names let go, work stopped first).
+        # An instance leaves gracefully (SIGTERM: its names let go, work stopped first), then one crashes.
         say(f"{kind} join: {result['join']}; one leaves")
-        leaver = next(iter(fleet.instances))
-        needed = len(fleet.instances[leaver].owned)
-        since = time.monotonic()
-        fleet.stop(leaver, signal.SIGTERM)
-        fleet.instances[leaver].proc.wait(args.timeout)
-        fleet.pump(0.5)
-        fleet.forget(leaver)
-        took = fleet.wait_settled(since, balanced, timeout=args.timeout)
-        result["leave"] = {
-            "moved": fleet.moves_since(since),
-            "needed": needed,
-            "s": took,
-            "after": sorted(len(i.owned) for i in fleet.instances.values()),
-        }
-
-        # An instance crashes (SIGKILL).
+        result["leave"] = depart(fleet, signal.SIGTERM, balanced, args)
         say(f"{kind} leave: {result['leave']}; one crashes")
-        victim = next(iter(fleet.instances))
-        needed = len(fleet.instances[victim].owned)
-        since = time.monotonic()
-        fleet.stop(victim, signal.SIGKILL)
-        fleet.instances[victim].proc.wait(10)
-        fleet.forget(victim)
-        took = fleet.wait_settled(since, balanced, timeout=args.timeout)
-        result["crash"] = {
-            "moved": fleet.moves_since(since),
-            "needed": needed,
-            "s": took,
-            "after": sorted(len(i.owned) for i in fleet.instances.values()),
-        }
+        result["crash"] = depart(fleet, signal.SIGKILL, balanced, args)
     finally:
         fleet.close()
     result["max_owned_twice"] = fleet.max_doubled
     result["owned_twice_name_s"] = round(fleet.double_seconds, 2)
     return result
+
+
+def depart(fleet: Fleet, sig: int, balanced: bool, args: argparse.Namespace) -> dict[str, Any]:
+    """Send ``sig`` to the oldest instance; the names that moved, the fewest needed, and the time to settle."""
+    leaver = next(iter(fleet.instances))
+    needed = len(fleet.instances[leaver].owned)
+    since = time.monotonic()
+    fleet.stop(leaver, sig)
+    fleet.instances[leaver].proc.wait(args.timeout)
+    fleet.pump(0.5)  # a graceful leaver's last reports
+    fleet.forget(leaver)
+    took = fleet.wait_settled(since, balanced, timeout=args.timeout)
+    return {
+        "moved": fleet.moves_since(since),
+        "needed": needed,
+        "s": took,
+        "after": sorted(len(i.owned) for i in fleet.instances.values()),
+    }
 
 
 def fmt_s(value: float | None) -> str:

@@ -9,20 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import signal
-import sys
-import time
 
 import anyio
 
 import aioelect
-
-
-def emit(ev: str, **fields: object) -> None:
-    sys.stdout.write(json.dumps({"ev": ev, "t": time.monotonic(), **fields}) + "\n")
-    sys.stdout.flush()
+from bench.shards_members._common import arguments, emit
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -57,12 +50,5 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--group", required=True)
-    parser.add_argument("--identity", required=True)
-    parser.add_argument("--names", type=int, required=True)
-    parser.add_argument("--ttl", type=int, default=3)
-    parser.add_argument("--max-instances", type=int, default=8)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(main(parser.parse_args()))
+    asyncio.run(main(arguments(max_instances=8)))

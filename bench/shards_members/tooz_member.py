@@ -8,18 +8,12 @@ do) and reports each change of its view as ``own``/``drop`` lines, like aioelect
 from __future__ import annotations
 
 import argparse
-import json
 import signal
-import sys
 import threading
-import time
 
 from tooz import coordination
 
-
-def emit(ev: str, **fields: object) -> None:
-    sys.stdout.write(json.dumps({"ev": ev, "t": time.monotonic(), **fields}) + "\n")
-    sys.stdout.flush()
+from bench.shards_members._common import arguments, emit
 
 
 def main(args: argparse.Namespace) -> None:
@@ -50,11 +44,4 @@ def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--endpoint", required=True)
-    parser.add_argument("--group", required=True)
-    parser.add_argument("--identity", required=True)
-    parser.add_argument("--names", type=int, required=True)
-    parser.add_argument("--ttl", type=int, default=3)
-    parser.add_argument("--interval", type=float, default=0.2)
-    main(parser.parse_args())
+    main(arguments(interval=0.2))
