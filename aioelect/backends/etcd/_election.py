@@ -257,10 +257,12 @@ class Election(Backend):
             """Record the oldest candidate ahead as the leader; False once following is the campaign's job."""
             nonlocal current
             first = min(ahead.values(), key=lambda kv: int(kv.create_revision), default=None)
-            if self.view is current and (first is None or bytes(first.key) != current.leader):
+            if first is None:
+                return False  # nobody ahead: our campaign leads next, and says so
+            if self.view is current and bytes(first.key) != current.leader:
                 self._saw_later(current, first, revision)
                 current = self.view or current
-            return self.view is current and first is not None and bytes(first.key) != current.predecessor
+            return self.view is current and bytes(first.key) != current.predecessor
 
         if not next_leader():
             return
