@@ -119,6 +119,20 @@ class Fleet:
         return time.monotonic() - start
 
 
+def memory_fleet(names: int, group: str, register: Register, **options: Any) -> Fleet:
+    """Instances of ``group`` on the memory backend (a renew deadline long enough for a loaded machine)."""
+    return Fleet(
+        lambda identity: Shards(
+            names,
+            group=group,
+            identity=identity,
+            electors=lambda n: MemoryElector(name=n, renew_deadline=5),
+            **options,
+        ),
+        register,
+    )
+
+
 def test_assign_is_balanced_deterministic_and_moves_little() -> None:
     for n, m in ((1000, 5), (20, 3), (7, 3), (3, 5), (1, 1)):
         names = [f"job-{i}" for i in range(n)]
@@ -161,19 +175,8 @@ def test_bad_arguments_are_refused() -> None:
 
 async def test_memory_instances_share_names_and_rebalance_on_join_and_leave() -> None:
     """20 names, 3 instances: 6/7/7; a fourth joins: 5 each; one leaves: back to 6/7/7. Never two owners."""
-    group = f"shards-{secrets.token_hex(3)}"
-    register = Register()
-    fleet = Fleet(
-        lambda identity: Shards(
-            20,
-            group=group,
-            identity=identity,
-            electors=lambda n: MemoryElector(name=n, renew_deadline=5),
-            max_instances=6,
-            settle=0.02,
-        ),
-        register,
-    )
+    group, register = f"shards-{secrets.token_hex(3)}", Register()
+    fleet = memory_fleet(20, group, register, max_instances=6, settle=0.02)
     try:
         for identity in ("a", "b", "c"):
             fleet.start(identity)
@@ -545,20 +548,8 @@ async def test_memory_random_churn_never_owns_a_name_twice_and_settles(seed: int
     import random
 
     rng = random.Random(seed)
-    group = f"shards-{secrets.token_hex(3)}"
-    register = Register()
-    fleet = Fleet(
-        lambda identity: Shards(
-            12,
-            group=group,
-            identity=identity,
-            electors=lambda n: MemoryElector(name=n, renew_deadline=5),
-            max_instances=5,
-            settle=0.01,
-            step=3,
-        ),
-        register,
-    )
+    group, register = f"shards-{secrets.token_hex(3)}", Register()
+    fleet = memory_fleet(12, group, register, max_instances=5, settle=0.01, step=3)
     born = 0
     try:
         for _ in range(40):
