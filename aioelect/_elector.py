@@ -281,6 +281,10 @@ class Leadership:
         self._elector._ended(self)
         self._done.set()
 
+    def _descriptors(self) -> tuple[int, ...]:
+        """The descriptors whose last close ends this leadership (:meth:`Hold.descriptors`); empty once it ended."""
+        return () if self._lost.is_set() or self._released else self._hold.descriptors()
+
     @contextlib.contextmanager
     def _guard(self) -> Any:
         """Run the body as leader work: cancelled on loss, awaited before release."""
@@ -712,8 +716,8 @@ class Elector:
             except Exception:
                 self._log.exception("event listener %r failed", listener)
 
-    async def run(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run ``await work(*args)`` only while leader, and return its result.
+    async def run(self, work: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``await work(*args, **kwargs)`` only while leader, and return its result.
 
         Campaigns first; if leadership is lost, ``work`` is cancelled, the loss
         is logged, and the elector campaigns again and starts ``work`` afresh.
@@ -724,7 +728,7 @@ class Elector:
         while True:
             try:
                 async with leading(self):
-                    return await work(*args)
+                    return await work(*args, **kwargs)
             except LeadershipLost as exc:
                 self._log.warning("work cancelled (%s); campaigning again", exc.reason)
 

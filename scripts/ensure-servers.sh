@@ -9,6 +9,9 @@ command -v etcdctl >/dev/null 2>&1 || need+=(etcd-client)
 { command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]; } || need+=(mariadb-server)
 command -v mariadb-install-db >/dev/null 2>&1 || need+=(mariadb-server)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
+{ command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; } || need+=(pgbouncer)
+# tests/test_faults_keepalive.py puts a candidate in a network namespace (ip netns, veth): iproute2, and root.
+{ command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ]; } || need+=(iproute2)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,10 +49,10 @@ class Term:
 class EventProcess:
     """A test script run as its own OS process; the JSON lines it prints are collected by a reader thread."""
 
-    def __init__(self, script: Path, *args: str, identity: str = "") -> None:
+    def __init__(self, script: Path, *args: str, identity: str = "", prefix: Sequence[str] = ()) -> None:
         self.identity = identity
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
+        self.proc = subprocess.Popen(  # prefix: a command that execs the rest in its place (ip netns exec NS)
+            [*prefix, sys.executable, str(script), *args],
             stdout=subprocess.PIPE,
             stderr=None if os.environ.get("AIOELECT_TEST_VERBOSE") else subprocess.DEVNULL,
             text=True,
@@ -115,7 +115,7 @@ class Candidates:
         self.backend, self.target, self.name, self.options = backend, target, name, options
         self.all: list[Candidate] = []
 
-    def start(self, identity: str, target: str | None = None) -> Candidate:
+    def start(self, identity: str, target: str | None = None, prefix: Sequence[str] = ()) -> Candidate:
         candidate = Candidate(
             CANDIDATE,
             f"--backend={self.backend}",
@@ -124,6 +124,7 @@ class Candidates:
             f"--identity={identity}",
             f"--options={json.dumps(self.options)}",
             identity=identity,
+            prefix=prefix,
         )
         self.all.append(candidate)
         return candidate

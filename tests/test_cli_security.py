@@ -267,6 +267,32 @@ def test_cmd_does_not_inherit_aioelects_secrets(mariadb: MariaDBServer, tmp_path
     assert refused.returncode == 2 and "--pass-secret" in refused.stderr
 
 
+def test_cmd_does_not_inherit_the_database_clients_secrets(tmp_path: Path) -> None:
+    """libpq's and the MySQL client's variables (passwords, password files) stay with aioelect unless asked for."""
+    secret = f"Client-{secrets.token_hex(6)}"
+    clients = {
+        "PGPASSWORD": secret,
+        "PGPASSFILE": str(tmp_path / "pgpass"),
+        "PGSERVICEFILE": str(tmp_path / "pg_service.conf"),
+        "PGHOST": "db.example",
+        "MYSQL_PWD": secret,
+        "MYSQL_TEST_LOGIN_FILE": str(tmp_path / "mylogin.cnf"),
+        "MARIADB_ROOT_PASSWORD": secret,
+    }
+    dump = tmp_path / "env.json"
+    lock = str(tmp_path / "l.lock")
+    result = cli("run", "--file", lock, "--", sys.executable, "-c", DUMP_ENV, str(dump), UNRELATED="kept", **clients)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(dump.read_text())
+    assert sorted(set(clients) & set(seen)) == [] and seen["UNRELATED"] == "kept"
+    asked = cli("run", "-q", "--file", lock, "--pass-secret", "PGPASSWORD", "--", sys.executable, "-c", DUMP_ENV,
+                str(dump), **clients)  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    seen = json.loads(dump.read_text())
+    assert seen.get("PGPASSWORD") == secret and "MYSQL_PWD" not in seen
+    assert "--pass-secret" in asked.stderr and secret not in asked.stderr
+
+
 # --- identities written by other clients -------------------------------------------------------------
 
 HOSTILE = "evil\x1b[2J\x1b]0;pwned\x07\nfake line\r\x7f\u202e\x85end"
@@ -349,3 +375,14 @@ def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) 
     text = "\n".join(outputs)
     shown = [part for part in PASSWORD_PARTS if part in text]
     assert shown == [], f"parts of the password were printed: {shown}\n{text}"
+
+
+def test_a_ca_file_that_does_not_load_is_a_usage_error(tmp_path: Path) -> None:
+    """A CA file that exists but holds no certificate: exit 2 with its name, no traceback."""
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate\n")
+    for query in (f"ssl-ca={garbage}", f"ssl_mode=VERIFY_CA&ssl_ca={garbage}"):
+        result = cli("leader", "--mysql", f"mysql://u@127.0.0.1:1/db?{query}", "--name", "t", "--timeout", "2")
+        assert result.returncode == 2, result.stderr
+        assert "cannot load the ssl-ca file" in result.stderr and str(garbage) in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

@@ -137,6 +137,16 @@ async def test_run_returns_result_and_releases() -> None:
         assert not elector.leading
 
 
+async def test_run_passes_keyword_arguments_as_kazoo_does() -> None:
+    async with LocalElector() as elector:
+
+        async def work(kind: str, *, label: str) -> str:
+            assert aioelect.current_leadership().held
+            return f"{kind} {label}"
+
+        assert await elector.run(work, "nightly", label="report") == "nightly report"
+
+
 async def test_body_exception_propagates_and_releases() -> None:
     async with LocalElector() as elector:
         with pytest.raises(KeyError):

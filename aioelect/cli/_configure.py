@@ -100,7 +100,10 @@ def _choose_backend(args: argparse.Namespace, settings: Settings) -> tuple[str, 
         kind = given[0]
         value: str = getattr(args, kind)
         return kind, value
-    found = settings.backend()
+    try:
+        found = settings.backend()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if found is None:
         raise UsageError(
             "no backend configured: give --etcd, --mysql, --postgres or --file "
@@ -135,7 +138,13 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
             raise UsageError(f"--lease applies to the SQL backends only, not to the {kind} backend (etcd: --ttl)")
         options["lease"] = _whole(args.lease)
     if args.poll_interval is not None:
+        if kind == "etcd":  # a flag is explicit: refused where it means nothing (a variable is only logged)
+            raise UsageError("--poll-interval does not apply to the etcd backend: etcd watches the election")
         options["poll_interval"] = args.poll_interval
+    # The portable timing variables (AIOELECT_LEASE...) under the flags; the factory says which mean nothing here.
+    for option, seconds in settings.timing.items():
+        if not (option == "lease" and ("ttl" in options or "lease" in options)):
+            options.setdefault(option, seconds)
     if getattr(args, "command", None) == "run":
         # CMD is the leader's work: after a loss the lock is released only once CMD is stopped.
         options["stop_timeout"] = max(args.grace or 0.0, DEFAULT_GRACE) + 2 * KILL_WAIT + 1

@@ -14,12 +14,15 @@ scheduler processes jobs::
     async def report() -> None:
         lead = aioelect.current_leadership()
         lead.check()                      # right before an act only the leader may do
-        await write_report(token=lead.token)
+        await write_report(fencing_token=lead.token)   # your write, under the fencing token
 
     scheduler = AsyncIOScheduler()
-    scheduler.add_job(report, "interval", minutes=5, id="report")
+    # A grace time longer than any handover, so that a run due during one still runs once.
+    scheduler.add_job(report, "interval", minutes=5, id="report", misfire_grace_time=900)
     async with LeaderScheduler(scheduler, aioelect.from_env()):
         await stop_requested.wait()
+
+``examples/recipes/scheduler_apscheduler.py`` is the complete program.
 
 Guarantees:
 

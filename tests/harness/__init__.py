@@ -7,6 +7,8 @@ Nothing here ships in the wheel; users test their code with
   :class:`EtcdCluster`, :class:`PostgresServer`, all with the lifecycle of
   :mod:`.lifecycle` (start, stop, kill, freeze, thaw, restart, cleanup).
 * :mod:`.proxy` -- :class:`TCPProxy`, a fault-injecting TCP proxy.
+* :mod:`.downgrade` -- :class:`DowngradeProxy`, which strips TLS from a MySQL or
+  PostgreSQL connection's opening.
 * :mod:`.certificates` -- :class:`Certificates`, a throwaway CA for TLS tests.
 * :mod:`.processes` -- children that die with the test process, bounded waits.
 * :mod:`.binaries` -- finding server executables; which etcd runs
@@ -29,11 +31,13 @@ from .binaries import (
     require_binary,
 )
 from .certificates import Certificates
+from .downgrade import DowngradeProxy
 from .errors import HarnessError, MissingBinaryError, ServerStartError
 from .processes import LOOPBACK, free_port
 from .proxy import TCPProxy
 from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
+from .servers.pgbouncer import PgBouncer
 from .servers.postgres import PostgresServer
 
 __all__ = [
@@ -41,11 +45,13 @@ __all__ = [
     "ENV_ETCD_VERSION",
     "LOOPBACK",
     "Certificates",
+    "DowngradeProxy",
     "EtcdCluster",
     "EtcdServer",
     "HarnessError",
     "MariaDBServer",
     "MissingBinaryError",
+    "PgBouncer",
     "PostgresServer",
     "ServerStartError",
     "TCPProxy",

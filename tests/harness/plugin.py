@@ -25,6 +25,7 @@ from .lifecycle import Started
 from .proxy import TCPProxy
 from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
+from .servers.pgbouncer import PgBouncer
 from .servers.postgres import PostgresServer
 
 __all__ = [
@@ -185,6 +186,29 @@ def certs() -> Iterator[Certificates]:
         yield certificates
     finally:
         certificates.cleanup()
+
+
+@pytest.fixture
+def pgbouncer_factory(postgres: PostgresServer) -> Iterator[Callable[[str], PgBouncer]]:
+    """``make(pool_mode) -> PgBouncer``, started in front of the session ``postgres``; stopped after the test."""
+    skip_if_external("postgres")
+    poolers: list[PgBouncer] = []
+
+    def make(pool_mode: str) -> PgBouncer:
+        assert pool_mode in ("session", "transaction", "statement")
+        try:
+            pooler = PgBouncer(postgres, pool_mode)  # type: ignore[arg-type]
+        except MissingBinaryError as exc:
+            server_unavailable(str(exc))
+        poolers.append(pooler)
+        pooler.start()
+        return pooler
+
+    try:
+        yield make
+    finally:
+        for pooler in poolers:
+            pooler.cleanup()
 
 
 @pytest.fixture
