@@ -11,7 +11,7 @@ ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_etcd_han
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
 NOX_ARGS ?= $(if $(CI_TRUE),--error-on-missing-interpreters,--no-error-on-missing-interpreters)
 
-.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick soak servers venv clean
+.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak servers venv clean
 
 venv: $(VENV)/.installed
 
@@ -75,6 +75,12 @@ bench: venv servers
 bench-quick: venv servers
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench --quick
+
+# Sharded leadership, 1,000 names over 5 instances, aioelect beside tooz's Partitioner (a few minutes);
+# writes its section of bench/RESULTS.md.
+bench-shards: venv servers
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python -m bench.shards
 
 # The nemesis soak (soak/): random faults against candidates writing to a fenced register, then the checker.
 # SEED replays a schedule; MINUTES is how long each backend runs (the backends run side by side).

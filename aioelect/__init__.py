@@ -14,6 +14,7 @@ from ._electors import LocalElector
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost
 from ._events import Event
 from ._factory import from_env, new
+from ._shards import Shards
 
 if TYPE_CHECKING:
     from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector, RedisElector
@@ -33,6 +34,7 @@ __all__ = [
     "MySQLElector",
     "PostgresElector",
     "RedisElector",
+    "Shards",
     "current_leadership",
     "from_env",
     "leadership",
