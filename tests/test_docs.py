@@ -36,9 +36,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+
+if TYPE_CHECKING:
+    from aioelect._config import LockTiming
+    from aioelect.backends._session_lock import SessionLockBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Every page with code blocks; the recipe pages include files of examples/recipes/ that tests/test_recipes.py runs.
@@ -532,22 +537,24 @@ def test_the_server_bounds_table_is_computed_from_the_backends() -> None:
     assert found.group(1) == expected, f"docs/guarantees.md's table must read:\n{expected}"
 
 
+def mysql_backend() -> SessionLockBackend[Any]:
+    """A MySQL backend with every timing option at its default (nothing connects)."""
+    from aioelect import MySQLElector
+    from aioelect.backends._session_lock import SessionLockBackend
+
+    backend = MySQLElector("mysql://root@127.0.0.1:1/db", name="docs")._backend
+    assert isinstance(backend, SessionLockBackend)
+    return backend
+
+
+def default_timing() -> LockTiming:
+    """The session-lock timing at the defaults, as an elector given no timing option has it."""
+    return mysql_backend().timing
+
+
 def test_the_documented_margins_are_the_computed_ones() -> None:
     """The 3 s (and its half, the default --grace) that concepts.md and operations.md state at the defaults."""
-    from aioelect._config import LockTiming
-
-    margin = LockTiming.checked(
-        poll_interval=2,
-        check_interval=1,
-        check_timeout=2,
-        connect_timeout=5,
-        lease=10,
-        renew_deadline=None,
-        server_timeout="wait_timeout",
-        min_lease=2,
-        whole_lease=True,
-        dated_after_grant=True,
-    ).margin
+    margin = default_timing().margin
     concepts = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
     operations = " ".join((ROOT / "docs" / "operations.md").read_text().split())
     assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL and PostgreSQL" in concepts
@@ -557,31 +564,18 @@ def test_the_documented_margins_are_the_computed_ones() -> None:
 
 def test_the_documented_bound_for_a_deposed_leader_is_the_one_the_code_uses() -> None:
     """check_interval + 2 * check_timeout (LockTiming.deposed_within), in the docs, the campaign log and the soak."""
-    from aioelect import MySQLElector
-    from aioelect._config import LockTiming, confirmation_gap
+    from aioelect._config import confirmation_gap
     from soak.timing import _CHECK_INTERVAL, _CHECK_TIMEOUT, OVERLAP_SLACK, TIMINGS
 
-    defaults = LockTiming.checked(
-        poll_interval=2,
-        check_interval=1,
-        check_timeout=None,
-        connect_timeout=5,
-        lease=10,
-        renew_deadline=None,
-        server_timeout="wait_timeout",
-        min_lease=2,
-        whole_lease=True,
-        dated_after_grant=True,
-    )
+    defaults = default_timing()
     bound = defaults.deposed_within
-    assert bound == confirmation_gap(1, 2) == 5
+    assert bound == confirmation_gap(defaults.check_interval, defaults.check_timeout) == 1 + 2 * 2
     pages = {page.name: " ".join(page.read_text().split()) for page in (ROOT / "docs").glob("*.md")}
     for name, text in pages.items():
         assert "check_interval + check_timeout" not in text, f"docs/{name} states a bound the code does not keep"
     assert f"`check_interval + 2 \u00d7 check_timeout` ({bound:g} s at the defaults)" in pages["guarantees.md"]
     assert f"stops within `check_interval + 2 \u00d7 check_timeout` ({bound:g} s)" in pages["backends.md"]
-    elector = MySQLElector("mysql://root@127.0.0.1:1/db", name="docs")
-    assert f"a deposed leader stops within {bound:g}s" in elector._backend.describe_timing()
+    assert f"a deposed leader stops within {bound:g}s" in mysql_backend().describe_timing()
     margin = TIMINGS["mariadb"][1].margin
     assert margin == confirmation_gap(_CHECK_INTERVAL, _CHECK_TIMEOUT) + OVERLAP_SLACK
     assert f"plus 0.5 s of scheduling: {margin:g} s and" in pages["soak.md"]
