@@ -143,6 +143,16 @@ class Backend(abc.ABC):
         """
         return None
 
+    @property
+    def margin(self) -> float | None:
+        """Seconds between a cut-off leader fencing itself and the earliest moment its leadership can pass on.
+
+        The server-side bound (a lease, a session timeout) less
+        :attr:`renew_deadline`; None for a backend whose leadership cannot be
+        taken away while the process lives.
+        """
+        return None
+
     def describe_timing(self) -> str:
         """The derived tolerances, logged once when campaigning starts."""
         return "no timing"

@@ -475,6 +475,19 @@ class LockTiming:
         )
 
     @property
+    def deposed_within(self) -> float:
+        """Seconds within which a leader whose lock was taken, or whose server stopped answering, has ``held`` False.
+
+        :func:`confirmation_gap`: the check sent just before the loss may
+        still be answered "held" up to ``check_timeout`` after its send; the
+        next goes out ``check_interval`` after that answer and is answered
+        (not held) or given up on ``check_timeout`` after its send. The renew
+        deadline, never shorter, cannot end it later. A session the server
+        closes is noticed at once instead.
+        """
+        return confirmation_gap(self.check_interval, self.check_timeout)
+
+    @property
     def margin(self) -> float:
         """Seconds between a cut-off leader fencing itself and the earliest moment the lock can pass on.
 
@@ -511,7 +524,10 @@ def confirmation_gap(check_interval: float, check_timeout: float) -> float:
     A check sent at t may be answered at ``t + check_timeout``; the next is
     sent ``check_interval`` later and answered up to ``check_timeout`` after
     that: the keeper then learns of a confirmation sent at t at ``t +
-    check_interval + 2 * check_timeout``.
+    check_interval + 2 * check_timeout``. The same gap bounds how long a
+    deposed leader goes on (:attr:`LockTiming.deposed_within`): the renew
+    deadline must be at least this long, and the documentation and the
+    soak's overlap margin state this bound.
     """
     return check_interval + 2 * check_timeout
 

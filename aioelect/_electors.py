@@ -51,10 +51,10 @@ class MySQLElector(Elector):
       and at most once a second (each request waits on the server);
     * a new leadership starts with its whole ``renew_deadline`` ahead: it is
       dated from a statement sent after the lock was granted;
-    * a leader whose lock or connection is gone stops within ``check_interval``
-      plus ``check_timeout``; one that cannot confirm for ``renew_deadline``
-      seconds fences itself; the server drops a silent leader after ``lease``
-      seconds;
+    * a leader whose connection is closed stops at once, one whose lock is
+      gone within ``check_interval`` plus twice ``check_timeout``; one that
+      cannot confirm for ``renew_deadline`` seconds fences itself; the server
+      drops a silent leader after ``lease`` seconds;
     * with ``fencing`` (on by default) each leadership gets a token that
       increases across all leaders of ``name`` and across server restarts
       (table ``aioelect_leaders``, created if missing), and :meth:`leader`
@@ -108,8 +108,8 @@ class PostgresElector(Elector):
       leader's session ending, and sends at most one query per
       ``poll_interval`` while waiting;
     * a leader whose session ends stops at once; one whose lock check fails
-      stops within ``check_interval`` plus ``check_timeout``; one that cannot
-      confirm for ``renew_deadline`` seconds fences itself; the server ends a
+      stops within ``check_interval`` plus twice ``check_timeout``; one that
+      cannot confirm for ``renew_deadline`` seconds fences itself; the server ends a
       silent (frozen, cut off) leader's session after ``lease`` seconds
       (``idle_session_timeout``, PostgreSQL 14+; on older servers only TCP
       keepalives, which never end a stopped but live process);

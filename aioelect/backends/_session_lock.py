@@ -24,7 +24,10 @@ engine guarantees, for every dialect:
 * a new leadership is dated from a lock check sent *after* the grant, never
   from the request, which may have waited on the server for seconds;
 * the hold confirms the lock every ``check_interval``, each check bounded by
-  ``check_timeout``, and notices at once the server closing the session;
+  ``check_timeout``, and notices at once the server closing the session; a
+  lock taken otherwise, or a server that stops answering, ends the
+  leadership within ``check_interval + 2 * check_timeout``
+  (:attr:`~aioelect._config.LockTiming.deposed_within`);
   release is idempotent and a connection already gone is not an error;
 * a session is kept for the elector's next campaign only when the server
   answered that the release freed the lock (any doubt, failure or
@@ -358,12 +361,16 @@ class SessionLockBackend(Backend, Generic[_C]):
     def renew_deadline(self) -> float:
         return self.timing.renew_deadline
 
+    @property
+    def margin(self) -> float:
+        return self.timing.margin
+
     def describe_timing(self) -> str:
         t = self.timing
         return (
             f"poll_interval={t.poll_interval:g}s check_interval={t.check_interval:g}s "
             f"check_timeout={t.check_timeout:g}s renew_deadline={t.renew_deadline:g}s lease={t.lease:g}s: "
-            f"a deposed leader stops within {t.check_interval + t.check_timeout:g}s (at once if its session "
+            f"a deposed leader stops within {t.deposed_within:g}s (at once if its session "
             f"ends), a frozen one is replaced after about {t.lease:g}s ({self.dialect.server_timeout}) and fences "
             f"itself after {t.renew_deadline:g}s"
         )

@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._config import LockTiming
 from .._elector import Elector, Leadership
 from .._settings import ENV_IDENTITY, ENV_TOKEN
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
 
 if TYPE_CHECKING:
-    from ..integrations._http import BoundedHTTPServer
+    from .._http import BoundedHTTPServer
     from ..integrations.health import HealthServer
 
 __all__ = ["Runner", "check_metrics", "choose_grace", "forwarded_signal", "serve_health", "serve_metrics"]
@@ -48,14 +47,11 @@ def _safety_margin(elector: Elector) -> tuple[float, float, float] | None:
     """``(margin, lease, renew_deadline)``: how long before a cut-off leader's lock can pass on it knows of
     its loss; None for a backend whose leadership cannot be taken away while this process lives."""
     backend = elector._backend
-    timing = getattr(backend, "timing", None)
-    if isinstance(timing, LockTiming):  # a session lock: the margin its server-side bounds were checked against
-        return timing.margin, timing.lease, timing.renew_deadline
-    deadline = backend.renew_deadline
-    lease = getattr(backend, "lease", None) or getattr(backend, "ttl", None)
-    if deadline is None or not isinstance(lease, (int, float)):
+    # The margin the backend checks its server-side bounds against (a session's timeouts, etcd's granted TTL).
+    margin, deadline = backend.margin, backend.renew_deadline
+    if margin is None or deadline is None:
         return None
-    return float(lease) - deadline, float(lease), deadline
+    return margin, margin + deadline, deadline
 
 
 def choose_grace(given: float | None, elector: Elector, kind: str) -> float:
@@ -103,7 +99,7 @@ async def serve_metrics(elector: Elector, host: str, port: int) -> BoundedHTTPSe
     """
     import prometheus_client
 
-    from ..integrations._http import BoundedHTTPServer
+    from .._http import BoundedHTTPServer
     from ..metrics import PrometheusMetrics
 
     # A registry of our own (main() may run more than once in a process), with the usual process metrics.
@@ -113,13 +109,7 @@ async def serve_metrics(elector: Elector, host: str, port: int) -> BoundedHTTPSe
     prometheus_client.GCCollector(registry=registry)
     metrics = PrometheusMetrics(registry)
     metrics.attach(elector)
-
-    async def respond(method: str, path: str) -> tuple[int, str, bytes]:
-        if path != "/metrics":
-            return 404, "text/plain; charset=utf-8", b"metrics are on /metrics\n"
-        return 200, prometheus_client.CONTENT_TYPE_LATEST, prometheus_client.generate_latest(registry)
-
-    server = BoundedHTTPServer(respond, name="metrics")
+    server = BoundedHTTPServer(metrics.respond, name="metrics")
     try:
         await server.start(host, port)
     except OSError as exc:
