@@ -21,19 +21,20 @@ from .servers import SERVERS, Target
 _NS = 1_000_000_000
 
 
-def describe(outcome: Outcome) -> str:
-    """One line for the seed, then one per violation."""
+def describe(outcome: Outcome, trace: float = 0.0) -> str:
+    """One line for the seed, then one per violation; with ``trace``, what happened that many seconds before."""
     counts = ", ".join(f"{k} {v}" for k, v in sorted(outcome.counts.items()))
     state = "ok" if outcome.ok else f"{len(outcome.violations)} VIOLATION(S)"
     lines = [f"{outcome.backend} seed {outcome.seed}: {state} ({counts})"]
     for violation in outcome.violations:
         lines.append(f"  {violation.kind}: {violation.message}")
-    if not outcome.ok:
+    if not outcome.ok and trace:
         first = min((v.at for v in outcome.violations if v.at is not None), default=None)
-        for fault in outcome.faults:
-            if first is None or abs(fault.start - first) < 10 * _NS:
-                rel = (fault.start - first) / _NS if first is not None else 0.0
-                lines.append(f"  operator at {rel:+.2f}s: {fault.kind} {fault.detail}")
+        if first is not None:
+            lines.append("  trace (seconds from the first violation):")
+            for t, who, what in outcome.trace:
+                if -trace <= (t - first) / _NS <= 2.0:
+                    lines.append(f"    {(t - first) / _NS:+8.3f} {who:>8} {what}")
     return "\n".join(lines)
 
 
@@ -50,7 +51,7 @@ async def _main(args: argparse.Namespace) -> int:
             while time.monotonic() < deadline and (args.seeds is None or seed < first + args.seeds):
                 target.name = f"adversary-{seed}"
                 outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
-                print(describe(outcome), flush=True)
+                print(describe(outcome, args.trace), flush=True)
                 failed += not outcome.ok
                 seed += 1
         finally:
@@ -65,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=None, help="how many seeds at most (default: until --minutes)")
     parser.add_argument("--minutes", type=float, default=20.0, help="per backend")
     parser.add_argument("--seconds", type=float, default=20.0, help="each seed's run")
-    parser.add_argument("--electors", type=int, default=4)
+    parser.add_argument("--electors", type=int, default=None, help="default: 3 to 5, drawn by each seed")
+    parser.add_argument("--trace", type=float, default=10.0, help="seconds of trace shown before a violation")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(

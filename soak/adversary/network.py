@@ -46,6 +46,17 @@ class Profile:
     cancel_watch_p: float = 0.1
     cancel_within: float = 2.0
 
+    @classmethod
+    def draw(cls, rng: random.Random) -> Profile:
+        """A profile of its own for one seed (swarm testing: some seeds mostly delay, some mostly fail...)."""
+        return cls(
+            short_p=rng.uniform(0.0, 0.5),
+            long_p=rng.uniform(0.0, 0.15),
+            lost_request_p=rng.uniform(0.0, 0.03),
+            lost_reply_p=rng.uniform(0.0, 0.03),
+            cancel_watch_p=rng.uniform(0.0, 0.3),
+        )
+
 
 class Network:
     """One elector's link to its server: seeded, independent faults on every exchange.
@@ -61,7 +72,9 @@ class Network:
         profile: Profile,
         lost: Callable[[str], Exception],
         cancelled: Callable[[], Any] | None = None,
+        trace: Callable[[str], None] | None = None,
     ) -> None:
+        self._trace = trace or (lambda line: None)
         self._rng = rng
         self._profile = profile
         self._lost = lost
@@ -90,11 +103,16 @@ class Network:
         cancel = None
         if self._cancelled is not None and message and rng.random() < p.cancel_watch_p:
             cancel = rng.uniform(0.0, p.cancel_within)
+        if before >= p.long_min:
+            self._trace(f"{what}: request held back {before:.2f}s")
+        if after >= p.long_min:
+            self._trace(f"{what}: reply will be held back {after:.2f}s")
         if before:
             self.counts["delayed request"] += 1
             await anyio.sleep(before)
         if lose_request:
             self.counts["lost request"] += 1
+            self._trace(f"{what}: request lost")
             raise self._lost(what)
         if cancel is None:
             reply = await send()
@@ -105,11 +123,15 @@ class Network:
             if reply is None:  # no message within the time drawn: the server cancels the watch
                 assert self._cancelled is not None
                 self.counts["cancelled watch"] += 1
+                self._trace("watch cancelled by the server")
                 return self._cancelled()
         if after:
             self.counts["delayed reply"] += 1
             await anyio.sleep(after)
+            if after >= p.long_min:
+                self._trace(f"{what}: late reply delivered")
         if lose_reply and not message:
             self.counts["lost reply"] += 1
+            self._trace(f"{what}: reply lost")
             raise self._lost(what)
         return reply

@@ -25,13 +25,13 @@ from typing import Any
 import anyio
 
 import aioelect
-from soak.checker import Act, Fault, History, Verdict, Violation, check
+from soak.checker import Act, Fault, History, Term, Verdict, Violation, check
 from soak.timing import OVERLAP_SLACK
 
 from .network import Network, Profile
 from .servers import Target
 
-__all__ = ["OPTIONS", "Loss", "Outcome", "deposed", "margin", "run_seed"]
+__all__ = ["OPTIONS", "Loss", "Outcome", "deposed", "margin", "run_seed", "tokens"]
 
 _NS = 1_000_000_000
 
@@ -86,6 +86,8 @@ class Outcome:
     faults: list[Fault]
     losses: list[Loss]
     counts: dict[str, int] = field(default_factory=dict)
+    #: (monotonic ns, who, what): elector events, the operator's actions, the network's notable faults.
+    trace: list[tuple[int, str, str]] = field(default_factory=list)
 
     @property
     def violations(self) -> list[Violation]:
@@ -141,6 +143,32 @@ def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Viol
     return found
 
 
+def tokens(leaderships: list[Term], margin: float) -> list[Violation]:
+    """Leaderships whose token is not larger than that of one that started more than ``margin`` s before.
+
+    A leadership granted before another but seen late (its news held back)
+    starts acting after it: within the margin that is the overlap the
+    margin allows, beyond it the order of tokens is broken.
+    """
+    found = []
+    m = int(margin * _NS)
+    for i, later in enumerate(leaderships):
+        for earlier in leaderships[:i]:
+            if later.start - earlier.start <= m or earlier.token is None or later.token is None:
+                continue
+            if later.token <= earlier.token:
+                found.append(
+                    Violation(
+                        "token",
+                        f"{later.who}'s leadership (token {later.token}) started "
+                        f"{(later.start - earlier.start) / _NS:.2f} s after {earlier.who}'s (token {earlier.token}) "
+                        "but its token is not larger",
+                        later.start,
+                    )
+                )
+    return found
+
+
 class _Candidate:
     """One elector and the loop that campaigns, leads and releases."""
 
@@ -182,7 +210,27 @@ class _Candidate:
             await anyio.sleep(rng.uniform(0.0, 0.3))
 
 
-async def _operator(target: Target, rng: random.Random, until: float, faults: list[Fault], errors: list[str]) -> None:
+class _Trace:
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str, str]] = []
+
+    def sink(self, who: str) -> Any:
+        return lambda line: self.lines.append((time.monotonic_ns(), who, line))
+
+
+def _listen(elector: aioelect.Elector, say: Any) -> None:
+    def on_event(event: aioelect.Event) -> None:
+        if event.kind in ("acquired", "lost", "released", "campaigning"):
+            say(f"{event.kind} token={event.token}" + (f" ({event.reason})" if event.reason else ""))
+        elif event.kind == "error":
+            say(f"retrying: {event.reason}")
+
+    elector.add_listener(on_event)
+
+
+async def _operator(
+    target: Target, rng: random.Random, until: float, faults: list[Fault], errors: list[str], say: Any
+) -> None:
     """The operator's actions on the server, one every 0.5-3 s."""
     kinds = list(target.actions)
     weights = [target.actions[k] for k in kinds]
@@ -199,6 +247,7 @@ async def _operator(target: Target, rng: random.Random, until: float, faults: li
             await anyio.to_thread.run_sync(target.server.start)  # a failed restart leaves it stopped
             continue
         heal = time.monotonic_ns()
+        say(f"{kind}: {detail}")
         faults.append(Fault(kind, target.backend, start, heal, heal, detail))
 
 
@@ -209,7 +258,7 @@ def _elector(target: Target, who: str) -> aioelect.Elector:
 
 def _attach(elector: aioelect.Elector, network: Network) -> None:
     """Put ``network`` between the elector's backend and its server (the backends' interceptor seam)."""
-    backend: Any = elector._backend  # noqa: SLF001 - the adversary is the seam's one user
+    backend: Any = elector._backend  # private: the adversary is the seam's one user
     if hasattr(backend, "conn"):
         backend.conn.interceptor = network  # etcd: the connection's requests and watches
     else:
@@ -217,17 +266,25 @@ def _attach(elector: aioelect.Elector, network: Network) -> None:
 
 
 async def run_seed(
-    target: Target, seed: int, seconds: float, *, electors: int = 4, profile: Profile | None = None
+    target: Target, seed: int, seconds: float, *, electors: int | None = None, profile: Profile | None = None
 ) -> Outcome:
-    """Run ``electors`` electors against ``target`` for ``seconds`` under seed ``seed``; judge the history."""
-    profile = profile or Profile()
+    """Run ``electors`` electors against ``target`` for ``seconds`` under seed ``seed``; judge the history.
+
+    Without ``electors`` or ``profile``, the seed draws them (3 to 5 electors, :meth:`Profile.draw`).
+    """
     master = random.Random(seed)
+    profile = profile or Profile.draw(master)
+    electors = electors or master.randint(3, 5)
+    trace = _Trace()
     candidates = []
     for i in range(electors):
         who = f"e{i}"
-        network = Network(random.Random(master.getrandbits(64)), profile, target.lost, target.cancelled)
+        network = Network(
+            random.Random(master.getrandbits(64)), profile, target.lost, target.cancelled, trace.sink(who)
+        )
         elector = _elector(target, who)
         _attach(elector, network)
+        _listen(elector, trace.sink(who))
         candidates.append(_Candidate(who, elector, network, random.Random(master.getrandbits(64))))
     operator_rng = random.Random(master.getrandbits(64))
     faults: list[Fault] = []
@@ -239,7 +296,7 @@ async def run_seed(
             for candidate in candidates:
                 await candidate.elector.__aenter__()
                 tg.start_soon(candidate.loop, until)
-            tg.start_soon(_operator, target, operator_rng, until, faults, errors)
+            tg.start_soon(_operator, target, operator_rng, until, faults, errors, trace.sink("operator"))
     finally:
         for candidate in candidates:
             candidate.network.active = False
@@ -261,6 +318,7 @@ async def run_seed(
         errors=errors,
     )
     verdict = check(history)
+    verdict.violations = [v for v in verdict.violations if v.kind != "token"] + tokens(verdict.terms, bound)
     if target.backend != "etcd":
         verdict.violations += deposed(losses, faults, bound + 2.0)
     counts: dict[str, int] = {}
@@ -269,4 +327,4 @@ async def run_seed(
             counts[key] = counts.get(key, 0) + value
     for fault in faults:
         counts[fault.kind] = counts.get(fault.kind, 0) + 1
-    return Outcome(target.backend, seed, verdict, faults, losses, counts)
+    return Outcome(target.backend, seed, verdict, faults, losses, counts, trace.lines)
