@@ -51,7 +51,8 @@ class Profile:
         """A profile of its own for one seed (swarm testing: some seeds mostly delay, some mostly fail...)."""
         return cls(
             short_p=rng.uniform(0.0, 0.5),
-            long_p=rng.uniform(0.0, 0.15),
+            long_p=rng.uniform(0.02, 0.25),
+            long=rng.uniform(1.0, 3.0),
             lost_request_p=rng.uniform(0.0, 0.03),
             lost_reply_p=rng.uniform(0.0, 0.03),
             cancel_watch_p=rng.uniform(0.0, 0.3),

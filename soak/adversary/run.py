@@ -188,7 +188,7 @@ class _Candidate:
     async def loop(self, until: float) -> None:
         rng = self.rng
         while time.monotonic() < until:
-            timeout = rng.uniform(0.3, 3.0) if rng.random() < 0.5 else None
+            timeout = rng.uniform(0.1, 1.5) if rng.random() < 0.5 else None
             try:
                 lead = await self.elector.acquire(timeout=timeout)
             except TimeoutError:
@@ -196,7 +196,8 @@ class _Candidate:
                 continue
             self._count("leadership")
             start = time.monotonic_ns()
-            hold = rng.uniform(0.1, 1.0) if rng.random() < 0.6 else rng.uniform(3.0, 8.0)
+            # Short leaderships make handovers; long ones outlast the margin, so that two leaders show.
+            hold = rng.uniform(0.05, 0.5) if rng.random() < 0.45 else rng.uniform(2.5, 6.0)
             stop = min(time.monotonic() + hold, until)
             while time.monotonic() < stop:
                 t0 = time.monotonic_ns()
@@ -207,7 +208,8 @@ class _Candidate:
             if lead.lost:
                 self.losses.append(Loss(self.who, lead.token, start, time.monotonic_ns(), lead.lost_reason or ""))
             await lead.release()
-            await anyio.sleep(rng.uniform(0.0, 0.3))
+            # Mostly back at once; sometimes a pause, so that a kept session waits (across a restart...).
+            await anyio.sleep(rng.uniform(0.0, 0.1) if rng.random() < 0.7 else rng.uniform(0.5, 3.0))
 
 
 class _Trace:
@@ -231,11 +233,11 @@ def _listen(elector: aioelect.Elector, say: Any) -> None:
 async def _operator(
     target: Target, rng: random.Random, until: float, faults: list[Fault], errors: list[str], say: Any
 ) -> None:
-    """The operator's actions on the server, one every 0.5-3 s."""
+    """The operator's actions on the server, one every ``target.pace`` seconds or so."""
     kinds = list(target.actions)
     weights = [target.actions[k] for k in kinds]
     while True:
-        await anyio.sleep(rng.uniform(0.5, 3.0))
+        await anyio.sleep(rng.uniform(0.2, 2 * target.pace))
         if time.monotonic() >= until:
             return
         kind = rng.choices(kinds, weights)[0]

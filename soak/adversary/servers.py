@@ -29,6 +29,8 @@ class Target:
     backend: ClassVar[str]
     #: The operator's actions on this server (see :meth:`act`), with their relative weights.
     actions: ClassVar[dict[str, float]]
+    #: Seconds between the operator's actions, on average (they cost the server little).
+    pace: ClassVar[float] = 1.0
     server: MariaDBServer | PostgresServer | EtcdServer
 
     def __init__(self, name: str) -> None:
@@ -64,7 +66,8 @@ class Target:
 
 class EtcdTarget(Target):
     backend = "etcd"
-    actions: ClassVar[dict[str, float]] = {"delete-key": 5.0, "revoke-lease": 2.0, "restart": 0.3}
+    actions: ClassVar[dict[str, float]] = {"delete-key": 5.0, "revoke-lease": 1.5, "restart": 0.2}
+    pace = 0.7
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -102,7 +105,9 @@ class EtcdTarget(Target):
         keys = await self.keys()
         if not keys:
             return "no key"
-        key = base64.b64decode(rng.choice(keys)["key"]).decode()
+        # Mostly a waiting candidate's key (a leader's is deposed by the revoke as well).
+        pick = keys[1:] if len(keys) > 1 and rng.random() < 0.8 else keys
+        key = base64.b64decode(rng.choice(pick)["key"]).decode()
         await self._etcdctl("del", key)
         return f"del {key}"
 
