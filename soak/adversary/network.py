@@ -33,8 +33,9 @@ class Profile:
     #: A short delay (up to ``short``) on the request, and independently on the reply.
     short_p: float = 0.25
     short: float = 0.05
-    #: A long delay (``long_min`` .. ``long``): the late reply that reorders. An etcd watch message is held
-    #: back at most ``watch_long``: it may carry the news of a lost leadership, which the margin must cover.
+    #: A long delay (``long_min`` .. ``long``): the late reply that reorders. An etcd watch's creation or message
+    #: is held back at most ``watch_long`` each way: it may carry the news of a lost leadership, which the margin
+    #: must cover.
     long_p: float = 0.05
     long_min: float = 0.2
     long: float = 2.0
@@ -97,12 +98,14 @@ class Network:
             return await send()
         p, rng = self._profile, self._rng
         # Every draw is taken now, in the order exchanges start, whatever happens to this one.
-        message = what == "watch message"
+        # A watch's creation and its messages are how a leader hears that its key went: held back at most
+        # ``watch_long`` (the margin covers that), and never lost on their own.
+        message = what.startswith("watch")
         longest = p.watch_long if message else p.long
         before, after = self._delay(longest), self._delay(longest)
         lose_request, lose_reply = rng.random() < p.lost_request_p, rng.random() < p.lost_reply_p
         cancel = None
-        if self._cancelled is not None and message and rng.random() < p.cancel_watch_p:
+        if self._cancelled is not None and what == "watch message" and rng.random() < p.cancel_watch_p:
             cancel = rng.uniform(0.0, p.cancel_within)
         if before >= p.long_min:
             self._trace(f"{what}: request held back {before:.2f}s")
@@ -111,7 +114,7 @@ class Network:
         if before:
             self.counts["delayed request"] += 1
             await anyio.sleep(before)
-        if lose_request:
+        if lose_request and not message:
             self.counts["lost request"] += 1
             self._trace(f"{what}: request lost")
             raise self._lost(what)
@@ -131,6 +134,8 @@ class Network:
             await anyio.sleep(after)
             if after >= p.long_min:
                 self._trace(f"{what}: late reply delivered")
+        if what == "lease grant":
+            self._trace(f"lease grant: lease {getattr(reply, 'ID', 0):x}")
         if lose_reply and not message:
             self.counts["lost reply"] += 1
             self._trace(f"{what}: reply lost")

@@ -54,14 +54,15 @@ def margin(backend: str, profile: Profile) -> float:
     """Seconds two leaders may both act: the documented bound for a deposed leader to notice, plus scheduling.
 
     etcd: the news of the loss is a watch message, which the adversary may
-    hold back up to ``profile.watch_long``. SQL: the check is bounded by
+    hold back up to ``profile.watch_long`` on the way there and again on the
+    way back. SQL: the check is bounded by
     ``check_timeout`` whatever the adversary does, and a closed session is
     seen at once.
     """
     options = OPTIONS[backend]
     if backend == "etcd":
         # A revoked lease or deleted key reaches the leader by its watch, at the latest by its next keep-alive.
-        return options["ttl"] / 3 + profile.watch_long + OVERLAP_SLACK
+        return options["ttl"] / 3 + 2 * profile.watch_long + OVERLAP_SLACK
     return options["check_interval"] + options["check_timeout"] + OVERLAP_SLACK  # docs/guarantees.md
 
 

@@ -126,7 +126,9 @@ class EtcdTarget(Target):
 
 class MariaDBTarget(Target):
     backend = "mysql"
-    actions: ClassVar[dict[str, float]] = {"kill-holder": 3.0, "kill-session": 2.0, "restart": 1.0}
+    # Restarts often: each starts connection ids afresh, so the ids of sessions kept across one are reused soon.
+    actions: ClassVar[dict[str, float]] = {"kill-holder": 3.0, "kill-session": 2.0, "restart": 2.0}
+    pace = 1.5
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -178,6 +180,7 @@ class MariaDBTarget(Target):
 class PostgresTarget(Target):
     backend = "postgres"
     actions: ClassVar[dict[str, float]] = {"kill-holder": 3.0, "kill-session": 2.0, "restart": 1.0}
+    pace = 1.5
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
