@@ -25,7 +25,7 @@ def describe(outcome: Outcome, trace: float = 0.0) -> str:
     """One line for the seed, then one per violation; with ``trace``, what happened that many seconds before."""
     counts = ", ".join(f"{k} {v}" for k, v in sorted(outcome.counts.items()))
     state = "ok" if outcome.ok else f"{len(outcome.violations)} VIOLATION(S)"
-    lines = [f"{outcome.backend} seed {outcome.seed}: {state} ({counts})"]
+    lines = [f"{outcome.backend} seed {outcome.seed}: {state} ({counts}; slow: {', '.join(outcome.slow) or '-'})"]
     for violation in outcome.violations:
         lines.append(f"  {violation.kind}: {violation.message}")
     if not outcome.ok and trace:

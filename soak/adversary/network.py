@@ -46,11 +46,17 @@ class Profile:
     #: An etcd watch cancelled by the server while a read waits (after up to ``cancel_within`` s), per read.
     cancel_watch_p: float = 0.1
     cancel_within: float = 2.0
+    #: Exchanges (by ``what``) whose replies are late far more often (``slow_p``): one slow path of the server.
+    slow: tuple[str, ...] = ()
+    slow_p: float = 0.5
 
     @classmethod
-    def draw(cls, rng: random.Random) -> Profile:
-        """A profile of its own for one seed (swarm testing: some seeds mostly delay, some mostly fail...)."""
+    def draw(cls, rng: random.Random, kinds: tuple[str, ...] = ()) -> Profile:
+        """A profile of its own for one seed (swarm testing: some seeds mostly delay, some mostly fail, some make
+        one or two of ``kinds`` slow...)."""
         return cls(
+            slow=tuple(rng.sample(kinds, k=min(2, len(kinds)))),
+            slow_p=rng.uniform(0.2, 0.8),
             short_p=rng.uniform(0.0, 0.5),
             long_p=rng.uniform(0.02, 0.25),
             long=rng.uniform(1.0, 3.0),
@@ -103,6 +109,8 @@ class Network:
         message = what.startswith("watch")
         longest = p.watch_long if message else p.long
         before, after = self._delay(longest), self._delay(longest)
+        if what in p.slow and rng.random() < p.slow_p:
+            after = rng.uniform(p.long_min, longest)
         lose_request, lose_reply = rng.random() < p.lost_request_p, rng.random() < p.lost_reply_p
         cancel = None
         if self._cancelled is not None and what == "watch message" and rng.random() < p.cancel_watch_p:

@@ -89,6 +89,8 @@ class Outcome:
     counts: dict[str, int] = field(default_factory=dict)
     #: (monotonic ns, who, what): elector events, the operator's actions, the network's notable faults.
     trace: list[tuple[int, str, str]] = field(default_factory=list)
+    #: The exchanges this seed made slow.
+    slow: tuple[str, ...] = ()
 
     @property
     def violations(self) -> list[Violation]:
@@ -276,7 +278,7 @@ async def run_seed(
     Without ``electors`` or ``profile``, the seed draws them (3 to 5 electors, :meth:`Profile.draw`).
     """
     master = random.Random(seed)
-    profile = profile or Profile.draw(master)
+    profile = profile or Profile.draw(master, target.kinds)
     electors = electors or master.randint(3, 5)
     trace = _Trace()
     candidates = []
@@ -330,4 +332,4 @@ async def run_seed(
             counts[key] = counts.get(key, 0) + value
     for fault in faults:
         counts[fault.kind] = counts.get(fault.kind, 0) + 1
-    return Outcome(target.backend, seed, verdict, faults, losses, counts, trace.lines)
+    return Outcome(target.backend, seed, verdict, faults, losses, counts, trace.lines, profile.slow)

@@ -29,6 +29,8 @@ class Target:
     backend: ClassVar[str]
     #: The operator's actions on this server (see :meth:`act`), with their relative weights.
     actions: ClassVar[dict[str, float]]
+    #: The exchanges a seed may make slow (see :class:`~.network.Profile`).
+    kinds: ClassVar[tuple[str, ...]] = ()
     #: Seconds between the operator's actions, on average (they cost the server little).
     pace: ClassVar[float] = 1.0
     server: MariaDBServer | PostgresServer | EtcdServer
@@ -68,6 +70,7 @@ class EtcdTarget(Target):
     backend = "etcd"
     actions: ClassVar[dict[str, float]] = {"delete-key": 5.0, "revoke-lease": 1.5, "restart": 0.2}
     pace = 0.7
+    kinds = ("campaign", "check candidacy", "lease keep-alive", "proclaim", "read key", "read leader", "resign")
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
