@@ -1,0 +1,119 @@
+"""The message-level adversary (soak/adversary/): its pieces on constructed inputs, and fixed seeds on real servers.
+
+The seed runs start their own throwaway servers (the adversary restarts
+them) and fail unless the run found no violation: two leaderships acting
+at once beyond the margin, a token that does not grow, or a SQL leader
+whose session was ended by nobody who meant it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from soak.adversary.__main__ import describe
+from soak.adversary.network import Network, Profile
+from soak.adversary.run import Loss, deposed, run_seed, tokens
+from soak.adversary.servers import SERVERS
+from soak.checker import Fault, Term
+from tests.harness import MissingBinaryError
+from tests.harness.plugin import server_unavailable, skip_if_external
+
+NS = 1_000_000_000
+#: The CI seeds, per backend, and each one's seconds: about 2 minutes in all with the servers' starts.
+SEEDS = {"etcd": [1, 2, 3], "mysql": [1, 2, 3], "postgres": [1]}
+SECONDS = 12.0
+
+
+def _term(who: str, token: int, start: float, end: float) -> Term:
+    return Term(who, token, int(start * NS), int(end * NS), 10)
+
+
+def test_tokens_accepts_an_old_leadership_seen_late_within_the_margin() -> None:
+    assert tokens([_term("a", 5, 0.0, 3.0), _term("b", 4, 0.5, 1.0)], margin=1.0) == []
+
+
+def test_tokens_reports_a_smaller_token_beyond_the_margin() -> None:
+    found = tokens([_term("a", 5, 0.0, 3.0), _term("b", 4, 2.0, 4.0)], margin=1.0)
+    assert [v.kind for v in found] == ["token"]
+    assert "b's leadership (token 4)" in found[0].message
+
+
+def _loss(start: float, at: float, reason: str = "the server closed the lock connection") -> Loss:
+    return Loss("a", 7, int(start * NS), int(at * NS), reason)
+
+
+def _fault(kind: str, start: float, heal: float | None = None) -> Fault:
+    end = int((heal if heal is not None else start) * NS)
+    return Fault(kind, "mysql", int(start * NS), end, end)
+
+
+def test_deposed_reports_a_session_ended_by_nobody() -> None:
+    found = deposed([_loss(1.0, 5.0)], [_fault("kill-holder", 0.5), _fault("restart", 2.0, 3.0)], window=1.0)
+    assert [v.kind for v in found] == ["deposed"]
+
+
+def test_deposed_accepts_a_session_ended_by_the_operator() -> None:
+    assert deposed([_loss(1.0, 2.5)], [_fault("kill-holder", 2.0)], window=1.0) == []
+    assert deposed([_loss(1.0, 2.5)], [_fault("restart", 2.0, 2.2)], window=1.0) == []
+    # A leadership that began after the restart was over is not ended by it.
+    assert len(deposed([_loss(3.0, 3.5)], [_fault("restart", 2.0, 2.2)], window=2.0)) == 1
+
+
+def test_deposed_ignores_losses_for_other_reasons() -> None:
+    assert deposed([_loss(1.0, 5.0, "lock check did not complete within 0.6s")], [], window=1.0) == []
+
+
+def _exchange(network: Network, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        return await network.exchange(what, send)
+
+    return anyio.run(main)
+
+
+def test_network_passes_replies_and_loses_some() -> None:
+    async def send() -> str:
+        return "reply"
+
+    lossy = Network(random.Random(1), Profile(short_p=0, long_p=0, lost_reply_p=1.0), ConnectionResetError)
+    with pytest.raises(ConnectionResetError):
+        _exchange(lossy, "read leader", send)
+    clean = Network(random.Random(1), Profile(short_p=0, long_p=0, lost_request_p=0, lost_reply_p=0), OSError)
+    assert _exchange(clean, "read leader", send) == "reply"
+    assert clean.counts == {}
+
+
+def test_network_cancels_a_watch_that_waits() -> None:
+    async def never() -> str:
+        await anyio.sleep(10)
+        return "message"
+
+    profile = Profile(short_p=0, long_p=0, cancel_watch_p=1.0, cancel_within=0.05)
+    network = Network(random.Random(1), profile, OSError, cancelled=lambda: "cancelled")
+    assert _exchange(network, "watch message", never) == "cancelled"
+    assert network.counts["cancelled watch"] == 1
+
+
+@pytest.mark.parametrize("backend", sorted(SEEDS))
+def test_adversary_seeds_find_no_violation(backend: str) -> None:
+    skip_if_external(backend)
+    target = SERVERS[backend](f"adversary-ci-{backend}")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+    try:
+        failures = []
+        for seed in SEEDS[backend]:
+            target.name = f"adversary-ci-{seed}"
+            outcome = anyio.run(lambda: run_seed(target, seed, SECONDS))  # noqa: B023 - run at once
+            if not outcome.ok:
+                failures.append(describe(outcome, trace=10.0))
+        assert not failures, "\n".join(failures)
+    finally:
+        target.cleanup()
