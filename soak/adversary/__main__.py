@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=None, help="how many seeds at most (default: until --minutes)")
     parser.add_argument("--minutes", type=float, default=20.0, help="per backend")
     parser.add_argument("--seconds", type=float, default=20.0, help="each seed's run")
-    parser.add_argument("--electors", type=int, default=None, help="default: 3 to 5, drawn by each seed")
+    parser.add_argument("--electors", type=int, default=None, help="default: 3 to 6, drawn by each seed")
     parser.add_argument("--trace", type=float, default=10.0, help="seconds of trace shown before a violation")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)

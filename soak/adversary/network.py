@@ -53,16 +53,17 @@ class Profile:
     @classmethod
     def draw(cls, rng: random.Random, kinds: tuple[str, ...] = ()) -> Profile:
         """A profile of its own for one seed (swarm testing: some seeds mostly delay, some mostly fail, some make
-        one or two of ``kinds`` slow...)."""
+        up to three of ``kinds`` slow...)."""
         return cls(
-            slow=tuple(rng.sample(kinds, k=min(2, len(kinds)))),
+            slow=tuple(rng.sample(kinds, k=min(3, len(kinds)))),
             slow_p=rng.uniform(0.2, 0.8),
             short_p=rng.uniform(0.0, 0.5),
             long_p=rng.uniform(0.02, 0.25),
-            long=rng.uniform(1.0, 3.0),
+            long=rng.uniform(1.0, 4.0),
             lost_request_p=rng.uniform(0.0, 0.03),
             lost_reply_p=rng.uniform(0.0, 0.03),
-            cancel_watch_p=rng.uniform(0.0, 0.3),
+            cancel_watch_p=rng.uniform(0.05, 0.5),
+            cancel_within=1.0,
         )
 
 

@@ -212,7 +212,7 @@ class _Candidate:
                 self.losses.append(Loss(self.who, lead.token, start, time.monotonic_ns(), lead.lost_reason or ""))
             await lead.release()
             # Mostly back at once; sometimes a pause, so that a kept session waits (across a restart...).
-            await anyio.sleep(rng.uniform(0.0, 0.1) if rng.random() < 0.7 else rng.uniform(0.5, 3.0))
+            await anyio.sleep(rng.uniform(0.0, 0.1) if rng.random() < 0.6 else rng.uniform(1.0, 5.0))
 
 
 class _Trace:
@@ -275,11 +275,11 @@ async def run_seed(
 ) -> Outcome:
     """Run ``electors`` electors against ``target`` for ``seconds`` under seed ``seed``; judge the history.
 
-    Without ``electors`` or ``profile``, the seed draws them (3 to 5 electors, :meth:`Profile.draw`).
+    Without ``electors`` or ``profile``, the seed draws them (3 to 6 electors, :meth:`Profile.draw`).
     """
     master = random.Random(seed)
     profile = profile or Profile.draw(master, target.kinds)
-    electors = electors or master.randint(3, 5)
+    electors = electors or master.randint(3, 6)
     trace = _Trace()
     candidates = []
     for i in range(electors):

@@ -69,7 +69,7 @@ class Target:
 class EtcdTarget(Target):
     backend = "etcd"
     actions: ClassVar[dict[str, float]] = {"delete-key": 5.0, "revoke-lease": 1.5, "restart": 0.2}
-    pace = 0.7
+    pace = 0.5
     kinds = ("campaign", "check candidacy", "lease keep-alive", "proclaim", "read key", "read leader", "resign")
 
     def __init__(self, name: str) -> None:
@@ -130,8 +130,8 @@ class EtcdTarget(Target):
 class MariaDBTarget(Target):
     backend = "mysql"
     # Restarts often: each starts connection ids afresh, so the ids of sessions kept across one are reused soon.
-    actions: ClassVar[dict[str, float]] = {"kill-holder": 3.0, "kill-session": 2.0, "restart": 2.0}
-    pace = 1.5
+    actions: ClassVar[dict[str, float]] = {"kill-holder": 3.0, "kill-session": 2.0, "restart": 3.0}
+    pace = 1.2
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
