@@ -46,7 +46,8 @@ class Profile:
     #: An etcd watch cancelled by the server while a read waits (after up to ``cancel_within`` s), per read.
     cancel_watch_p: float = 0.1
     cancel_within: float = 2.0
-    #: Exchanges (by ``what``) whose replies are late far more often (``slow_p``): one slow path of the server.
+    #: Exchanges (by ``what``) whose replies are late far more often (``slow_p``) for one elector, the seed's
+    #: victim (which the operator also picks on more often): faults that meet on one elector.
     slow: tuple[str, ...] = ()
     slow_p: float = 0.5
 
@@ -88,6 +89,9 @@ class Network:
         self._profile = profile
         self._lost = lost
         self._cancelled = cancelled
+        #: The seed's victim: only its exchanges of the slow kinds are slow. Leases it was granted (etcd).
+        self.victim = False
+        self.leases: set[str] = set()
         self.counts: Counter[str] = Counter()
         #: Off while the run ends, so that closing is not itself faulted.
         self.active = True
@@ -110,7 +114,7 @@ class Network:
         message = what.startswith("watch")
         longest = p.watch_long if message else p.long
         before, after = self._delay(longest), self._delay(longest)
-        if what in p.slow and rng.random() < p.slow_p:
+        if self.victim and what in p.slow and rng.random() < p.slow_p:
             after = rng.uniform(p.long_min, longest)
         lose_request, lose_reply = rng.random() < p.lost_request_p, rng.random() < p.lost_reply_p
         cancel = None
@@ -144,7 +148,9 @@ class Network:
             if after >= p.long_min:
                 self._trace(f"{what}: late reply delivered")
         if what == "lease grant":
-            self._trace(f"lease grant: lease {getattr(reply, 'ID', 0):x}")
+            lease = f"{getattr(reply, 'ID', 0):x}"
+            self.leases.add(lease)
+            self._trace(f"lease grant: lease {lease}")
         if lose_reply and not message:
             self.counts["lost reply"] += 1
             self._trace(f"{what}: reply lost")

@@ -200,7 +200,7 @@ class _Candidate:
             self._count("leadership")
             start = time.monotonic_ns()
             # Short leaderships make handovers; long ones outlast the margin, so that two leaders show.
-            hold = rng.uniform(0.05, 0.5) if rng.random() < 0.45 else rng.uniform(2.5, 6.0)
+            hold = rng.uniform(0.05, 0.5) if rng.random() < 0.45 else rng.uniform(3.0, 8.0)
             stop = min(time.monotonic() + hold, until)
             while time.monotonic() < stop:
                 t0 = time.monotonic_ns()
@@ -292,6 +292,10 @@ async def run_seed(
         _listen(elector, trace.sink(who))
         candidates.append(_Candidate(who, elector, network, random.Random(master.getrandbits(64))))
     operator_rng = random.Random(master.getrandbits(64))
+    victim = master.choice(candidates)
+    victim.network.victim = True
+    target.victim_leases = victim.network.leases
+    trace.sink(victim.who)("the seed's victim: slow " + (", ".join(profile.slow) or "-"))
     faults: list[Fault] = []
     errors: list[str] = []
     begin = time.monotonic_ns()

@@ -37,6 +37,7 @@ class Target:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.victim_leases = set()
 
     def start(self) -> None:
         self.server.start()
@@ -55,12 +56,15 @@ class Target:
         """The reply by which the server cancels a watch (None: the backend has no watches)."""
         return None
 
+    #: The leases of the seed's victim (etcd): the operator deletes its key more often.
+    victim_leases: set[str]
+
     async def act(self, action: str, rng: random.Random) -> str:
         """Do ``action`` on the server; say what was done."""
         if action == "restart":
             await anyio.to_thread.run_sync(self.server.restart)
             return "restarted"
-        return await getattr(self, "_" + action.replace("-", "_"))(rng)
+        return str(await getattr(self, "_" + action.replace("-", "_"))(rng))
 
     async def leftovers(self) -> list[str]:
         return []
@@ -108,8 +112,11 @@ class EtcdTarget(Target):
         keys = await self.keys()
         if not keys:
             return "no key"
-        # Mostly a waiting candidate's key (a leader's is deposed by the revoke as well).
+        # Often the victim's key; else mostly a waiting candidate's (a leader's is deposed by the revoke as well).
+        victims = [kv for kv in keys if base64.b64decode(kv["key"]).decode().rpartition("/")[2] in self.victim_leases]
         pick = keys[1:] if len(keys) > 1 and rng.random() < 0.8 else keys
+        if victims and rng.random() < 0.5:
+            pick = victims
         key = base64.b64decode(rng.choice(pick)["key"]).decode()
         await self._etcdctl("del", key)
         return f"del {key}"
