@@ -117,3 +117,10 @@ def test_adversary_seeds_find_no_violation(backend: str) -> None:
         assert not failures, "\n".join(failures)
     finally:
         target.cleanup()
+
+
+def test_deposed_counts_a_check_failed_by_the_server_not_one_failed_by_the_adversary() -> None:
+    server = "lock connection failed: (2013) Lost connection to server during query"
+    assert len(deposed([_loss(1.0, 5.0, server)], [], window=1.0)) == 1
+    ours = "lock connection failed: ConnectionResetError('adversary: connection reset during e1')"
+    assert deposed([_loss(1.0, 5.0, ours)], [], window=1.0) == []

@@ -114,6 +114,8 @@ _SESSION_ENDED = (
 def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Violation]:
     """SQL leaders whose session ended with no operator action to explain it.
 
+    A session ended: the server closed it, the lock is no longer its, or a
+    check failed with the driver's error (not one the adversary raised).
     An action explains a loss at ``t`` of a leadership that started at ``s``
     if it happened at most ``window`` seconds before ``t`` and: it ended the
     holder's session and ``s`` was before it; it ended another session just
@@ -123,7 +125,9 @@ def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Viol
     found = []
     w = int(window * _NS)
     for loss in losses:
-        if not loss.reason.startswith(_SESSION_ENDED):
+        # A session ended under a check in flight fails the check with the driver's error instead.
+        failed = loss.reason.startswith("lock connection failed") and "adversary" not in loss.reason
+        if not (loss.reason.startswith(_SESSION_ENDED) or failed):
             continue
         explained = False
         for fault in faults:
