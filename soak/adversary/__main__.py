@@ -21,14 +21,17 @@ from .servers import SERVERS, Target
 _NS = 1_000_000_000
 
 
-def describe(outcome: Outcome, trace: float = 0.0) -> str:
+def describe(outcome: Outcome, trace: float = 0.0, *, full: bool = False) -> str:
     """One line for the seed, then one per violation; with ``trace``, what happened that many seconds before."""
     counts = ", ".join(f"{k} {v}" for k, v in sorted(outcome.counts.items()))
     state = "ok" if outcome.ok else f"{len(outcome.violations)} VIOLATION(S)"
     lines = [f"{outcome.backend} seed {outcome.seed}: {state} ({counts}; slow: {', '.join(outcome.slow) or '-'})"]
     for violation in outcome.violations:
         lines.append(f"  {violation.kind}: {violation.message}")
-    if not outcome.ok and trace:
+    if full:
+        begin = outcome.trace[0][0] if outcome.trace else 0
+        lines += [f"    {(t - begin) / _NS:8.3f} {who:>8} {what}" for t, who, what in outcome.trace]
+    elif not outcome.ok and trace:
         first = min((v.at for v in outcome.violations if v.at is not None), default=None)
         if first is not None:
             lines.append("  trace (seconds from the first violation):")
@@ -51,7 +54,7 @@ async def _main(args: argparse.Namespace) -> int:
             while time.monotonic() < deadline and (args.seeds is None or seed < first + args.seeds):
                 target.name = f"adversary-{seed}"
                 outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
-                print(describe(outcome, args.trace), flush=True)
+                print(describe(outcome, args.trace, full=args.full_trace), flush=True)
                 failed += not outcome.ok
                 seed += 1
         finally:
@@ -68,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="each seed's run")
     parser.add_argument("--electors", type=int, default=None, help="default: 3 to 6, drawn by each seed")
     parser.add_argument("--trace", type=float, default=10.0, help="seconds of trace shown before a violation")
+    parser.add_argument("--full-trace", action="store_true", help="the whole trace of every seed")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(

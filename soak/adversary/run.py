@@ -39,9 +39,9 @@ _NS = 1_000_000_000
 #: is still used again after a server restart (it is kept for lease / 2).
 OPTIONS: dict[str, dict[str, Any]] = {
     "etcd": {"ttl": 3},
-    "mysql": {"lease": 10, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 1.0},
+    "mysql": {"lease": 20, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 1.0},
     "postgres": {
-        "lease": 10,
+        "lease": 20,
         "check_interval": 0.3,
         "check_timeout": 0.6,
         "renew_deadline": 2.0,
@@ -186,8 +186,9 @@ class _Candidate:
         self.rng = rng
         self.acts: list[Act] = []
         self.losses: list[Loss] = []
-        self.leading_since = 0
         self.counts: dict[str, int] = {}
+        #: Set while the elector pauses between campaigns, holding its kept session: the operator may end the pause.
+        self.pausing: anyio.Event | None = None
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -215,8 +216,22 @@ class _Candidate:
             if lead.lost:
                 self.losses.append(Loss(self.who, lead.token, start, time.monotonic_ns(), lead.lost_reason or ""))
             await lead.release()
-            # Mostly back at once; sometimes a pause, so that a kept session waits (across a restart...).
-            await anyio.sleep(rng.uniform(0.0, 0.1) if rng.random() < 0.6 else rng.uniform(1.0, 5.0))
+            # Mostly back at once; sometimes a pause with the kept session, which the operator may end (after a
+            # restart...) by a re-campaign on that session.
+            if rng.random() < 0.6:
+                await anyio.sleep(rng.uniform(0.0, 0.1))
+                continue
+            self.pausing = anyio.Event()
+            with anyio.move_on_after(rng.uniform(1.0, 6.0)):
+                await self.pausing.wait()
+            self.pausing = None
+
+    def recampaign(self) -> bool:
+        """End the pause, if pausing: the next campaign runs on the kept session now."""
+        if self.pausing is None:
+            return False
+        self.pausing.set()
+        return True
 
 
 class _Trace:
@@ -237,18 +252,44 @@ def _listen(elector: aioelect.Elector, say: Any) -> None:
     elector.add_listener(on_event)
 
 
+def _recampaign(candidates: list[_Candidate], rng: random.Random) -> str:
+    """Make an elector that pauses between campaigns campaign again now, on its kept session."""
+    pausing = [c for c in candidates if c.pausing is not None]
+    if not pausing:
+        return "nobody pausing"
+    chosen = rng.choice(pausing)
+    chosen.recampaign()
+    return f"{chosen.who} campaigns again on its kept session"
+
+
 async def _operator(
-    target: Target, rng: random.Random, until: float, faults: list[Fault], errors: list[str], say: Any
+    target: Target,
+    candidates: list[_Candidate],
+    rng: random.Random,
+    until: float,
+    faults: list[Fault],
+    errors: list[str],
+    say: Any,
 ) -> None:
-    """The operator's actions on the server, one every ``target.pace`` seconds or so."""
-    kinds = list(target.actions)
-    weights = [target.actions[k] for k in kinds]
+    """The operator's actions on the server, one every ``target.pace`` seconds or so, and re-campaigns.
+
+    After a restart, most often an elector pausing with its kept session
+    campaigns again soon after: its session outlived the server.
+    """
+    kinds = [*target.actions, "recampaign"]
+    weights = [*target.actions.values(), 2.0]
+    after_restart = False
     while True:
-        await anyio.sleep(rng.uniform(0.2, 2 * target.pace))
+        # After a restart, the re-campaign waits until the others are back (the new server's sessions exist).
+        await anyio.sleep(rng.uniform(0.3, 3.0) if after_restart else rng.uniform(0.2, 2 * target.pace))
         if time.monotonic() >= until:
             return
-        kind = rng.choices(kinds, weights)[0]
+        kind = "recampaign" if after_restart else rng.choices(kinds, weights)[0]
+        after_restart = kind == "restart" and rng.random() < 0.8
         start = time.monotonic_ns()
+        if kind == "recampaign":
+            say(f"recampaign: {_recampaign(candidates, rng)}")
+            continue
         try:
             detail = await target.act(kind, rng)
         except Exception as exc:
@@ -309,7 +350,7 @@ async def run_seed(
             for candidate in candidates:
                 await candidate.elector.__aenter__()
                 tg.start_soon(candidate.loop, until)
-            tg.start_soon(_operator, target, operator_rng, until, faults, errors, trace.sink("operator"))
+            tg.start_soon(_operator, target, candidates, operator_rng, until, faults, errors, trace.sink("operator"))
     finally:
         for candidate in candidates:
             candidate.network.active = False
