@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
 from typing import Any, ClassVar
 
 import anyio
@@ -126,7 +127,12 @@ class EtcdTarget(Target):
         if not keys:
             return "no lease"
         lease = int(rng.choice(keys).get("lease", 0))
-        await self._etcdctl("lease", "revoke", f"{lease:x}")
+        try:
+            await self._etcdctl("lease", "revoke", f"{lease:x}")
+        except subprocess.CalledProcessError as exc:
+            if "lease not found" not in str(exc.stderr):
+                raise
+            return f"lease {lease:x} already gone"  # its session ended between the read and the revoke
         return f"lease revoke {lease:x}"
 
     async def leftovers(self) -> list[str]:
