@@ -252,14 +252,15 @@ def _listen(elector: aioelect.Elector, say: Any) -> None:
     elector.add_listener(on_event)
 
 
-def _recampaign(candidates: list[_Candidate], rng: random.Random) -> str:
-    """Make an elector that pauses between campaigns campaign again now, on its kept session."""
+def _recampaign(candidates: list[_Candidate], rng: random.Random, *, every: bool = False) -> str:
+    """Make an elector that pauses between campaigns (``every``: each one) campaign again now, on its kept session."""
     pausing = [c for c in candidates if c.pausing is not None]
     if not pausing:
         return "nobody pausing"
-    chosen = rng.choice(pausing)
-    chosen.recampaign()
-    return f"{chosen.who} campaigns again on its kept session"
+    chosen = pausing if every else [rng.choice(pausing)]
+    for candidate in chosen:
+        candidate.recampaign()
+    return f"{', '.join(c.who for c in chosen)} campaign(s) again on the kept session"
 
 
 async def _operator(
@@ -273,8 +274,8 @@ async def _operator(
 ) -> None:
     """The operator's actions on the server, one every ``target.pace`` seconds or so, and re-campaigns.
 
-    After a restart, most often an elector pausing with its kept session
-    campaigns again soon after: its session outlived the server.
+    After a restart, most often every elector pausing with its kept session
+    campaigns again soon after: their sessions outlived the server.
     """
     kinds = [*target.actions, "recampaign"]
     weights = [*target.actions.values(), 2.0]
@@ -285,10 +286,10 @@ async def _operator(
         if time.monotonic() >= until:
             return
         kind = "recampaign" if after_restart else rng.choices(kinds, weights)[0]
-        after_restart = kind == "restart" and rng.random() < 0.8
+        every, after_restart = after_restart, kind == "restart" and rng.random() < 0.8
         start = time.monotonic_ns()
         if kind == "recampaign":
-            say(f"recampaign: {_recampaign(candidates, rng)}")
+            say(f"recampaign: {_recampaign(candidates, rng, every=every)}")
             continue
         try:
             detail = await target.act(kind, rng)
