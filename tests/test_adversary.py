@@ -9,18 +9,20 @@ whose session was ended by nobody who meant it.
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 import pytest
 
+import aioelect
 from soak.adversary.__main__ import describe
 from soak.adversary.network import Network, Profile
-from soak.adversary.run import Loss, deposed, run_seed, tokens
+from soak.adversary.run import OPTIONS, Loss, deposed, run_seed, tokens
 from soak.adversary.servers import SERVERS
 from soak.checker import Fault, Term
-from tests.harness import MissingBinaryError
+from tests.harness import MariaDBServer, MissingBinaryError
 from tests.harness.plugin import server_unavailable, skip_if_external
 
 NS = 1_000_000_000
@@ -124,3 +126,56 @@ def test_deposed_counts_a_check_failed_by_the_server_not_one_failed_by_the_adver
     assert len(deposed([_loss(1.0, 5.0, server)], [], window=1.0)) == 1
     ours = "lock connection failed: ConnectionResetError('adversary: connection reset during e1')"
     assert deposed([_loss(1.0, 5.0, ours)], [], window=1.0) == []
+
+
+def test_adversary_script_kept_session_across_a_restart_ends_nobody_else() -> None:
+    """The operator's actions in a fixed order, judged by the adversary's checker: A leads and releases (its
+    session kept), the server restarts, B leads on the connection id A's session had, A campaigns again on
+    its kept session. Nobody may end B's session."""
+    skip_if_external("mysql")
+    target = SERVERS["mysql"]("adversary-script")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+    server = target.server
+    assert isinstance(server, MariaDBServer)
+
+    def connect() -> Any:
+        import pymysql
+
+        return pymysql.connect(host=server.host, port=server.port, user="root", password="")
+
+    async def main() -> list[Any]:
+        for _ in range(8):  # A's session gets an id that the restarted server hands out again below
+            await anyio.to_thread.run_sync(lambda: connect().close())
+        a, b = (aioelect.new(mysql=target.target(), name=target.name, identity=i, **OPTIONS["mysql"]) for i in "AB")
+        fillers: list[Any] = []
+        try:
+            async with a, b:
+                lead = await a.acquire()
+                kept = int(server.query("SELECT IS_USED_LOCK(%s)", (target.name,), database="")[0][0])
+                await lead.release()
+                restarted = time.monotonic_ns()
+                await anyio.to_thread.run_sync(server.restart)
+                healed = time.monotonic_ns()
+                while not fillers or fillers[-1].thread_id() < kept - 1:
+                    fillers.append(await anyio.to_thread.run_sync(connect))
+                other = await b.acquire()
+                started = time.monotonic_ns()
+                with anyio.move_on_after(3):
+                    await a.acquire()  # a campaign on the kept session, which did not survive the restart
+                await anyio.sleep(0.5)
+                losses = [Loss("B", other.token, started, time.monotonic_ns(), other.lost_reason or "")]
+                if not other.lost:
+                    losses = []
+                return deposed(losses, [Fault("restart", "mysql", restarted, healed, healed)], window=3.0)
+        finally:
+            for filler in fillers:
+                filler.close()
+
+    try:
+        assert anyio.run(main) == []
+    finally:
+        target.cleanup()
