@@ -8,6 +8,7 @@ whose session was ended by nobody who meant it.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -19,8 +20,8 @@ import pytest
 import aioelect
 from soak.adversary.__main__ import describe
 from soak.adversary.network import Network, Profile
-from soak.adversary.run import OPTIONS, Loss, deposed, run_seed, tokens
-from soak.adversary.servers import SERVERS
+from soak.adversary.run import OPTIONS, Loss, _attach, deposed, run_seed, tokens
+from soak.adversary.servers import SERVERS, EtcdTarget
 from soak.checker import Fault, Term
 from tests.harness import MariaDBServer, MissingBinaryError
 from tests.harness.plugin import server_unavailable, skip_if_external
@@ -177,5 +178,132 @@ def test_adversary_script_kept_session_across_a_restart_ends_nobody_else() -> No
 
     try:
         assert anyio.run(main) == []
+    finally:
+        target.cleanup()
+
+
+class _Script:
+    """A scripted adversary for one etcd elector: cancel its watches, hold back its next read of the leader,
+    the campaign's next check until that read ran, and its next watch creation."""
+
+    def __init__(self) -> None:
+        self.cancels = 0
+        self._tick = anyio.Event()
+        self.hold_read = False
+        self.read_ran = anyio.Event()
+        self.deliver_read = anyio.Event()
+        self.hold_watch = False
+        self.create_watch = anyio.Event()
+
+    def cancel_watches(self) -> None:
+        """The server cancels every watch read now waiting."""
+        self.cancels += 1
+        tick, self._tick = self._tick, anyio.Event()
+        tick.set()
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        if what == "watch message":
+            start, result = self.cancels, []
+            async with anyio.create_task_group() as tg:
+
+                async def read() -> None:
+                    result.append(await send())
+                    tg.cancel_scope.cancel()
+
+                async def cancelled() -> None:
+                    while self.cancels == start:
+                        await self._tick.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(read)
+                tg.start_soon(cancelled)
+            return result[0] if result else EtcdTarget("-").cancelled()
+        if what == "watch created" and self.hold_watch:
+            self.hold_watch = False
+            await self.create_watch.wait()
+        if what == "check candidacy" and self.hold_read:
+            await self.read_ran.wait()
+        if what == "read leader" and self.hold_read:
+            self.hold_read = False
+            reply = await send()
+            self.read_ran.set()
+            await self.deliver_read.wait()
+            return reply
+        return await send()
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    with anyio.move_on_after(timeout):
+        while not condition():
+            await anyio.sleep(0.01)
+        return True
+    return False
+
+
+def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> None:
+    """The adversary's faults in a fixed order on etcd, at the seam of W only: W waits third (P leads, Q next);
+    W's leader watch is cancelled by the server and its read of the leader held back; P releases, Q leads, P
+    campaigns again on its kept session; W's key is deleted by hand and put again behind P's new key; the
+    held read lands, W's next watch request is late, and P gives up. W must not lead beside Q."""
+    skip_if_external("etcd")
+    target = SERVERS["etcd"]("adversary-late-read")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+    assert isinstance(target, EtcdTarget)
+
+    async def main() -> tuple[bool, bool]:
+        p, q, w = (aioelect.new(etcd=target.target(), name=target.name, identity=i, **OPTIONS["etcd"]) for i in "PQW")
+        script = _Script()
+        _attach(w, script)
+        leads: dict[str, Any] = {}
+
+        async def campaign(elector: aioelect.Elector, key: str, timeout: float | None = None) -> None:
+            with contextlib.suppress(TimeoutError):
+                leads[key] = await elector.acquire(timeout=timeout)
+                await anyio.sleep_forever()
+
+        async with p, q, w, anyio.create_task_group() as tg:
+            first = await p.acquire()
+            tg.start_soon(campaign, q, "Q")
+            await anyio.sleep(0.3)
+            tg.start_soon(campaign, w, "W")
+            backend: Any = w._backend
+            leader: Any = p._backend
+            p_key = target.name.encode() + b"/" + f"{leader.session.lease_id:x}".encode()
+
+            def behind_q() -> bool:
+                view = backend.view
+                return view is not None and view.leader == p_key and view.predecessor not in (None, p_key)
+
+            assert await _until(behind_q)
+            for _ in range(10):  # the campaign's own watch may break first and read anew: try again
+                script.hold_read = True
+                script.cancel_watches()
+                if await _until(script.read_ran.is_set, 1.0):
+                    break
+                await _until(behind_q)
+            assert script.read_ran.is_set()
+            await first.release()
+            assert await _until(lambda: "Q" in leads)
+            tg.start_soon(campaign, p, "P again", 3.0)
+            await anyio.sleep(0.3)
+            w_key = target.name + "/" + f"{backend.session.lease_id:x}"
+            await target._etcdctl("del", w_key)
+            assert await _until(lambda: backend.view is not None and backend.view.predecessor == p_key)
+            await anyio.sleep(0.5)
+            script.hold_watch = True
+            script.deliver_read.set()
+            await _until(lambda: "W" in leads, 6.0)
+            both = "W" in leads and leads["Q"].held and leads["W"].held
+            script.create_watch.set()
+            tg.cancel_scope.cancel()
+            return "W" in leads, bool(both)
+
+    try:
+        _, both = anyio.run(main)
+        assert not both, "W led beside Q"
     finally:
         target.cleanup()
