@@ -56,7 +56,7 @@ from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, monotonic, until_recorded
+from .._backend import Backend, Backoff, Confirm, Hold, Interceptor, monotonic, until_recorded
 from .._config import DSN, LockTiming, check_options, parse_dsn, server_address
 from .._errors import BackendUnavailable, ElectionError
 
@@ -125,6 +125,8 @@ class LockConnection(abc.ABC):
     lock_pending: bool = False
     #: The identity a lock session was opened for (None: a plain connection), which names it on the server.
     identity: str | None = None
+    #: Between this session and the server: every statement goes through it (None: nothing). Set by the backend.
+    interceptor: Interceptor | None = None
 
     @property
     @abc.abstractmethod
@@ -157,7 +159,10 @@ class LockConnection(abc.ABC):
             raise SessionLost("lock connection is closed")
         try:
             with anyio.fail_after(timeout):
-                return await call()
+                if self.interceptor is None:
+                    return await call()
+                result: _T = await self.interceptor.exchange(self.identity or "", call)
+                return result
         except BaseException as exc:
             if not self.leaves_clean(exc):
                 self.close()
@@ -356,6 +361,8 @@ class SessionLockBackend(Backend, Generic[_C]):
         # A lock session whose release the server confirmed, kept for the next campaign: (conn, identity, since).
         self._spare: tuple[_C, str, float] | None = None
         self._closed = False
+        #: Handed to every session this backend opens (see :attr:`LockConnection.interceptor`).
+        self.interceptor: Interceptor | None = None
 
     @property
     def renew_deadline(self) -> float:
@@ -598,6 +605,7 @@ class SessionLockBackend(Backend, Generic[_C]):
             conn.close()
             raise ElectionError(problem)
         conn.identity = identity
+        conn.interceptor = self.interceptor
         return conn, False
 
     async def _keep(self, conn: _C) -> None:
@@ -630,6 +638,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         with anyio.move_on_after(self.connect_timeout + 2 * self.check_timeout + 1, shield=True):
             try:
                 cleanup = await self._open("cleanup")
+                cleanup.interceptor = self.interceptor
                 try:
                     if not await self._end_session(cleanup, conn):
                         self.log.debug("session %s is no longer ours on the server; not ended", conn.session_id)
@@ -684,6 +693,7 @@ class SessionLockBackend(Backend, Generic[_C]):
                         # a session on the server until the half-open socket is collected.
                         with anyio.CancelScope(shield=True):
                             self._observer = await self._open("observer")
+                            self._observer.interceptor = self.interceptor
                     observer = self._observer
                     assert observer is not None
                     return await look(observer)
