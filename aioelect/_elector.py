@@ -619,9 +619,15 @@ class Elector:
             if watcher is not None:
                 stopped.set()
                 watcher.cancel()
-                # Usually done at once; one still opening a connection finishes (and closes it) on its own.
-                with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
-                    await asyncio.gather(watcher, return_exceptions=True)
+                try:
+                    # Usually done at once; one still opening a connection finishes (and closes it) on its own.
+                    with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
+                        await asyncio.gather(watcher, return_exceptions=True)
+                except BaseException:
+                    # A cancel from outside anyio's scopes (task.cancel()) reaches even a shielded wait: the
+                    # campaign is given up, and a lock it won is given back rather than held by nobody.
+                    await self._abandon(hold)
+                    raise
         if hold is None:
             if self._state is _State.CAMPAIGNING:
                 self._state = _State.IDLE
@@ -631,6 +637,14 @@ class Elector:
                 await hold.release()
             raise ElectionError("elector closed while campaigning")
         return hold
+
+    async def _abandon(self, hold: Hold | None) -> None:
+        """End a campaign that will not return: the elector campaigns no more, and ``hold`` is released."""
+        if self._state is _State.CAMPAIGNING:
+            self._state = _State.IDLE
+        if hold is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
+                await asyncio.shield(hold.release())
 
     def _ended(self, lead: Leadership) -> None:
         if self._leadership is lead:
