@@ -18,6 +18,8 @@ from ._factory import from_env, new
 if TYPE_CHECKING:
     from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector
     from .backends.etcd import EtcdSession
+    from .backends.mysql import MySQLSession
+    from .backends.postgres import PostgresSession
 
 __all__ = [
     "BackendUnavailable",
@@ -31,7 +33,9 @@ __all__ = [
     "LeadershipLost",
     "LocalElector",
     "MySQLElector",
+    "MySQLSession",
     "PostgresElector",
+    "PostgresSession",
     "current_leadership",
     "from_env",
     "leadership",
@@ -44,7 +48,9 @@ _LAZY = {
     "EtcdSession": "aioelect.backends.etcd",
     "FileElector": "aioelect.backends.file",
     "MySQLElector": "aioelect.backends.mysql",
+    "MySQLSession": "aioelect.backends.mysql",
     "PostgresElector": "aioelect.backends.postgres",
+    "PostgresSession": "aioelect.backends.postgres",
 }
 
 

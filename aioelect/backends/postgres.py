@@ -60,7 +60,15 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
+from .._config import (
+    check_options,
+    default_identity,
+    keepalive_bound,
+    session_bounds,
+    transport_warning,
+    validate_identity,
+    validate_name,
+)
 from .._errors import ElectionError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
 from ._postgres_tls import TLS_FILES, NoTls, Tls, no_tls, resolve_tls, transport_fix
@@ -73,6 +81,7 @@ from ._session_lock import (
     read_options,
     tls_error,
 )
+from ._shared_lock import SharedLocks, SharedLockSession
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -85,6 +94,8 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
 __all__ = [
     "PostgresBackend",
     "PostgresOptions",
+    "PostgresSession",
+    "PostgresSessionOptions",
     "advisory_key",
     "application_name",
     "lock_ids",
@@ -315,11 +326,8 @@ class _Named(TypedDict):
     name: str
 
 
-class PostgresOptions(_Named, SessionLockOptions, total=False):
-    """The options of a PostgreSQL election; :class:`PostgresBackend` validates them.
-
-    ``fencing=True`` gives each leadership a token, the server's transaction id.
-    """
+class PostgresSessionOptions(SessionLockOptions, total=False):
+    """The options of a PostgreSQL election but its name: those a :class:`PostgresSession` takes."""
 
     #: Seconds of the session's ``idle_session_timeout``: the server ends a silent leader's session (default 10).
     lease: float
@@ -327,6 +335,13 @@ class PostgresOptions(_Named, SessionLockOptions, total=False):
     schema: str | None
     #: An sslmode (``"verify-full"``...) or a TLS context (default: the DSN's, ``PGSSLMODE``, else ``prefer``).
     ssl: _ssl.SSLContext | str | None
+
+
+class PostgresOptions(_Named, PostgresSessionOptions, total=False):
+    """The options of a PostgreSQL election; :class:`PostgresBackend` validates them.
+
+    ``fencing=True`` gives each leadership a token, the server's transaction id.
+    """
 
 
 class PostgresBackend(SessionLockBackend[_Connection]):
@@ -671,3 +686,97 @@ class PostgresBackend(SessionLockBackend[_Connection]):
 
     async def _unrecorded(self, conn: _Connection, holder: Any) -> str:
         return str(holder["application_name"]) if holder["application_name"] else f"backend pid {holder['pid']}"
+
+
+#: The channel on which a shared session announces each release (the payload is the election's name).
+RELEASE_CHANNEL = "aioelect_release"
+_NOTIFY = "SELECT pg_catalog.pg_notify($1, $2)"
+# Every advisory lock this session holds, in one statement whatever their number.
+_HELD_ALL = f"""SELECT classid, objid FROM pg_catalog.pg_locks
+WHERE locktype = 'advisory' AND database = {_CURRENT_DB} AND objsubid = 1 AND granted
+  AND pid = pg_catalog.pg_backend_pid()"""
+
+
+class _SharedPostgresBackend(SharedLocks[_Connection], PostgresBackend):
+    """An election whose advisory lock lives on a :class:`PostgresSession`'s connection."""
+
+    async def _notify_release(self, conn: _Connection) -> None:
+        await conn.fetchval(_NOTIFY, RELEASE_CHANNEL, self.name, timeout=self.check_timeout)
+
+
+class PostgresSession(SharedLockSession[_Connection]):
+    """One PostgreSQL connection holding the advisory lock of every elector of a process on it.
+
+    Opt-in, as :class:`~aioelect.EtcdSession` is for etcd::
+
+        async with aioelect.PostgresSession(dsn, lease=5) as session:
+            jobs = aioelect.PostgresElector(session=session, name="jobs")
+            mail = aioelect.PostgresElector(session=session, name="mail")
+
+    The options are those of :class:`~aioelect.PostgresElector` but
+    ``name`` (:class:`PostgresSessionOptions`), validated here; an elector on
+    the session takes only ``name`` (and ``stop_timeout``), and the
+    session's ``identity`` (its ``application_name``).
+
+    Guarantees:
+
+    * one connection on the server for the whole session, however many
+      electors use it, opened as an elector's lock connection is
+      (``idle_session_timeout = lease``, keepalives and every server-side
+      bound checked, TLS as configured, no pooler in transaction mode, a
+      primary), every statement it runs while holding locks prepared
+      before;
+    * one check statement per ``check_interval`` (over ``pg_locks`` for
+      the session's backend) confirms every lock held on the session, each
+      leadership confirmed from the time it was sent; a check that fails or
+      times out ends them all;
+    * a waiting elector asks ``pg_try_advisory_lock`` once per
+      ``poll_interval`` and never waits on the server, so it never blocks
+      the connection; a release on a shared session is announced with
+      ``NOTIFY aioelect_release`` (the name as payload), which every shared
+      session on the database listens to, so a waiter asks again at once: a
+      graceful handover between shared sessions takes milliseconds; one
+      from an elector with a connection of its own, within ``poll_interval``;
+    * **fate sharing**, what the session gives up: when the connection is
+      lost (terminated, a failed check, a release the server did not
+      answer), every elector on it loses its leadership at once, and
+      campaigns again on a new connection. Logged at WARNING when the
+      session is entered and each time a connection holding leaderships is
+      lost;
+    * at most one elector per election ``name`` (ValueError for a second);
+    * leaving the ``async with`` (or :meth:`aclose`) closes every elector
+      still on the session first, then the connection; idempotent, bounded,
+      never interrupted by cancellation;
+    * entering opens the connection: :class:`~aioelect.BackendUnavailable`
+      if the server cannot be reached, :class:`~aioelect.ElectionError` for
+      a refusal (credentials, TLS, a server-side bound shorter than
+      ``lease``, a standby, a pooler in transaction mode).
+    """
+
+    who = "PostgresSession"
+
+    def __init__(
+        self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[PostgresSessionOptions]
+    ) -> None:
+        check_options(self.who, options, PostgresSessionOptions)
+        self._dsn = dsn
+        self._options = options
+        template = PostgresBackend(dsn, name="aioelect-shared-session", **options)
+        super().__init__(template, validate_identity(identity) if identity is not None else default_identity())
+
+    def _backend_for(self, name: str) -> _SharedPostgresBackend:
+        return _SharedPostgresBackend(self._dsn, name=name, **self._options)
+
+    async def _listen(self, conn: _Connection) -> None:
+        """Prepare what the session runs while it holds locks, and listen for release notices."""
+        await conn.prepare(_TRY_LOCK, _HOLDER, _HELD_ALL, _NOTIFY, timeout=self.template.check_timeout)
+
+        def notice(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            self.released(payload)
+
+        await conn.run(lambda: conn.raw.add_listener(RELEASE_CHANNEL, notice), self.template.check_timeout)
+
+    async def _held_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> frozenset[str]:
+        rows = await conn.fetch(_HELD_ALL, timeout=self.template.check_timeout)
+        held = {(int(row[0]), int(row[1])) for row in rows}
+        return frozenset(b.name for b in backends if isinstance(b, PostgresBackend) and (b.classid, b.objid) in held)
