@@ -318,6 +318,8 @@ class SharedLockSession(Generic[_C], abc.ABC):
         if self._conn is conn:
             self._conn = None
         lost = [name for name, hold in self._holds.items() if hold.conn is conn]
+        for name in lost:  # their monitors see the connection gone at the next round
+            del self._holds[name]
         if lost:
             self.log.warning(
                 "shared lock session %s ended (%s): every leadership on it (%d) is lost",
@@ -392,7 +394,10 @@ class SharedLockSession(Generic[_C], abc.ABC):
         async with self._statements:
             conn = self._conn
             sent = monotonic()
-            if conn is None or conn.broken:
+            if conn is None:
+                return _Round(sent, conn, failure=self.template.lost_session)
+            if conn.broken:
+                await self._lose(conn, self.template.lost_session)
                 return _Round(sent, conn, failure=self.template.lost_session)
             backends = [hold._backend for hold in self._holds.values() if hold.conn is conn]
             try:
