@@ -237,3 +237,32 @@ async def test_closing_the_session_closes_its_electors_and_its_connection(sql: S
     with anyio.fail_after(10):
         while await sql.sessions() != baseline:
             await asyncio.sleep(0.05)
+
+
+async def test_waiters_share_one_look_per_poll_interval(sql: Sql) -> None:
+    """50 waiters on one session: one statement per poll_interval reads every holder; each waiter knows its leader."""
+    names = [unique_name("wait") for _ in range(50)]
+    async with sql.session(identity="holder") as a, sql.session(identity="waiter", poll_interval=0.5) as b:
+        _, tasks = await lead_all([sql.elector(a, n) for n in names])
+        waiters = [sql.elector(b, n) for n in names]
+        looks = 0
+        holders_many = b._holders_many
+
+        async def counted(conn: Any, backends: Any) -> Any:
+            nonlocal looks
+            looks += 1
+            return await holders_many(conn, backends)
+
+        b._holders_many = counted  # type: ignore[method-assign]
+        campaigns = [asyncio.create_task(w.acquire()) for w in waiters]
+        try:
+            with anyio.fail_after(15):
+                while any(w.last_leader != "holder" for w in waiters):
+                    await asyncio.sleep(0.05)
+            looks = 0
+            await asyncio.sleep(2.0)
+            # One look per 0.5 s for all 50 (not 50 per 0.5 s).
+            assert 2 <= looks <= 8, looks
+            assert not any(c.done() for c in campaigns)
+        finally:
+            await stop([*tasks, *campaigns])  # type: ignore[list-item]

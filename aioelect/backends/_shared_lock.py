@@ -59,6 +59,16 @@ _LOG_NAME = "<shared session>"
 
 
 @dataclass(frozen=True)
+class _Holders:
+    """One look at the holders of every lock the session's campaigns wait for."""
+
+    #: When its statement was sent.
+    sent: float
+    #: Each waiting name's holder (None: free); a name that was not waiting then is missing.
+    holders: dict[str, Hashable]
+
+
+@dataclass(frozen=True)
 class _Round:
     """One check of every lock held on the session's connection."""
 
@@ -81,27 +91,54 @@ class SharedLocks(SessionLockBackend[_C]):
     shared: SharedLockSession[_C]
 
     async def campaign(self, identity: str) -> Hold:
+        """Ask for the lock when it may be free, and in between wait with the session's other waiters.
+
+        A lock request (that does not wait) is sent at first, on a release
+        notice, and when a waiting round shows the lock free; otherwise the
+        waiter reads its holder from the session's waiting round, one
+        statement for every waiting elector of the session per
+        ``poll_interval``.
+        """
         backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
         seen: Any = _UNSEEN
         session = self.shared
-        while True:
-            notice = session.notice_for(self.name)
-            try:
-                hold, seen = await session.attempt(self, identity, seen)
-            except Exception as exc:
-                if self.permanent(exc):
-                    raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
-                if isinstance(exc, ElectionError):
-                    raise
-                delay = backoff.next_delay()
-                self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
-                await anyio.sleep(delay)
-                continue
-            if hold is not None:
-                return hold
-            backoff.reset()
-            with anyio.move_on_after(self.poll_interval):
-                await notice.wait()
+        ask = True
+        last = monotonic()
+        try:
+            while True:
+                notice = session.notice_for(self.name)
+                try:
+                    if ask:
+                        hold, seen = await session.attempt(self, identity, seen)
+                        if hold is not None:
+                            return hold
+                        last = monotonic()
+                        session.wait(self)
+                    backoff.reset()
+                    with anyio.move_on_after(max(0.0, last + self.poll_interval - monotonic())):
+                        await notice.wait()
+                    if notice.is_set():  # a release announced: ask at once
+                        ask = True
+                        continue
+                    done = await session.holders(after=last + self.poll_interval / 2)
+                    last = max(done.sent, last)
+                    holder = done.holders.get(self.name, None)
+                    ask = holder is None  # free, or not in that round: ask
+                    if not ask and holder != seen:
+                        seen = await session.identify(self, holder)
+                except Exception as exc:
+                    if self.permanent(exc):
+                        raise ElectionError(
+                            f"{self.dialect.product} refused the campaign: {self.describe(exc)}"
+                        ) from None
+                    if isinstance(exc, ElectionError):
+                        raise
+                    delay = backoff.next_delay()
+                    self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
+                    ask = True
+                    await anyio.sleep(delay)
+        finally:
+            session.unwait(self)
 
     async def try_campaign(self, identity: str) -> Hold | None:
         try:
@@ -205,6 +242,10 @@ class SharedLockSession(Generic[_C], abc.ABC):
         self._last: _Round | None = None
         self._holds: dict[str, SharedHold[_C]] = {}
         self._notices: dict[str, anyio.Event] = {}
+        #: The campaigns waiting for a lock, by name: their holders are read together, once per round.
+        self._waits: dict[str, SharedLocks[_C]] = {}
+        self._wait_rounds = anyio.Lock()
+        self._last_wait: _Holders | None = None
         #: The electors on the session, by election name: (their backend, how to close their elector).
         self._members: dict[str, tuple[object, Callable[[], Coroutine[Any, Any, None]]]] = {}
         self._entered = False
@@ -243,6 +284,11 @@ class SharedLockSession(Generic[_C], abc.ABC):
     async def _held_many(self, conn: _C, backends: list[SharedLocks[_C]]) -> frozenset[str]:
         """The names of ``backends`` whose locks ``conn``'s session holds, in as few statements as the server allows."""
 
+    @abc.abstractmethod
+    async def _holders_many(self, conn: _C, backends: list[SharedLocks[_C]]) -> dict[str, Hashable]:
+        """The holder of each of ``backends``' locks (as its ``_holder`` shows it; None: free), in as few
+        statements as the server allows."""
+
     async def _listen(self, conn: _C) -> None:
         """Subscribe ``conn`` to release notices (call :meth:`released` with each name)."""
 
@@ -274,6 +320,45 @@ class SharedLockSession(Generic[_C], abc.ABC):
         if member is not None and member[0] is backend:
             del self._members[name]
         self._notices.pop(name, None)
+
+    def wait(self, backend: SharedLocks[_C]) -> None:
+        """``backend``'s campaign waits: its holder is read in the next waiting rounds."""
+        self._waits[backend.name] = backend
+
+    def unwait(self, backend: SharedLocks[_C]) -> None:
+        if self._waits.get(backend.name) is backend:
+            del self._waits[backend.name]
+
+    async def holders(self, after: float) -> _Holders:
+        """A waiting round sent at ``after`` or later: the last one if recent enough, else a new one."""
+        async with self._wait_rounds:
+            last = self._last_wait
+            if last is not None and last.sent >= after:
+                return last
+
+            async def step(conn: _C) -> _Holders:
+                sent = monotonic()
+                waiting = list(self._waits.values())
+                return _Holders(sent, await self._holders_many(conn, waiting) if waiting else {})
+
+            with anyio.CancelScope(shield=True):  # a cancelled campaign must not cut the shared connection
+                done = await self.run(step)
+            self._last_wait = done
+            return done
+
+    async def identify(self, backend: SharedLocks[_C], holder: Hashable) -> Any:
+        """Report the holder of ``backend``'s lock, seen as ``holder``, with its identity: what to compare the next
+        holder with."""
+
+        async def step(conn: _C) -> Any:
+            _, current, final = await backend._identify(conn)
+            backend._reporter.leader(current)
+            return holder if final else _UNSEEN
+
+        with anyio.CancelScope(shield=True):
+            seen = await self.run(step)
+        await anyio.lowlevel.checkpoint()
+        return seen
 
     def notice_for(self, name: str) -> anyio.Event:
         """The event set when a release of ``name`` is announced (a new one after each)."""

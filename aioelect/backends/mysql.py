@@ -704,10 +704,20 @@ class MySQLSession(SharedLockSession[_Connection]):
         if not backends:
             await conn.scalar("SELECT 1", timeout=self.template.check_timeout)
             return frozenset()
+        return held_names(backends, await self._per_name(conn, "IS_USED_LOCK(%s) = CONNECTION_ID()", backends))
+
+    async def _holders_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> dict[str, Hashable]:
+        answers = await self._per_name(conn, "IS_USED_LOCK(%s)", backends)
+        return {b.name: holder for b, holder in zip(backends, answers, strict=True)}
+
+    async def _per_name(
+        self, conn: _Connection, expression: str, backends: list[SharedLocks[_Connection]]
+    ) -> list[Any]:
+        """``expression`` of each backend's name, up to :data:`_CHECK_BATCH` names per statement."""
         answers: list[Any] = []
         for start in range(0, len(backends), _CHECK_BATCH):
             part = backends[start : start + _CHECK_BATCH]
-            sql = "SELECT " + ", ".join(["IS_USED_LOCK(%s) = CONNECTION_ID()"] * len(part))
+            sql = "SELECT " + ", ".join([expression] * len(part))
             rows = await conn.rows(sql, [b.name for b in part], timeout=self.template.check_timeout)
             answers.extend(rows[0])
-        return held_names(backends, answers)
+        return answers

@@ -697,6 +697,14 @@ WHERE locktype = 'advisory' AND database = {_CURRENT_DB} AND objsubid = 1 AND gr
   AND pid = pg_catalog.pg_backend_pid()"""
 
 
+# The holder of each lock in $1/$2 (classid, objid), as _holder shows it; a lock nobody holds has no row.
+_HOLDERS = f"""SELECT w.classid, w.objid, l.pid, a.backend_start
+FROM unnest($1::pg_catalog.oid[], $2::pg_catalog.oid[]) AS w(classid, objid)
+JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.database = {_CURRENT_DB}
+  AND l.classid = w.classid AND l.objid = w.objid AND l.objsubid = 1 AND l.granted
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"""
+
+
 class _SharedPostgresBackend(SharedLocks[_Connection], PostgresBackend):
     """An election whose advisory lock lives on a :class:`PostgresSession`'s connection."""
 
@@ -769,7 +777,7 @@ class PostgresSession(SharedLockSession[_Connection]):
 
     async def _listen(self, conn: _Connection) -> None:
         """Prepare what the session runs while it holds locks, and listen for release notices."""
-        await conn.prepare(_TRY_LOCK, _HOLDER, _HELD_ALL, _NOTIFY, timeout=self.template.check_timeout)
+        await conn.prepare(_TRY_LOCK, _HOLDER, _HELD_ALL, _HOLDERS, _NOTIFY, timeout=self.template.check_timeout)
 
         def notice(_conn: object, _pid: int, _channel: str, payload: str) -> None:
             self.released(payload)
@@ -780,3 +788,12 @@ class PostgresSession(SharedLockSession[_Connection]):
         rows = await conn.fetch(_HELD_ALL, timeout=self.template.check_timeout)
         held = {(int(row[0]), int(row[1])) for row in rows}
         return frozenset(b.name for b in backends if isinstance(b, PostgresBackend) and (b.classid, b.objid) in held)
+
+    async def _holders_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> dict[str, Hashable]:
+        keyed = {(b.classid, b.objid): b.name for b in backends if isinstance(b, PostgresBackend)}
+        holders: dict[str, Hashable] = dict.fromkeys(keyed.values())
+        ids = list(keyed)
+        rows = await conn.fetch(_HOLDERS, [c for c, _ in ids], [o for _, o in ids], timeout=self.template.check_timeout)
+        for row in rows:
+            holders[keyed[(int(row[0]), int(row[1]))]] = (row["pid"], row["backend_start"])
+        return holders
