@@ -15,9 +15,12 @@ electors on it campaign, hold and release through it. It guarantees:
   read is ended on the server only once the server shows that session to be
   ours (as for a lock session of its own);
 * a campaign never waits on the server: it asks with a request that does
-  not wait, once per ``poll_interval`` (and at once on a release notice the
-  dialect receives, such as PostgreSQL's ``NOTIFY``), and learns the holder
-  between two requests;
+  not wait, at first, when a release is announced (a notice the dialect
+  receives, such as PostgreSQL's ``NOTIFY``) and when the lock shows free;
+  in between, one *waiting round* per ``poll_interval`` reads the holder of
+  every lock the session's campaigns wait for, in one statement, and each
+  campaign reports its holder (its identity looked up only when it
+  changes);
 * one check round per ``check_interval`` confirms every lock held on the
   connection at once; each hold is confirmed from the time that round was
   *sent*, and a round that fails, times out or finds the connection gone

@@ -665,10 +665,12 @@ class MySQLSession(SharedLockSession[_Connection]):
       on the session (up to 1,000 per statement), each leadership confirmed
       from the time it was sent; a check that fails or times out ends them
       all;
-    * a waiting elector asks ``GET_LOCK(name, 0)`` once per
-      ``poll_interval`` and never waits on the server, so it never blocks
-      the connection: a handover costs up to ``poll_interval`` (MySQL has no
-      notice of a release, and a ``GET_LOCK`` that waits would hold the
+    * waiting electors never wait on the server, so they never block the
+      connection: one statement per ``poll_interval`` reads the holder of
+      every lock they wait for (``IS_USED_LOCK``, up to 1,000 per
+      statement), and an elector asks ``GET_LOCK(name, 0)`` only when its
+      lock shows free. A handover costs up to ``poll_interval`` (MySQL has
+      no notice of a release, and a ``GET_LOCK`` that waits would hold the
       shared connection for every other elector);
     * **fate sharing**, what the session gives up: when the connection is
       lost (closed by the server, a failed check, a release the server did

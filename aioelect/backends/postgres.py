@@ -738,13 +738,16 @@ class PostgresSession(SharedLockSession[_Connection]):
       the session's backend) confirms every lock held on the session, each
       leadership confirmed from the time it was sent; a check that fails or
       times out ends them all;
-    * a waiting elector asks ``pg_try_advisory_lock`` once per
-      ``poll_interval`` and never waits on the server, so it never blocks
-      the connection; a release on a shared session is announced with
-      ``NOTIFY aioelect_release`` (the name as payload), which every shared
-      session on the database listens to, so a waiter asks again at once: a
-      graceful handover between shared sessions takes milliseconds; one
-      from an elector with a connection of its own, within ``poll_interval``;
+    * waiting electors never wait on the server, so they never block the
+      connection: one statement per ``poll_interval`` reads the holder of
+      every lock they wait for (one query over ``pg_locks``), and an
+      elector asks ``pg_try_advisory_lock`` only when its lock shows free
+      or a release is announced. A release on a shared session is
+      announced with ``NOTIFY aioelect_release`` (the name as payload),
+      which every shared session on the database listens to, so a waiter
+      asks again at once: a graceful handover between shared sessions takes
+      milliseconds; one from an elector with a connection of its own,
+      within ``poll_interval``;
     * **fate sharing**, what the session gives up: when the connection is
       lost (terminated, a failed check, a release the server did not
       answer), every elector on it loses its leadership at once, and
