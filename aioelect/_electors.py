@@ -74,9 +74,9 @@ class MySQLElector(Elector):
 
     ``session=`` instead of ``dsn``: campaign on a shared
     :class:`~aioelect.MySQLSession` (opt-in), whose one connection holds
-    the lock of every elector on it; only ``name`` (and ``stop_timeout``)
-    is given then, and the elector campaigns as the session's identity.
-    What it gives up: the connection's loss ends the leadership of every
+    the lock of every elector on it; only ``name`` (with ``identity`` and
+    ``stop_timeout``) is given then, and the identity defaults to the
+    session's. What it gives up: the connection's loss ends the leadership of every
     elector on the session (see :class:`~aioelect.MySQLSession`).
     """
 
@@ -114,13 +114,9 @@ def _on_session(
         raise TypeError(f"{who}() on a session takes only name= (the session has the options); got {extra}")
     if "name" not in options:
         raise TypeError(f"{who}() missing required keyword argument: 'name'")
-    if identity is not None and identity != session.identity:
-        raise ValueError(
-            f"{who} on a shared session campaigns as the session's identity {session.identity!r}: "
-            "give identity= to the session instead"
-        )
     backend: Backend = session.backend(options["name"])
-    Elector.__init__(elector, backend, identity=session.identity, stop_timeout=stop_timeout)
+    chosen = identity if identity is not None else session.identity
+    Elector.__init__(elector, backend, identity=chosen, stop_timeout=stop_timeout)
     session.join(backend.name, backend, elector.aclose)
 
 
@@ -180,9 +176,11 @@ class PostgresElector(Elector):
 
     ``session=`` instead of ``dsn``: campaign on a shared
     :class:`~aioelect.PostgresSession` (opt-in), whose one connection holds
-    the advisory lock of every elector on it; only ``name`` (and
-    ``stop_timeout``) is given then, and the elector campaigns as the
-    session's identity. What it gives up: the connection's loss ends the
+    the advisory lock of every elector on it; only ``name`` (with
+    ``identity`` and ``stop_timeout``) is given then, and the identity
+    defaults to the session's: without ``schema=``, :meth:`leader` reports
+    the session's identity (its ``application_name``), so give an elector
+    another identity only with ``schema=``. What it gives up: the connection's loss ends the
     leadership of every elector on the session (see
     :class:`~aioelect.PostgresSession`).
     """

@@ -651,8 +651,8 @@ class MySQLSession(SharedLockSession[_Connection]):
 
     The options are those of :class:`~aioelect.MySQLElector` but ``name``
     (:class:`MySQLSessionOptions`), validated here; an elector on the session
-    takes only ``name`` (and ``stop_timeout``), and the session's
-    ``identity``. MySQL 5.7 and MariaDB 10.0.2 or later hold many locks per
+    takes only ``name`` (with ``identity``, by default the session's, and
+    ``stop_timeout``). MySQL 5.7 and MariaDB 10.0.2 or later hold many locks per
     session.
 
     Guarantees:

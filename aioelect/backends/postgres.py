@@ -723,8 +723,10 @@ class PostgresSession(SharedLockSession[_Connection]):
 
     The options are those of :class:`~aioelect.PostgresElector` but
     ``name`` (:class:`PostgresSessionOptions`), validated here; an elector on
-    the session takes only ``name`` (and ``stop_timeout``), and the
-    session's ``identity`` (its ``application_name``).
+    the session takes only ``name`` (with ``identity``, by default the
+    session's, and ``stop_timeout``). The session's ``identity`` is its
+    ``application_name``, which :meth:`leader` reports for every elector on
+    it unless ``schema=`` records each elector's own.
 
     Guarantees:
 
