@@ -37,7 +37,7 @@ electors on it campaign, hold and release through it. It guarantees:
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -45,6 +45,7 @@ import anyio
 import anyio.lowlevel
 
 from .._backend import Backoff, Confirm, Hold, monotonic
+from .._config import check_options, default_identity, validate_identity
 from .._errors import BackendUnavailable, ElectionError
 from .._log import ElectionLog
 from ._session_lock import _UNSEEN, LockConnection, SessionLockBackend
@@ -147,14 +148,7 @@ class SharedLocks(SessionLockBackend[_C]):
         try:
             hold, _ = await self.shared.attempt(self, identity, _UNSEEN)
         except Exception as exc:
-            if self.permanent(exc):
-                raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
-            if isinstance(exc, ElectionError):
-                raise
-            host, port = self._address
-            raise BackendUnavailable(
-                f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}"
-            ) from None
+            raise self._failure(exc, "the campaign") from None
         return hold
 
     async def _on_observer(self, look: Callable[[_C], Awaitable[_T]]) -> _T:
@@ -162,14 +156,16 @@ class SharedLocks(SessionLockBackend[_C]):
         try:
             return await self.shared.run(look)
         except Exception as exc:
-            if self.permanent(exc):
-                raise ElectionError(f"{self.dialect.product} refused the query: {self.describe(exc)}") from None
-            if isinstance(exc, ElectionError):
-                raise
-            host, port = self._address
-            raise BackendUnavailable(
-                f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}"
-            ) from None
+            raise self._failure(exc, "the query") from None
+
+    def _failure(self, exc: Exception, what: str) -> Exception:
+        """What to raise for ``exc``: ElectionError for a refusal of ``what``, else BackendUnavailable."""
+        if self.permanent(exc):
+            return ElectionError(f"{self.dialect.product} refused {what}: {self.describe(exc)}")
+        if isinstance(exc, ElectionError):
+            return exc
+        host, port = self._address
+        return BackendUnavailable(f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}")
 
     async def close_observer(self) -> None:
         """Nothing of its own to close: the session's connection is the session's."""
@@ -226,19 +222,29 @@ class SharedHold(Hold, Generic[_C]):
 class SharedLockSession(Generic[_C], abc.ABC):
     """One lock connection shared by the electors of a process (see the module's guarantees).
 
-    A dialect subclass says how to build an elector's backend for a name
-    (:meth:`_backend_for`) and how to check many locks in one statement
-    (:meth:`_held_many`); it may listen for release notices (:meth:`_listen`).
+    A dialect subclass names its options and backends (:attr:`options_spec`,
+    :attr:`backend_class`, :attr:`shared_class`) and says how to check many
+    locks, and read many holders, in one statement (:meth:`_held_many`,
+    :meth:`_holders_many`); it may listen for release notices (:meth:`_listen`).
     """
 
     #: The public class name, in errors.
     who: str = "SharedLockSession"
+    #: The TypedDict of the session's options (the dialect's options but ``name``).
+    options_spec: Any
+    #: The dialect's backend, and the backend of an elector on the session; both built as ``cls(dsn, name=...,
+    #: **options)``.
+    backend_class: Any
+    shared_class: Any
 
-    def __init__(self, template: SessionLockBackend[_C], identity: str) -> None:
+    def __init__(self, dsn: str | None, identity: str | None, options: Mapping[str, Any]) -> None:
+        check_options(self.who, options, self.options_spec)
+        self._dsn = dsn
+        self._options = dict(options)
         #: The backend the session connects through (its timing, TLS and server checks are the session's).
-        self.template = template
-        self.identity = identity
-        self.log = ElectionLog(template.kind, _LOG_NAME, identity)
+        self.template: SessionLockBackend[_C] = self.backend_class(dsn, name="aioelect-shared-session", **options)
+        self.identity = validate_identity(identity) if identity is not None else default_identity()
+        self.log = ElectionLog(self.template.kind, _LOG_NAME, self.identity)
         self._conn: _C | None = None
         self._statements = anyio.Lock()
         self._rounds = anyio.Lock()
@@ -280,10 +286,6 @@ class SharedLockSession(Generic[_C], abc.ABC):
     # --- the dialect ------------------------------------------------------------------
 
     @abc.abstractmethod
-    def _backend_for(self, name: str) -> SharedLocks[_C]:
-        """A new backend for election ``name`` with the session's options (ValueError for a bad name)."""
-
-    @abc.abstractmethod
     async def _held_many(self, conn: _C, backends: list[SharedLocks[_C]]) -> frozenset[str]:
         """The names of ``backends`` whose locks ``conn``'s session holds, in as few statements as the server allows."""
 
@@ -306,7 +308,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
                 f"an elector on this {self.who} already campaigns on {name!r}: a session holds one lock per name; "
                 "close it first, or use another session"
             )
-        backend = self._backend_for(name)
+        backend: SharedLocks[_C] = self.shared_class(self._dsn, name=name, **self._options)  # ValueError: a bad name
         backend.shared = self
         self._members[name] = (backend, close or backend.aclose)
         return backend

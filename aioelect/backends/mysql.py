@@ -40,15 +40,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import (
-    check_options,
-    default_identity,
-    session_bounds,
-    tls_from_query,
-    transport_warning,
-    validate_identity,
-    validate_name,
-)
+from .._config import session_bounds, tls_from_query, transport_warning, validate_name
 from .._errors import ElectionError
 from ._session_lock import Dialect, LockConnection, SessionLockBackend, SessionLockOptions, SessionLost, read_options
 from ._shared_lock import SharedLocks, SharedLockSession, held_names
@@ -689,18 +681,14 @@ class MySQLSession(SharedLockSession[_Connection]):
     """
 
     who = "MySQLSession"
+    options_spec = MySQLSessionOptions
+    backend_class = MySQLBackend
+    shared_class = _SharedMySQLBackend
 
     def __init__(
         self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[MySQLSessionOptions]
     ) -> None:
-        check_options(self.who, options, MySQLSessionOptions)
-        self._dsn = dsn
-        self._options = options
-        template = MySQLBackend(dsn, name="aioelect-shared-session", **options)
-        super().__init__(template, validate_identity(identity) if identity is not None else default_identity())
-
-    def _backend_for(self, name: str) -> _SharedMySQLBackend:
-        return _SharedMySQLBackend(self._dsn, name=name, **self._options)
+        super().__init__(dsn, identity, options)
 
     async def _held_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> frozenset[str]:
         if not backends:

@@ -60,15 +60,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import (
-    check_options,
-    default_identity,
-    keepalive_bound,
-    session_bounds,
-    transport_warning,
-    validate_identity,
-    validate_name,
-)
+from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
 from .._errors import ElectionError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
 from ._postgres_tls import TLS_FILES, NoTls, Tls, no_tls, resolve_tls, transport_fix
@@ -767,18 +759,14 @@ class PostgresSession(SharedLockSession[_Connection]):
     """
 
     who = "PostgresSession"
+    options_spec = PostgresSessionOptions
+    backend_class = PostgresBackend
+    shared_class = _SharedPostgresBackend
 
     def __init__(
         self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[PostgresSessionOptions]
     ) -> None:
-        check_options(self.who, options, PostgresSessionOptions)
-        self._dsn = dsn
-        self._options = options
-        template = PostgresBackend(dsn, name="aioelect-shared-session", **options)
-        super().__init__(template, validate_identity(identity) if identity is not None else default_identity())
-
-    def _backend_for(self, name: str) -> _SharedPostgresBackend:
-        return _SharedPostgresBackend(self._dsn, name=name, **self._options)
+        super().__init__(dsn, identity, options)
 
     async def _listen(self, conn: _Connection) -> None:
         """Prepare what the session runs while it holds locks, and listen for release notices."""
