@@ -743,19 +743,11 @@ class PostgresSession(SharedLockSession[_Connection]):
       milliseconds; one from an elector with a connection of its own,
       within ``poll_interval``;
     * **fate sharing**, what the session gives up: when the connection is
-      lost (terminated, a failed check, a release the server did not
-      answer), every elector on it loses its leadership at once, and
-      campaigns again on a new connection. Logged at WARNING when the
-      session is entered and each time a connection holding leaderships is
-      lost;
-    * at most one elector per election ``name`` (ValueError for a second);
-    * leaving the ``async with`` (or :meth:`aclose`) closes every elector
-      still on the session first, then the connection; idempotent, bounded,
-      never interrupted by cancellation;
-    * entering opens the connection: :class:`~aioelect.BackendUnavailable`
-      if the server cannot be reached, :class:`~aioelect.ElectionError` for
-      a refusal (credentials, TLS, a server-side bound shorter than
-      ``lease``, a standby, a pooler in transaction mode).
+      lost (``pg_terminate_backend``, a failed check, a release the server
+      did not answer), every elector on it loses its leadership at once;
+    * the rest as :class:`~aioelect.MySQLSession`: one elector per name,
+      closing, and entering (whose refusals here also name a standby and a
+      pooler in transaction mode).
     """
 
     who = "PostgresSession"
