@@ -22,7 +22,8 @@ electors on it campaign, hold and release through it. It guarantees:
   campaign reports its holder (its identity looked up only when it
   changes);
 * one check round per ``check_interval`` confirms every lock held on the
-  connection at once; each hold is confirmed from the time that round was
+  connection at once, and waits for at most one campaign's request (they
+  queue apart); each hold is confirmed from the time that round was
   *sent*, and a round that fails, times out or finds the connection gone
   ends every leadership on it (**fate sharing**: one lost session loses
   every leadership on it, logged at WARNING when the session is entered);
@@ -247,6 +248,9 @@ class SharedLockSession(Generic[_C], abc.ABC):
         self.log = ElectionLog(self.template.kind, _LOG_NAME, self.identity)
         self._conn: _C | None = None
         self._statements = anyio.Lock()
+        # Campaigns' own requests queue here, one at a time on the connection: a check round then waits for one
+        # request at most, never for the whole queue of a cold start.
+        self._asking = anyio.Lock()
         self._rounds = anyio.Lock()
         self._last: _Round | None = None
         self._holds: dict[str, SharedHold[_C]] = {}
@@ -361,7 +365,8 @@ class SharedLockSession(Generic[_C], abc.ABC):
             return holder if final else _UNSEEN
 
         with anyio.CancelScope(shield=True):
-            seen = await self.run(step)
+            async with self._asking:
+                seen = await self.run(step)
         await anyio.lowlevel.checkpoint()
         return seen
 
@@ -460,7 +465,8 @@ class SharedLockSession(Generic[_C], abc.ABC):
                 self._holds[backend.name] = hold
                 return _UNSEEN
 
-            seen = await self.run(step)
+            async with self._asking:
+                seen = await self.run(step)
         try:
             await anyio.lowlevel.checkpoint()  # a cancellation that came during the statements
         except BaseException:
