@@ -631,6 +631,16 @@ _CHECK_BATCH = 1000
 class _SharedMySQLBackend(SharedLocks[_Connection], MySQLBackend):
     """An election whose ``GET_LOCK`` lives on a :class:`MySQLSession`'s connection."""
 
+    async def _bump_token(self, conn: _Connection, identity: str) -> int:
+        # The fencing table is set up once per session, not once per election.
+        template = self.shared.template
+        if isinstance(template, MySQLBackend) and template._fencing_ready:
+            self._fencing_ready = True
+        token = await super()._bump_token(conn, identity)
+        if isinstance(template, MySQLBackend):
+            template._fencing_ready = True
+        return token
+
 
 class MySQLSession(SharedLockSession[_Connection]):
     """One MySQL/MariaDB connection holding the ``GET_LOCK`` of every elector of a process on it.
