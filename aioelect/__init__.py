@@ -19,6 +19,8 @@ from ._shards import Shards
 if TYPE_CHECKING:
     from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector, RedisElector
     from .backends.etcd import EtcdSession
+    from .backends.mysql import MySQLSession
+    from .backends.postgres import PostgresSession
 
 __all__ = [
     "BackendUnavailable",
@@ -32,7 +34,9 @@ __all__ = [
     "LeadershipLost",
     "LocalElector",
     "MySQLElector",
+    "MySQLSession",
     "PostgresElector",
+    "PostgresSession",
     "RedisElector",
     "Shards",
     "current_leadership",
@@ -47,7 +51,9 @@ _LAZY = {
     "EtcdSession": "aioelect.backends.etcd",
     "FileElector": "aioelect.backends.file",
     "MySQLElector": "aioelect.backends.mysql",
+    "MySQLSession": "aioelect.backends.mysql",
     "PostgresElector": "aioelect.backends.postgres",
+    "PostgresSession": "aioelect.backends.postgres",
     "RedisElector": "aioelect.backends.redis",
 }
 

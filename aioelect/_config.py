@@ -6,6 +6,8 @@ import ipaddress
 import math
 import os
 import re
+import secrets
+import socket
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +15,8 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = [
+    "default_identity",
+    "validate_identity",
     "DEFAULT_NAME",
     "DSN",
     "LockTiming",
@@ -581,3 +585,18 @@ def server_address(
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"port must be an integer from 1 to 65535, not {port!r}")
     return host, port
+
+
+_IDENTITY_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
+
+
+def default_identity() -> str:
+    """``hostname:pid:`` and a short random suffix: unique per elector."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def validate_identity(identity: str) -> str:
+    """Return ``identity`` if it is 1 to 128 printable ASCII characters, else raise ValueError."""
+    if not isinstance(identity, str) or not _IDENTITY_RE.match(identity):
+        raise ValueError("identity must be 1 to 128 printable ASCII characters, not starting with a space")
+    return identity

@@ -15,10 +15,6 @@ import contextlib
 import contextvars
 import enum
 import math
-import os
-import re
-import secrets
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,7 +22,7 @@ from typing import Any, TypeVar
 import anyio
 
 from ._backend import Backend, Hold, Reporter, monotonic
-from ._config import positive
+from ._config import default_identity, positive, validate_identity
 from ._errors import ElectionError, LeadershipLost
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
@@ -44,7 +40,6 @@ __all__ = [
 T = TypeVar("T")
 _E = TypeVar("_E", bound="Elector")
 
-_IDENTITY_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
 #: Upper bound on a backend release, so that closing never hangs on a dead server.
 RELEASE_TIMEOUT = 5.0
 #: While a voluntary release waits for leader work that ignores cancellation,
@@ -81,18 +76,6 @@ def current_leadership() -> Leadership:
             "'async with aioelect.leadership(elector)', Elector.run(work) and the tasks they start"
         )
     return lead
-
-
-def default_identity() -> str:
-    """``hostname:pid:`` and a short random suffix: unique per elector."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def validate_identity(identity: str) -> str:
-    """Return ``identity`` if it is 1 to 128 printable ASCII characters, else raise ValueError."""
-    if not isinstance(identity, str) or not _IDENTITY_RE.match(identity):
-        raise ValueError("identity must be 1 to 128 printable ASCII characters, not starting with a space")
-    return identity
 
 
 async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
