@@ -90,6 +90,16 @@ class _Owner:
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
+def _session_identity(elector: Elector) -> tuple[str, bool] | None:
+    """The identity of the shared SQL session ``elector`` is on, and whether the server reports the session's
+    identity (not the elector's) as the leader of every election on it; None when it is on no such session."""
+    backend = getattr(elector, "_backend", None)
+    identity = getattr(getattr(backend, "shared", None), "identity", None)
+    if not isinstance(identity, str):
+        return None
+    return identity, not getattr(backend, "records_identity", False)
+
+
 def _names(names: Iterable[str] | int) -> tuple[str, ...]:
     if isinstance(names, bool):
         raise TypeError("names must be an iterable of names or a shard count, not a bool")
@@ -214,6 +224,7 @@ class Shards:
             raise ValueError("Shards needs a group name (group=...): the prefix of its election names")
         self.group = validate_name(group)
         self.identity: str = validate_identity(identity if identity is not None else default_identity())
+        self._identity_given = identity is not None
         self.max_instances = max_instances
         self.settle = float(settle)
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
@@ -282,9 +293,11 @@ class Shards:
         if self._running:
             raise RuntimeError("Shards.run() is already running")
         self._running = True
-        slots = [self._make(self.member_election(k)) for k in range(self.max_instances)]
+        slots: list[Elector] = []
         self._failure = None
         try:
+            for k in range(self.max_instances):
+                slots.append(await self._make(self.member_election(k), first=k == 0))
             async with anyio.create_task_group() as tg:
                 for k, slot in enumerate(slots):
                     tg.start_soon(self._guarded, tg, self._observe, k, slot)
@@ -316,10 +329,25 @@ class Shards:
                 self._failure = exc
             tg.cancel_scope.cancel()
 
-    def _make(self, election: str) -> Elector:
+    async def _make(self, election: str, first: bool = False) -> Elector:
         elector = self._electors(election)
         if not isinstance(elector, Elector):
             raise TypeError(f"electors({election!r}) returned {type(elector).__name__}, not an Elector")
+        on_session = _session_identity(elector)
+        if on_session is not None and on_session[0] != self.identity:
+            shared, reported = on_session
+            if first and not self._identity_given:
+                # Without identity=, an instance on a shared MySQL or PostgreSQL session is its session: the
+                # identity the server may report for every election on it (PostgreSQL without schema=).
+                self.identity = shared
+            elif reported:
+                with anyio.CancelScope(shield=True):
+                    await elector.aclose()
+                raise ValueError(
+                    f"Shards identity {self.identity!r} is not the identity {shared!r} of the shared session its "
+                    "electors are on, which the server reports as the leader of every election on that session: "
+                    "give Shards no identity (it takes the session's), or the session's"
+                )
         elector.identity = self.identity
         return elector
 
@@ -439,7 +467,7 @@ class Shards:
             with owner.scope:
                 if previous is not None:
                     await previous.done.wait()  # one elector per election at a time (a shared session needs it)
-                elector = self._make(self.shard_election(name))
+                elector = await self._make(self.shard_election(name))
                 try:
                     while True:
                         try:

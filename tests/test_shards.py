@@ -355,6 +355,92 @@ async def test_sql_instances_spread_names_and_rebalance(kind: str, request: pyte
     assert register.violations == []
 
 
+@pytest.mark.parametrize("kind", ["postgres", "mysql"])
+async def test_sql_shared_sessions_spread_30_names_on_one_connection_per_instance(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """3 instances x 30 names, each instance on one MySQLSession / PostgresSession (its member elections and their
+    observers too): balanced at 10 each on exactly 3 server connections; a graceful leave; a crash of one session's
+    connection (killed on the server): its names are owned again with larger tokens, never twice, on 2 connections."""
+    from .test_sql_sessions import mysql_sessions, postgres_sessions
+
+    dsn = request.getfixturevalue(f"{kind}_dsn")
+    server = request.getfixturevalue("mariadb" if kind == "mysql" else "postgres")
+    connections = mysql_sessions(server) if kind == "mysql" else postgres_sessions(server)
+    timing: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.5, "lease": 6, "poll_interval": 0.3}
+    group = f"shards-{secrets.token_hex(3)}"
+    register = Register()
+    sessions: dict[str, aioelect.MySQLSession | aioelect.PostgresSession] = {}
+
+    def make(identity: str) -> Shards:
+        session = sessions[identity]
+        electors: Callable[[str], Elector] = (
+            (lambda n: aioelect.MySQLElector(session=session, name=n))
+            if isinstance(session, aioelect.MySQLSession)
+            else (lambda n: aioelect.PostgresElector(session=session, name=n))
+        )
+        # No identity given: Shards takes its session's, which PostgreSQL reports for every election on it.
+        return Shards(30, group=group, electors=electors, max_instances=4)
+
+    fleet = Fleet(make, register)
+    baseline = await connections()
+    try:
+        ids = [f"{group}-{x}" for x in "abc"]
+        for identity in ids:
+            cls = aioelect.MySQLSession if kind == "mysql" else aioelect.PostgresSession
+            sessions[identity] = await cls(dsn, identity=identity, **timing).__aenter__()
+        for identity in ids:
+            fleet.start(identity)
+        await fleet.settle(30, timeout=40)  # members as the server reports them are the sessions' identities
+        assert [fleet.instances[i].identity for i in ids] == ids
+        assert sorted(fleet.loads().values()) == [10, 10, 10]
+        assert await connections() - baseline == 3
+        leaving = f"{group}-a"
+        await fleet.stop(leaving)
+        await sessions.pop(leaving).aclose()
+        await fleet.settle(30, timeout=40)
+        assert await connections() - baseline == 2
+        crashed = f"{group}-b"
+        held = {n: register.last[n] for n in fleet.instances[crashed].owned}
+        conn = sessions[crashed]._conn
+        assert held and conn is not None
+        if kind == "mysql":
+            server.query("KILL %s", (conn.session_id,), database="")
+        else:
+            server.query("SELECT pg_terminate_backend($1)", (conn.session_id,))
+        with anyio.fail_after(40):
+            while any(register.last[n] == token for n, token in held.items()):
+                await asyncio.sleep(0.05)
+        await fleet.settle(30, timeout=40)
+        assert sorted(fleet.loads().values()) == [15, 15]
+        assert all(register.last[n] > token for n, token in held.items())
+        assert await connections() - baseline == 2
+    finally:
+        await fleet.close()
+        for s in sessions.values():
+            await s.aclose()
+    assert register.violations == []
+    assert register.running == {}
+    with anyio.fail_after(10):
+        while await connections() != baseline:
+            await asyncio.sleep(0.05)
+
+
+async def test_a_shards_identity_other_than_its_postgres_session_s_is_refused(postgres_dsn: str) -> None:
+    """Without schema=, PostgreSQL reports the session's identity for every election on it: another is a ValueError."""
+    async with aioelect.PostgresSession(postgres_dsn, identity="session-id") as session:
+        shards = Shards(
+            2,
+            group=f"shards-{secrets.token_hex(3)}",
+            identity="other",
+            electors=lambda n: aioelect.PostgresElector(session=session, name=n),
+            max_instances=2,
+        )
+        with pytest.raises(ValueError, match="session-id"), anyio.fail_after(10):
+            await shards.run()
+        assert len(session) == 0  # every elector it made is closed
+
+
 async def test_apscheduler_jobs_spread_over_instances_and_run_only_on_their_owner() -> None:
     """6 jobs every 0.1 s on 2 then 3 instances: each run under its job's own leadership, never two at once."""
     from apscheduler.schedulers.asyncio import AsyncIOScheduler
