@@ -155,7 +155,13 @@ class Shards:
     ``{group}/member/{k}`` for ``k < max_instances``, and every elector
     gets this instance's :attr:`identity`. Give a factory over a shared
     session where the backend has one (``lambda n: EtcdElector(session=s,
-    name=n)``). Without ``electors``, each one is built by
+    name=n)``, ``MySQLElector(session=s, name=n)``, ``PostgresElector(...)``):
+    every election of the instance, its member elections and their
+    observers then use that one lease or connection. On a shared MySQL or
+    PostgreSQL session, :attr:`identity` defaults to the session's (taken
+    when :meth:`run` starts): without ``schema=`` PostgreSQL reports the
+    session's identity as the leader of every election on it, so an
+    ``identity`` other than the session's is a ValueError there. Without ``electors``, each one is built by
     :func:`aioelect.from_env` (``environ`` and ``options`` as it takes them)
     and ``group`` defaults to ``AIOELECT_NAME``; with the file backend each
     election gets its own lock file, ``AIOELECT_FILE`` plus ``.`` plus the
@@ -193,7 +199,9 @@ class Shards:
       (held, doing nothing) until it moves.
 
     Fate sharing: names on one shared session (an
-    :class:`~aioelect.EtcdSession`) are lost together when its lease ends,
+    :class:`~aioelect.EtcdSession`, :class:`~aioelect.MySQLSession` or
+    :class:`~aioelect.PostgresSession`) are lost together when its lease or
+    connection ends,
     and so is the member election: the instance then campaigns again for
     its share.
     """
