@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._config import DEFAULT_NAME
@@ -240,6 +240,11 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
 
     ``options`` override the environment.
     """
+    return new(**env_options(environ, options))
+
+
+def env_options(environ: Mapping[str, str] | None, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The keyword arguments :func:`from_env` gives :func:`new`: the environment's, ``options`` over them."""
     settings = Settings.from_environ(os.environ if environ is None else environ)
     kind = settings.backend_kind
     targets = settings.targets
@@ -261,4 +266,31 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     if settings.etcd_degrade_to_local is not None and settings.etcd_endpoints and "degrade_to_local" not in options:
         chosen["degrade_to_local"] = settings.etcd_degrade_to_local
     chosen.update(options)
-    return new(**chosen)
+    return chosen
+
+
+_TARGETS = ("etcd", "mysql", "postgres", "redis", "file", "local", "memory")
+
+
+def shared_sql_session(chosen: Mapping[str, Any], identity: str) -> tuple[Any, Callable[[str], Elector]] | None:
+    """For :func:`new`'s arguments ``chosen``: when they choose MySQL or PostgreSQL, a shared session (not entered)
+    with their options and ``identity``, and a function building an elector on it per election name; else None.
+
+    ValueError or TypeError for options the session refuses, as :func:`new` raises them.
+    """
+    if any(chosen.get(k) for k in ("etcd", "local", "memory")):
+        return None
+    kind = "mysql" if chosen.get("mysql") else "postgres" if chosen.get("postgres") else None
+    if kind is None:
+        return None
+    stop_timeout = chosen.get("stop_timeout", 5.0)
+    rest = {k: v for k, v in chosen.items() if k not in (*_TARGETS, "name", "identity", "stop_timeout")}
+    if kind == "mysql":
+        from .backends.mysql import MySQLSession
+
+        mysql = MySQLSession(chosen["mysql"], identity=identity, **_portable("mysql", rest))
+        return mysql, lambda name: MySQLElector(session=mysql, name=name, stop_timeout=stop_timeout)
+    from .backends.postgres import PostgresSession
+
+    postgres = PostgresSession(chosen["postgres"], identity=identity, **_portable("postgres", rest))
+    return postgres, lambda name: PostgresElector(session=postgres, name=name, stop_timeout=stop_timeout)

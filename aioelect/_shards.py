@@ -34,7 +34,7 @@ import anyio.abc
 from ._config import validate_name
 from ._elector import Elector, Leadership, default_identity, leading, leading_if_free, validate_identity
 from ._errors import BackendUnavailable, LeadershipLost
-from ._factory import from_env
+from ._factory import env_options, from_env, shared_sql_session
 from ._settings import Settings
 
 __all__ = ["Shards", "assign"]
@@ -121,8 +121,15 @@ def _names(names: Iterable[str] | int) -> tuple[str, ...]:
     return found
 
 
-def _env_electors(environ: Mapping[str, str] | None, options: dict[str, Any]) -> tuple[str, Callable[[str], Elector]]:
-    """The group (``AIOELECT_NAME``) and an elector factory reading the same settings as :func:`aioelect.from_env`."""
+#: Opens the shared session of one run: ``(session, electors)`` for this instance's identity.
+_SessionOpener = Callable[[str], tuple[Any, Callable[[str], Elector]]]
+
+
+def _env_electors(
+    environ: Mapping[str, str] | None, options: dict[str, Any]
+) -> tuple[str, Callable[[str], Elector], _SessionOpener | None]:
+    """The group (``AIOELECT_NAME``), an elector factory reading the same settings as :func:`aioelect.from_env`,
+    and, when those choose MySQL or PostgreSQL, what opens one shared session per run for every election."""
     settings = Settings.from_environ(os.environ if environ is None else environ)
     group = options.pop("name", None) or settings.name
     if not group:
@@ -139,7 +146,16 @@ def _env_electors(environ: Mapping[str, str] | None, options: dict[str, Any]) ->
             return from_env(environ, **{**options, "name": election, "file": path})
         return from_env(environ, **{**options, "name": election})
 
-    return group, make
+    chosen = env_options(environ, {**options, "name": group})
+    opener: _SessionOpener | None = None
+    if not per_file and shared_sql_session(chosen, default_identity()) is not None:  # options refused: raised here
+
+        def opener(identity: str) -> tuple[Any, Callable[[str], Elector]]:
+            opened = shared_sql_session(chosen, identity)
+            assert opened is not None
+            return opened
+
+    return group, make, opener
 
 
 class Shards:
@@ -224,8 +240,11 @@ class Shards:
             raise ValueError(f"max_instances must be an int >= 1, not {max_instances!r}")
         if not (isinstance(settle, (int, float)) and 0 <= settle < math.inf):
             raise ValueError(f"settle must be a finite number of seconds >= 0, not {settle!r}")
+        self._open_session: _SessionOpener | None = None
         if electors is None:
-            group, electors = _env_electors(environ, {**options, **({"name": group} if group else {})})
+            group, electors, self._open_session = _env_electors(
+                environ, {**options, **({"name": group} if group else {})}
+            )
         elif options or environ is not None:
             raise TypeError("Shards takes environ and elector options only when it builds the electors (no electors=)")
         if not group:
@@ -300,6 +319,19 @@ class Shards:
         """
         if self._running:
             raise RuntimeError("Shards.run() is already running")
+        self._running = True
+        if self._open_session is None:
+            await self._run(work)
+            return  # pragma: no cover (_run returns only by raising)
+        # Built from the environment on MySQL or PostgreSQL: one shared session per run holds every election.
+        session, self._electors = self._open_session(self.identity)
+        try:
+            async with session:
+                await self._run(work)
+        finally:
+            self._running = False
+
+    async def _run(self, work: ShardWork | None) -> None:
         self._running = True
         slots: list[Elector] = []
         self._failure = None

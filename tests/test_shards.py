@@ -355,6 +355,49 @@ async def test_sql_instances_spread_names_and_rebalance(kind: str, request: pyte
     assert register.violations == []
 
 
+async def stable(count: Callable[[], Any]) -> int:
+    """``count()`` once it reads the same twice 0.2 s apart (connections an earlier test closed may still be going)."""
+    last = await count()
+    with anyio.fail_after(10):
+        while True:
+            await asyncio.sleep(0.2)
+            now = await count()
+            if now == last:
+                return int(now)
+            last = now
+
+
+@pytest.mark.parametrize("kind", ["postgres", "mysql"])
+async def test_from_env_on_sql_opens_one_shared_session_per_instance(kind: str, request: pytest.FixtureRequest) -> None:
+    """Shards built from the environment on MariaDB or PostgreSQL: 2 instances x 12 names on 2 server connections."""
+    from .test_sql_sessions import mysql_sessions, postgres_sessions
+
+    dsn = request.getfixturevalue(f"{kind}_dsn")
+    server = request.getfixturevalue("mariadb" if kind == "mysql" else "postgres")
+    connections = mysql_sessions(server) if kind == "mysql" else postgres_sessions(server)
+    group = f"shards-{secrets.token_hex(3)}"
+    environ = {
+        "AIOELECT_MYSQL_DSN" if kind == "mysql" else "AIOELECT_POSTGRES_DSN": dsn,
+        "AIOELECT_NAME": group,
+        "AIOELECT_POLL_INTERVAL": "0.3",
+        "AIOELECT_CHECK_INTERVAL": "0.5",
+    }
+    register = Register()
+    fleet = Fleet(lambda identity: Shards(12, environ=environ, identity=identity, max_instances=3), register)
+    baseline = await stable(connections)
+    try:
+        fleet.start("a")
+        fleet.start("b")
+        await fleet.settle(12, timeout=40)
+        assert await connections() - baseline == 2
+    finally:
+        await fleet.close()
+    assert register.violations == []
+    with anyio.fail_after(10):
+        while await connections() != baseline:
+            await asyncio.sleep(0.05)
+
+
 @pytest.mark.parametrize("kind", ["postgres", "mysql"])
 async def test_sql_shared_sessions_spread_30_names_on_one_connection_per_instance(
     kind: str, request: pytest.FixtureRequest
@@ -383,14 +426,7 @@ async def test_sql_shared_sessions_spread_30_names_on_one_connection_per_instanc
         return Shards(30, group=group, electors=electors, max_instances=4)
 
     fleet = Fleet(make, register)
-    baseline = await connections()
-    with anyio.fail_after(10):  # connections an earlier test closed may still be going on the server
-        while True:
-            await asyncio.sleep(0.2)
-            now = await connections()
-            if now == baseline:
-                break
-            baseline = now
+    baseline = await stable(connections)
     try:
         ids = [f"{group}-{x}" for x in "abc"]
         for identity in ids:
