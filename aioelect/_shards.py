@@ -179,7 +179,10 @@ class Shards:
     session's identity as the leader of every election on it, so an
     ``identity`` other than the session's is a ValueError there. Without ``electors``, each one is built by
     :func:`aioelect.from_env` (``environ`` and ``options`` as it takes them)
-    and ``group`` defaults to ``AIOELECT_NAME``; with the file backend each
+    and ``group`` defaults to ``AIOELECT_NAME``; when that is MySQL or
+    PostgreSQL, each :meth:`run` opens one shared session (with those
+    options and this instance's :attr:`identity`) and every election of the
+    instance is on it; with the file backend each
     election gets its own lock file, ``AIOELECT_FILE`` plus ``.`` plus the
     quoted election name.
 
