@@ -17,7 +17,7 @@ import secrets
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +278,20 @@ async def test_from_env_file_backend_gets_a_lock_file_per_election(tmp_path: Any
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def retire(fleet: Fleet, sessions: Iterable[Any]) -> None:
+    """Stop every instance of ``fleet``, then close the shared ``sessions`` they were on."""
+    await fleet.close()
+    for session in sessions:
+        await session.aclose()
+
+
+async def back_to(count: Callable[[], Any], baseline: int) -> None:
+    """Wait until the server's connection count is ``baseline`` again: nothing was left open."""
+    with anyio.fail_after(10):
+        while await count() != baseline:
+            await asyncio.sleep(0.05)
+
+
 async def test_etcd_shared_sessions_spread_names_and_rebalance(etcd: Any) -> None:
     """20 names, 3 instances, each on one EtcdSession: balance, join, graceful leave, and a session's end (crash)."""
     group = f"/aioelect-test/shards-{secrets.token_hex(3)}"
@@ -318,9 +332,7 @@ async def test_etcd_shared_sessions_spread_names_and_rebalance(etcd: Any) -> Non
                 await asyncio.sleep(0.02)
         await fleet.settle(20, timeout=30)
     finally:
-        await fleet.close()
-        for s in sessions.values():
-            await s.aclose()
+        await retire(fleet, sessions.values())
     assert register.violations == []
     assert register.running == {}
 
@@ -393,9 +405,7 @@ async def test_from_env_on_sql_opens_one_shared_session_per_instance(kind: str, 
     finally:
         await fleet.close()
     assert register.violations == []
-    with anyio.fail_after(10):
-        while await connections() != baseline:
-            await asyncio.sleep(0.05)
+    await back_to(connections, baseline)
 
 
 @pytest.mark.parametrize("kind", ["postgres", "mysql"])
@@ -459,14 +469,10 @@ async def test_sql_shared_sessions_spread_30_names_on_one_connection_per_instanc
         assert all(register.last[n] > token for n, token in held.items())
         assert await connections() - baseline == 2
     finally:
-        await fleet.close()
-        for s in sessions.values():
-            await s.aclose()
+        await retire(fleet, sessions.values())
     assert register.violations == []
     assert register.running == {}
-    with anyio.fail_after(10):
-        while await connections() != baseline:
-            await asyncio.sleep(0.05)
+    await back_to(connections, baseline)
 
 
 async def test_a_shards_identity_other_than_its_postgres_session_s_is_refused(postgres_dsn: str) -> None:
