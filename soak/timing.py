@@ -102,8 +102,8 @@ def _redis() -> Timing:
             "renew_deadline": _RENEW_DEADLINE,
             "poll_interval": _POLL,
         },
-        # docs/backends.md: a deposed leader (key deleted) stops within check_interval + check_timeout.
-        margin=_CHECK_INTERVAL + _CHECK_TIMEOUT + OVERLAP_SLACK,
+        # docs/backends.md: a deposed leader (key deleted) stops within check_interval + 2 * check_timeout.
+        margin=confirmation_gap(_CHECK_INTERVAL, _CHECK_TIMEOUT) + OVERLAP_SLACK,
         base_gap=_POLL + SLACK,
         bounds={
             "kill": ("start", expiry),

@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 
 import aioelect
+from aioelect._config import confirmation_gap
 from soak.checker import Act, Fault, History, Term, Verdict, Violation, check
 from soak.timing import OVERLAP_SLACK
 
@@ -55,15 +56,16 @@ def margin(backend: str, profile: Profile) -> float:
 
     etcd: the news of the loss is a watch message, which the adversary may
     hold back up to ``profile.watch_long`` on the way there and again on the
-    way back. SQL: the check is bounded by
-    ``check_timeout`` whatever the adversary does, and a closed session is
-    seen at once.
+    way back. SQL: each check is bounded by ``check_timeout`` whatever the
+    adversary does, so a deposed leader stops within ``check_interval + 2 *
+    check_timeout`` (:func:`aioelect._config.confirmation_gap`), and a closed
+    session is seen at once.
     """
     options = OPTIONS[backend]
     if backend == "etcd":
         # A revoked lease or deleted key reaches the leader by its watch, at the latest by its next keep-alive.
         return options["ttl"] / 3 + 2 * profile.watch_long + OVERLAP_SLACK
-    return options["check_interval"] + options["check_timeout"] + OVERLAP_SLACK  # docs/guarantees.md
+    return confirmation_gap(options["check_interval"], options["check_timeout"]) + OVERLAP_SLACK  # docs/guarantees.md
 
 
 @dataclass(frozen=True)
