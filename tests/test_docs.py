@@ -100,6 +100,9 @@ class Program:
             env=env,
             cwd=cwd,
             start_new_session=True,
+            # As in a terminal: Ctrl-C raises KeyboardInterrupt even where the test runner was started with
+            # SIGINT ignored (a background job of a script, as CI may be), which a child would inherit.
+            preexec_fn=_default_sigint,
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -175,6 +178,10 @@ def programs() -> Iterator[list[Program]]:
     finally:
         for program in started:
             program.stop()
+
+
+def _default_sigint() -> None:  # pragma: no cover - runs in the forked child
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def base_env() -> dict[str, str]:
