@@ -30,6 +30,7 @@ from ._config import positive
 from ._errors import ElectionError, LeadershipLost
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
+from ._transitions import Transitions
 
 __all__ = [
     "Elector",
@@ -114,6 +115,44 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
+class _Lead(enum.Enum):
+    """The states of a :class:`Leadership`; the value is how its repr shows it."""
+
+    HELD = "held"
+    #: Our release was asked for: leader work stops, then the backend lets go.
+    RELEASING = "releasing"
+    #: Lost: leader work stops (for at most stop_timeout), then the backend is told to let go.
+    LOSING = "losing"
+    RELEASED = "released"
+    LOST = "lost"
+
+
+class _Step(enum.Enum):
+    """What moves a :class:`Leadership` from one state to the next."""
+
+    RELEASE = "release asked"
+    LOSS = "loss found"
+    LET_GO = "backend let go"
+
+
+#: Every transition of a :class:`Leadership`. A step not listed for a state changes nothing: a loss after
+#: the backend let go, a second release. A keeper stopped from outside while held lets go as a release.
+LEADERSHIP_TRANSITIONS: Transitions[_Lead, _Step] = Transitions(
+    start=_Lead.HELD,
+    final=frozenset({_Lead.RELEASED, _Lead.LOST}),
+    table={
+        (_Lead.HELD, _Step.RELEASE): _Lead.RELEASING,
+        (_Lead.HELD, _Step.LOSS): _Lead.LOSING,
+        # A loss while leader work stops ends the leadership as a loss.
+        (_Lead.RELEASING, _Step.LOSS): _Lead.LOSING,
+        (_Lead.RELEASING, _Step.LET_GO): _Lead.RELEASED,
+        (_Lead.LOSING, _Step.LET_GO): _Lead.LOST,
+    },
+)
+_ENDING = frozenset(LEADERSHIP_TRANSITIONS.final | {_Lead.RELEASING, _Lead.LOSING})
+_LOSS = frozenset({_Lead.LOSING, _Lead.LOST})
+
+
 @dataclass(eq=False)
 class _Work:
     """Leader work that must stop before leadership is released."""
@@ -148,9 +187,13 @@ class Leadership:
       logged as an ERROR and stays cancelled.
     * A task that ends as soon as :meth:`Elector.acquire` returns (one made by
       ``asyncio.wait_for()`` on Python 3.10 and 3.11, or by
-      ``create_task(elector.acquire())``) cannot hold leadership for anyone:
-      the leadership is lost at once, with an ERROR and a ``lost_reason`` that
+      ``create_task(elector.acquire())``) cannot hold leadership: the
+      leadership is lost at once, with an ERROR and a ``lost_reason`` that
       name the cause and the fix. Never a silent release.
+
+    Its life is the state machine :data:`LEADERSHIP_TRANSITIONS` (drawn in
+    the concepts page): every property reads the state, and the only other
+    input is the clock of the renew deadline while it is held.
     """
 
     def __init__(self, elector: Elector, hold: Hold, log: ElectionLog) -> None:
@@ -159,51 +202,41 @@ class Leadership:
         self._log = log
         self._deadline = elector._backend.renew_deadline
         self._confirmed_at = hold.acquired_at or monotonic()
+        self._state = LEADERSHIP_TRANSITIONS.start
+        #: Set, and replaced, at every transition: what waiters for a state wait on.
+        self._changed = anyio.Event()
+        #: Why it was lost: set with the move to LOSING.
         self._lost_reason: str | None = None
-        self._lost = anyio.Event()
-        self._release_requested = anyio.Event()
-        # Set on a release request or a loss: the keeper stops the work, then lets go.
-        self._ending = anyio.Event()
-        self._released = False
-        self._done = anyio.Event()
         self._work: list[_Work] = []
         self._keeper: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
-        self._releaser: asyncio.Task[Any] | None = None
+        #: Tasks that called release(): one may do so from inside its own work, and cannot wait for itself.
+        self._releasers: set[asyncio.Task[Any]] = set()
         self.identity: str = elector.identity
         self.token: int | None = hold.token
 
     def __repr__(self) -> str:
-        state = "held" if self.held else ("lost" if self.lost else "released")
         return (
             f"<Leadership {self._elector.backend}:{self._elector.name} "
-            f"identity={self.identity!r} token={self.token} {state}>"
+            f"identity={self.identity!r} token={self.token} {'lost' if self.lost else self._state.value}>"
         )
 
     @property
     def lost(self) -> bool:
         """True once leadership ended for a reason other than our own release."""
-        if self._lost_reason is not None:
-            return True
-        releasing = self._released or self._release_requested.is_set()
-        return not releasing and self._deadline_passed()
+        return self._state in _LOSS or (self._state is _Lead.HELD and self._deadline_passed())
 
     @property
     def lost_reason(self) -> str | None:
         """Why leadership was lost, or None."""
-        if self._lost_reason is None and self.lost:
-            return "renew deadline exceeded"
-        return self._lost_reason
+        if self._state in _LOSS:
+            return self._lost_reason
+        return "renew deadline exceeded" if self.lost else None
 
     @property
     def held(self) -> bool:
         """True while we may act as leader: neither lost, released (or releasing), nor past the renew deadline."""
-        return (
-            not self._released
-            and not self._release_requested.is_set()
-            and self._lost_reason is None
-            and not self._deadline_passed()
-        )
+        return self._state is _Lead.HELD and not self._deadline_passed()
 
     def check(self) -> None:
         """Raise :class:`LeadershipLost` unless leadership is :attr:`held`.
@@ -215,7 +248,7 @@ class Leadership:
 
     async def wait_lost(self) -> None:
         """Return when leadership is lost (never returns after a plain release)."""
-        await self._lost.wait()
+        await self._until(_LOSS)
 
     async def release(self) -> None:
         """Stop registered leader work, then release leadership. Idempotent.
@@ -227,12 +260,30 @@ class Leadership:
         (logged as an ERROR). Cancelling the caller does not interrupt the
         release.
         """
-        if not self._release_requested.is_set():
-            self._releaser = asyncio.current_task()
-            self._release_requested.set()
-            self._ending.set()
+        task = asyncio.current_task()
+        if task is not None and self._state not in LEADERSHIP_TRANSITIONS.final:
+            self._releasers.add(task)
+        self._step(_Step.RELEASE)
         with anyio.CancelScope(shield=True):
-            await self._done.wait()
+            await self._finished()
+
+    def _step(self, step: _Step) -> bool:
+        """Take ``step`` if the table allows it from the current state; whether the state changed."""
+        target = LEADERSHIP_TRANSITIONS.next(self._state, step)
+        if target is None:
+            return False
+        self._state = target
+        self._changed.set()
+        self._changed = anyio.Event()
+        return True
+
+    async def _until(self, states: frozenset[_Lead]) -> None:
+        while self._state not in states:
+            await self._changed.wait()
+
+    async def _finished(self) -> None:
+        """Return once the backend has let go (or the keeper gave up on it)."""
+        await self._until(LEADERSHIP_TRANSITIONS.final)
 
     def _deadline_passed(self) -> bool:
         return self._deadline is not None and monotonic() - self._confirmed_at >= self._deadline
@@ -255,8 +306,7 @@ class Leadership:
 
     def _owner_done(self, task: asyncio.Task[Any]) -> None:
         if (
-            not self._release_requested.is_set()
-            and self._lost_reason is None
+            self._state is _Lead.HELD
             and not task.cancelled()
             and task.exception() is None
             and task.result() is self
@@ -270,16 +320,19 @@ class Leadership:
             )
             self._log.error("%s", reason)
             self._mark_lost(reason)
-        self._release_requested.set()
-        self._ending.set()
+        self._step(_Step.RELEASE)
 
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self._log.error("leadership keeper failed", exc_info=task.exception())
         # Whatever happened, nobody may wait forever on a finished keeper.
-        self._released = True
+        self._finish()
+
+    def _finish(self) -> None:
+        """The one way a leadership ends: the backend let go (or the keeper gave up on it)."""
+        self._step(_Step.RELEASE)  # from HELD only: a keeper stopped from outside lets go as a release
+        self._step(_Step.LET_GO)
         self._elector._ended(self)
-        self._done.set()
 
     @contextlib.contextmanager
     def _guard(self) -> Any:
@@ -298,11 +351,10 @@ class Leadership:
     # --- the keeper --------------------------------------------------------------
 
     def _mark_lost(self, reason: str) -> None:
-        if self._lost_reason is not None or self._released:
+        if LEADERSHIP_TRANSITIONS.next(self._state, _Step.LOSS) is None:
             return
         self._lost_reason = reason
-        self._lost.set()
-        self._ending.set()
+        self._step(_Step.LOSS)
         self._log.warning("leadership lost (%s); token=%s", reason, self.token)
         self._elector._emit("lost", token=self.token, reason=reason)
 
@@ -312,7 +364,7 @@ class Leadership:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._until_lost)
                 tg.start_soon(self._until_deadline)
-                await self._ending.wait()
+                await self._until(_ENDING)
                 await self._stop_work()
                 tg.cancel_scope.cancel()
         finally:
@@ -336,11 +388,14 @@ class Leadership:
 
     async def _stop_work(self) -> None:
         # A task that called release() from inside its own work cannot wait for itself.
-        pending = [w for w in self._work if w.task is not self._releaser]
+        pending = [w for w in self._work if w.task not in self._releasers]
         for work in pending:
             work.scope.cancel()
         if not pending:
             return
+
+        def running() -> bool:
+            return not all(w.done.is_set() for w in pending)
 
         async def all_stopped() -> None:
             for work in pending:
@@ -350,25 +405,25 @@ class Leadership:
         timeout = self._elector._stop_timeout
         with anyio.move_on_after(timeout):
             await all_stopped()
-        if self._lost_reason is None and not all(w.done.is_set() for w in pending):
+        if self._state is _Lead.RELEASING and running():
             # A voluntary release: the lock is still ours, so keep it rather than let a new leader
             # start beside work that is still running.
             self._log.error(
                 "leader work ignored cancellation for %gs (stop_timeout); keeping the lock until it stops",
                 timeout,
             )
-            while self._lost_reason is None and not all(w.done.is_set() for w in pending):
+            while self._state is _Lead.RELEASING and running():
                 with anyio.move_on_after(STILL_RUNNING_LOG_INTERVAL):
-                    await _first(all_stopped, self._lost.wait)
-                if self._lost_reason is None and not all(w.done.is_set() for w in pending):
+                    await _first(all_stopped, self.wait_lost)
+                if self._state is _Lead.RELEASING and running():
                     self._log.error(
                         "leader work still running %.1fs after it was cancelled; keeping the lock until it stops",
                         monotonic() - cancelled_at,
                     )
-            if self._lost_reason is None:
+            if self._state is _Lead.RELEASING:
                 self._log.warning("leader work stopped %.1fs after it was cancelled", monotonic() - cancelled_at)
                 return
-        if not all(w.done.is_set() for w in pending):
+        if running():
             self._log.error(
                 "leader work still running %.1fs after it was cancelled, and leadership is lost (%s): releasing; "
                 "that work goes on without leadership until it stops (it stays cancelled)",
@@ -377,6 +432,7 @@ class Leadership:
             )
 
     async def _release_backend(self) -> None:
+        self._step(_Step.RELEASE)  # from HELD only: the keeper was stopped from outside
         if self._owner is not None:
             self._owner.remove_done_callback(self._owner_done)
         with anyio.move_on_after(RELEASE_TIMEOUT) as scope:
@@ -386,12 +442,10 @@ class Leadership:
                 self._log.warning("release failed (%r); the server drops the lock with the connection", exc)
         if scope.cancelled_caught:
             self._log.warning("release timed out after %gs", RELEASE_TIMEOUT)
-        self._released = True
-        if self._lost_reason is None:
+        if self._state is _Lead.RELEASING:
             self._log.info("leadership released; token=%s", self.token)
             self._elector._emit("released", token=self.token)
-        self._elector._ended(self)
-        self._done.set()
+        self._finish()
 
 
 class Elector:
@@ -582,7 +636,7 @@ class Elector:
     async def _campaign(self, once: bool = False) -> Hold | None:
         # The previous leadership may still be letting go: the lock is ours until it has.
         while (previous := self._leadership) is not None and self._state is _State.LEADING and not previous.held:
-            await previous._done.wait()
+            await previous._finished()
             self._ended(previous)  # a no-op once the keeper has let go: never a loop on a finished keeper
         if self._state is not _State.IDLE:
             raise ElectionError(f"acquire() on an elector that is {self._state.value}")

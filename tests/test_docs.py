@@ -329,3 +329,22 @@ def test_the_try_once_block_gives_way_to_a_leader(
     assert code == 0, follower.text()
     assert follower.output == ["another instance leads: not running the report"], follower.text()
     assert leader.proc.poll() is None, "the leader loop must keep running"
+
+
+def _state_diagrams() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("state_diagrams", ROOT / "scripts" / "state_diagrams.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_state_diagrams_are_drawn_from_the_transition_tables() -> None:
+    """Each state diagram in the docs is what its table draws now (`python scripts/state_diagrams.py` redraws)."""
+    diagrams = _state_diagrams()
+    for name in diagrams.DIAGRAMS:  # type: ignore[attr-defined]
+        assert diagrams.committed(name) == diagrams.drawn(name), (  # type: ignore[attr-defined]
+            f"the {name} state diagram differs from its transition table: run python scripts/state_diagrams.py"
+        )
