@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 from ._api import leadership
 from ._elector import Elector, Leadership, current_leadership
 from ._electors import LocalElector
-from ._errors import BackendUnavailable, ElectionError, LeadershipLost
+from ._errors import (
+    BackendUnavailable,
+    ElectionError,
+    ElectorClosed,
+    LeadershipLost,
+    LossKind,
+    PermanentBackendError,
+    UsageError,
+)
 from ._events import Event
 from ._factory import from_env, new
 
@@ -23,6 +31,7 @@ __all__ = [
     "BackendUnavailable",
     "ElectionError",
     "Elector",
+    "ElectorClosed",
     "EtcdElector",
     "EtcdSession",
     "Event",
@@ -30,8 +39,11 @@ __all__ = [
     "Leadership",
     "LeadershipLost",
     "LocalElector",
+    "LossKind",
     "MySQLElector",
+    "PermanentBackendError",
     "PostgresElector",
+    "UsageError",
     "current_leadership",
     "from_env",
     "leadership",

@@ -17,11 +17,11 @@ import abc
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import ClassVar, TypeVar
+from typing import ClassVar, NamedTuple, TypeVar
 
 import anyio
 
-from ._errors import BackendUnavailable
+from ._errors import BackendUnavailable, LossKind
 from ._log import ElectionLog
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "Backoff",
     "Confirm",
     "Hold",
+    "Loss",
     "Reporter",
     "monotonic",
     "until_recorded",
@@ -37,6 +38,13 @@ __all__ = [
 #: Called by a backend with the monotonic time at which a confirmation that
 #: succeeded was *sent*: the server cannot have handed leadership on before it.
 Confirm = Callable[[float], None]
+
+
+class Loss(NamedTuple):
+    """Why a held leadership ended, as :meth:`Hold.monitor` says it: a kind for programs, a reason for people."""
+
+    kind: LossKind
+    reason: str
 
 
 class Hold(abc.ABC):
@@ -51,8 +59,8 @@ class Hold(abc.ABC):
     acquired_at: float = 0.0
 
     @abc.abstractmethod
-    async def monitor(self, confirm: Confirm) -> str:
-        """Run until leadership is lost and return why.
+    async def monitor(self, confirm: Confirm) -> Loss | str:
+        """Run until leadership is lost and return why: a :class:`Loss`, or a plain reason for a lost connection.
 
         Calls ``confirm`` after every successful confirmation. Never returns
         while leadership is held; is cancelled when it ends for other reasons.

@@ -25,9 +25,9 @@ from typing import Any, TypeVar
 
 import anyio
 
-from ._backend import Backend, Hold, Reporter, monotonic
+from ._backend import Backend, Hold, Loss, Reporter, monotonic
 from ._config import positive
-from ._errors import ElectionError, LeadershipLost
+from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
 from ._transitions import Transitions
@@ -68,7 +68,7 @@ def current_leadership() -> Leadership:
     work can call ``current_leadership().check()`` or read its ``token``
     without the leadership being passed down.
 
-    Raises :class:`~aioelect.ElectionError` outside leader work: code that
+    Raises :class:`~aioelect.UsageError` outside leader work: code that
     may only run as leader learns at once that it is not. A plain
     :meth:`Elector.acquire` sets nothing (it has no body to scope); use the
     :class:`Leadership` it returns. Inside leader work that has ended (its
@@ -77,7 +77,7 @@ def current_leadership() -> Leadership:
     """
     lead = _CURRENT.get()
     if lead is None:
-        raise ElectionError(
+        raise UsageError(
             "current_leadership() called outside leader work: it is set only inside "
             "'async with aioelect.leadership(elector)', Elector.run(work) and the tasks they start"
         )
@@ -206,7 +206,7 @@ class Leadership:
         #: Set, and replaced, at every transition: what waiters for a state wait on.
         self._changed = anyio.Event()
         #: Why it was lost: set with the move to LOSING.
-        self._lost_reason: str | None = None
+        self._loss: Loss | None = None
         self._work: list[_Work] = []
         self._keeper: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
@@ -229,9 +229,16 @@ class Leadership:
     @property
     def lost_reason(self) -> str | None:
         """Why leadership was lost, or None."""
-        if self._state in _LOSS:
-            return self._lost_reason
+        if self._state in _LOSS and self._loss is not None:
+            return self._loss.reason
         return "renew deadline exceeded" if self.lost else None
+
+    @property
+    def lost_kind(self) -> LossKind | None:
+        """Why leadership was lost, as a :class:`~aioelect.LossKind` a program can branch on; None unless lost."""
+        if self._state in _LOSS and self._loss is not None:
+            return self._loss.kind
+        return LossKind.SELF_FENCED if self.lost else None
 
     @property
     def held(self) -> bool:
@@ -244,7 +251,7 @@ class Leadership:
         Call it right before an action only the leader may take.
         """
         if not self.held:
-            raise LeadershipLost(self.lost_reason or "released")
+            raise LeadershipLost(self.lost_reason or "released", self.lost_kind)
 
     async def wait_lost(self) -> None:
         """Return when leadership is lost (never returns after a plain release)."""
@@ -319,7 +326,7 @@ class Leadership:
                 "that leads instead: acquire(timeout=...), asyncio.timeout() or anyio.fail_after()"
             )
             self._log.error("%s", reason)
-            self._mark_lost(reason)
+            self._mark_lost(Loss(LossKind.SELF_FENCED, reason))
         self._step(_Step.RELEASE)
 
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
@@ -350,11 +357,12 @@ class Leadership:
 
     # --- the keeper --------------------------------------------------------------
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, loss: Loss) -> None:
         if LEADERSHIP_TRANSITIONS.next(self._state, _Step.LOSS) is None:
             return
-        self._lost_reason = reason
+        self._loss = loss
         self._step(_Step.LOSS)
+        reason = loss.reason
         self._log.warning("leadership lost (%s); token=%s", reason, self.token)
         self._elector._emit("lost", token=self.token, reason=reason)
 
@@ -373,10 +381,10 @@ class Leadership:
 
     async def _until_lost(self) -> None:
         try:
-            reason = await self._hold.monitor(self._confirm)
+            found = await self._hold.monitor(self._confirm)
         except Exception as exc:  # a backend fault is a loss, never a crash
-            reason = f"monitor failed: {exc!r}"
-        self._mark_lost(reason)
+            found = f"monitor failed: {exc!r}"
+        self._mark_lost(found if isinstance(found, Loss) else Loss(LossKind.CONNECTION_LOST, found))
 
     async def _until_deadline(self) -> None:
         if self._deadline is None:
@@ -384,7 +392,9 @@ class Leadership:
         # Confirmations move the deadline, so sleep to it again until it holds.
         while (left := self._confirmed_at + self._deadline - monotonic()) > 0:  # noqa: ASYNC110
             await anyio.sleep(left)
-        self._mark_lost(f"renew deadline of {self._deadline:g}s exceeded without confirmation")
+        self._mark_lost(
+            Loss(LossKind.SELF_FENCED, f"renew deadline of {self._deadline:g}s exceeded without confirmation")
+        )
 
     async def _stop_work(self) -> None:
         # A task that called release() from inside its own work cannot wait for itself.
@@ -428,7 +438,7 @@ class Leadership:
                 "leader work still running %.1fs after it was cancelled, and leadership is lost (%s): releasing; "
                 "that work goes on without leadership until it stops (it stays cancelled)",
                 monotonic() - cancelled_at,
-                self._lost_reason,
+                self.lost_reason,
             )
 
     async def _release_backend(self) -> None:
@@ -514,7 +524,7 @@ class Elector:
     @identity.setter
     def identity(self, value: str) -> None:
         if self._state is not _State.IDLE:
-            raise ElectionError("identity can only change while the elector is idle")
+            raise UsageError("identity can only change while the elector is idle")
         self._identity = validate_identity(value)
         self._log.rebind(identity=value)
 
@@ -562,9 +572,12 @@ class Elector:
         3.10 and 3.11 it keeps the leadership bound to the caller, as
         ``asyncio.timeout()`` and ``anyio.fail_after()`` do.
 
-        Raises :class:`ElectionError` if this elector is already campaigning,
-        leading or closed, or for a permanent backend error. Transient server
-        errors are retried with backoff while campaigning.
+        Raises :class:`~aioelect.UsageError` if this elector is already
+        campaigning or leading, :class:`~aioelect.ElectorClosed` if it is
+        closed (or is closed while campaigning), and
+        :class:`~aioelect.PermanentBackendError` for a permanent backend
+        error. Transient server errors are retried with backoff while
+        campaigning.
         """
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -638,8 +651,10 @@ class Elector:
         while (previous := self._leadership) is not None and self._state is _State.LEADING and not previous.held:
             await previous._finished()
             self._ended(previous)  # a no-op once the keeper has let go: never a loop on a finished keeper
+        if self._state is _State.CLOSED:
+            raise ElectorClosed("acquire() on an elector that is closed")
         if self._state is not _State.IDLE:
-            raise ElectionError(f"acquire() on an elector that is {self._state.value}")
+            raise UsageError(f"acquire() on an elector that is {self._state.value}")
         if not self._timing_logged:
             self._timing_logged = True
             self._log.info("campaigning; %s", self._backend.describe_timing())
@@ -659,7 +674,7 @@ class Elector:
                     )
                     hold = await self._backend.campaign(self._identity)
             if scope.cancelled_caught:
-                raise ElectionError("elector closed while campaigning")
+                raise ElectorClosed("elector closed while campaigning")
         except BaseException:
             if self._state is _State.CAMPAIGNING:
                 self._state = _State.IDLE
@@ -679,7 +694,7 @@ class Elector:
         if self._state is _State.CLOSED:  # closed as the campaign won: give it back
             with anyio.CancelScope(shield=True):
                 await hold.release()
-            raise ElectionError("elector closed while campaigning")
+            raise ElectorClosed("elector closed while campaigning")
         return hold
 
     def _ended(self, lead: Leadership) -> None:
@@ -833,7 +848,7 @@ async def _scope(lead: Leadership) -> AsyncIterator[Leadership]:
         with lead._guard():
             yield lead
         if lead.lost:
-            raise LeadershipLost(lead.lost_reason or "lost")
+            raise LeadershipLost(lead.lost_reason or "lost", lead.lost_kind)
     finally:
         with contextlib.suppress(ValueError):  # a generator finalized in another context: nothing to undo here
             _CURRENT.reset(current)

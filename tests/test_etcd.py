@@ -205,7 +205,7 @@ async def test_etcd_refusing_a_lease_ttl_as_too_large_is_a_permanent_error(etcd:
     assert isinstance(backend, EtcdBackend)
     try:
         start = time.monotonic()
-        with pytest.raises(ElectionError, match=r"too large lease TTL.*9000000000") as raised:
+        with pytest.raises(aioelect.PermanentBackendError, match=r"too large lease TTL.*9000000000") as raised:
             await Session.grant(backend.conn, 10**10, interval=1, keepalive_timeout=1, request_timeout=2)
         assert not isinstance(raised.value, BackendUnavailable)
         assert time.monotonic() - start < 2
@@ -812,6 +812,7 @@ async def test_a_degraded_leadership_ends_as_soon_as_etcd_answers(
                 await degraded.wait_lost()
             took = time.monotonic() - healed
             assert "etcd answered" in (degraded.lost_reason or ""), degraded.lost_reason
+            assert degraded.lost_kind is aioelect.LossKind.RELEASED_BY_SERVER
             assert took < 3.0, f"the degraded leadership outlived etcd's answer by {took:.2f}s"
             await degraded.release()
             with anyio.fail_after(5):
@@ -863,7 +864,7 @@ async def _check_credentials(server: EtcdServer) -> None:
             server.endpoints, name=name, username="root", password="wrong-pw", degrade_to_local=degrade
         ) as elector:
             started = time.monotonic()
-            with pytest.raises(ElectionError, match="rejected the credentials") as info:
+            with pytest.raises(aioelect.PermanentBackendError, match="rejected the credentials") as info:
                 await elector.acquire()
             assert time.monotonic() - started < 2.0
             assert "wrong-pw" not in str(info.value)

@@ -19,7 +19,7 @@ import grpc
 
 from ..._backend import monotonic
 from ..._config import is_loopback, transport_warning
-from ..._errors import ElectionError
+from ..._errors import ElectionError, ElectorClosed, PermanentBackendError
 from ..._log import ElectionLog
 from ._calls import settle
 from ._channel import Channel
@@ -136,7 +136,7 @@ class Connection:
             return current  # the common case, without taking the lock (a checkpoint per request)
         async with self._connecting:
             if self.closed:
-                raise ElectionError("the elector is closed")
+                raise ElectorClosed("the elector is closed")
             current = self._current
             if current is not None and not current.retired.is_set():
                 return current
@@ -192,7 +192,7 @@ class Connection:
         if verdict is None:
             return failure
         self.log.debug("%s (gRPC said: %s)", verdict, failure)
-        return ElectionError(verdict)
+        return PermanentBackendError(verdict)
 
     def _rotate(self) -> None:
         self._index = (self._index + 1) % len(self.endpoints)

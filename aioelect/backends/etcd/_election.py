@@ -32,7 +32,7 @@ from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from ..._backend import Backend, Backoff
-from ..._errors import BackendUnavailable, ElectionError
+from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
 from ._connection import Connection
 from ._failures import Compacted, Retired, Transient
 from ._session import Session
@@ -141,7 +141,7 @@ class Election(Backend):
             key = bytes(kv.key)
             if b"/" in key[len(self.prefix) :]:
                 other = key[: key.rindex(b"/")].decode(errors="replace")
-                raise ElectionError(
+                raise PermanentBackendError(
                     f"etcd election {self.name!r} contains the keys of election {other!r} (key "
                     f"{key.decode(errors='replace')!r}): a name followed by '/' must not begin another election's "
                     f"name, since candidates of {self.name!r} would wait for those of {other!r}; rename one of them"

@@ -14,7 +14,7 @@ from typing import Any
 
 import grpc
 
-from ..._errors import ElectionError
+from ..._errors import ElectionError, PermanentBackendError
 from ._endpoints import Endpoint
 
 __all__ = ["MAX_TTL", "Compacted", "Retired", "SessionEnded", "Transient", "classify", "rpc_error"]
@@ -96,19 +96,19 @@ def classify(exc: BaseException, what: str, endpoint: Endpoint, username: str | 
     details = str(error.details() or code.name)
     etcd_said = details.removeprefix("etcdserver: ")
     if "authentication failed" in details:
-        return ElectionError(f"etcd at {endpoint} rejected the credentials of user {username!r}: {etcd_said}")
+        return PermanentBackendError(f"etcd at {endpoint} rejected the credentials of user {username!r}: {etcd_said}")
     if "too large lease TTL" in details:
-        return ElectionError(
+        return PermanentBackendError(
             f"etcd at {endpoint} refused {what}: {etcd_said} (etcd grants leases of at most {MAX_TTL} seconds)"
         )
     if "user name is empty" in details:
-        return ElectionError(f"etcd at {endpoint} has authentication enabled: pass username and password")
+        return PermanentBackendError(f"etcd at {endpoint} has authentication enabled: pass username and password")
     permanent = code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED) or (
         code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
         and not any(text in details for text in _RETRYABLE_DETAILS)
     )
     if permanent:
-        return ElectionError(f"etcd at {endpoint} refused {what}: {etcd_said}")
+        return PermanentBackendError(f"etcd at {endpoint} refused {what}: {etcd_said}")
     answered = details.startswith("etcdserver:") or code in (
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.OUT_OF_RANGE,

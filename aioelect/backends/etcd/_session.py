@@ -20,7 +20,7 @@ import anyio
 from aetcd import rpc
 
 from ..._backend import Backoff, Confirm, monotonic
-from ..._errors import ElectionError
+from ..._errors import ElectionError, LossKind, PermanentBackendError
 from ..._log import ElectionLog
 from ._connection import Connection
 from ._failures import SessionEnded, Transient
@@ -67,6 +67,8 @@ class Session:
         self.request_timeout = request_timeout
         self.done = anyio.Event()
         self.reason: str | None = None
+        #: What kind of loss the end of this session is for a leadership on it (set with ``reason``).
+        self.kind = LossKind.CONNECTION_LOST
         self.listeners: set[Confirm] = set()
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -114,7 +116,7 @@ class Session:
         if ttl > reply.TTL:
             with anyio.CancelScope(shield=True), anyio.move_on_after(request_timeout):
                 await _revoke(conn, lease_id, request_timeout)
-            raise ElectionError(
+            raise PermanentBackendError(
                 f"etcd granted a {reply.TTL}s lease for the {ttl}s asked: the keep-alive interval and renew_deadline "
                 f"are computed from ttl, so the lease could expire while a leader still counts on it; refusing to "
                 f"campaign on it (lower ttl and renew_deadline to fit what etcd grants)"
@@ -149,15 +151,16 @@ class Session:
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.conn.log.error("keep-alive of lease %x failed", self.lease_id, exc_info=task.exception())
-            self._end(f"keep-alive failed: {task.exception()!r}")
+            self._end(f"keep-alive failed: {task.exception()!r}", LossKind.CONNECTION_LOST)
 
     def expire(self, reason: str) -> None:
         """End the session because etcd says its lease is gone."""
-        self._end(reason)
+        self._end(reason, LossKind.EXPIRED)
 
-    def _end(self, reason: str) -> None:
+    def _end(self, reason: str, kind: LossKind) -> None:
         if self.reason is None:
             self.reason = reason
+            self.kind = kind
             self.conn.log.debug("session %x ended: %s", self.lease_id, reason)
         self.done.set()
 
@@ -183,7 +186,7 @@ class Session:
             direct=True,
         )
         if ttl <= 0:
-            self._end("etcd reports the lease expired or revoked")
+            self._end("etcd reports the lease expired or revoked", LossKind.EXPIRED)
             raise SessionEnded(self.reason or "lease gone")
         self._confirmed(sent)
         return sent
@@ -195,7 +198,7 @@ class Session:
             await anyio.sleep(max(0.0, next_at - monotonic()))
             left = self.confirmed_at + self.ttl - monotonic()
             if left <= 0:
-                self._end(f"no keep-alive succeeded for {self.ttl}s: the lease may have expired")
+                self._end(f"no keep-alive succeeded for {self.ttl}s: the lease may have expired", LossKind.EXPIRED)
                 return
             try:
                 with anyio.fail_after(left):
@@ -203,7 +206,7 @@ class Session:
             except SessionEnded:
                 return
             except ElectionError as exc:
-                self._end(f"keep-alive refused: {exc}")
+                self._end(f"keep-alive refused: {exc}", LossKind.RELEASED_BY_SERVER)
                 return
             except (Transient, TimeoutError) as exc:
                 delay = backoff.next_delay()
@@ -234,7 +237,7 @@ class Session:
             task.cancel()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait([task])
-        self._end("session closed")
+        self._end("session closed", LossKind.CONNECTION_LOST)
 
     async def close(self) -> None:
         """Stop the keep-alives, then revoke the lease (at most ``request_timeout``). Idempotent.

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from ..._errors import ElectionError
+from ..._errors import PermanentBackendError
 from ._calls import consume
 from ._channel import Channel
 from ._failures import Compacted, Retired, Transient
@@ -54,7 +54,7 @@ def check_response(response: Any, channel: Channel, what: str, retire: Callable[
     if response.canceled:
         reason = str(response.cancel_reason) or "no reason given"
         if "permission denied" in reason:
-            raise ElectionError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
+            raise PermanentBackendError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
         raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered=True)
     return response
 
