@@ -30,6 +30,7 @@ from ._config import positive
 from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
+from ._tasks import TaskSet, first_of
 from ._transitions import Transitions
 
 __all__ = [
@@ -94,18 +95,6 @@ def validate_identity(identity: str) -> str:
     if not isinstance(identity, str) or not _IDENTITY_RE.match(identity):
         raise ValueError("identity must be 1 to 128 printable ASCII characters, not starting with a space")
     return identity
-
-
-async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
-    """Return as soon as one of ``waits`` returns; the others are cancelled."""
-    async with anyio.create_task_group() as tg:
-
-        async def one(wait: Callable[[], Awaitable[object]]) -> None:
-            await wait()
-            tg.cancel_scope.cancel()
-
-        for wait in waits:
-            tg.start_soon(one, wait)
 
 
 class _State(enum.Enum):
@@ -274,6 +263,15 @@ class Leadership:
         with anyio.CancelScope(shield=True):
             await self._finished()
 
+    async def _finished(self) -> None:
+        """Return once the backend has let go (or the keeper gave up on it) and the keeper has ended."""
+        await self._until(LEADERSHIP_TRANSITIONS.final)
+        keeper = self._keeper
+        if keeper is not None and keeper is not asyncio.current_task():
+            # The keeper ends right after it finishes the leadership: no task outlives what it kept.
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([keeper])
+
     def _step(self, step: _Step) -> bool:
         """Take ``step`` if the table allows it from the current state; whether the state changed."""
         target = LEADERSHIP_TRANSITIONS.next(self._state, step)
@@ -287,10 +285,6 @@ class Leadership:
     async def _until(self, states: frozenset[_Lead]) -> None:
         while self._state not in states:
             await self._changed.wait()
-
-    async def _finished(self) -> None:
-        """Return once the backend has let go (or the keeper gave up on it)."""
-        await self._until(LEADERSHIP_TRANSITIONS.final)
 
     def _deadline_passed(self) -> bool:
         return self._deadline is not None and monotonic() - self._confirmed_at >= self._deadline
@@ -308,8 +302,9 @@ class Leadership:
         self._owner = owner
         if owner is not None:
             owner.add_done_callback(self._owner_done)
-        self._keeper = asyncio.get_running_loop().create_task(self._keep(), name=f"aioelect-keeper-{self.identity}")
-        self._keeper.add_done_callback(self._keeper_done)
+        self._keeper = self._elector._tasks.start(
+            self._keep(), name=f"aioelect-keeper-{self.identity}", on_done=self._keeper_done
+        )
 
     def _owner_done(self, task: asyncio.Task[Any]) -> None:
         if (
@@ -424,7 +419,7 @@ class Leadership:
             )
             while self._state is _Lead.RELEASING and running():
                 with anyio.move_on_after(STILL_RUNNING_LOG_INTERVAL):
-                    await _first(all_stopped, self.wait_lost)
+                    await first_of(all_stopped, self.wait_lost)
                 if self._state is _Lead.RELEASING and running():
                     self._log.error(
                         "leader work still running %.1fs after it was cancelled; keeping the lock until it stops",
@@ -490,6 +485,8 @@ class Elector:
         self._state = _State.IDLE
         self._leadership: Leadership | None = None
         self._campaign_scope: anyio.CancelScope | None = None
+        #: The keeper of each leadership and the leader watch of each campaign: cancelled and awaited by aclose().
+        self._tasks = TaskSet()
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
         backend.attach(
             Reporter(self._log, lambda reason: self._emit("error", reason=reason), on_leader=self._saw_leader)
@@ -669,7 +666,7 @@ class Elector:
                 if once:
                     hold = await self._backend.try_campaign(self._identity)
                 else:
-                    watcher = asyncio.get_running_loop().create_task(
+                    watcher = self._tasks.start(
                         self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
                     )
                     hold = await self._backend.campaign(self._identity)
@@ -684,9 +681,10 @@ class Elector:
             if watcher is not None:
                 stopped.set()
                 watcher.cancel()
-                # Usually done at once; one still opening a connection finishes (and closes it) on its own.
+                # Usually done at once; one still opening a connection finishes (and closes it) on its own,
+                # still owned by this elector: aclose() waits for it.
                 with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
-                    await asyncio.gather(watcher, return_exceptions=True)
+                    await asyncio.wait([watcher])
         if hold is None:
             if self._state is _State.CAMPAIGNING:
                 self._state = _State.IDLE
@@ -806,6 +804,7 @@ class Elector:
             self._campaign_scope.cancel()
         if self._leadership is not None:
             await self._leadership.release()
+        await self._tasks.aclose()
         with anyio.CancelScope(shield=True):
             await self._backend.aclose()
 

@@ -34,7 +34,7 @@ from aetcd import rpc
 from ..._backend import Backoff, Hold, monotonic
 from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
-from ._calls import first_of
+from ..._tasks import first_of
 from ._degraded import DegradedHold
 from ._election import RANGE_WAIT_MAX, Election, KeyLost
 from ._failures import SessionEnded, Transient

@@ -15,7 +15,7 @@ import anyio
 
 from ..._backend import Confirm, Hold, Loss, monotonic
 from ..._errors import ElectionError, LossKind
-from ._calls import first_of
+from ..._tasks import first_of
 from ._connection import Connection
 from ._failures import Transient
 

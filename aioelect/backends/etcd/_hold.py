@@ -17,7 +17,7 @@ from aetcd import rpc
 from ..._backend import Backoff, Confirm, Hold, Loss
 from ..._errors import ElectionError, LossKind
 from ..._log import ElectionLog
-from ._calls import first_of
+from ..._tasks import first_of
 from ._connection import Connection
 from ._election import DELETE, OpenWatch
 from ._failures import Retired, Transient

@@ -22,6 +22,7 @@ from aetcd import rpc
 from ..._backend import Backoff, Confirm, monotonic
 from ..._errors import ElectionError, LossKind, PermanentBackendError
 from ..._log import ElectionLog
+from ..._tasks import TaskSet
 from ._connection import Connection
 from ._failures import SessionEnded, Transient
 from ._keepalive import keepalives
@@ -70,7 +71,8 @@ class Session:
         #: What kind of loss the end of this session is for a leadership on it (set with ``reason``).
         self.kind = LossKind.CONNECTION_LOST
         self.listeners: set[Confirm] = set()
-        self._task: asyncio.Task[None] | None = None
+        #: The keep-alive loop: owned by the session, stopped and awaited by stop().
+        self._tasks = TaskSet()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -132,9 +134,9 @@ class Session:
             keepalive_timeout=keepalive_timeout,
             request_timeout=request_timeout,
         )
-        task = asyncio.get_running_loop().create_task(session._keep_alive(), name=f"aioelect-etcd-lease-{lease_id:x}")
-        task.add_done_callback(session._keeper_done)
-        session._task = task
+        session._tasks.start(
+            session._keep_alive(), name=f"aioelect-etcd-lease-{lease_id:x}", on_done=session._keeper_done
+        )
         return session
 
     @classmethod
@@ -232,11 +234,7 @@ class Session:
     async def stop(self) -> None:
         """Stop the keep-alives and wait until they have stopped. Idempotent; never interrupted."""
         self.listeners.clear()
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait([task])
+        await self._tasks.aclose()
         self._end("session closed", LossKind.CONNECTION_LOST)
 
     async def close(self) -> None:

@@ -18,7 +18,7 @@ import grpc
 from aetcd import rpc
 
 from ..._errors import PermanentBackendError
-from ._calls import consume
+from ..._tasks import consume
 from ._channel import Channel
 from ._failures import Compacted, Retired, Transient
 
