@@ -26,6 +26,7 @@ import pytest
 import aioelect
 from aioelect import BackendUnavailable, ElectionError, Elector, EtcdElector
 from aioelect.backends.etcd import EtcdBackend, parse_endpoints
+from aioelect.backends.etcd._election import Turn
 from aioelect.backends.etcd._session import Session
 
 from .backends import Follower
@@ -571,9 +572,11 @@ async def test_a_predecessor_gone_before_its_watch_starts_is_read_again_not_wait
     assert kv is not None and bytes(kv.key).decode() == predecessor
     await ctl(etcd, "del", predecessor)  # gone between our read and our watch
     with anyio.fail_after(2):
-        assert await backend._wait_deleted(predecessor.encode(), read_at, shortcut=True) is False
+        waited = await backend._wait_turn(predecessor.encode(), read_at, shortcut=True)
+        assert waited.turn is Turn.SKIPPED and waited.watch is None
         # Not twice in a row: the next wait sees the deletion through the watch itself (it is never missed).
-        assert await backend._wait_deleted(predecessor.encode(), read_at, shortcut=False) is True
+        waited = await backend._wait_turn(predecessor.encode(), read_at, shortcut=False)
+        assert waited.turn is Turn.READ_AGAIN and waited.watch is None
 
 
 async def test_lease_revoked_between_campaigns_campaigns_with_a_new_one(

@@ -31,14 +31,15 @@ from typing import TYPE_CHECKING
 import anyio
 from aetcd import rpc
 
-from ..._backend import Backoff, Hold, monotonic
+from ..._backend import Backoff, Hold
 from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
 from ..._tasks import first_of
 from ._degraded import DegradedHold
-from ._election import RANGE_WAIT_MAX, Election, KeyLost
+from ._election import RANGE_WAIT_MAX, Election, KeyLost, Turn
 from ._failures import SessionEnded, Transient
 from ._hold import EtcdHold
+from ._leases import LeaseMode, OwnLeases, SharedLease
 from ._options import EtcdOptions, EtcdSettings, _Named
 from ._session import Session, connect
 from ._shared import EtcdSession
@@ -78,8 +79,12 @@ class EtcdBackend(Election):
             conn = session.conn
         super().__init__(settings.name, conn, request_timeout=settings.connect_timeout)
         self.settings = settings
-        #: The shared session this elector campaigns on, or None: sessions of its own.
-        self.shared = session
+        #: Whose lease this elector campaigns under: its own, or a shared session's.
+        self.leases: LeaseMode = (
+            OwnLeases(conn, settings)
+            if session is None
+            else SharedLease(session, lambda: session.leave(settings.name, self))
+        )
         self.ttl = settings.ttl
         self.keepalive_interval = settings.keepalive_interval
         self._renew_deadline = settings.renew_deadline
@@ -87,9 +92,6 @@ class EtcdBackend(Election):
         self.connect_timeout = settings.connect_timeout
         self.release_timeout = settings.release_timeout
         self.degrade_to_local = settings.degrade_to_local
-        #: Every session of its own not yet stopped; ``session`` is the one the next campaign uses, if still alive.
-        self.sessions: set[Session] = set()
-        self.session: Session | None = None
         self.degraded: DegradedHold | None = None
 
     @property
@@ -102,13 +104,8 @@ class EtcdBackend(Election):
             if self.degrade_to_local
             else "waits for etcd if it cannot be reached"
         )
-        shared = (
-            " on a shared EtcdSession (its lease's end ends every elector's leadership on it)"
-            if self.shared is not None
-            else ""
-        )
         return (
-            f"ttl={self.ttl}s{shared} keep-alive every {self.keepalive_interval:.3g}s "
+            f"ttl={self.ttl}s{self.leases.describe} keep-alive every {self.keepalive_interval:.3g}s "
             f"(timeout {self.session_keepalive_timeout:.3g}s) renew_deadline={self._renew_deadline:.3g}s "
             f"connect_timeout={self.connect_timeout:g}s endpoints={self.conn.describe()}: "
             f"a resigning leader is replaced at once, a crashed or cut-off one after about {self.ttl}s "
@@ -118,54 +115,17 @@ class EtcdBackend(Election):
 
     # --- campaign ------------------------------------------------------------------
 
-    def reusable(self, session: Session) -> bool:
-        """True if ``session`` may serve the next campaign: current, alive, and renewed within ``renew_deadline``.
-
-        A shared session serves on while it is alive: its lease is not ours to revoke.
-        """
-        if self.shared is not None:
-            return not session.done.is_set() and not self.conn.closed
-        return (
-            session is self.session
-            and not session.done.is_set()
-            and not self.conn.closed
-            and monotonic() - session.confirmed_at < self._renew_deadline
-        )
-
-    async def drop(self, session: Session) -> None:
-        """Stop ``session``'s keep-alives and forget it (its lease is revoked or left to expire by the caller)."""
-        await session.stop()
-        self.sessions.discard(session)
-        if self.session is session:
-            self.session = None
-
     def keeps(self, session: Session, *, lost: bool) -> bool:
-        """After a successful resign: whether ``session`` serves the next campaign (else its lease is revoked).
-
-        A shared session always does: the next campaign on it replaces it if its lease has ended.
-        """
-        return self.shared is not None or (not lost and self.reusable(session))
+        """After a successful resign: whether ``session`` serves the next campaign (else its lease is revoked)."""
+        return self.leases.keeps(session, lost=lost)
 
     async def end_session(self, session: Session, why: str) -> None:
-        """Revoke ``session``'s lease; the caller bounds it (then calls :meth:`forget`).
-
-        On a shared session this ends the lease of every elector on it: done
-        only when a key of ours could otherwise outlive its release.
-        """
-        if self.shared is not None:
-            await self.shared.end(session, why)
-        else:
-            await session.close()
+        """Revoke ``session``'s lease; the caller bounds it (then calls :meth:`forget`)."""
+        await self.leases.end(session, why)
 
     async def forget(self, session: Session, why: str) -> None:
-        """Stop ``session``'s keep-alives and forget it, after :meth:`end_session` or instead of it. Never interrupted.
-
-        A shared session whose lease could not be revoked is stopped, so that it expires within ``ttl``.
-        """
-        if self.shared is not None:
-            await self.shared.end(session, why, revoke=False)
-        else:
-            await self.drop(session)
+        """Stop ``session``'s keep-alives and forget it, after :meth:`end_session` or instead of it."""
+        await self.leases.forget(session, why)
 
     async def campaign(self, identity: str) -> Hold:
         try:
@@ -173,29 +133,12 @@ class EtcdBackend(Election):
         finally:
             self.end_view()
 
-    async def _live_session(self) -> Session:
-        """The session to campaign with: the current one while it lives, else a new one (Transient if etcd fails)."""
-        if self.shared is not None:
-            return await self.shared.current()
-        session = self.session
-        if session is not None and session.done.is_set():
-            # Ended between two campaigns (revoked, expired, keep-alives failing): revoke what may be left.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
-                await session.close()
-            await self.drop(session)
-            session = None
-        if session is None:
-            session = await Session.start(self.conn, self.settings)
-            self.session = session
-            self.sessions.add(session)
-        return session
-
     async def _campaign(self, identity: str) -> Hold:
         value = identity.encode()
         backoff = Backoff(first=0.1, maximum=2.0)
         while True:
             try:
-                session = await self._live_session()
+                session = await self.leases.live()
             except Transient as exc:
                 # Only an etcd that never answered this elector: after any contact, another
                 # candidate may lead on etcd, and leading locally would be a second leader.
@@ -218,7 +161,7 @@ class EtcdBackend(Election):
         """
         value = identity.encode()
         try:
-            session = await self._live_session()
+            session = await self.leases.live()
         except Transient as exc:
             raise BackendUnavailable(f"cannot start an etcd session ({exc})") from None
         key = self.prefix + f"{session.lease_id:x}".encode()
@@ -285,8 +228,9 @@ class EtcdBackend(Election):
             # leader, our key standing under our lease; otherwise, or if anything else happened, read.
             small = self.crowd is not None and self.crowd <= RANGE_WAIT_MAX
             ours = (key, revision, session.lease_id) if small else None
-            shortcut, won = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
-            if won is not None:
+            waited = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
+            shortcut = waited.turn is not Turn.SKIPPED
+            if waited.turn is Turn.LEADING and (won := waited.watch) is not None:
                 return EtcdHold(
                     self, session, key, revision, session.confirmed_at, watch_from=won.revision + 1, watching=won
                 )
@@ -312,10 +256,10 @@ class EtcdBackend(Election):
                             withdrawn = True
                         except (Transient, ElectionError) as exc:
                             self.log.debug("deleting our candidate key failed (%s); the lease's end removes it", exc)
-                    if not (withdrawn and self.shared is not None):
+                    if not self.leases.kept_after_withdraw(withdrawn):
                         await self.end_session(session, "a candidate key could not be withdrawn")
             finally:
-                if not (withdrawn and self.shared is not None):
+                if not self.leases.kept_after_withdraw(withdrawn):
                     await self.forget(session, "a candidate key could not be withdrawn")
 
     def _degrade(self, identity: str, exc: Transient) -> Hold:
@@ -340,17 +284,6 @@ class EtcdBackend(Election):
         return self.degraded.identity if self.degraded is not None else None
 
     async def aclose(self) -> None:
-        """Revoke every lease (the kept session's included), then close the connection.
-
-        On a shared session: leave it (its lease and connection are the session's).
-        """
-        if self.shared is not None:
-            self.shared.leave(self.name, self)
-            return
-        for session in list(self.sessions):
-            with anyio.move_on_after(self.release_timeout):
-                await session.close()
-            await self.drop(session)
-        self.sessions.clear()
-        self.session = None
-        await self.conn.aclose()
+        """Free what the lease mode owns: every lease of our own and the connection, or our place on a shared
+        session (its lease and connection are the session's)."""
+        await self.leases.aclose()

@@ -23,6 +23,7 @@ first, when the predecessor went.
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -38,7 +39,7 @@ from ._failures import Compacted, Retired, Transient
 from ._session import Session
 from ._watch import WatchStream
 
-__all__ = ["DELETE", "RANGE_WAIT_MAX", "Election", "KeyLost", "OpenWatch"]
+__all__ = ["DELETE", "RANGE_WAIT_MAX", "Election", "KeyLost", "OpenWatch", "Turn", "Waited"]
 
 DELETE = rpc.Event.DELETE
 #: Up to this many candidates, a waiting candidate watches the keys from its predecessor's to its own (see
@@ -96,6 +97,26 @@ class OpenWatch:
         """Cancel the watch; never interrupted."""
         with anyio.CancelScope(shield=True):
             await self._stack.aclose()
+
+
+class Turn(enum.Enum):
+    """What a wait for the predecessor's deletion found (:meth:`Election._wait_turn`)."""
+
+    #: The store had moved past the read before the watch began: read again now (not twice in a row).
+    SKIPPED = "skipped"
+    #: The predecessor may be gone, or our key changed, or the watch broke: read again.
+    READ_AGAIN = "read again"
+    #: The predecessor went while our key stood first under our lease: we lead (see :class:`Waited`).
+    LEADING = "leading"
+
+
+@dataclass(frozen=True)
+class Waited:
+    """A :class:`Turn`, and for :attr:`Turn.LEADING` the watch that proved it, open on our key from its
+    :attr:`OpenWatch.revision` (the leadership goes on watching with it)."""
+
+    turn: Turn
+    watch: OpenWatch | None = None
 
 
 class KeyLost(Exception):
@@ -356,26 +377,21 @@ class Election(Backend):
         self._saw(leader, key, revision, predecessor, int(reply.header.revision))
         return predecessor, int(reply.header.revision)
 
-    async def _wait_deleted(self, predecessor: bytes, read_at: int, *, shortcut: bool) -> bool:
-        """Return once ``predecessor`` may be gone (key.go ``waitDelete``); the caller reads again.
+    async def _wait_turn(
+        self, predecessor: bytes, read_at: int, *, shortcut: bool, ours: tuple[bytes, int, int] | None = None
+    ) -> Waited:
+        """Return once ``predecessor`` may be gone (key.go ``waitDelete``), saying what the wait found.
 
         The watch starts at ``read_at + 1``: a watch starting at or below the
         store's current revision is served on etcd's slow path (its events
         come from a background loop, up to 100 ms late). If the store has
         moved past ``read_at`` by the time etcd creates the watch, and
-        ``shortcut`` allows, return at once instead: reading again is faster.
-        Returns whether the next wait may take that shortcut again (not twice
-        in a row, so that a busy prefix cannot keep us reading).
-        """
-        shortcut, _ = await self._wait_turn(predecessor, read_at, shortcut=shortcut)
-        return shortcut
+        ``shortcut`` allows, return :attr:`Turn.SKIPPED` at once instead:
+        reading again is faster (the caller does not allow it twice in a
+        row, so that a busy prefix cannot keep us reading).
 
-    async def _wait_turn(
-        self, predecessor: bytes, read_at: int, *, shortcut: bool, ours: tuple[bytes, int, int] | None = None
-    ) -> tuple[bool, OpenWatch | None]:
-        """:meth:`_wait_deleted`; with ``ours``, also tell when the deletion makes us the leader, without a read.
-
-        ``ours`` is (our key, its create revision, our lease): one watch then
+        With ``ours``, also tell when the deletion makes us the leader,
+        without a read (:attr:`Turn.LEADING`). ``ours`` is (our key, its create revision, our lease): one watch then
         covers both keys (from the lower to the higher), so that etcd
         delivers their events in revision order. If ``predecessor`` led in a
         read before its deletion at revision R (the campaign's, or the
@@ -383,10 +399,9 @@ class Election(Backend):
         no key older than ours but it existed then, and none can be created
         later; so its deletion at R with our key untouched up to R (no
         delete, no other create revision or lease) means that at R our key
-        stood first, under our lease. The watch is then returned open
+        stood first, under our lease. The watch is then handed over open
         (:attr:`OpenWatch.revision` is R): it goes on watching our key for
-        the leadership. Any other outcome returns None there and the caller
-        reads again.
+        the leadership. Any other outcome is :attr:`Turn.READ_AGAIN`.
         """
         key, range_end = predecessor, None
         if ours is not None:
@@ -398,18 +413,18 @@ class Election(Backend):
                 self.conn, key, range_end=range_end, start_revision=read_at + 1, no_put=ours is None
             )
             if shortcut and watching.stream.created_revision > read_at:
-                return False, None
+                return Waited(Turn.SKIPPED)
             while True:
                 events = (await watching.stream.next()).events
                 if ours is not None and any(_changed(event, *ours) for event in events):
-                    return True, None
+                    return Waited(Turn.READ_AGAIN)
                 gone = [int(e.kv.mod_revision) for e in events if e.type == DELETE and bytes(e.kv.key) == predecessor]
                 if gone and ours is not None and self._led_before(predecessor, ours[0], ours[1], gone[0]):
                     watching.revision = gone[0]
                     handed, watching = watching, None
-                    return True, handed
+                    return Waited(Turn.LEADING, handed)
                 if gone:
-                    return True, None
+                    return Waited(Turn.READ_AGAIN)
         except (Retired, Compacted):
             pass  # look again
         except Transient as exc:
@@ -419,7 +434,7 @@ class Election(Backend):
         finally:
             if watching is not None:
                 await watching.close()
-        return True, None
+        return Waited(Turn.READ_AGAIN)
 
     def _led_before(self, predecessor: bytes, ours: bytes, created: int, revision: int) -> bool:
         """Whether a read of this campaign, before ``revision``, found ``predecessor`` leading beside our key.
