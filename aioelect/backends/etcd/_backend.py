@@ -131,7 +131,7 @@ class EtcdBackend(Election):
         try:
             return await self._campaign(identity)
         finally:
-            self.end_view()
+            self.sight.end()
 
     async def _campaign(self, identity: str) -> Hold:
         value = identity.encode()
@@ -176,7 +176,7 @@ class EtcdBackend(Election):
             won = True
             return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
         finally:
-            self.end_view()
+            self.sight.end()
             if not won:
                 await self._withdraw(session, key)
 

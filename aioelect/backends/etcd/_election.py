@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,7 +39,7 @@ from ._failures import Compacted, Retired, Transient
 from ._session import Session
 from ._watch import WatchStream
 
-__all__ = ["DELETE", "RANGE_WAIT_MAX", "Election", "KeyLost", "OpenWatch", "Turn", "Waited"]
+__all__ = ["DELETE", "RANGE_WAIT_MAX", "Election", "KeyLost", "OpenWatch", "Sight", "Turn", "View", "Waited"]
 
 DELETE = rpc.Event.DELETE
 #: Up to this many candidates, a waiting candidate watches the keys from its predecessor's to its own (see
@@ -55,10 +55,7 @@ def _identity(value: bytes) -> str:
 class View:
     """What a campaign last read of the election: who led at ``revision``, for one incarnation of our key.
 
-    A view is a value with one owner, the campaign: :class:`Election`
-    replaces it with the campaign's own reads, and with a read of the leader
-    watch only if that read was taken for the view still current, and after
-    it (:meth:`Election._saw_later`). A late reply for an earlier view is dropped.
+    A value: only :class:`Sight` holds the current one, and replaces it.
     """
 
     #: The leader's key and identity (None: nobody), our key, and the key we wait for.
@@ -69,6 +66,66 @@ class View:
     revision: int
     #: Our key's create revision: the same key bytes put again (after a delete by hand) are another candidate.
     created: int
+
+
+class Sight:
+    """The election as the current campaign last read it: the one owner of the current :class:`View`.
+
+    Guarantees: the view is replaced only by a read that cannot be older
+    than it. The campaign's own reads (:meth:`read`) replace a view of an
+    earlier incarnation of our key, or of the same one read at a revision
+    not below it; a read of the leader watch (:meth:`read_later`) replaces
+    only the view it was taken for, while that view is still current, and
+    only if it was read after it. A late reply for an earlier view is
+    dropped, so a read from before our key was put again can never stand
+    for the key now.
+    """
+
+    def __init__(self, report: Callable[[str | None], None]) -> None:
+        self._report = report
+        self._view: View | None = None
+        self._changed = anyio.Event()
+
+    @property
+    def current(self) -> View | None:
+        """The current view; None outside a campaign."""
+        return self._view
+
+    @property
+    def changed(self) -> anyio.Event:
+        """Set when :attr:`current` is replaced (take it together with :attr:`current`)."""
+        return self._changed
+
+    def read(self, view: View) -> None:
+        """A campaign's own read: made current unless the current view is of this incarnation and newer."""
+        now = self._view
+        if now is not None and (now.ours, now.created) == (view.ours, view.created) and view.revision < now.revision:
+            return
+        self._replace(view)
+
+    def read_later(self, base: View, kv: Any, revision: int) -> None:
+        """The leader watch's read for ``base``: current only if ``base`` still is, and the read is after it."""
+        if self._view is not base or revision <= base.revision:
+            return
+        leader = None if kv is None else bytes(kv.key)
+        identity = None if kv is None else _identity(kv.value)
+        self._replace(replace(base, leader=leader, identity=identity, revision=revision))
+
+    def end(self) -> None:
+        """The campaign ended: nothing to watch for it any more."""
+        self._view = None
+        self._wake()
+
+    def _replace(self, view: View) -> None:
+        """Make ``view`` current, wake the leader watch, and report the leader unless it is us (we won)."""
+        self._view = view
+        self._wake()
+        if view.leader != view.ours:
+            self._report(view.identity)
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
 
 
 def _changed(event: Any, key: bytes, revision: int, lease: int) -> bool:
@@ -140,9 +197,8 @@ class Election(Backend):
         self._prefix_end = prefix_range_end(self.prefix)
         #: How many candidates the last campaign transaction saw (None: unknown).
         self.crowd: int | None = None
-        #: The election as the current campaign last read it; None outside a campaign.
-        self.view: View | None = None
-        self._view_changed = anyio.Event()
+        #: The election as the current campaign last read it.
+        self.sight = Sight(lambda identity: self._reporter.leader(identity))
 
     def local_leader(self) -> str | None:
         """The identity leading without etcd (see :mod:`._degraded`), or None."""
@@ -189,7 +245,7 @@ class Election(Backend):
         )
 
     def _saw(self, kvs: Any, ours: bytes, created: int, predecessor: bytes | None, revision: int) -> None:
-        """Record the leader a campaign transaction read (:meth:`_see`).
+        """Record the leader a campaign transaction read (:meth:`Sight.read`).
 
         ``created`` is our key's create revision, ``revision`` the one the
         transaction read at (not below ``created``).
@@ -197,34 +253,7 @@ class Election(Backend):
         kv = kvs[0] if kvs else None
         leader = None if kv is None else bytes(kv.key)
         identity = None if kv is None else _identity(kv.value)
-        self._see(View(leader, identity, ours, predecessor, revision, created))
-
-    def _saw_later(self, view: View, kv: Any, revision: int) -> None:
-        """Record the leader the leader watch read for ``view``, only if ``view`` is still current and older.
-
-        The read may come back late: meanwhile the campaign may have read the
-        election again, or put its key again. Such a reply describes a view
-        that is gone and is dropped.
-        """
-        if self.view is not view or revision <= view.revision:
-            return
-        leader = None if kv is None else bytes(kv.key)
-        identity = None if kv is None else _identity(kv.value)
-        self._see(replace(view, leader=leader, identity=identity, revision=revision))
-
-    def _see(self, view: View) -> None:
-        """Make ``view`` current, wake the leader watch, and report the leader unless it is us (we won)."""
-        self.view = view
-        self._view_changed.set()
-        self._view_changed = anyio.Event()
-        if view.leader != view.ours:
-            self._reporter.leader(view.identity)
-
-    def end_view(self) -> None:
-        """The campaign ended: nothing to watch for it any more."""
-        self.view = None
-        self._view_changed.set()
-        self._view_changed = anyio.Event()
+        self.sight.read(View(leader, identity, ours, predecessor, revision, created))
 
     async def watch(self) -> AsyncIterator[str | None]:
         """Leaders for a campaign's watch, at no cost while the leader is the key the campaign waits for.
@@ -236,7 +265,7 @@ class Election(Backend):
         """
         backoff = Backoff(first=0.1, maximum=2.0)
         while True:
-            view, changed = self.view, self._view_changed
+            view, changed = self.sight.current, self.sight.changed
             if view is None or view.leader is None or view.leader in (view.ours, view.predecessor):
                 await changed.wait()
                 continue
@@ -249,19 +278,19 @@ class Election(Backend):
                         if not gone and response.events:
                             yield _identity(response.events[-1].kv.value)
                 kv, revision = await self.first_candidate()
-                self._saw_later(view, kv, revision)
+                self.sight.read_later(view, kv, revision)
                 backoff.reset()
             except (Transient, Compacted) as exc:
                 if self.conn.closed:
                     return
                 self.log.debug("leader watch interrupted (%s); reading again", exc)
                 await anyio.sleep(backoff.next_delay())
-                if self.view is view:
+                if self.sight.current is view:
                     try:
                         kv, revision = await self.first_candidate()
                     except Transient:
                         continue
-                    self._saw_later(view, kv, revision)
+                    self.sight.read_later(view, kv, revision)
 
     async def first_candidate(self) -> tuple[Any, int]:
         """(the KeyValue with the lowest create revision under the prefix, or None; header revision)."""
@@ -443,7 +472,7 @@ class Election(Backend):
         proves it: a read from before (of an earlier key with the same bytes)
         says nothing about the keys created before this one.
         """
-        view = self.view
+        view = self.sight.current
         return (
             view is not None
             and view.ours == ours
