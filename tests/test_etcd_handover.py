@@ -16,7 +16,7 @@ from aetcd import rpc
 from aioelect import EtcdElector, Leadership
 from aioelect.backends.etcd import EtcdBackend
 from aioelect.backends.etcd._election import Sight, View
-from aioelect.backends.etcd._failures import Transient
+from aioelect.backends.etcd._failures import Failure, Transient
 
 from .harness import EtcdServer
 from .test_etcd import TTL, delta, eventually, grpc_counts, keys, leases, unique
@@ -195,7 +195,7 @@ class _LateLeaderReads:
             leader_watch = options.get("range_end") is None and not options.get("no_put")
             if leader_watch and not self._cancelled:
                 self._cancelled = True
-                raise Transient("etcd cancelled the watch", answered=True)
+                raise Transient("etcd cancelled the watch", Failure.REFUSED)
             async with watch(key, **options) as stream:
                 yield stream
 

@@ -19,7 +19,7 @@ from ..._errors import ElectionError
 from ..._tasks import TaskSet, consume
 from ._channel import Channel
 from ._connection import Connection
-from ._failures import Transient
+from ._failures import Failure, Transient
 
 __all__ = ["KeepAliveStream", "keepalives"]
 
@@ -138,5 +138,5 @@ class KeepAliveStream:
 
     async def close(self) -> None:
         """Cancel the stream; waiting renewals raise :class:`Transient`. Never interrupted."""
-        self._fail(Transient(f"the keep-alive stream to {self._channel.endpoint} was closed", rotate=False))
+        self._fail(Transient(f"the keep-alive stream to {self._channel.endpoint} was closed", Failure.STREAM_ENDED))
         await self._tasks.wait()

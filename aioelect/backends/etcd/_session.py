@@ -24,7 +24,7 @@ from ..._errors import ElectionError, LossKind, PermanentBackendError
 from ..._log import ElectionLog
 from ..._tasks import TaskSet
 from ._connection import Connection
-from ._failures import SessionEnded, Transient
+from ._failures import SessionEnded, Transient, answered
 from ._keepalive import keepalives
 from ._options import EtcdSettings
 
@@ -114,7 +114,7 @@ class Session:
                     await _revoke(conn, lease_id, bound)
             raise
         if reply.error:
-            raise Transient(f"etcd refused the lease: {reply.error}", answered=True)
+            raise Transient(f"etcd refused the lease: {reply.error}", answered(str(reply.error)))
         if ttl > reply.TTL:
             with anyio.CancelScope(shield=True), anyio.move_on_after(request_timeout):
                 await _revoke(conn, lease_id, request_timeout)

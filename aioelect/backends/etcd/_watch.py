@@ -20,7 +20,7 @@ from aetcd import rpc
 from ..._errors import PermanentBackendError
 from ..._tasks import consume
 from ._channel import Channel
-from ._failures import Compacted, Retired, Transient
+from ._failures import Compacted, Retired, Transient, answered
 
 __all__ = ["WatchStream", "check_response", "create_request"]
 
@@ -55,7 +55,7 @@ def check_response(response: Any, channel: Channel, what: str, retire: Callable[
         reason = str(response.cancel_reason) or "no reason given"
         if "permission denied" in reason:
             raise PermanentBackendError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
-        raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered=True)
+        raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered(reason))
     return response
 
 
