@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import anyio
 import grpc
@@ -29,12 +30,20 @@ from ._probe import diagnose_tls
 from ._tls import EtcdTLS
 from ._watch import WatchStream, check_response, create_request
 
-__all__ = ["DRAIN_TIMEOUT", "Connection"]
+__all__ = ["DRAIN_TIMEOUT", "Connection", "SelfBounded"]
 
 T = TypeVar("T")
 
 #: How long :meth:`Connection.aclose` lets requests in flight finish before closing under them.
 DRAIN_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class SelfBounded(Generic[T]):
+    """A request that awaits no gRPC call itself (only futures of ours) and bounds itself by the call's timeout
+    (raising TimeoutError): :meth:`Connection.call` runs it as it is."""
+
+    run: Callable[[Channel], Awaitable[T]]
 
 
 class Connection:
@@ -254,20 +263,18 @@ class Connection:
     async def call(
         self,
         what: str,
-        request: Callable[[Channel], Awaitable[T]],
+        request: Callable[[Channel], Awaitable[T]] | SelfBounded[T],
         *,
         timeout: float,  # noqa: ASYNC109 - a per-attempt bound, not the caller's deadline
         attempts: int | None = None,
-        direct: bool = False,
     ) -> T:
         """Run ``request`` on the current channel, at most ``timeout`` seconds per attempt.
 
         On a transient failure the next endpoint is tried, each at most once
         (``attempts`` bounds it further); the last failure is raised as
         :class:`Transient`. Permanent failures raise :class:`ElectionError`.
-        ``direct``: ``request`` awaits no gRPC call itself (only futures of
-        ours) and bounds itself by ``timeout`` (raising TimeoutError), so it
-        needs neither a :func:`settle` task nor a cancel scope.
+        A :class:`SelfBounded` request is awaited as it is: it needs neither
+        a :func:`settle` task nor a cancel scope.
         """
         tries = min(attempts or len(self.endpoints), len(self.endpoints))
         last: Transient | None = None
@@ -277,8 +284,8 @@ class Connection:
             try:
                 async with self.channel() as channel:
                     try:
-                        if direct:
-                            reply = await request(channel)
+                        if isinstance(request, SelfBounded):
+                            reply = await request.run(channel)
                         else:
                             with anyio.fail_after(timeout):
                                 reply = await settle(request(channel))

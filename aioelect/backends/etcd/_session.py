@@ -23,7 +23,7 @@ from ..._backend import Backoff, Confirm, monotonic
 from ..._errors import ElectionError, LossKind, PermanentBackendError
 from ..._log import ElectionLog
 from ..._tasks import TaskSet
-from ._connection import Connection
+from ._connection import Connection, SelfBounded
 from ._failures import SessionEnded, Transient, answered
 from ._keepalive import keepalives
 from ._options import EtcdSettings
@@ -183,9 +183,8 @@ class Session:
         sent = monotonic()
         ttl = await self.conn.call(
             "lease keep-alive",
-            lambda ch: keepalives(self.conn, ch).renew(self.lease_id, self.keepalive_timeout),
+            SelfBounded(lambda ch: keepalives(self.conn, ch).renew(self.lease_id, self.keepalive_timeout)),
             timeout=self.keepalive_timeout,
-            direct=True,
         )
         if ttl <= 0:
             self._end("etcd reports the lease expired or revoked", LossKind.EXPIRED)
