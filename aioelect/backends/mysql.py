@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import tls_from_query, transport_warning, validate_name
+from .._config import transport_warning, validate_name
 from .._errors import ElectionError
+from ._mysql_tls import tls_from_query
 from ._session_lock import Dialect, LockConnection, SessionLockBackend, SessionLockOptions, SessionLost, read_options
 
 if TYPE_CHECKING:
