@@ -19,7 +19,7 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -337,8 +337,15 @@ class Leadership:
         self._elector._ended(self)
 
     @contextlib.contextmanager
-    def _guard(self) -> Any:
-        """Run the body as leader work: cancelled on loss, awaited before release."""
+    def guard(self) -> Iterator[anyio.CancelScope]:
+        """Run the body as this leadership's leader work: cancelled on loss, awaited before release.
+
+        ``with lead.guard():`` is what :func:`aioelect.leadership` and
+        :meth:`Elector.run` wrap their body in, for a caller that holds a
+        leadership from :meth:`Elector.acquire` and runs its work elsewhere
+        (the command line's child process). Cancelled at once when the
+        leadership is no longer :attr:`held`.
+        """
         work = _Work(anyio.CancelScope(), asyncio.current_task())
         self._work.append(work)
         try:
@@ -496,6 +503,17 @@ class Elector:
         self._timing_logged = False
         self._listeners: list[Listener] = []
         self._last_leader: str | None = None
+
+    def lock_timing(self) -> tuple[float, float] | None:
+        """``(lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was cut off,
+        and how long the leader goes without a confirmation before it fences itself; None for a backend whose
+        leadership cannot be taken away while this process lives (file, local)."""
+        backend = self._backend
+        deadline = backend.renew_deadline
+        lease = getattr(backend, "lease", None) or getattr(backend, "ttl", None)
+        if deadline is None or isinstance(lease, bool) or not isinstance(lease, (int, float)):
+            return None
+        return float(lease), deadline
 
     def __repr__(self) -> str:
         return (
@@ -844,7 +862,7 @@ async def _scope(lead: Leadership) -> AsyncIterator[Leadership]:
     """Run the body as ``lead``'s leader work (see :func:`leading`), then release."""
     current = _CURRENT.set(lead)
     try:
-        with lead._guard():
+        with lead.guard():
             yield lead
         if lead.lost:
             raise LeadershipLost(lead.lost_reason or "lost", lead.lost_kind)

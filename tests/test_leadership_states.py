@@ -39,7 +39,7 @@ class Bench:
 
 
 async def _stubborn(lead: Leadership, free: anyio.Event) -> None:
-    with lead._guard():
+    with lead.guard():
         with anyio.CancelScope(shield=True):
             await free.wait()
 

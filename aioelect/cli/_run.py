@@ -42,12 +42,11 @@ log = logging.getLogger("aioelect.cli")
 def _safety_margin(elector: Elector) -> tuple[float, float, float] | None:
     """``(margin, lease, renew_deadline)``: how long before a cut-off leader's lock can pass on it knows of
     its loss; None for a backend whose leadership cannot be taken away while this process lives."""
-    backend = elector._backend
-    deadline = backend.renew_deadline
-    lease = getattr(backend, "lease", None) or getattr(backend, "ttl", None)
-    if deadline is None or not isinstance(lease, (int, float)):
+    timing = elector.lock_timing()
+    if timing is None:
         return None
-    return float(lease) - deadline, float(lease), deadline
+    lease, deadline = timing
+    return lease - deadline, lease, deadline
 
 
 def choose_grace(given: float | None, elector: Elector, kind: str) -> float:
@@ -225,7 +224,7 @@ class Runner:
         lost = asyncio.ensure_future(lead.wait_lost())
         # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
         # lock only once CMD's whole process group is gone (the finally below).
-        with lead._guard():
+        with lead.guard():
             try:
                 either: set[asyncio.Future[Any]] = {group.exited, lost}
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
