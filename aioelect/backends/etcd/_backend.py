@@ -40,7 +40,7 @@ from ._election import RANGE_WAIT_MAX, Election, KeyLost, Turn
 from ._failures import SessionEnded, Transient
 from ._hold import EtcdHold
 from ._leases import LeaseMode, OwnLeases, SharedLease
-from ._options import EtcdOptions, EtcdSettings, _Named
+from ._options import EtcdOptions, EtcdSettings, _EtcdElectionName
 from ._session import Session, connect
 from ._shared import EtcdSession
 
@@ -74,7 +74,7 @@ class EtcdBackend(Election):
         else:
             if endpoints is not None:
                 raise TypeError("EtcdElector(session=...) takes its endpoints from the session: pass one or the other")
-            check_options("EtcdElector", options, _Named)  # the rest are the session's options
+            check_options("EtcdElector", options, _EtcdElectionName)  # the rest are the session's options
             settings = replace(session.settings, name=validate_name(options["name"], max_length=1024))
             conn = session.conn
         super().__init__(settings.name, conn, request_timeout=settings.connect_timeout)

@@ -67,7 +67,7 @@ import anyio.to_thread
 from ..._backend import Backend, Backoff, Hold, monotonic, until_recorded
 from ..._config import DEFAULT_NAME, check_options, positive, validate_name
 from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
-from ._inotify import Channel, Watcher, Watching
+from ._inotify import LockFileSignals, Watcher, Watching
 from ._lock import FileHold, LockFile
 from ._paths import MODES, PERMANENT_ERRNOS, directory_problem, open_checked, resolve
 from ._waiters import Attempt, announce, rejoin
@@ -196,7 +196,7 @@ class FileBackend(Backend):
         descriptor already open) never block, and run on the loop.
         """
         watcher = self._watching.get()
-        channel: Channel = watcher.channel(self.path)
+        channel: LockFileSignals = watcher.channel(self.path)
         lock_wd, waiting_wd = await anyio.to_thread.run_sync(self._prepare, attempt, watcher)
         events = watcher.register(lock_wd, channel.closed)
         if not events and not self._polling_logged:
