@@ -52,10 +52,9 @@ class Hold(abc.ABC):
 
     #: Fencing token of this leadership, or None when the backend has none.
     token: int | None = None
-    #: Monotonic time from which the leadership is dated: when a statement
-    #: that proved it held was *sent* (the server ran it later). The renew
-    #: deadline starts here, so it must not be older than the grant by more
-    #: than the backend's timing allows (see LockTiming's ``dated_after_grant``).
+    #: Monotonic time from which the leadership is dated (the send time of a
+    #: request that proved it held: docs/concepts.md, "When a leadership is
+    #: dated from"); the renew deadline starts here.
     acquired_at: float = 0.0
 
     @abc.abstractmethod

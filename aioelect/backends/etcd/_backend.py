@@ -17,7 +17,8 @@ the elector closes, or at once when the session cannot be trusted any more
 
 Guarantees: a campaign that does not return a leadership (cancellation
 included) leaves no key and no lease behind; a leadership is dated from
-the last acknowledged keep-alive, which its lease outlives by ``ttl``;
+the last acknowledged keep-alive (docs/concepts.md, "When a leadership is
+dated from");
 local leadership without etcd happens only when ``degrade_to_local=True``
 and etcd has never answered this elector.
 """
