@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from aioelect._elector import LEADERSHIP_TRANSITIONS
+from aioelect.backends.etcd._candidacy import CANDIDACY_TRANSITIONS
 from aioelect._transitions import Transitions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Each diagram: the page it is drawn in, and the table it is drawn from.
 DIAGRAMS: dict[str, tuple[str, Transitions]] = {  # type: ignore[type-arg]
     "leadership": ("docs/concepts.md", LEADERSHIP_TRANSITIONS),
+    "etcd-campaign": ("docs/backends.md", CANDIDACY_TRANSITIONS),
 }
 
 

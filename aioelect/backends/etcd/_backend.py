@@ -36,6 +36,7 @@ from ..._backend import Backoff, Hold
 from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
 from ..._tasks import first_of
+from ._candidacy import Move, Tracker
 from ._degraded import DegradedHold
 from ._election import RANGE_WAIT_MAX, Election, KeyLost, Turn
 from ._failures import SessionEnded, Transient
@@ -94,6 +95,10 @@ class EtcdBackend(Election):
         self.release_timeout = settings.release_timeout
         self.degrade_to_local = settings.degrade_to_local
         self.degraded: DegradedHold | None = None
+        #: Where the current campaign stands (its steps: CANDIDACY_TRANSITIONS).
+        self.candidacy = Tracker()
+        #: How the campaign's last _try won: FIRST (a read found no older key) or HANDED (the watch proved it).
+        self._winning = Move.FIRST
 
     @property
     def renew_deadline(self) -> float:
@@ -128,9 +133,18 @@ class EtcdBackend(Election):
         """Stop ``session``'s keep-alives and forget it, after :meth:`end_session` or instead of it."""
         await self.leases.forget(session, why)
 
+    def _move(self, step: Move) -> None:
+        if not self.candidacy.move(step):
+            # Never expected: the campaign goes on as it would, and the log says where the table is wrong.
+            self.log.error("etcd campaign: step %r is not in the table from %s", step.value, self.candidacy.state.name)
+
     async def campaign(self, identity: str) -> Hold:
+        self.candidacy.begin()
         try:
             return await self._campaign(identity)
+        except BaseException:
+            self._move(Move.GIVE_UP)
+            raise
         finally:
             self.sight.end()
 
@@ -144,14 +158,17 @@ class EtcdBackend(Election):
                 # Only an etcd that never answered this elector: after any contact, another
                 # candidate may lead on etcd, and leading locally would be a second leader.
                 if self.degrade_to_local and not self.conn.ever_answered:
+                    self._move(Move.NEVER_ANSWERED)
                     return self._degrade(identity, exc)
                 delay = backoff.next_delay()
                 self.report_error(f"cannot start an etcd session ({exc})", delay)
                 await anyio.sleep(delay)
                 continue
+            self._move(Move.SESSION)
             try:
                 return await self._campaign_in(session, value, backoff)
             except SessionEnded as exc:
+                self._move(Move.SESSION_ENDED)
                 self.log.info("session ended while campaigning (%s); campaigning again with a new session", exc)
 
     async def try_campaign(self, identity: str) -> Hold | None:
@@ -161,10 +178,13 @@ class EtcdBackend(Election):
         :class:`~aioelect.BackendUnavailable`.
         """
         value = identity.encode()
+        self.candidacy.begin()
         try:
             session = await self.leases.live()
         except Transient as exc:
+            self._move(Move.GIVE_UP)
             raise BackendUnavailable(f"cannot start an etcd session ({exc})") from None
+        self._move(Move.SESSION)
         key = self.prefix + f"{session.lease_id:x}".encode()
         won = False
         try:
@@ -173,12 +193,15 @@ class EtcdBackend(Election):
             except (Transient, KeyLost, SessionEnded) as exc:
                 raise BackendUnavailable(f"etcd campaign interrupted ({exc or type(exc).__name__})") from None
             if predecessor is not None:
+                self._move(Move.PREDECESSOR)
                 return None
             won = True
+            self._move(Move.FIRST)
             return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
         finally:
             self.sight.end()
             if not won:
+                self._move(Move.GIVE_UP)
                 await self._withdraw(session, key)
 
     async def _campaign_in(self, session: Session, value: bytes, backoff: Backoff) -> Hold:
@@ -196,12 +219,14 @@ class EtcdBackend(Election):
                     # The hold first: when both end in one step, it is closed here rather than dropped.
                     which, hold = await first_of(lambda: self._try(session, key, value), session.wait_ended)
                 except KeyLost:
+                    self._move(Move.KEY_LOST)
                     self.log.warning("our candidate key was deleted while our lease lives; campaigning again")
                     continue
                 except Transient as exc:
                     if exc.lease_gone:
                         session.expire("etcd reports the lease gone")
                         raise SessionEnded(str(exc)) from None
+                    self._move(Move.RETRY)
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({exc})", delay)
                     with anyio.move_on_after(delay):
@@ -215,6 +240,7 @@ class EtcdBackend(Election):
                     raise SessionEnded(await session.wait_ended())
                 backoff.reset()
                 won = True
+                self._move(self._winning)
                 return hold
         finally:
             if not won:
@@ -225,6 +251,7 @@ class EtcdBackend(Election):
         self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
         shortcut = True
         while predecessor is not None:
+            self._move(Move.PREDECESSOR)
             # In a small election, the watch's own revisions tell whether the predecessor's deletion makes us
             # leader, our key standing under our lease; otherwise, or if anything else happened, read.
             small = self.crowd is not None and self.crowd <= RANGE_WAIT_MAX
@@ -232,11 +259,14 @@ class EtcdBackend(Election):
             waited = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
             shortcut = waited.turn is not Turn.SKIPPED
             if waited.turn is Turn.LEADING and (won := waited.watch) is not None:
+                self._winning = Move.HANDED
                 return EtcdHold(
                     self, session, key, revision, session.confirmed_at, watch_from=won.revision + 1, watching=won
                 )
+            self._move(Move.MAY_BE_GONE)
             # One read: our key still stands under our lease (it would be gone with the lease), any older key left?
             predecessor, read_at = await self._check(session, key, revision)
+        self._winning = Move.FIRST
         # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.
         return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
 
