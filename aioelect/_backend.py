@@ -69,6 +69,15 @@ class Hold(abc.ABC):
     async def release(self) -> None:
         """Give leadership up. Idempotent; a connection already gone is not an error."""
 
+    def descriptors(self) -> tuple[int, ...]:
+        """File descriptors whose last close ends this leadership (a lock file, a session's socket).
+
+        A process that holds a duplicate of each keeps the leadership from
+        passing on after this one dies, until it closes them too (a release
+        still ends it at once). Empty where no descriptor does (a lease).
+        """
+        return ()
+
 
 class Reporter:
     """Where a backend reports: the elector's log, and each retried error as an ``error`` event.

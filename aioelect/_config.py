@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -16,6 +16,10 @@ __all__ = [
     "LockTiming",
     "dsn_password",
     "check_options",
+    "confirmation_gap",
+    "keepalive_bound",
+    "release_bound",
+    "session_bounds",
     "is_loopback",
     "parse_dsn",
     "positive",
@@ -56,14 +60,16 @@ def check_options(who: str, options: Mapping[str, object], spec: Any) -> None:
             raise TypeError(f"{who}() missing required keyword argument: {key!r}")
 
 
-def positive(option: str, value: float, *, maximum: float | None = None) -> float:
-    """Return ``value`` as a float if it is finite and > 0 (and <= maximum), else raise ValueError."""
+def positive(option: str, value: float, *, maximum: float | None = None, minimum: float | None = None) -> float:
+    """Return ``value`` as a float if it is finite and > 0 (and within minimum..maximum), else raise ValueError."""
     try:
         number = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{option} must be a number, not {value!r}") from None
     if not math.isfinite(number) or number <= 0:
         raise ValueError(f"{option} must be a finite number > 0, not {value!r}")
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{option} must be at least {minimum:g} seconds, not {value!r}")
     if maximum is not None and number > maximum:
         raise ValueError(f"{option} must be at most {maximum:g}, not {value!r}")
     return number
@@ -274,17 +280,31 @@ def parse_dsn(dsn: str, *schemes: str) -> DSN:
     )
 
 
+#: The default bound on one lock check of a session-lock backend, in seconds.
+CHECK_TIMEOUT = 2.0
+#: The least check_timeout derived from a short renew deadline; below it the default is kept (and refused).
+MIN_DERIVED_CHECK_TIMEOUT = 0.5
+
+
 @dataclass(frozen=True)
 class LockTiming:
     """The timing of a lock held by one server session (MySQL, PostgreSQL), checked as a whole.
 
-    Guarantees ``check_interval + check_timeout <= renew_deadline < lease``:
-    a healthy leader confirms before its deadline, and a silent one stops
-    before the server can drop its session and hand the lock on. For a
-    backend that dates a new leadership from its lock request (which waits
-    on the server for up to ``poll_interval`` before the grant), also
-    ``poll_interval + check_interval + check_timeout <= renew_deadline``:
-    a candidate that waited long must not win and lose at once.
+    Guarantees ``check_interval + 2 * check_timeout <= renew_deadline < lease``:
+    a healthy leader confirms before its deadline (a confirmation is dated
+    from its send; the check before it may take up to ``check_timeout``,
+    then ``check_interval`` passes, then this one takes up to
+    ``check_timeout`` again), and a silent one stops before the server can
+    drop its session and hand the lock on. For a backend that dates a new
+    leadership from its lock request (which waits on the server for up to
+    ``poll_interval`` before the grant), also ``poll_interval +
+    check_interval + 2 * check_timeout <= renew_deadline``: a candidate that
+    waited long must not win and lose at once.
+
+    ``lease`` is the earliest moment the server may end a session it no
+    longer hears from only if every other server-side bound is at least as
+    long: :meth:`server_problem` checks the bounds a backend reads from the
+    server at connect, and :attr:`margin` is only true once it has passed.
     """
 
     poll_interval: float
@@ -300,7 +320,7 @@ class LockTiming:
         *,
         poll_interval: float,
         check_interval: float,
-        check_timeout: float,
+        check_timeout: float | None,
         connect_timeout: float,
         lease: float,
         renew_deadline: float | None,
@@ -310,6 +330,11 @@ class LockTiming:
         dated_after_grant: bool = False,
     ) -> LockTiming:
         """Validate the options (ValueError saying why); ``renew_deadline`` defaults to 0.7 * lease.
+
+        ``check_timeout`` defaults to :data:`CHECK_TIMEOUT` (2 s), or, where
+        the renew deadline is too short for it, to the most that fits,
+        ``(renew_deadline - check_interval) / 2``, if that is at least
+        :data:`MIN_DERIVED_CHECK_TIMEOUT` (0.5 s).
 
         ``server_timeout`` names the server setting ``lease`` becomes.
         ``dated_after_grant`` says the backend dates a new leadership from a
@@ -325,23 +350,29 @@ class LockTiming:
         if lease < min_lease:
             raise ValueError(f"lease must be at least {min_lease:g} seconds (it becomes {server_timeout})")
         check_interval = positive("check_interval", check_interval)
-        check_timeout = positive("check_timeout", check_timeout)
         deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else lease * 0.7
+        if check_timeout is None:
+            fits = (deadline - check_interval) / 2
+            check_timeout = min(CHECK_TIMEOUT, fits) if fits >= MIN_DERIVED_CHECK_TIMEOUT else CHECK_TIMEOUT
+        check_timeout = positive("check_timeout", check_timeout)
         if deadline >= lease:
             raise ValueError(
                 f"renew_deadline ({deadline:g}s) must be shorter than lease ({lease:g}s): "
                 "a leader must stop before the server can hand the lock to someone else"
             )
-        if check_interval + check_timeout > deadline:
+        gap = confirmation_gap(check_interval, check_timeout)
+        if gap > deadline:
             raise ValueError(
-                f"check_interval + check_timeout ({check_interval + check_timeout:g}s) must not exceed "
-                f"renew_deadline ({deadline:g}s): otherwise a healthy leader would fence itself"
+                f"check_interval + 2 * check_timeout ({gap:g}s) must not exceed renew_deadline ({deadline:g}s): "
+                "two confirmations can be that far apart on a healthy but slow server (a check answered just "
+                "within check_timeout, check_interval, then the next one answered just within check_timeout), "
+                "so a healthy leader would fence itself"
             )
         poll_interval = positive("poll_interval", poll_interval, maximum=3600)
-        first_check = poll_interval + check_interval + check_timeout
+        first_check = poll_interval + gap
         if not dated_after_grant and first_check > deadline:
             raise ValueError(
-                f"poll_interval + check_interval + check_timeout ({first_check:g}s) must not exceed renew_deadline "
+                f"poll_interval + check_interval + 2 * check_timeout ({first_check:g}s) must not exceed renew_deadline "
                 f"({deadline:g}s): a leadership is dated from its lock request, which can wait up to poll_interval "
                 "before it is granted, so a candidate that waited that long would win and lose at once; "
                 "lower poll_interval or raise lease"
@@ -354,6 +385,85 @@ class LockTiming:
             lease=lease,
             renew_deadline=deadline,
         )
+
+    @property
+    def margin(self) -> float:
+        """Seconds between a cut-off leader fencing itself and the earliest moment the lock can pass on.
+
+        ``lease - renew_deadline``; it holds once :meth:`server_problem` has
+        found no server-side bound shorter than ``lease``.
+        """
+        return self.lease - self.renew_deadline
+
+    def server_problem(self, bounds: Mapping[str, float | None], *, product: str) -> str | None:
+        """Why the server-side ``bounds`` break this timing, naming the shortest offending one; None if none does.
+
+        ``bounds`` maps each setting (as the user would change it) to the
+        seconds after which the server may end a session it no longer hears
+        from because of it, None where it is off. Every one must be at least
+        ``lease``: the leader fences itself ``renew_deadline`` after the send
+        of its last confirmation, and the documented margin (:attr:`margin`)
+        assumes the server keeps the session for ``lease`` after that.
+        """
+        found = release_bound(bounds)
+        if found is None or found[1] >= self.lease:
+            return None
+        setting, seconds = found
+        return (
+            f"{product} may end the lock session {seconds:g}s after it last heard from the leader ({setting}), "
+            f"sooner than lease ({self.lease:g}s): a leader cut off from the server keeps leading until its "
+            f"renew_deadline ({self.renew_deadline:g}s), so the lock could pass on while it still leads; raise "
+            f"{setting} to at least {self.lease:g}s on the server, or lower lease (and renew_deadline) below it"
+        )
+
+
+def confirmation_gap(check_interval: float, check_timeout: float) -> float:
+    """The longest time between the sends of two successive confirmations of a healthy leader, answered in time.
+
+    A check sent at t may be answered at ``t + check_timeout``; the next is
+    sent ``check_interval`` later and answered up to ``check_timeout`` after
+    that: the keeper then learns of a confirmation sent at t at ``t +
+    check_interval + 2 * check_timeout``.
+    """
+    return check_interval + 2 * check_timeout
+
+
+def release_bound(bounds: Mapping[str, float | None]) -> tuple[str, float] | None:
+    """The shortest of ``bounds`` (setting, seconds) that is on (not None, > 0), or None if all are off."""
+    on = [(seconds, setting) for setting, seconds in bounds.items() if seconds is not None and seconds > 0]
+    if not on:
+        return None
+    seconds, setting = min(on)
+    return setting, seconds
+
+
+def session_bounds(
+    values: Mapping[str, float], timeouts: Sequence[str], keepalives: tuple[str, str, str]
+) -> dict[str, float | None]:
+    """The server-side bounds of a session whose settings (name -> seconds) are ``values``.
+
+    Each of ``timeouts`` as it is (0 or absent: off), then the TCP keepalive
+    bound of the settings ``keepalives`` names (idle, interval, count), named
+    ``"idle + interval * count"`` (see :func:`keepalive_bound`).
+    """
+    bounds = {name: values.get(name) or None for name in timeouts}
+    idle, interval, count = keepalives
+    bounds[f"{idle} + {interval} * {count}"] = keepalive_bound(
+        values.get(idle, 0), values.get(interval, 0), values.get(count, 0)
+    )
+    return bounds
+
+
+def keepalive_bound(idle: float, interval: float, count: float) -> float | None:
+    """Seconds after which TCP keepalives end a connection to an unreachable peer, at the earliest; None if off.
+
+    ``idle`` of 0 means the kernel's default (Linux: 7200 s), taken as off:
+    it is far above any lease. A 0 ``interval`` or ``count`` (the kernel's
+    default) counts as 0, so the bound is never overstated.
+    """
+    if idle <= 0:
+        return None
+    return idle + max(interval, 0) * max(count, 0)
 
 
 def server_address(

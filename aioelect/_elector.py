@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import anyio
 
 from ._backend import Backend, Hold, Loss, Reporter, monotonic
-from ._config import positive
+from ._config import LockTiming, positive
 from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
@@ -336,6 +336,10 @@ class Leadership:
         self._step(_Step.LET_GO)
         self._elector._ended(self)
 
+    def _descriptors(self) -> tuple[int, ...]:
+        """The descriptors whose last close ends this leadership (:meth:`Hold.descriptors`); empty once it ended."""
+        return self._hold.descriptors() if self._state in (_Lead.HELD, _Lead.RELEASING) else ()
+
     @contextlib.contextmanager
     def guard(self) -> Iterator[anyio.CancelScope]:
         """Run the body as this leadership's leader work: cancelled on loss, awaited before release.
@@ -504,16 +508,20 @@ class Elector:
         self._listeners: list[Listener] = []
         self._last_leader: str | None = None
 
-    def lock_timing(self) -> tuple[float, float] | None:
-        """``(lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was cut off,
-        and how long the leader goes without a confirmation before it fences itself; None for a backend whose
+    def lock_timing(self) -> tuple[float, float, float] | None:
+        """``(margin, lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was
+        cut off (``lease``), how long the leader goes without a confirmation before it fences itself, and the
+        margin between the two that a leader cut off has to stop its work in; None for a backend whose
         leadership cannot be taken away while this process lives (file, local)."""
         backend = self._backend
+        timing = getattr(backend, "timing", None)
+        if isinstance(timing, LockTiming):  # a session lock: the margin its server-side bounds were checked against
+            return timing.margin, timing.lease, timing.renew_deadline
         deadline = backend.renew_deadline
         lease = getattr(backend, "lease", None) or getattr(backend, "ttl", None)
         if deadline is None or isinstance(lease, bool) or not isinstance(lease, (int, float)):
             return None
-        return float(lease), deadline
+        return float(lease) - deadline, float(lease), deadline
 
     def __repr__(self) -> str:
         return (
@@ -797,8 +805,8 @@ class Elector:
             except Exception:
                 self._log.exception("event listener %r failed", listener)
 
-    async def run(self, work: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """Run ``await work(*args)`` only while leader, and return its result.
+    async def run(self, work: Callable[..., Awaitable[T]], *args: Any, **kwargs: Any) -> T:
+        """Run ``await work(*args, **kwargs)`` only while leader, and return its result.
 
         Campaigns first; if leadership is lost, ``work`` is cancelled, the loss
         is logged, and the elector campaigns again and starts ``work`` afresh.
@@ -809,7 +817,7 @@ class Elector:
         while True:
             try:
                 async with leading(self):
-                    return await work(*args)
+                    return await work(*args, **kwargs)
             except LeadershipLost as exc:
                 self._log.warning("work cancelled (%s); campaigning again", exc.reason)
 

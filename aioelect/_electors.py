@@ -13,6 +13,7 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from ._config import DEFAULT_NAME
 from ._elector import Elector
 
 if TYPE_CHECKING:
@@ -21,10 +22,20 @@ if TYPE_CHECKING:
     from .backends.etcd import EtcdBackend, EtcdOptions, EtcdSession
     from .backends.file import FileBackend, FileOptions
     from .backends.local import LocalOptions
+    from .backends.memory import MemoryElection
     from .backends.mysql import MySQLOptions
     from .backends.postgres import PostgresOptions
+    from .backends.redis import RedisOptions
 
-__all__ = ["EtcdElector", "FileElector", "LocalElector", "MySQLElector", "PostgresElector"]
+__all__ = [
+    "EtcdElector",
+    "FileElector",
+    "LocalElector",
+    "MemoryElector",
+    "MySQLElector",
+    "PostgresElector",
+    "RedisElector",
+]
 
 
 class MySQLElector(Elector):
@@ -151,6 +162,57 @@ class PostgresElector(Elector):
         from .backends.postgres import PostgresBackend
 
         super().__init__(PostgresBackend(dsn, **options), identity=identity, stop_timeout=stop_timeout)
+
+
+class RedisElector(Elector):
+    """A candidate in a Redis (or Valkey) election: a lock key with an expiry, renewed by its owner.
+
+    Guarantees (beyond :class:`~aioelect.Elector`'s):
+
+    * mutual exclusion as long as every candidate talks to the same server
+      and no acknowledged write is lost: one atomic script sets the lock key
+      (``SET NX PX``) and takes the token (``INCR``); Redis replication is
+      asynchronous, so a failover to a replica that missed the grant can
+      make two leaders (``min_replicas`` narrows it; the token still orders
+      them, see the guarantees page);
+    * :attr:`Leadership.token` increases from one leader to the next and
+      across server crashes: a server that could lose the last token
+      increment (no ``appendonly yes`` with ``appendfsync always``, no
+      ``WAITAOF`` on 7.2+, or a user that may not run ``CONFIG GET``) is
+      refused with :class:`~aioelect.ElectionError` unless
+      ``volatile_tokens=True``, which logs a WARNING;
+    * a release deletes the key only if it is ours and publishes it: a
+      waiting candidate takes over within milliseconds; a crashed or cut-off
+      leader's key expires after ``lease`` seconds;
+    * a leader renews every ``check_interval`` by a script that *sets* the
+      expiry, only on its own key: a key deleted, expired or changed is a
+      loss, seen within ``check_interval`` plus ``check_timeout``; one that
+      cannot renew for ``renew_deadline`` seconds fences itself, before its
+      key can expire (every deadline is measured from the send time of the
+      request that set the expiry);
+    * cancelling a campaign leaves no key and no connection.
+
+    ``url`` is ``redis://user:password@host:port/db`` or ``rediss://`` for TLS
+    (the server's certificate always verified, against
+    ``?ssl_ca_certs=PATH`` or the system CAs; ``ssl_certfile`` and
+    ``ssl_keyfile`` for a client certificate). Special characters in the user
+    name or password must be percent-encoded; a URL that could be read more
+    than one way is a ValueError, which never shows the password.
+
+    Options: :class:`~aioelect.backends.redis.RedisOptions` (``name`` is required).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        identity: str | None = None,
+        stop_timeout: float = 5.0,
+        **options: Unpack[RedisOptions],
+    ) -> None:
+        from .backends.redis import RedisBackend
+
+        super().__init__(RedisBackend(url, **options), identity=identity, stop_timeout=stop_timeout)
 
 
 class EtcdElector(Elector):
@@ -360,3 +422,88 @@ class LocalElector(Elector):
         from .backends.local import LocalBackend
 
         super().__init__(LocalBackend(**options), identity=identity, stop_timeout=stop_timeout)
+
+
+class MemoryElector(Elector):
+    """A candidate in an in-memory election, shared by the electors of ``name`` in the running event loop.
+
+    Importable from :mod:`aioelect.testing`; ``AIOELECT_BACKEND=memory`` makes
+    :func:`aioelect.from_env` build one, so that tests of code that calls it
+    need no server.
+
+    Guarantees (beyond :class:`~aioelect.Elector`'s):
+
+    * one leader at a time among the electors of ``name`` in one event loop;
+      a candidate waiting takes over in the event loop iteration after a
+      release, and candidates lead in the order they began to wait;
+    * tokens of ``name`` increase by one with each leadership, from 1 in
+      each event loop;
+    * :meth:`observe` reports each change at once (no polling);
+    * a leader confirms every ``check_interval`` seconds (default a quarter of
+      ``renew_deadline``) and fences itself after ``renew_deadline`` seconds
+      (default 0.5) without a confirmation: short, so that a test of a
+      stalled or cut-off leader takes a fraction of a second. A test whose
+      event loop is blocked for longer than ``renew_deadline`` sees the
+      leadership fenced, as a real leader would be.
+
+    The controls act on the election of ``name`` in the running event loop
+    (whoever leads it) and must be called from code running in that loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = DEFAULT_NAME,
+        identity: str | None = None,
+        stop_timeout: float = 5.0,
+        renew_deadline: float | None = None,
+        check_interval: float | None = None,
+    ) -> None:
+        from .backends.memory import DEFAULT_RENEW_DEADLINE, MemoryBackend
+
+        backend = MemoryBackend(
+            name,
+            renew_deadline=DEFAULT_RENEW_DEADLINE if renew_deadline is None else renew_deadline,
+            check_interval=check_interval,
+        )
+        Elector.__init__(self, backend, identity=identity, stop_timeout=stop_timeout)
+        self._memory = backend
+
+    @property
+    def election(self) -> MemoryElection:
+        """The shared state of this elector's election in the running event loop."""
+        return self._memory.election()
+
+    def depose(self, reason: str = "deposed by the test") -> str:
+        """Take leadership away from whoever leads this election; return the deposed identity.
+
+        The leader's leadership is lost at once with ``reason`` as its
+        ``lost_reason``: its work is cancelled and ``async with
+        leadership(...)`` raises :class:`~aioelect.LeadershipLost`. The first
+        candidate waiting leads next. Raises :class:`LookupError` when nobody
+        leads.
+        """
+        return self.election.depose(reason)
+
+    def stall(self) -> str:
+        """Stop the current leader's confirmations; return its identity.
+
+        It fences itself ``renew_deadline`` seconds after its last
+        confirmation (``lost_reason`` names the renew deadline), then lets go.
+        Raises :class:`LookupError` when nobody leads.
+        """
+        return self.election.stall()
+
+    def fail(self, reason: str = "memory server failed by the test") -> None:
+        """Make this election's "server" unavailable until :meth:`restore`.
+
+        Campaigns keep waiting and emit an ``error`` event (and a WARNING) each
+        time they retry; :meth:`leader` raises
+        :class:`~aioelect.BackendUnavailable`; the leader cannot confirm and
+        fences itself at its renew deadline.
+        """
+        self.election.fail(reason)
+
+    def restore(self) -> None:
+        """Undo :meth:`fail` and :meth:`stall`: waiting campaigns go on at once."""
+        self.election.restore()

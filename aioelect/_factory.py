@@ -1,4 +1,4 @@
-"""Choosing a backend: etcd > MySQL > PostgreSQL > file, the first one configured; local only when asked for.
+"""Choosing a backend: etcd > MySQL > PostgreSQL > Redis > file, the first one configured; local only when asked for.
 
 Nothing configured is an error, never a silent local elector: a local
 elector leads at once in every process, so instances that each fell back
@@ -8,25 +8,34 @@ to it would all lead.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ._config import DEFAULT_NAME
 from ._elector import Elector
-from ._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector
+from ._electors import (
+    EtcdElector,
+    FileElector,
+    LocalElector,
+    MemoryElector,
+    MySQLElector,
+    PostgresElector,
+    RedisElector,
+)
 from ._settings import (
-    BACKEND_VARIABLES,
     ENV_BACKEND,
     ENV_ETCD_ENDPOINTS,
     ENV_FILE,
     ENV_MYSQL_DSN,
     ENV_NAME,
     ENV_POSTGRES_DSN,
+    ENV_REDIS_URL,
     Settings,
 )
 
-__all__ = ["from_env", "new"]
+__all__ = ["PORTABLE_OPTIONS", "from_env", "new"]
 
 log = logging.getLogger("aioelect")
 
@@ -38,6 +47,69 @@ _LOCAL_WARNING = (
     "local backend chosen: leads at once, WITHOUT mutual exclusion between processes (every instance leads); "
     "for a single instance in development only"
 )
+
+_MEMORY_WARNING = (
+    "memory backend chosen: an election inside this event loop only, WITHOUT mutual exclusion between processes "
+    "(every process leads its own); for tests"
+)
+
+#: The timing options every backend accepts through :func:`new` and :func:`from_env`: a backend uses those it
+#: has and logs each one it has not at WARNING, once per process. ``ttl`` is a synonym of ``lease``.
+PORTABLE_OPTIONS = ("lease", "renew_deadline", "poll_interval", "check_interval", "check_timeout", "connect_timeout")
+
+#: The portable options each backend has, and why the others mean nothing to it.
+_HAS: dict[str, frozenset[str]] = {
+    "etcd": frozenset({"lease", "renew_deadline", "connect_timeout"}),
+    "mysql": frozenset(PORTABLE_OPTIONS),
+    "postgres": frozenset(PORTABLE_OPTIONS),
+    "redis": frozenset(PORTABLE_OPTIONS),
+    "file": frozenset({"poll_interval", "check_interval"}),
+    "local": frozenset(),
+    "memory": frozenset({"renew_deadline", "check_interval"}),
+}
+_WHY = {
+    "etcd": "etcd watches the election instead of polling, and confirms with the lease's keep-alives",
+    "file": "the kernel holds the lock for as long as the leader's process lives: no lease, no server",
+    "local": "a local elector leads at once and is never taken away",
+    "memory": "an in-memory election has no lease, polls nothing and has no server",
+}
+#: (backend, option) pairs already logged, so that each is said once per process.
+_IGNORED_SAID: set[tuple[str, str]] = set()
+
+
+def _portable(kind: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for the ``kind`` backend: ``ttl`` read as ``lease``, whole seconds where the backend counts
+    them, and each portable option the backend has not dropped with a WARNING (once per process)."""
+    options = dict(options)
+    given_as_ttl = "ttl" in options
+    if given_as_ttl:
+        ttl = options.pop("ttl")
+        if "lease" in options and options["lease"] != ttl:
+            raise ValueError(f"ttl={ttl!r} and lease={options['lease']!r}: ttl is etcd's word for lease, give one")
+        options["lease"] = ttl
+    for option in PORTABLE_OPTIONS:
+        if option in options and option not in _HAS[kind]:
+            value = options.pop(option)
+            if (kind, option) not in _IGNORED_SAID:
+                _IGNORED_SAID.add((kind, option))
+                log.warning("%s=%r means nothing to the %s backend, ignored: %s", option, value, kind, _WHY[kind])
+    lease = options.get("lease")
+    # Only a lease given as ``lease`` is rounded: etcd's own word ``ttl`` keeps etcd's whole seconds, as its
+    # elector takes it.
+    if given_as_ttl:
+        if isinstance(lease, float) and lease.is_integer():
+            options["lease"] = int(lease)
+    elif kind in ("etcd", "mysql") and isinstance(lease, float) and math.isfinite(lease) and lease > 0:
+        # etcd's TTL and MySQL's wait_timeout are whole seconds: rounded up, never shortened.
+        if not lease.is_integer():
+            log.warning(
+                "lease=%r rounded up to %d s: the %s backend counts whole seconds", lease, math.ceil(lease), kind
+            )
+        options["lease"] = math.ceil(lease)
+    if kind == "etcd" and "lease" in options:
+        options["ttl"] = options.pop("lease")
+    return options
+
 
 _NAME_REQUIRED = (
     "the {kind} backend needs an election name: pass name=... (AIOELECT_NAME for from_env() and the "
@@ -52,49 +124,85 @@ def new(
     etcd: str | Sequence[str] | None = None,
     mysql: str | None = None,
     postgres: str | None = None,
+    redis: str | None = None,
     file: str | None = None,
     local: bool = False,
+    memory: bool = False,
     name: str | None = None,
     **options: Any,
 ) -> Elector:
     """Build an elector, choosing the first backend configured.
 
     The priority: etcd endpoints -> etcd; else a MySQL DSN -> MySQL;
-    else a PostgreSQL DSN -> PostgreSQL; else a lock file path -> file.
+    else a PostgreSQL DSN -> PostgreSQL; else a Redis URL -> Redis; else a
+    lock file path -> file.
     ``local=True`` (and nothing else) builds a :class:`LocalElector`, logged
     at WARNING: it offers no mutual exclusion. With nothing configured, or
     ``local=True`` beside another backend, raises ValueError: strict is the
     safe default, since instances that each fell back to leading locally
     would all lead.
 
-    ``options`` go to the chosen elector's constructor (``identity``,
-    ``poll_interval``, ``ttl``...); an option the chosen backend does not
-    take raises TypeError.
+    ``memory=True`` (and nothing else) builds a
+    :class:`~aioelect.testing.MemoryElector`, logged at WARNING: an election
+    inside one event loop, for tests.
 
-    The server backends (etcd, MySQL, PostgreSQL) need ``name``: without
+    ``options`` go to the chosen elector's constructor (``identity``,
+    ``stop_timeout`` and the backend's own). The timing options are one
+    vocabulary for every backend (:data:`PORTABLE_OPTIONS`): ``lease``
+    (seconds a silent leader keeps the election: MySQL's ``wait_timeout``,
+    PostgreSQL's ``idle_session_timeout``, etcd's lease TTL; ``ttl`` is a
+    synonym), ``renew_deadline``, ``poll_interval``, ``check_interval``,
+    ``check_timeout`` and ``connect_timeout``. A backend uses those it has
+    (etcd and MySQL round ``lease`` up to whole seconds, at WARNING) and
+    logs each one it has not at WARNING, once per process, so the same code
+    runs on a lock file in development and on a server in production. An
+    option no backend takes (a typo) raises TypeError.
+
+    The server backends (etcd, MySQL, PostgreSQL, Redis) need ``name``: without
     it, ValueError says why. The file and local backends default to
     :data:`~aioelect._config.DEFAULT_NAME` (``aioelect/leader``).
     """
-    if local not in (True, False):
-        raise ValueError(f"local must be True or False, not {local!r}")
-    if local:
+    for flag, value in (("local", local), ("memory", memory)):
+        if value not in (True, False):
+            raise ValueError(f"{flag} must be True or False, not {value!r}")
+    if local and memory:
+        raise ValueError("local=True and memory=True given: choose one backend")
+    if local or memory:
+        chosen = "local" if local else "memory"
         others = [
-            kind for kind, given in (("etcd", etcd), ("mysql", mysql), ("postgres", postgres), ("file", file)) if given
+            kind
+            for kind, given in (
+                ("etcd", etcd),
+                ("mysql", mysql),
+                ("postgres", postgres),
+                ("redis", redis),
+                ("file", file),
+            )
+            if given
         ]
         if others:
-            raise ValueError(f"local=True and {', '.join(others)} given: choose one backend")
-        log.warning("%s", _LOCAL_WARNING)
-        return LocalElector(name=name if name is not None else DEFAULT_NAME, **options)
+            raise ValueError(f"{chosen}=True and {', '.join(others)} given: choose one backend")
+        log.warning("%s", _LOCAL_WARNING if local else _MEMORY_WARNING)
+        host_name = name if name is not None else DEFAULT_NAME
+        if local:
+            return LocalElector(name=host_name, **_portable("local", options))
+        return MemoryElector(name=host_name, **_portable("memory", options))
     if etcd:
-        return EtcdElector(etcd, name=_required_name(name, "etcd", "etcd cluster"), **options)
+        return EtcdElector(etcd, name=_required_name(name, "etcd", "etcd cluster"), **_portable("etcd", options))
     if mysql:
-        return MySQLElector(mysql, name=_required_name(name, "mysql", "MySQL server"), **options)
+        return MySQLElector(mysql, name=_required_name(name, "mysql", "MySQL server"), **_portable("mysql", options))
     if postgres:
-        return PostgresElector(postgres, name=_required_name(name, "postgres", "PostgreSQL database"), **options)
+        return PostgresElector(
+            postgres, name=_required_name(name, "postgres", "PostgreSQL database"), **_portable("postgres", options)
+        )
+    if redis:
+        return RedisElector(redis, name=_required_name(name, "redis", "Redis server"), **_portable("redis", options))
     if file:
-        return FileElector(file, name=name if name is not None else DEFAULT_NAME, **options)
+        return FileElector(file, name=name if name is not None else DEFAULT_NAME, **_portable("file", options))
     raise ValueError(
-        _NOTHING_CONFIGURED.format(how="give etcd=, mysql=, postgres= or file= (or local=True for development)")
+        _NOTHING_CONFIGURED.format(
+            how="give etcd=, mysql=, postgres=, redis= or file= (or local=True for development, memory=True for tests)"
+        )
     )
 
 
@@ -107,18 +215,26 @@ def _required_name(name: str | None, kind: str, server: str) -> str:
 def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Elector:
     """Build an elector with :func:`new` from ``AIOELECT_ETCD_ENDPOINTS``
     (comma separated), ``AIOELECT_MYSQL_DSN``, ``AIOELECT_POSTGRES_DSN``,
-    ``AIOELECT_FILE`` and ``AIOELECT_NAME`` (empty means unset; required
-    with etcd, MySQL and PostgreSQL, see :func:`new`).
+    ``AIOELECT_REDIS_URL``, ``AIOELECT_FILE`` and ``AIOELECT_NAME`` (empty
+    means unset; required with etcd, MySQL, PostgreSQL and Redis, see
+    :func:`new`).
 
     ``AIOELECT_ETCD_DEGRADE_TO_LOCAL`` (``1``/``true``/``yes``/``on`` or
     ``0``/``false``/``no``/``off``; anything else is a ValueError) sets the
     etcd elector's ``degrade_to_local``, off when unset: leading locally
     without mutual exclusion is never chosen by accident.
 
+    ``AIOELECT_LEASE``, ``AIOELECT_RENEW_DEADLINE``, ``AIOELECT_POLL_INTERVAL``
+    and ``AIOELECT_CHECK_INTERVAL`` (seconds) set the portable timing options
+    of :func:`new`, on whichever backend is chosen.
+
     ``AIOELECT_BACKEND`` names the backend (``etcd``, ``mysql``, ``postgres``,
-    ``file`` or ``local``): that backend's variable is then required and the
-    others are ignored. A local elector is built only when asked for:
-    ``AIOELECT_BACKEND=local`` or ``local=True`` (logged at WARNING). With nothing configured,
+    ``redis``, ``file``, ``local`` or ``memory``): that backend's variable is then
+    required and the others are ignored. A local elector is built only when
+    asked for: ``AIOELECT_BACKEND=local`` or ``local=True`` (logged at
+    WARNING); ``AIOELECT_BACKEND=memory`` builds a
+    :class:`~aioelect.testing.MemoryElector` (logged at WARNING), so that
+    tests of code that calls ``from_env()`` need no server. With nothing configured,
     raises ValueError listing the variables to set: strict is the safe
     default, never a silent local elector that would let every instance lead.
 
@@ -127,23 +243,21 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     settings = Settings.from_environ(os.environ if environ is None else environ)
     kind = settings.backend_kind
     targets = settings.targets
-    if kind == "local":
+    if kind in ("local", "memory"):
         targets = {}
-        options = {"local": True, **options}
+        options = {kind: True, **options}
     elif kind is not None:
-        if targets[kind] is None:
-            variable = dict(BACKEND_VARIABLES)[kind]
-            raise ValueError(f"{ENV_BACKEND}={kind} but {variable} is not set")
+        settings.backend()  # ValueError when the variable of the backend named is not set
         targets = {kind: targets[kind]}
-    elif not any(targets.values()) and not any(options.get(k) for k in (*targets, "local")):
+    elif not any(targets.values()) and not any(options.get(k) for k in (*targets, "local", "memory")):
         raise ValueError(
             _NOTHING_CONFIGURED.format(
-                how=f"set {ENV_ETCD_ENDPOINTS}, {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN} or {ENV_FILE} (with "
-                f"{ENV_NAME}: required by etcd, MySQL and PostgreSQL), or {ENV_BACKEND}=local for one instance in "
-                "development"
+                how=f"set {ENV_ETCD_ENDPOINTS}, {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, {ENV_REDIS_URL} or {ENV_FILE} "
+                f"(with {ENV_NAME}: required by etcd, MySQL, PostgreSQL and Redis), or {ENV_BACKEND}=local for one "
+                "instance in development"
             )
         )
-    chosen: dict[str, Any] = {**targets, "name": settings.name}
+    chosen: dict[str, Any] = {**targets, "name": settings.name, **settings.timing}
     if settings.etcd_degrade_to_local is not None and settings.etcd_endpoints and "degrade_to_local" not in options:
         chosen["degrade_to_local"] = settings.etcd_degrade_to_local
     chosen.update(options)

@@ -24,9 +24,21 @@ class ElectionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
         assert self.extra is not None
         self.extra = {**self.extra, **fields}
 
-    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+    @staticmethod
+    def _prefix(extra: MutableMapping[str, Any]) -> str:
+        return f"[{extra['backend']} {extra['election']} {extra['identity']}]"
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        """As :meth:`logging.LoggerAdapter.log`; a '%' of the prefix (an election name may hold one) is kept as
+        it is when the message is formatted with ``args``."""
+        if not self.isEnabledFor(level):
+            return
         extra = dict(self.extra or {})
         extra.update(kwargs.get("extra") or {})
         kwargs["extra"] = extra
-        prefix = f"[{extra['backend']} {extra['election']} {extra['identity']}]"
-        return f"{prefix} {msg}", kwargs
+        prefix = self._prefix(extra)
+        if args:
+            prefix = prefix.replace("%", "%%")
+        # One frame more than LoggerAdapter's (which logging skips as its own): records point at our caller.
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
+        self.logger.log(level, f"{prefix} {msg}", *args, **kwargs)

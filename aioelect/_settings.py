@@ -10,8 +10,9 @@ environment through :meth:`Settings.from_environ`. This module guarantees:
   never quoting the value of a secret variable;
 * a secret (a password, or a DSN that may hold one) never appears in the
   ``repr()`` of :class:`Settings`;
-* :func:`is_secret` says which variables are secrets, so that the command
-  keeps them out of the environment of the programs it starts.
+* :func:`is_secret` says which variables are secrets (aioelect's, and every
+  libpq, MySQL and MariaDB client variable), so that the command keeps them
+  out of the environment of the programs it starts.
 
 It imports nothing of aioelect's but :mod:`aioelect._config`, so every
 layer may use it.
@@ -28,6 +29,7 @@ __all__ = [
     "BACKEND_KINDS",
     "BACKEND_VARIABLES",
     "ENV_BACKEND",
+    "ENV_CHECK_INTERVAL",
     "ENV_ETCD_CA",
     "ENV_ETCD_CERT",
     "ENV_ETCD_DEGRADE_TO_LOCAL",
@@ -36,19 +38,26 @@ __all__ = [
     "ENV_ETCD_USER",
     "ENV_FILE",
     "ENV_IDENTITY",
+    "ENV_LEASE",
     "ENV_MYSQL_DSN",
     "ENV_NAME",
     "ENV_PASSWORD",
+    "ENV_POLL_INTERVAL",
     "ENV_POSTGRES_DSN",
+    "ENV_REDIS_URL",
+    "ENV_RENEW_DEADLINE",
     "ENV_TOKEN",
+    "LIBPQ_VARIABLES",
+    "MYSQL_PREFIXES",
     "SECRET_VARIABLES",
     "Settings",
+    "TIMING_VARIABLES",
     "is_secret",
 ]
 
-#: The backend to use, by kind: ``etcd``, ``mysql``, ``postgres``, ``file`` or ``local``. Required for
-#: ``local`` (no mutual exclusion: never chosen because nothing else is configured); with another kind,
-#: that backend's variable is used even when others are set.
+#: The backend to use, by kind: ``etcd``, ``mysql``, ``postgres``, ``redis``, ``file``, ``local`` or ``memory``.
+#: Required for ``local`` and ``memory`` (no mutual exclusion between processes: never chosen because nothing
+#: else is configured); with another kind, that backend's variable is used even when others are set.
 ENV_BACKEND = "AIOELECT_BACKEND"
 #: Comma-separated etcd endpoints (``host:port`` or ``https://host:port``).
 ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
@@ -56,6 +65,8 @@ ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
 ENV_MYSQL_DSN = "AIOELECT_MYSQL_DSN"
 #: ``postgresql://user:password@host:port/database``.
 ENV_POSTGRES_DSN = "AIOELECT_POSTGRES_DSN"
+#: ``redis://user:password@host:port/db`` or ``rediss://...`` (TLS).
+ENV_REDIS_URL = "AIOELECT_REDIS_URL"
 #: The path of a lock file (one machine only).
 ENV_FILE = "AIOELECT_FILE"
 #: The election name (lock name or etcd key prefix).
@@ -74,6 +85,23 @@ ENV_ETCD_CERT = "AIOELECT_ETCD_CERT"
 ENV_ETCD_KEY = "AIOELECT_ETCD_KEY"
 #: Opt-in to etcd's local leadership (without mutual exclusion) while etcd has never answered.
 ENV_ETCD_DEGRADE_TO_LOCAL = "AIOELECT_ETCD_DEGRADE_TO_LOCAL"
+#: The timing options every backend reads where it has them, in seconds (see :func:`aioelect.new`):
+#: how long a silent leader keeps the election (MySQL ``wait_timeout``, PostgreSQL ``idle_session_timeout``,
+#: etcd's lease TTL),
+ENV_LEASE = "AIOELECT_LEASE"
+#: how long a leader may go without a confirmation before it fences itself,
+ENV_RENEW_DEADLINE = "AIOELECT_RENEW_DEADLINE"
+#: how often a follower tries,
+ENV_POLL_INTERVAL = "AIOELECT_POLL_INTERVAL"
+#: and how often a leader confirms.
+ENV_CHECK_INTERVAL = "AIOELECT_CHECK_INTERVAL"
+#: Each timing variable with the option it sets.
+TIMING_VARIABLES = (
+    (ENV_LEASE, "lease"),
+    (ENV_RENEW_DEADLINE, "renew_deadline"),
+    (ENV_POLL_INTERVAL, "poll_interval"),
+    (ENV_CHECK_INTERVAL, "check_interval"),
+)
 #: Set by ``aioelect run`` in the environment of the command it runs: the fencing token of its leadership.
 ENV_TOKEN = "AIOELECT_TOKEN"
 
@@ -82,24 +110,84 @@ BACKEND_VARIABLES = (
     ("etcd", ENV_ETCD_ENDPOINTS),
     ("mysql", ENV_MYSQL_DSN),
     ("postgres", ENV_POSTGRES_DSN),
+    ("redis", ENV_REDIS_URL),
     ("file", ENV_FILE),
 )
 
 #: The values ``AIOELECT_BACKEND`` accepts.
-BACKEND_KINDS = (*(kind for kind, _ in BACKEND_VARIABLES), "local")
+BACKEND_KINDS = (*(kind for kind, _ in BACKEND_VARIABLES), "local", "memory")
 
 #: The secret variables aioelect defines. Any other ``AIOELECT_`` variable whose name holds
-#: ``PASSWORD`` or ends in ``_DSN`` is a secret too (see :func:`is_secret`).
-SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN)
+#: ``PASSWORD`` or ends in ``_DSN`` or ``_URL`` is a secret too (see :func:`is_secret`).
+SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN, ENV_REDIS_URL)
+
+#: libpq's environment variables (PostgreSQL's client library, read by psql and every libpq client, and in part
+#: by asyncpg): the password, the password and service files, and what they connect to and how.
+LIBPQ_VARIABLES = (
+    "PGHOST",
+    "PGHOSTADDR",
+    "PGPORT",
+    "PGDATABASE",
+    "PGUSER",
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGREQUIREAUTH",
+    "PGCHANNELBINDING",
+    "PGSERVICE",
+    "PGSERVICEFILE",
+    "PGOPTIONS",
+    "PGAPPNAME",
+    "PGSSLMODE",
+    "PGREQUIRESSL",
+    "PGSSLNEGOTIATION",
+    "PGSSLCOMPRESSION",
+    "PGSSLCERT",
+    "PGSSLKEY",
+    "PGSSLCERTMODE",
+    "PGSSLROOTCERT",
+    "PGSSLCRL",
+    "PGSSLCRLDIR",
+    "PGSSLSNI",
+    "PGREQUIREPEER",
+    "PGSSLMINPROTOCOLVERSION",
+    "PGSSLMAXPROTOCOLVERSION",
+    "PGGSSENCMODE",
+    "PGKRBSRVNAME",
+    "PGGSSLIB",
+    "PGGSSDELEGATION",
+    "PGCONNECT_TIMEOUT",
+    "PGCLIENTENCODING",
+    "PGTARGETSESSIONATTRS",
+    "PGLOADBALANCEHOSTS",
+    "PGMINPROTOCOLVERSION",
+    "PGMAXPROTOCOLVERSION",
+    "PGDATESTYLE",
+    "PGTZ",
+    "PGGEQO",
+    "PGSYSCONFDIR",
+    "PGLOCALEDIR",
+)
+#: The prefixes of the MySQL and MariaDB clients' variables (``MYSQL_PWD``, ``MYSQL_HOST``,
+#: ``MYSQL_TEST_LOGIN_FILE``, ``LIBMYSQL_ENABLE_CLEARTEXT_PLUGIN``...) and of the servers' images
+#: (``MYSQL_ROOT_PASSWORD``, ``MARIADB_PASSWORD``...).
+MYSQL_PREFIXES = ("MYSQL_", "MARIADB_", "LIBMYSQL_")
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
 
 def is_secret(variable: str) -> bool:
-    """Whether ``variable`` may hold a secret of aioelect's (a password, or a DSN that may carry one)."""
-    return variable in SECRET_VARIABLES or (
-        variable.startswith("AIOELECT_") and ("PASSWORD" in variable or variable.endswith("_DSN"))
+    """Whether ``variable`` may hold a secret: aioelect's (a password, or a DSN or URL that may carry one), or a
+    database client's (every libpq variable of :data:`LIBPQ_VARIABLES`, every MySQL or MariaDB variable of
+    :data:`MYSQL_PREFIXES`: passwords, password files, and where they are sent)."""
+    return (
+        variable in SECRET_VARIABLES
+        or (
+            variable.startswith("AIOELECT_")
+            and ("PASSWORD" in variable or variable.endswith("_DSN") or variable.endswith("_URL"))
+        )
+        or variable in LIBPQ_VARIABLES
+        or variable.startswith(MYSQL_PREFIXES)
     )
 
 
@@ -113,6 +201,20 @@ def _flag(environ: Mapping[str, str], variable: str) -> bool | None:
     if value.lower() in _FALSE:
         return False
     raise ValueError(f"{variable} must be one of {', '.join(_TRUE + _FALSE)}, not {value!r}")
+
+
+def _seconds(environ: Mapping[str, str], variable: str) -> float | None:
+    """The number of seconds in ``variable`` (None when unset or empty); ValueError unless finite and > 0."""
+    value = environ.get(variable, "").strip()
+    if not value:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{variable} must be a number of seconds, not {value!r}") from None
+    if not (0 < number < float("inf")):
+        raise ValueError(f"{variable} must be a finite number of seconds > 0, not {value!r}")
+    return number
 
 
 def _redacted(value: str | None) -> str | None:
@@ -133,6 +235,7 @@ class Settings:
     etcd_endpoints: str | None = None
     mysql_dsn: str | None = field(default=None, repr=False)
     postgres_dsn: str | None = field(default=None, repr=False)
+    redis_url: str | None = field(default=None, repr=False)
     file: str | None = None
     name: str | None = None
     identity: str | None = None
@@ -143,6 +246,8 @@ class Settings:
     etcd_key: str | None = None
     #: ``AIOELECT_ETCD_DEGRADE_TO_LOCAL``: ``1``/``true``/``yes``/``on`` or ``0``/``false``/``no``/``off``.
     etcd_degrade_to_local: bool | None = None
+    #: The timing options of :data:`TIMING_VARIABLES` that are set, by option name.
+    timing: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
@@ -161,6 +266,7 @@ class Settings:
             etcd_endpoints=text(ENV_ETCD_ENDPOINTS),
             mysql_dsn=text(ENV_MYSQL_DSN),
             postgres_dsn=text(ENV_POSTGRES_DSN),
+            redis_url=text(ENV_REDIS_URL),
             file=text(ENV_FILE),
             name=text(ENV_NAME),
             identity=text(ENV_IDENTITY),
@@ -170,19 +276,41 @@ class Settings:
             etcd_cert=text(ENV_ETCD_CERT),
             etcd_key=text(ENV_ETCD_KEY),
             etcd_degrade_to_local=_flag(environ, ENV_ETCD_DEGRADE_TO_LOCAL),
+            timing={
+                option: seconds
+                for variable, option in TIMING_VARIABLES
+                if (seconds := _seconds(environ, variable)) is not None
+            },
         )
 
     @property
     def targets(self) -> dict[str, str | None]:
         """Each backend's configured target (endpoints, DSN, path) or None, in the factory's priority order."""
-        return {"etcd": self.etcd_endpoints, "mysql": self.mysql_dsn, "postgres": self.postgres_dsn, "file": self.file}
+        return {
+            "etcd": self.etcd_endpoints,
+            "mysql": self.mysql_dsn,
+            "postgres": self.postgres_dsn,
+            "redis": self.redis_url,
+            "file": self.file,
+        }
 
     def backend(self) -> tuple[str, str] | None:
-        """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names if its variable is set, else of the first
-        backend configured in priority order; None if none is."""
-        named = self.targets.get(self.backend_kind or "")
-        if named is not None:
-            assert self.backend_kind is not None
+        """``(kind, target)`` of the backend ``AIOELECT_BACKEND`` names, else of the first backend configured in
+        priority order; None if none is (or ``AIOELECT_BACKEND=local`` or ``memory``: no backend of another
+        process).
+
+        ValueError when ``AIOELECT_BACKEND`` names a backend whose variable is
+        not set: the configuration contradicts itself, and falling back to
+        another backend that happens to be set would lead beside the real
+        election.
+        """
+        if self.backend_kind in ("local", "memory"):
+            return None
+        if self.backend_kind is not None:
+            named = self.targets[self.backend_kind]
+            if named is None:
+                variable = dict(BACKEND_VARIABLES)[self.backend_kind]
+                raise ValueError(f"{ENV_BACKEND}={self.backend_kind} but {variable} is not set")
             return self.backend_kind, named
         for kind, target in self.targets.items():
             if target is not None:
@@ -197,6 +325,7 @@ class Settings:
                 ("etcd_endpoints", self.etcd_endpoints),
                 ("mysql_dsn", _redacted(self.mysql_dsn)),
                 ("postgres_dsn", _redacted(self.postgres_dsn)),
+                ("redis_url", _redacted(self.redis_url)),
                 ("file", self.file),
                 ("name", self.name),
                 ("identity", self.identity),
@@ -206,6 +335,7 @@ class Settings:
                 ("etcd_cert", self.etcd_cert),
                 ("etcd_key", self.etcd_key),
                 ("etcd_degrade_to_local", self.etcd_degrade_to_local),
+                ("timing", self.timing),
             )
         )
         return f"Settings({shown})"

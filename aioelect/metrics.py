@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from . import _series
 from ._elector import Elector
 from ._events import Event
 
@@ -33,38 +34,28 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
 
 __all__ = ["PrometheusMetrics"]
 
-_LABELS = ("backend", "name")
+_LABELS = _series.LABELS
 
 
 class PrometheusMetrics:
-    """One set of aioelect collectors on one registry; attach any number of electors."""
+    """One set of aioelect collectors on one registry; attach any number of electors.
+
+    :class:`aioelect.otel.OpenTelemetryMetrics` records the same series.
+    """
 
     def __init__(self, registry: prometheus_client.CollectorRegistry | None = None) -> None:
         reg: Any = registry if registry is not None else prometheus_client.REGISTRY
         self.registry = reg
-        self.is_leader = prometheus_client.Gauge(
-            "aioelect_is_leader", "1 while this process leads the election", _LABELS, registry=reg
-        )
-        self.transitions = prometheus_client.Counter(
-            "aioelect_transitions", "Leadership transitions by reason", (*_LABELS, "reason"), registry=reg
-        )
+        self.is_leader = prometheus_client.Gauge(*_series.IS_LEADER, _LABELS, registry=reg)
+        self.transitions = prometheus_client.Counter(*_series.TRANSITIONS, (*_LABELS, "reason"), registry=reg)
         self.acquire_wait = prometheus_client.Histogram(
-            "aioelect_acquire_wait_seconds",
-            "Time from campaigning to leading",
-            _LABELS,
-            buckets=(0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30, 60, 300, 3600),
-            registry=reg,
+            *_series.ACQUIRE_WAIT, _LABELS, buckets=_series.ACQUIRE_WAIT_BUCKETS, registry=reg
         )
         self.check_latency = prometheus_client.Histogram(
-            "aioelect_check_latency_seconds",
-            "Latency of the leader's confirmations (checks, keep-alives)",
-            _LABELS,
-            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
-            registry=reg,
+            *_series.CHECK_LATENCY, _LABELS, buckets=_series.CHECK_LATENCY_BUCKETS, registry=reg
         )
-        self.errors = prometheus_client.Counter(
-            "aioelect_backend_errors", "Backend errors that were retried", _LABELS, registry=reg
-        )
+        self.errors = prometheus_client.Counter(*_series.ERRORS, _LABELS, registry=reg)
+        self._sink = _PrometheusSink(self)
 
     def attach(self, elector: Elector) -> Callable[[], None]:
         """Record ``elector``'s events from now on; return a function that detaches it."""
@@ -72,20 +63,33 @@ class PrometheusMetrics:
         return elector.add_listener(self._record)
 
     def _record(self, event: Event) -> None:
-        labels = (event.backend, event.name)
-        if event.kind == "acquired":
-            self.is_leader.labels(*labels).set(1)
-            self.transitions.labels(*labels, "acquired").inc()
-            if event.wait is not None:
-                self.acquire_wait.labels(*labels).observe(event.wait)
-        elif event.kind in ("released", "lost"):
-            self.is_leader.labels(*labels).set(0)
-            self.transitions.labels(*labels, event.kind).inc()
-        elif event.kind == "confirmed" and event.latency is not None:
-            self.check_latency.labels(*labels).observe(event.latency)
-        elif event.kind == "error":
-            self.errors.labels(*labels).inc()
+        _series.record(event, self._sink)
 
     def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Expose this registry over HTTP on ``host:port`` (loopback by default), in a daemon thread."""
+        """Expose this registry over HTTP on ``host:port`` (loopback by default), in a daemon thread.
+
+        This is prometheus_client's server: one thread per connection and no
+        connection limit, so keep it off addresses untrusted clients reach
+        (``aioelect run --metrics-port`` serves from a bounded server instead).
+        """
         prometheus_client.start_http_server(port, addr=host, registry=self.registry)
+
+
+class _PrometheusSink:
+    def __init__(self, metrics: PrometheusMetrics) -> None:
+        self._m = metrics
+
+    def is_leader(self, labels: tuple[str, str], value: int) -> None:
+        self._m.is_leader.labels(*labels).set(value)
+
+    def transition(self, labels: tuple[str, str], reason: str) -> None:
+        self._m.transitions.labels(*labels, reason).inc()
+
+    def acquire_wait(self, labels: tuple[str, str], seconds: float) -> None:
+        self._m.acquire_wait.labels(*labels).observe(seconds)
+
+    def check_latency(self, labels: tuple[str, str], seconds: float) -> None:
+        self._m.check_latency.labels(*labels).observe(seconds)
+
+    def error(self, labels: tuple[str, str]) -> None:
+        self._m.errors.labels(*labels).inc()

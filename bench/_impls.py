@@ -74,7 +74,10 @@ IMPLS: list[Impl] = [
         True,
         requires=("aioelect.backends.mysql",),
         frozen_args=("--lease", "5"),
-        how="`MySQLElector` defaults (poll 2 s, check 1 s, check timeout 2 s, lease 10 s); lease 5 s when frozen",
+        how=(
+            "`MySQLElector` defaults (poll 2 s, check 1 s, check timeout 2 s, lease 10 s); lease 5 s when frozen "
+            "(check timeout 1.25 s)"
+        ),
     ),
     Impl(
         "baseline-mysql",
@@ -167,7 +170,7 @@ IMPLS: list[Impl] = [
         True,
         requires=("aioelect.backends.postgres",),
         frozen_args=("--lease", "5"),
-        how="`PostgresElector` defaults; lease 5 s when frozen",
+        how="`PostgresElector` defaults; lease 5 s when frozen (check timeout 1.25 s)",
     ),
     Impl(
         "tooz-postgres",

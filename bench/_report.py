@@ -361,7 +361,11 @@ def write_report(data: dict[str, Any], where: Path) -> None:
     ]
     if errors:
         lines += ["", "### Errors during the run", "", *errors]
-    (where / "RESULTS.md").write_text("\n".join(lines) + "\n")
+    path = where / "RESULTS.md"
+    # The sharding section is written by `python -m bench.shards`, a run of its own: kept as it is.
+    previous = path.read_text() if path.exists() else ""
+    kept = previous[previous.index("<!-- shards -->") :] if "<!-- shards -->" in previous else ""
+    path.write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
 
 
 def _analysis(data: dict[str, Any]) -> list[str]:

@@ -45,11 +45,12 @@ from urllib.parse import urlsplit
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEDULER = os.path.join(HERE, "scheduler.py")
-BACKENDS = ("file", "mysql", "etcd", "postgres", "local")
+BACKENDS = ("file", "mysql", "etcd", "postgres", "redis", "local")
 ENV_VARS = {
     "mysql": "AIOELECT_MYSQL_DSN",
     "etcd": "AIOELECT_ETCD_ENDPOINTS",
     "postgres": "AIOELECT_POSTGRES_DSN",
+    "redis": "AIOELECT_REDIS_URL",
     "file": "AIOELECT_FILE",
 }
 
@@ -116,6 +117,7 @@ def setup_backend(kind: str, stack: contextlib.ExitStack, workdir: str) -> Backe
             "mysql": testing.MariaDBServer,
             "etcd": testing.EtcdServer,
             "postgres": testing.PostgresServer,
+            "redis": testing.RedisServer,
         }[kind]
         try:
             server = factory()
@@ -134,6 +136,13 @@ def setup_backend(kind: str, stack: contextlib.ExitStack, workdir: str) -> Backe
         env["AIOELECT_ETCD_ENDPOINTS"] = endpoints
         # A short lease so the takeover after a SIGKILL is quick; never fall back to "always leader".
         return Backend("etcd", env, ["ttl=3", "degrade_to_local=false"], f"etcd at {endpoints}", takeover_bound=20.0)
+    if kind == "redis":
+        url = given or server.url
+        env["AIOELECT_REDIS_URL"] = url
+        parts = urlsplit(url)
+        # A short lease so the takeover after a SIGKILL is quick.
+        options = ["lease=3", "check_interval=0.3", "check_timeout=1", "poll_interval=0.5"]
+        return Backend("redis", env, options, f"redis at {parts.hostname}:{parts.port}", takeover_bound=10.0)
     dsn = given or server.dsn
     env[ENV_VARS[kind]] = dsn
     parts = urlsplit(dsn)

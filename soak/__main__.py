@@ -1,4 +1,4 @@
-"""``python -m soak --minutes M [--seed S] [--out DIR] [--backends mariadb,postgres,etcd1,etcd3]``.
+"""``python -m soak --minutes M [--seed S] [--out DIR] [--backends mariadb,postgres,redis,etcd1,etcd3]``.
 
 Runs the backends side by side, each for the full ``--minutes``; exits 1 if
 the checker finds any violation, 2 if a server cannot be started.

@@ -100,7 +100,7 @@ async def main(args: argparse.Namespace) -> None:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m soak.candidate")
-    parser.add_argument("--backend", required=True, choices=["mysql", "postgres", "etcd"])
+    parser.add_argument("--backend", required=True, choices=["mysql", "postgres", "etcd", "redis"])
     parser.add_argument("--target", required=True, help="DSN or comma-separated endpoints (through the proxies)")
     parser.add_argument("--name", required=True)
     parser.add_argument("--identity", required=True)

@@ -12,13 +12,14 @@ import secrets
 import time
 from typing import ClassVar
 
-from tests.harness import EtcdCluster, EtcdServer, MariaDBServer, PostgresServer, TCPProxy
+from tests.harness import EtcdCluster, EtcdServer, MariaDBServer, PostgresServer, RedisServer, TCPProxy
 
 __all__ = [
     "Etcd1Target",
     "Etcd3Target",
     "MariaDBTarget",
     "PostgresTarget",
+    "RedisTarget",
     "Target",
     "checked_kinds",
     "make_target",
@@ -70,7 +71,7 @@ class Target:
 class _OneServer(Target):
     """A target that is one server process: restarted as a whole."""
 
-    server: MariaDBServer | PostgresServer | EtcdServer
+    server: MariaDBServer | PostgresServer | EtcdServer | RedisServer
 
     def start(self) -> None:
         self.server.start()
@@ -148,6 +149,39 @@ class PostgresTarget(_OneServer):
             "WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
         )
         return [f"{len(rows)} client connection(s) still open on PostgreSQL: {rows}"] if rows else []
+
+
+class RedisTarget(_OneServer):
+    """One Redis with the append-only file synced on every write (the backend refuses anything less)."""
+
+    label = "redis"
+    backend = "redis"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.server: RedisServer = RedisServer()
+
+    @property
+    def _lock_key(self) -> str:
+        return f"aioelect:{{{self.name}}}:lock"
+
+    def candidate_target(self, proxies: list[TCPProxy]) -> str:
+        return f"redis://{proxies[0].endpoint}/0"
+
+    def depose(self) -> str:
+        deleted = self.server.command("DEL", self._lock_key)
+        return f"DEL {self._lock_key}" if deleted else "no holder"
+
+    def leftovers(self) -> list[str]:
+        found = []
+        clients = [
+            line for line in str(self.server.command("CLIENT", "LIST")).splitlines() if "cmd=client|list" not in line
+        ]
+        if clients:
+            found.append(f"{len(clients)} client connection(s) still open on Redis")
+        if self.server.command("EXISTS", self._lock_key):
+            found.append(f"the lock key {self._lock_key} is left")
+        return found
 
 
 class _EtcdTarget(Target):
@@ -233,6 +267,7 @@ class Etcd3Target(_EtcdTarget):
 _TARGETS: dict[str, type[Target]] = {
     "mariadb": MariaDBTarget,
     "postgres": PostgresTarget,
+    "redis": RedisTarget,
     "etcd1": Etcd1Target,
     "etcd3": Etcd3Target,
 }

@@ -88,6 +88,35 @@ def _sql() -> Timing:
     )
 
 
+def _redis() -> Timing:
+    # Nobody deletes a lost leader's key: it expires lease after the send of its last renew; a waiter tries again
+    # within poll_interval (at once when a release is published).
+    expiry = _LEASE + _POLL + SLACK
+    return Timing(
+        options={
+            "lease": _LEASE,
+            "check_interval": _CHECK_INTERVAL,
+            "check_timeout": _CHECK_TIMEOUT,
+            "renew_deadline": _RENEW_DEADLINE,
+            "poll_interval": _POLL,
+        },
+        # docs/backends.md: a deposed leader (key deleted) stops within check_interval + check_timeout.
+        margin=_CHECK_INTERVAL + _CHECK_TIMEOUT + OVERLAP_SLACK,
+        base_gap=_POLL + SLACK,
+        bounds={
+            "kill": ("start", expiry),
+            "pause": ("start", expiry),
+            "depose": ("start", _POLL + SLACK),
+            "partition-drop": ("start", expiry),
+            "partition-stall": ("start", expiry),
+            # The key and its expiry survive in the append-only file; the campaign's backoff tops out at 1 s.
+            "restart": ("heal", 1.0 + expiry),
+            "slow": ("heal", expiry),
+        },
+        lease=_LEASE,
+    )
+
+
 def _etcd() -> Timing:
     expiry = _TTL + _ETCD_EXPIRY + SLACK  # a lost leader's key goes with its lease, ttl after the last keep-alive
     return Timing(
@@ -114,6 +143,7 @@ def _etcd() -> Timing:
 TIMINGS: dict[str, tuple[str, Timing]] = {
     "mariadb": ("mysql", _sql()),
     "postgres": ("postgres", _sql()),
+    "redis": ("redis", _redis()),
     "etcd1": ("etcd", _etcd()),
     "etcd3": ("etcd", _etcd()),
 }

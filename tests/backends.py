@@ -271,6 +271,50 @@ def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
     return BackendCase("postgres", make, leftovers=leftovers, depose=depose, empty_store=empty_store)
 
 
+#: Redis candidates in the contract suite: quick renews, short lease.
+REDIS = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4}
+
+
+def redis_case(request: pytest.FixtureRequest) -> BackendCase:
+    from aioelect import RedisElector
+
+    from .harness import RedisServer
+
+    url: str = request.getfixturevalue("redis_url")
+    server: RedisServer | None = owned_server(request, "redis_server")
+
+    def make(name: str, **kw: Any) -> Elector:
+        return RedisElector(url, name=name, **{**REDIS, **kw})
+
+    leftovers = None
+    depose = None
+    if server is not None:
+        srv = server
+
+        async def leftovers_() -> int:
+            """Connections (but the one asking) and lock keys."""
+
+            def count() -> int:
+                clients = len(str(srv.command("CLIENT", "LIST")).splitlines()) - 1
+                return clients + len(srv.command("KEYS", "*:lock"))
+
+            return await anyio.to_thread.run_sync(count)
+
+        async def depose_(elector: Elector) -> None:
+            key = f"aioelect:{{{elector.name}}}:lock"
+            deleted = await anyio.to_thread.run_sync(lambda: srv.command("DEL", key))
+            assert deleted == 1, "nobody holds the lock"
+
+        leftovers, depose = leftovers_, depose_
+
+    @contextlib.asynccontextmanager
+    async def empty_store() -> AsyncIterator[Callable[..., Elector]]:
+        prefix = f"aioelect-empty-{secrets.token_hex(4)}:"
+        yield lambda name, **kw: make(name, key_prefix=prefix, **kw)
+
+    return BackendCase("redis", make, leftovers=leftovers, depose=depose, empty_store=empty_store)
+
+
 def file_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect import FileElector
 
@@ -338,6 +382,7 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "mysql": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "etcd": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "postgres": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
+    "redis": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "file": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "memory": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
 }
@@ -347,6 +392,7 @@ CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {
     "mysql": mysql_case,
     "etcd": etcd_case,
     "postgres": postgres_case,
+    "redis": redis_case,
     "file": file_case,
     "memory": memory_case,
 }

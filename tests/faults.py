@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +32,13 @@ OPTIONS = {
     "poll_interval": 1.0,
     "fencing": True,
 }
+#: The same timing in the Redis backend's option names (its lease is the lock key's expiry).
+REDIS_OPTIONS = {
+    "lease": LEASE,
+    "check_interval": CHECK_INTERVAL,
+    "check_timeout": CHECK_TIMEOUT,
+    "renew_deadline": 2.0,
+}
 #: Scheduling slack on a shared two-core machine.
 MARGIN = 1.5
 
@@ -49,10 +56,10 @@ class Term:
 class EventProcess:
     """A test script run as its own OS process; the JSON lines it prints are collected by a reader thread."""
 
-    def __init__(self, script: Path, *args: str, identity: str = "") -> None:
+    def __init__(self, script: Path, *args: str, identity: str = "", prefix: Sequence[str] = ()) -> None:
         self.identity = identity
-        self.proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
+        self.proc = subprocess.Popen(  # prefix: a command that execs the rest in its place (ip netns exec NS)
+            [*prefix, sys.executable, str(script), *args],
             stdout=subprocess.PIPE,
             stderr=None if os.environ.get("AIOELECT_TEST_VERBOSE") else subprocess.DEVNULL,
             text=True,
@@ -115,7 +122,7 @@ class Candidates:
         self.backend, self.target, self.name, self.options = backend, target, name, options
         self.all: list[Candidate] = []
 
-    def start(self, identity: str, target: str | None = None) -> Candidate:
+    def start(self, identity: str, target: str | None = None, prefix: Sequence[str] = ()) -> Candidate:
         candidate = Candidate(
             CANDIDATE,
             f"--backend={self.backend}",
@@ -124,9 +131,15 @@ class Candidates:
             f"--identity={identity}",
             f"--options={json.dumps(self.options)}",
             identity=identity,
+            prefix=prefix,
         )
         self.all.append(candidate)
         return candidate
+
+    def start_three(self) -> None:
+        """Three candidates, ``cand-0`` to ``cand-2``, on the group's target."""
+        for i in range(3):
+            self.start(f"cand-{i}")
 
     def close(self) -> None:
         for candidate in self.all:

@@ -24,7 +24,7 @@ import pytest
 from .harness import EtcdServer, MariaDBServer, TCPProxy, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-BACKENDS = ("mysql", "etcd", "postgres", "file")
+BACKENDS = ("mysql", "etcd", "postgres", "redis", "file")
 
 TICK = """\
 import os, signal, sys, time
@@ -177,6 +177,9 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     if kind == "postgres":
         pg: str = request.getfixturevalue("postgres_dsn")
         return Target("postgres", ["--postgres", pg], ["--poll-interval", "0.3"], 10.0)
+    if kind == "redis":
+        url: str = request.getfixturevalue("redis_url")
+        return Target("redis", ["--redis", url], ["--lease", "5", "--poll-interval", "0.3"], 10.0)
     return Target("file", ["--file", str(tmp_path / "leader.lock")], ["--poll-interval", "0.05"], 10.0)
 
 
@@ -357,7 +360,7 @@ def test_help_explains_options_environment_and_exit_codes() -> None:
     assert result.returncode == 0
     for text in ("--etcd", "--mysql", "--postgres", "--file", "--name", "--ttl", "--identity", "--password-file",
                  "--grace", "--forever", "AIOELECT_MYSQL_DSN", "AIOELECT_ETCD_ENDPOINTS", "AIOELECT_PASSWORD",
-                 "exit status", "SIGKILL"):  # fmt: skip
+                 "exit status", "SIGKILL", "SIGHUP", "setsid", "84 ms", "Not covered"):  # fmt: skip
         assert text in result.stdout, text
 
 
@@ -509,7 +512,9 @@ def test_grace_within_the_margin_is_accepted(mysql_dsn: str, options: list[str],
 
 def test_lease_applies_to_sql_backends_only(etcd_endpoints: list[str]) -> None:
     result = cli("run", "--etcd", ",".join(etcd_endpoints), "--name", "/t", "--lease", "30", "--", "true")
-    assert result.returncode == 2 and "--lease applies to the SQL backends only" in result.stderr, result.stderr
+    assert result.returncode == 2 and "--lease applies to the SQL and Redis backends only" in result.stderr, (
+        result.stderr
+    )
 
 
 @pytest.mark.parametrize("kind", ["etcd", "mysql"])
@@ -575,7 +580,7 @@ def test_processes_left_in_cmds_group_are_killed_before_the_release(
         pgid, child = map(int, started.read_text().split())
         assert group_members(pgid) == [], "a process of CMD's group outlived the leadership"
         assert not pid_alive(child)
-        assert "still running in CMD's process group" in spawner.stderr(proc)
+        assert "are still running after CMD exited" in spawner.stderr(proc)
     finally:
         if started.exists():
             kill_group(int(started.read_text().split()[0]))
@@ -584,14 +589,21 @@ def test_processes_left_in_cmds_group_are_killed_before_the_release(
 # --- run --no-wait: try once, like flock -n -----------------------------------------------------
 
 
-def test_run_no_wait_exits_75_while_another_leads_and_runs_cmd_once_when_free(
+def a_holder_and_a_job(
     target: Target, spawner: Spawner, tmp_path: Path
-) -> None:
+) -> tuple[Lines, list[str], subprocess.Popen[str], list[str]]:
+    """An instance ``holder`` that leads and runs its command, and the command line of a short job to try beside it."""
     lines = Lines(tmp_path / "ticks")
     backend = [*target.with_name(), *target.tuning]
     holder = spawner.run_cmd(*backend, "--identity", "holder", out=lines.path)
     wait_until("the holder to run its command", lambda: bool(lines.of("holder", "start")), 30)
-    once = [sys.executable, str(spawner.script), str(lines.path), "once"]
+    return lines, backend, holder, [sys.executable, str(spawner.script), str(lines.path), "once"]
+
+
+def test_run_no_wait_exits_75_while_another_leads_and_runs_cmd_once_when_free(
+    target: Target, spawner: Spawner, tmp_path: Path
+) -> None:
+    lines, backend, holder, once = a_holder_and_a_job(target, spawner, tmp_path)
 
     started = time.monotonic()
     tried = cli("run", *backend, "--no-wait", "--identity", "cron", "--", *once)
@@ -609,6 +621,26 @@ def test_run_no_wait_exits_75_while_another_leads_and_runs_cmd_once_when_free(
 
     both = cli("run", *backend, "--no-wait", "--forever", "--", *once)
     assert both.returncode == 2 and "--no-wait" in both.stderr
+
+
+@pytest.mark.parametrize("target", ["file"], indirect=True)  # the exit status is the command line's, not a backend's
+def test_run_no_wait_conflict_exit_code_is_the_status_while_another_leads(
+    target: Target, spawner: Spawner, tmp_path: Path
+) -> None:
+    """--conflict-exit-code N, as flock -E: a CronJob or systemd unit that counts 75 as failure asks for 0."""
+    lines, backend, holder, once = a_holder_and_a_job(target, spawner, tmp_path)
+    for code in ("0", "3"):
+        tried = cli("run", *backend, "--no-wait", "--conflict-exit-code", code, "--identity", "cron", "--", *once)
+        assert tried.returncode == int(code), tried.stderr
+        assert f"exit status {code}" in tried.stderr
+    assert lines.of("cron") == [], "CMD must not run while another instance leads"
+    holder.send_signal(signal.SIGTERM)
+    spawner.wait(holder)
+    waits = cli("run", *backend, "--conflict-exit-code", "0", "--", *once)
+    assert waits.returncode == 2 and "--no-wait only" in waits.stderr
+    for bad in ("256", "-1", "x"):
+        refused = cli("run", *backend, "--no-wait", "--conflict-exit-code", bad, "--", *once)
+        assert refused.returncode == 2 and "--conflict-exit-code" in refused.stderr, refused.stderr
 
 
 def test_mysql_without_a_database_names_no_fencing() -> None:

@@ -240,6 +240,7 @@ def test_cmd_does_not_inherit_aioelects_secrets(mariadb: MariaDBServer, tmp_path
     environment = {
         "AIOELECT_MYSQL_DSN": f"mysql://cli_env@127.0.0.1:{mariadb.port}/{mariadb.database}",
         "AIOELECT_POSTGRES_DSN": f"postgresql://cli_env:{secret}@127.0.0.1:1/unused",
+        "AIOELECT_REDIS_URL": f"redis://cli_env:{secret}@127.0.0.1:1/0",
         "AIOELECT_PASSWORD": secret,
         "AIOELECT_NAME": f"env-{secrets.token_hex(4)}",
         "UNRELATED_SETTING": "kept",
@@ -248,7 +249,8 @@ def test_cmd_does_not_inherit_aioelects_secrets(mariadb: MariaDBServer, tmp_path
     result = cli("run", "--", sys.executable, "-c", DUMP_ENV, str(dump), **environment)
     assert result.returncode == 0, result.stderr
     seen = json.loads(dump.read_text())
-    leaked = sorted(k for k in seen if k in ("AIOELECT_PASSWORD", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN"))
+    secret_names = ("AIOELECT_PASSWORD", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN", "AIOELECT_REDIS_URL")
+    leaked = sorted(k for k in seen if k in secret_names)
     assert leaked == [], f"CMD got aioelect's secrets: {leaked}"
     assert not [k for k, v in seen.items() if secret in v], "the password reached CMD's environment"
     assert seen["UNRELATED_SETTING"] == "kept" and seen["AIOELECT_NAME"] == environment["AIOELECT_NAME"]
@@ -265,6 +267,32 @@ def test_cmd_does_not_inherit_aioelects_secrets(mariadb: MariaDBServer, tmp_path
 
     refused = cli("run", "--pass-secret", "HOME", "--", "true", **environment)
     assert refused.returncode == 2 and "--pass-secret" in refused.stderr
+
+
+def test_cmd_does_not_inherit_the_database_clients_secrets(tmp_path: Path) -> None:
+    """libpq's and the MySQL client's variables (passwords, password files) stay with aioelect unless asked for."""
+    secret = f"Client-{secrets.token_hex(6)}"
+    clients = {
+        "PGPASSWORD": secret,
+        "PGPASSFILE": str(tmp_path / "pgpass"),
+        "PGSERVICEFILE": str(tmp_path / "pg_service.conf"),
+        "PGHOST": "db.example",
+        "MYSQL_PWD": secret,
+        "MYSQL_TEST_LOGIN_FILE": str(tmp_path / "mylogin.cnf"),
+        "MARIADB_ROOT_PASSWORD": secret,
+    }
+    dump = tmp_path / "env.json"
+    lock = str(tmp_path / "l.lock")
+    result = cli("run", "--file", lock, "--", sys.executable, "-c", DUMP_ENV, str(dump), UNRELATED="kept", **clients)
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(dump.read_text())
+    assert sorted(set(clients) & set(seen)) == [] and seen["UNRELATED"] == "kept"
+    asked = cli("run", "-q", "--file", lock, "--pass-secret", "PGPASSWORD", "--", sys.executable, "-c", DUMP_ENV,
+                str(dump), **clients)  # fmt: skip
+    assert asked.returncode == 0, asked.stderr
+    seen = json.loads(dump.read_text())
+    assert seen.get("PGPASSWORD") == secret and "MYSQL_PWD" not in seen
+    assert "--pass-secret" in asked.stderr and secret not in asked.stderr
 
 
 # --- identities written by other clients -------------------------------------------------------------
@@ -320,9 +348,9 @@ def silent_port() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+@pytest.mark.parametrize("kind", ["mysql", "postgres", "redis"])
 def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) -> None:
-    scheme = "mysql" if kind == "mysql" else "postgresql"
+    scheme = {"mysql": "mysql", "postgres": "postgresql", "redis": "redis"}[kind]
     awkward = "Alpha1#Bravo2@Charlie3?Delta4/Echo5"
     dsns = [
         f"{scheme}://someone:{awkward}@127.0.0.1:{silent_port}/db",  # raw
@@ -332,7 +360,7 @@ def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) 
         # ...or, here, connects to 127.0.0.1:{silent_port}, a server that hangs: the timeout message.
         f"{scheme}://127.0.0.1:{silent_port}#Bravo2@Charlie3?Delta4/Echo5@127.0.0.1:{free_port()}/db",
     ]
-    variable = "AIOELECT_MYSQL_DSN" if kind == "mysql" else "AIOELECT_POSTGRES_DSN"
+    variable = {"mysql": "AIOELECT_MYSQL_DSN", "postgres": "AIOELECT_POSTGRES_DSN", "redis": "AIOELECT_REDIS_URL"}[kind]
     outputs = []
     for dsn in dsns:
         for command in (["leader"], ["observe"], ["run", "--", "true"]):
@@ -349,3 +377,14 @@ def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) 
     text = "\n".join(outputs)
     shown = [part for part in PASSWORD_PARTS if part in text]
     assert shown == [], f"parts of the password were printed: {shown}\n{text}"
+
+
+def test_a_ca_file_that_does_not_load_is_a_usage_error(tmp_path: Path) -> None:
+    """A CA file that exists but holds no certificate: exit 2 with its name, no traceback."""
+    garbage = tmp_path / "ca.pem"
+    garbage.write_text("not a certificate\n")
+    for query in (f"ssl-ca={garbage}", f"ssl_mode=VERIFY_CA&ssl_ca={garbage}"):
+        result = cli("leader", "--mysql", f"mysql://u@127.0.0.1:1/db?{query}", "--name", "t", "--timeout", "2")
+        assert result.returncode == 2, result.stderr
+        assert "cannot load the ssl-ca file" in result.stderr and str(garbage) in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from aioelect import Elector, EtcdElector, MySQLElector, PostgresElector, from_env
+from aioelect import Elector, EtcdElector, MySQLElector, PostgresElector, RedisElector, from_env
 from aioelect._config import parse_dsn
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ def compose_client() -> list[str] | None:
 
 
 def test_services_versions_loopback_ports_and_health_checks() -> None:
-    assert set(SERVICES) == {"mysql", "etcd", "postgres"}
+    assert set(SERVICES) == {"mysql", "etcd", "postgres", "redis"}
     assert SERVICES["mysql"]["image"].startswith("mysql:8")
     assert re.search(r":v3\.5\.\d+$", SERVICES["etcd"]["image"])
     for name, service in SERVICES.items():
@@ -69,7 +69,12 @@ def test_services_versions_loopback_ports_and_health_checks() -> None:
 
 def test_readme_and_compose_tell_the_same_exports() -> None:
     told = exports(TEXT)
-    assert set(told) == {"AIOELECT_MYSQL_DSN", "AIOELECT_ETCD_ENDPOINTS", "AIOELECT_POSTGRES_DSN"}
+    assert set(told) == {
+        "AIOELECT_MYSQL_DSN",
+        "AIOELECT_ETCD_ENDPOINTS",
+        "AIOELECT_POSTGRES_DSN",
+        "AIOELECT_REDIS_URL",
+    }
     readme = (ROOT / "docs" / "development.md").read_text()
     section = readme.split("\n## Development servers (Docker)\n", 1)[1].split("\n## ", 1)[0]
     assert exports(section) == told
@@ -85,6 +90,11 @@ def test_exports_reach_the_services_with_their_credentials() -> None:
         env = SERVICES[service]["environment"]
         assert (dsn.host, dsn.port) == published(service), variable
         assert (dsn.user, dsn.password, dsn.database) == (user, expand(env[password]), env[database]), variable
+    redis = parse_dsn(told["AIOELECT_REDIS_URL"], "redis")
+    assert (redis.host, redis.port) == published("redis")
+    command = SERVICES["redis"]["command"]
+    assert redis.password == expand(command[command.index("--requirepass") + 1])
+    assert command[command.index("--appendfsync") + 1] == "always"  # tokens survive a crash
     host, port = published("etcd")
     assert told["AIOELECT_ETCD_ENDPOINTS"] == f"{host}:{port}"
     advertised = next(a for a in SERVICES["etcd"]["command"] if a.startswith("--advertise-client-urls="))
@@ -97,6 +107,7 @@ def test_exports_reach_the_services_with_their_credentials() -> None:
         ("AIOELECT_MYSQL_DSN", MySQLElector),
         ("AIOELECT_ETCD_ENDPOINTS", EtcdElector),
         ("AIOELECT_POSTGRES_DSN", PostgresElector),
+        ("AIOELECT_REDIS_URL", RedisElector),
     ],
 )
 async def test_from_env_builds_each_backend_from_the_exports(variable: str, kind: type[Elector]) -> None:

@@ -173,12 +173,47 @@ def timing(**kw: object) -> LockTiming:
 
 def test_leadership_dated_from_the_request_needs_poll_interval_within_the_deadline() -> None:
     """poll_interval=10, lease=10: dated from its request, a candidate that waited 10 s would start expired."""
-    with pytest.raises(ValueError, match=r"poll_interval \+ check_interval \+ check_timeout \(13s\).*win and lose"):
+    with pytest.raises(
+        ValueError, match=r"poll_interval \+ check_interval \+ 2 \* check_timeout \(15s\).*win and lose"
+    ):
         timing(poll_interval=10, lease=10)
     with pytest.raises(ValueError, match="renew_deadline"):
-        timing(poll_interval=4.5)  # 4.5 + 1 + 2 > 7
-    assert timing(poll_interval=4).poll_interval == 4  # 4 + 1 + 2 = 7: the first check still fits
+        timing(poll_interval=2.5)  # 2.5 + 1 + 2 * 2 > 7
+    assert timing(poll_interval=2).poll_interval == 2  # 2 + 1 + 2 * 2 = 7: the first check still fits
+
+
+def test_two_confirmations_of_a_slow_healthy_server_fit_in_the_renew_deadline() -> None:
+    """A check answered just within check_timeout, check_interval, and the next answered just within it again.
+
+    The keeper then learns of the earlier send's confirmation check_interval + 2 * check_timeout after it:
+    a renew deadline shorter than that fences a healthy leader.
+    """
+    with pytest.raises(ValueError, match=r"check_interval \+ 2 \* check_timeout \(5s\).*renew_deadline \(4.5s\)"):
+        timing(renew_deadline=4.5, dated_after_grant=True)  # 1 + 2 = 3 <= 4.5, but 1 + 2 * 2 = 5 > 4.5
+    assert timing(renew_deadline=5, dated_after_grant=True).renew_deadline == 5
+
+
+def test_server_bounds_shorter_than_the_lease_are_named() -> None:
+    """Every server-side bound on a silent session must be at least lease; the shortest one too short is named."""
+    t = timing(lease=10, renew_deadline=7)
+    assert t.margin == 3
+    assert t.server_problem({"wait_timeout": 10, "tcp_keepalive_time": None}, product="MySQL") is None
+    problem = t.server_problem(
+        {"wait_timeout": 10, "tcp_keepalives_idle + interval * count": 8, "tcp_user_timeout": 9}, product="PostgreSQL"
+    )
+    assert problem is not None
+    assert "tcp_keepalives_idle + interval * count" in problem and "8s" in problem and "lease (10s)" in problem
+    assert t.server_problem({"tcp_user_timeout": 0}, product="PostgreSQL") is None  # 0: off
 
 
 def test_leadership_dated_after_the_grant_allows_any_poll_interval() -> None:
     assert timing(poll_interval=10, lease=10, dated_after_grant=True).renew_deadline == 7
+
+
+def test_the_default_check_timeout_fits_a_short_renew_deadline() -> None:
+    """Not given, check_timeout is 2 s, or the most that fits the renew deadline (at least 0.5 s)."""
+    assert timing(check_timeout=None, dated_after_grant=True).check_timeout == 2  # lease 10: 1 + 2 * 2 <= 7
+    short = timing(check_timeout=None, lease=5, dated_after_grant=True)  # renew_deadline 3.5: 1 + 2 * 1.25
+    assert short.check_timeout == 1.25
+    with pytest.raises(ValueError, match=r"check_interval \+ 2 \* check_timeout \(5s\)"):
+        timing(check_timeout=None, lease=2, dated_after_grant=True)  # (1.4 - 1) / 2 < 0.5: the default, refused

@@ -105,6 +105,13 @@ def test_demo_on_postgres(tmp_path: Path, postgres_dsn: str) -> None:
     check_takeover(output, summary, takeover_bound=5.0)
 
 
+def test_demo_on_redis(tmp_path: Path, redis_url: str) -> None:
+    output, summary = run_demo(tmp_path, "--backend", "redis", *SHORT, AIOELECT_REDIS_URL=redis_url)
+    assert summary["backend"] == "redis"
+    # The killed leader's key (lease=3) must expire first.
+    check_takeover(output, summary, takeover_bound=10.0)
+
+
 def test_demo_on_local_shows_why_exclusion_matters(tmp_path: Path) -> None:
     """The negative control: without mutual exclusion the duplicate check must fire."""
     output, summary = run_demo(tmp_path, "--backend", "local", "--kill-after", "2.5", "--run-after", "0.5")

@@ -1,13 +1,19 @@
 """The documentation stays true: its code runs, its site builds, the README stays a start.
 
-Every ```python block of README.md and docs/quickstart.md stands right under a
-marker that says how this module runs it, so that no block goes unrun:
+Every ```python block of README.md and docs/*.md stands right under a
+marker that says how it is run, so that no block goes unrun:
 
 * ``<!-- docs-test: runs -->``: a program that ends; it must exit 0, and a
   block that prints a fencing token must print a real one.
 * ``<!-- docs-test: leader-loop -->``: a leader loop that never ends. It must
   lead and show a fencing token; when its lock is taken away from outside it
   must report the loss, campaign again and lead with a larger token.
+* ``<!-- docs-test: pytest -->``: a test module, run by tests/test_testing.py.
+* ``<!-- docs-test: fragment -->``: lines around names the page introduces in
+  prose (an ``elector``, a database ``db``): it must compile.
+
+The recipe pages (docs/recipes/) show only whole files of examples/recipes/,
+which tests/test_recipes.py starts as users do.
 
 Each block runs as its own Python process, configured only through the
 environment as the docs tell users to (``AIOELECT_FILE``,
@@ -35,9 +41,12 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ("README.md", "docs/quickstart.md")
+#: Every page with code blocks; the recipe pages include files of examples/recipes/ that tests/test_recipes.py runs.
+DOCUMENTS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 MARKER = re.compile(r"<!-- docs-test: ([a-z-]+) -->\n```python\n(.*?)\n```", re.S)
-KINDS = ("runs", "leader-loop")
+KINDS = ("runs", "leader-loop", "pytest", "fragment")
+#: The kinds test_block_runs starts as programs, on every backend.
+PROGRAMS = ("runs", "leader-loop")
 #: How long a block may take to show what it must (the leader loop checks every second).
 WAIT = 30.0
 TOKEN = re.compile(r"token (\d+|None)")
@@ -64,20 +73,22 @@ def all_blocks() -> list[tuple[str, int, str, str]]:
     ]
 
 
-BLOCKS = all_blocks()
+BLOCKS = [block for block in all_blocks() if block[2] in PROGRAMS]
 BLOCK_IDS = [f"{document}#{index}-{kind}" for document, index, kind, _ in BLOCKS]
 
 
 class Program:
     """A docs block running as its own process; its output lines are read by a thread."""
 
-    def __init__(self, source: str, env: dict[str, str], cwd: Path) -> None:
-        script = cwd / f"block_{uuid.uuid4().hex[:8]}.py"
-        script.write_text(source)
+    def __init__(self, source: str, env: dict[str, str], cwd: Path, argv: list[str] | None = None) -> None:
+        if argv is None:
+            script = cwd / f"block_{uuid.uuid4().hex[:8]}.py"
+            script.write_text(source)
+            argv = [sys.executable, "-u", str(script)]
         self.output: list[str] = []
         self._lines: queue.Queue[str | None] = queue.Queue()
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", str(script)],
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -113,6 +124,21 @@ class Program:
             found = re.search(pattern, line)
             if found:
                 return found
+
+    def lines_now(self) -> list[str]:
+        """The output lines printed since the last read, without waiting."""
+        new: list[str] = []
+        while True:
+            try:
+                line = self._lines.get_nowait()
+            except queue.Empty:
+                break
+            if line is None:
+                self._lines.put(None)  # the end stays visible to later reads
+                break
+            new.append(line)
+        self.output.extend(new)
+        return new
 
     def text(self) -> str:
         return "\n".join(self.output)
@@ -268,6 +294,18 @@ def test_block_runs(
     assert program.proc.poll() is None, "the leader loop must keep running"
 
 
+def test_fragments_compile_and_pytest_blocks_are_run() -> None:
+    """A fragment (code around names a page introduces in prose) compiles; a pytest block is tests/test_testing.py's."""
+    import ast
+
+    for document, index, kind, source in all_blocks():
+        if kind == "fragment":
+            compile(source, f"{document}#{index}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+        elif kind == "pytest":
+            text = (ROOT / document).read_text()
+            assert "<!-- test: example run by tests/test_testing.py -->\n<!-- docs-test: pytest -->" in text
+
+
 def test_every_document_has_its_blocks() -> None:
     kinds = {document: [kind for kind, _ in python_blocks(document)] for document in DOCUMENTS}
     assert kinds["README.md"] == ["leader-loop"], "the README's example is one leader loop"
@@ -329,6 +367,162 @@ def test_the_try_once_block_gives_way_to_a_leader(
     assert code == 0, follower.text()
     assert follower.output == ["another instance leads: not running the report"], follower.text()
     assert leader.proc.poll() is None, "the leader loop must keep running"
+
+
+SHELL = re.compile(r"<!-- docs-test: shell -->\n```sh\n(.*?)\n```", re.S)
+
+
+def shell_setup(document: str) -> str:
+    """The ```sh block of ``document`` marked ``<!-- docs-test: shell -->``: its one-host setup."""
+    (setup,) = SHELL.findall((ROOT / document).read_text())
+    return str(setup)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("document", ["README.md", "docs/quickstart.md"])
+def test_followed_literally_on_one_host_a_leader_and_a_follower(
+    document: str, programs: list[Program], tmp_path: Path
+) -> None:
+    """The shell setup, then the leader loop twice: one leads, the other says it campaigns; then a handover."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (loop,) = [source for kind, source in python_blocks(document) if kind == "leader-loop"]
+    script = tmp_path / "leader.py"
+    script.write_text(loop)
+    env = {**base_env(), "HOME": str(home), "PYTHON": sys.executable}
+    command = f'set -e\n{shell_setup(document)}\nexec "$PYTHON" -u leader.py\n'
+    first = Program("", env, tmp_path, ["bash", "-c", command])
+    programs.append(first)
+    first.expect(r"leading with token 1\b")
+    second = Program("", env, tmp_path, ["bash", "-c", command])
+    programs.append(second)
+    second.expect(r"aioelect.*campaigning")
+    time.sleep(1.5)
+    assert not any("leading with token" in line for line in second.lines_now()), second.text()
+    first.proc.send_signal(signal.SIGINT)  # Ctrl-C
+    first.wait()
+    second.expect(r"leading with token 2\b")
+
+
+def test_recipe_pages_show_only_files_the_recipe_tests_run() -> None:
+    """Each ```python block of a recipe page includes a file of examples/recipes/ that tests/test_recipes.py starts."""
+    from tests.test_recipes import RECIPE_FILES
+
+    included: list[str] = []
+    for page in sorted((ROOT / "docs" / "recipes").glob("*.md")):
+        for block in re.findall(r"^```python\n(.*?)\n```", page.read_text(), re.S | re.M):
+            found = re.fullmatch(r'--8<-- "examples/recipes/([\w/]+\.py)"', block.strip())
+            assert found, f"{page.name}: a ```python block that is not an included, tested file:\n{block}"
+            included.append(found.group(1))
+    assert sorted(included) == sorted(RECIPE_FILES), included
+
+
+def test_the_api_page_reads_on_the_repository_page() -> None:
+    """docs/api.md names every public name with a line of prose, for readers who see its Markdown, not the site."""
+    import aioelect
+
+    text = (ROOT / "docs" / "api.md").read_text()
+    prose = "\n".join(line for line in text.splitlines() if not line.startswith(("::: ", "    ")))
+    for name in aioelect.__all__:
+        assert re.search(rf"^\| `{name}(\(\))?` \| \S", prose, re.M), f"docs/api.md: no summary row for {name}"
+
+
+# --- the server-side bounds table of docs/guarantees.md -------------------------------------
+
+#: What aioelect does with each bound, by the name the backends' server_bounds() give it.
+BOUND_ROLE = {
+    "wait_timeout": "sets it to `lease`",
+    "net_read_timeout": "raises it to at least `lease`",
+    "net_write_timeout": "raises it to at least `lease`",
+    "tcp_keepalive_time + tcp_keepalive_interval * tcp_keepalive_probes": "reads it (MariaDB; global only)",
+    "idle_session_timeout": "sets it to `lease` (PostgreSQL 14+)",
+    "idle_in_transaction_session_timeout": "sets it to `lease`",
+    "tcp_keepalives_idle + tcp_keepalives_interval * tcp_keepalives_count": (
+        "sets idle to `lease`, interval to `lease`/10 (at least 1 s), count to 3"
+    ),
+    "tcp_user_timeout": "reads it",
+}
+
+
+def bounds_table() -> str:
+    """The table, computed at the defaults from the functions the backends check every lock session with."""
+    from aioelect._config import LockTiming, release_bound
+    from aioelect.backends import mysql, postgres
+
+    lease = 10
+    rows = ["| backend | bound | aioelect | at the defaults |", "| --- | --- | --- | --- |"]
+    # The server's own defaults where aioelect only reads (or only raises) a setting.
+    mysql_session = {"wait_timeout": lease, "net_read_timeout": max(30, lease), "net_write_timeout": max(60, lease)}
+    idle, interval, count = postgres.keepalives(lease)
+    postgres_session = {
+        "idle_session_timeout": lease,
+        "idle_in_transaction_session_timeout": lease,
+        "tcp_keepalives_idle": idle,
+        "tcp_keepalives_interval": interval,
+        "tcp_keepalives_count": count,
+        "tcp_user_timeout": 0,
+    }
+    for product, backend, bounds in (
+        ("MySQL / MariaDB", mysql.MySQLBackend, mysql.server_bounds(mysql_session)),
+        ("PostgreSQL", postgres.PostgresBackend, postgres.server_bounds(postgres_session)),
+    ):
+        dialect = backend.dialect
+        timing = LockTiming.checked(
+            poll_interval=2,
+            check_interval=1,
+            check_timeout=2,
+            connect_timeout=5,
+            lease=lease,
+            renew_deadline=None,
+            server_timeout=dialect.server_timeout,
+            min_lease=dialect.min_lease,
+            whole_lease=dialect.whole_lease,
+            dated_after_grant=True,
+        )
+        assert timing.server_problem(bounds, product=product) is None
+        for setting, seconds in bounds.items():
+            shown = "off" if seconds is None else f"{seconds:g} s"
+            rows.append(f"| {product} | `{setting}` | {BOUND_ROLE[setting]} | {shown} |")
+        earliest = release_bound(bounds)
+        assert earliest is not None
+        margin = earliest[1] - timing.renew_deadline
+        assert margin == timing.margin  # the margin run --grace uses
+        rows.append(
+            f"| {product} | earliest bound, and the safety margin | | {earliest[1]:g} s (`{earliest[0]}`); "
+            f"margin **{margin:g} s** |"
+        )
+    return "\n".join(rows)
+
+
+def test_the_server_bounds_table_is_computed_from_the_backends() -> None:
+    text = (ROOT / "docs" / "guarantees.md").read_text()
+    found = re.search(r"<!-- server-bounds:start -->\n(.*?)\n<!-- server-bounds:end -->", text, re.S)
+    assert found is not None, "docs/guarantees.md lost its server-bounds markers"
+    expected = bounds_table()
+    assert found.group(1) == expected, f"docs/guarantees.md's table must read:\n{expected}"
+
+
+def test_the_documented_margins_are_the_computed_ones() -> None:
+    """The 3 s (and its half, the default --grace) that concepts.md and operations.md state at the defaults."""
+    from aioelect._config import LockTiming
+
+    margin = LockTiming.checked(
+        poll_interval=2,
+        check_interval=1,
+        check_timeout=2,
+        connect_timeout=5,
+        lease=10,
+        renew_deadline=None,
+        server_timeout="wait_timeout",
+        min_lease=2,
+        whole_lease=True,
+        dated_after_grant=True,
+    ).margin
+    concepts = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
+    operations = " ".join((ROOT / "docs" / "operations.md").read_text().split())
+    assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL and PostgreSQL" in concepts
+    assert f"lease less renew deadline: {margin:g} s on MySQL and PostgreSQL" in operations
+    assert f"half the margin ({margin / 2:g} s on MySQL and PostgreSQL" in operations
 
 
 def _state_diagrams() -> object:

@@ -137,6 +137,16 @@ async def test_run_returns_result_and_releases() -> None:
         assert not elector.leading
 
 
+async def test_run_passes_keyword_arguments_as_kazoo_does() -> None:
+    async with LocalElector() as elector:
+
+        async def work(kind: str, *, label: str) -> str:
+            assert aioelect.current_leadership().held
+            return f"{kind} {label}"
+
+        assert await elector.run(work, "nightly", label="report") == "nightly report"
+
+
 async def test_body_exception_propagates_and_releases() -> None:
     async with LocalElector() as elector:
         with pytest.raises(KeyError):
@@ -534,5 +544,5 @@ def test_aioelect_backend_names_one_of_several_backends_for_the_command_too() ->
 def test_lock_timing_names_the_lease_and_the_renew_deadline() -> None:
     assert LocalElector().lock_timing() is None
     etcd = aioelect.EtcdElector("127.0.0.1:2379", name="timing", ttl=6)  # connects to nothing yet
-    lease, deadline = etcd.lock_timing() or (0.0, 0.0)
-    assert lease == 6 and 0 < deadline < lease
+    margin, lease, deadline = etcd.lock_timing() or (0.0, 0.0, 0.0)
+    assert lease == 6 and 0 < deadline < lease and margin == lease - deadline

@@ -168,7 +168,8 @@ class _LateLeaderReads:
     """Network-like delays on one waiter's connection, at its client side (etcd itself answers as usual).
 
     Its first leader watch is cancelled as etcd cancels a watch; its first
-    "read leader" reply (etcd read it at once) reaches it only at :meth:`deliver`;
+    read of the leader (or of the candidates ahead of it) reaches it only at :meth:`deliver`
+    (etcd read it at once);
     every later one only when the test ends (:meth:`end`).
     """
 
@@ -183,7 +184,7 @@ class _LateLeaderReads:
 
         async def late_call(what: str, request: Any, **options: Any) -> Any:
             reply = await call(what, request, **options)
-            if what == "read leader":
+            if what in ("read leader", "read candidates ahead"):
                 self._reads += 1
                 if self._reads == 1:
                     self.taken.set()
@@ -192,7 +193,9 @@ class _LateLeaderReads:
 
         @contextlib.asynccontextmanager
         async def cancelled_watch(key: bytes, **options: Any) -> AsyncIterator[Any]:
-            leader_watch = options.get("range_end") is None and not options.get("no_put")
+            # The watch of the leader's key, or of the candidates ahead (the prefix, deletes included).
+            ranged = options.get("range_end") is not None
+            leader_watch = not options.get("no_delete") if ranged else not options.get("no_put")
             if leader_watch and not self._cancelled:
                 self._cancelled = True
                 raise Transient("etcd cancelled the watch", Failure.REFUSED)

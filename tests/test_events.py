@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import urllib.request
 
 import anyio
@@ -106,3 +107,19 @@ async def test_prometheus_metrics(mariadb: MariaDBServer) -> None:
         lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     )
     assert "aioelect_transitions_total" in body
+
+
+def test_log_lines_keep_a_percent_sign_of_the_election_name(caplog: pytest.LogCaptureFixture) -> None:
+    """An election name may hold '%' (a percent-encoded name): log lines with and without arguments show it as is,
+    pointing at the caller's line."""
+    from aioelect._log import ElectionLog
+
+    log = ElectionLog("etcd", "jobs/a%2Fb%s", "me")
+    with caplog.at_level(logging.DEBUG, logger="aioelect"):
+        log.info("campaigning; %s", "timing")
+        log.warning("no arguments 100%")
+    assert [r.getMessage() for r in caplog.records] == [
+        "[etcd jobs/a%2Fb%s me] campaigning; timing",
+        "[etcd jobs/a%2Fb%s me] no arguments 100%",
+    ]
+    assert {r.filename for r in caplog.records} == {"test_events.py"}

@@ -23,13 +23,8 @@ def candidates(fresh_mariadb: MariaDBServer) -> Iterator[Candidates]:
         yield group
 
 
-def start_three(candidates: Candidates) -> None:
-    for i in range(3):
-        candidates.start(f"cand-{i}")
-
-
 def test_leader_killed(candidates: Candidates) -> None:
-    start_three(candidates)
+    candidates.start_three()
     leader = candidates.wait_leader()
     successor, took = candidates.replace(leader, leader.kill, timeout=10)
     assert successor is not leader
@@ -39,7 +34,7 @@ def test_leader_killed(candidates: Candidates) -> None:
 
 
 def test_leader_frozen_longer_than_lease(candidates: Candidates) -> None:
-    start_three(candidates)
+    candidates.start_three()
     leader = candidates.wait_leader()
     successor, took = candidates.replace(leader, leader.freeze, timeout=LEASE + 10)
     print(f"MEASURED mysql sigstop takeover {took:.3f}s (lease {LEASE}s)")
@@ -51,7 +46,7 @@ def test_leader_frozen_longer_than_lease(candidates: Candidates) -> None:
 
 
 def test_leader_connection_killed(candidates: Candidates, fresh_mariadb: MariaDBServer) -> None:
-    start_three(candidates)
+    candidates.start_three()
     leader = candidates.wait_leader()
     token = leader.acts()[-1]["token"]
     holder = fresh_mariadb.query("SELECT IS_USED_LOCK(%s)", (candidates.name,), database="")[0][0]
@@ -74,7 +69,7 @@ def test_leader_connection_killed(candidates: Candidates, fresh_mariadb: MariaDB
 
 
 def test_server_restarted(candidates: Candidates, fresh_mariadb: MariaDBServer) -> None:
-    start_three(candidates)
+    candidates.start_three()
     candidates.wait_leader()
     stopped = time.monotonic()
     fresh_mariadb.stop()

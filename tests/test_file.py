@@ -989,6 +989,22 @@ def test_a_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     FileElector(directory / "x.lock")  # root's directories are trusted
 
 
+def test_a_directory_its_group_may_write_without_the_sticky_bit_needs_mode_0o660(tmp_path: Path) -> None:
+    """A member of the group could rename the held lock file away: accepted only when the group is trusted."""
+    directory = tmp_path / "group"
+    directory.mkdir()
+    directory.chmod(0o770)
+    with pytest.raises(ValueError, match=r"written by its group and is not sticky.*mode=0o660"):
+        FileElector(directory / "x.lock")
+    with pytest.raises(ValueError, match="written by its group"):
+        FileElector(directory / "x.lock", mode=0o600)
+    FileElector(directory / "x.lock", mode=0o660)  # the group's users are candidates: asked for
+    directory.chmod(0o1770)  # sticky: members may add files but not rename ours
+    FileElector(directory / "x.lock")
+    directory.chmod(0o750)
+    FileElector(directory / "x.lock")
+
+
 def test_a_directory_every_user_may_write_without_the_sticky_bit_is_refused(tmp_path: Path) -> None:
     directory = tmp_path / "open"
     directory.mkdir()
@@ -1031,9 +1047,9 @@ def test_mode_0660_shares_an_election_between_the_users_of_a_group(tmp_path: Pat
         assert tokens == ["1", "2"], tokens
         assert _modes(path) == {"lock": 0o660, "sidecar": 0o660, "waiting": 0o660}
         assert path.stat().st_gid == group and (base / "x.lock.leader").stat().st_uid == 60002
-        # A user of the group that did not ask for group access refuses the others' files.
+        # A user of the group that did not ask for group access refuses the directory the group may write to.
         refused = _in_child(lambda: str(asyncio.run(cycle(path, "u3"))), uid=60003, gid=group)
-        assert refused.startswith("PermanentBackendError") and "owned by" in refused, refused
+        assert refused.startswith("ValueError") and "written by its group" in refused, refused
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
@@ -1142,3 +1158,12 @@ async def test_the_leader_watchs_probe_never_delays_a_campaign(tmp_path: Path, m
             await lead.release()
     print(f"lone campaigns beside a slow probe: {[round(t, 3) for t in took]} s")
     assert max(took) < 1.5, took
+
+
+@pytest.mark.parametrize("option", ["poll_interval", "check_interval"])
+@pytest.mark.parametrize("value", [1e-300, 0.001, 0.0099])
+def test_intervals_below_the_floor_are_refused(tmp_path: Path, option: str, value: float) -> None:
+    """A poll or check every 1e-300 s would burn a core: refused, naming the option and the floor."""
+    with pytest.raises(ValueError, match=rf"{option} must be at least 0\.01 seconds"):
+        FileElector(tmp_path / "x.lock", **{option: value})
+    FileElector(tmp_path / "x.lock", **{option: 0.01})

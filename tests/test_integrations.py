@@ -408,10 +408,12 @@ async def test_web_apps_campaign_in_the_background_and_hand_over_at_shutdown(
             if leader["identity"] == "b":  # shut the leader down, whichever it is
                 memory_elector().depose("test: make a lead")
                 await wait_for(lambda: a.leading, what="a to lead")
-        # a's application has shut down: its leadership released and its elector closed; b leads.
-        with pytest.raises(aioelect.ElectionError):
-            await a.acquire(timeout=0.1)
+        # a's application has shut down: its leadership released; its elector, given as such, stays open
+        # (whoever built it closes it), so the application could start again. b leads.
+        assert not a.leading
         await wait_for(lambda: b.leading, what="b to take over")
+        with pytest.raises(TimeoutError):
+            await a.acquire(timeout=0.1)  # open, campaigning behind b
         status, body = await get_json(url_b + "/leader")
         assert status == 200 and body["role"] == "leader" and body["leader"] == "b" and body["token"] is not None
     assert b.leading is False
@@ -487,6 +489,29 @@ async def test_health_server_refuses_an_oversized_request(memory_elector: MakeMe
         assert answer.startswith(b"HTTP/1.1 431 ")
 
 
+async def test_health_server_resets_connections_beyond_its_cap_and_drops_slow_heads(
+    memory_elector: MakeMemory,
+) -> None:
+    """Two idle connections fill a cap of 2: a third is reset at once; a probe answers once one is gone."""
+    async with HealthServer(memory_elector("a"), max_connections=2) as health:
+        await health.start()
+        health.http.request_timeout = 1.0  # the idle ones get their 408 after a second
+        idle = [await asyncio.open_connection("127.0.0.1", health.port) for _ in range(2)]
+        await wait_for(lambda: health.http.open_connections == 2, what="both idle connections")
+        reader, writer = await asyncio.open_connection("127.0.0.1", health.port)
+        try:
+            with contextlib.suppress(ConnectionResetError):
+                assert await asyncio.wait_for(reader.read(), 2) == b""  # closed unanswered
+        finally:
+            writer.close()
+        assert health.http.refused == 1
+        for idle_reader, idle_writer in idle:
+            answer = await asyncio.wait_for(idle_reader.read(), 5)
+            idle_writer.close()
+            assert answer.startswith(b"HTTP/1.1 408 ")
+        assert (await probe(f"http://127.0.0.1:{health.port}/healthz"))[0] == 200
+
+
 async def test_health_server_with_a_failed_campaign_fails_liveness(tmp_path: Path) -> None:
     (tmp_path / "target").write_text("")
     (tmp_path / "link").symlink_to(tmp_path / "target")
@@ -500,6 +525,34 @@ async def test_health_server_with_a_failed_campaign_fails_liveness(tmp_path: Pat
             assert status == 503 and body is not None and body["role"] == "failed" and "link" in body["error"]
         finally:
             await campaign.stop()
+
+
+async def test_a_leader_work_error_is_served_with_its_type_and_redacted(
+    memory_elector: MakeMemory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Leader work that fails with a DSN in its message: /leader and the log show the type, never the password."""
+    secret = "Sup3rS3cret"
+
+    async def work(lead: aioelect.Leadership) -> None:
+        raise RuntimeError(f"could not connect to postgresql://report:{secret}@db.example:5432/reports")
+
+    campaign = Campaign(memory_elector("a"), work)
+    async with HealthServer(campaign.elector, campaign=campaign) as health:
+        await health.start()
+        await campaign.start()
+        try:
+            await wait_for(lambda: campaign.role == "failed", what="the campaign to fail")
+            for path in PATHS:
+                status, body = await probe(f"http://127.0.0.1:{health.port}{path}")
+                assert status == 503 and body is not None and body["role"] == "failed"
+                assert (
+                    body["error"]
+                    == "RuntimeError: could not connect to postgresql://report:***@db.example:5432/reports"
+                )
+            assert secret not in ((await campaign.status()).error or "")
+        finally:
+            await campaign.stop()
+    assert "RuntimeError" in caplog.text and secret not in caplog.text
 
 
 def free_port() -> int:
@@ -617,3 +670,82 @@ def test_frameworks_load_only_with_their_own_module() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def _lower_fd_limit() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+
+
+def _flood(port: int, count: int) -> list[socket.socket]:
+    """``count`` connections to ``port`` that send part of a request head and never finish it."""
+    opened = []
+    for _ in range(count):
+        sock = socket.socket()
+        sock.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            sock.connect(("127.0.0.1", port))
+        opened.append(sock)
+    return opened
+
+
+def _descriptors_and_threads(pid: int) -> tuple[int, int]:
+    status = Path(f"/proc/{pid}/status").read_text()
+    threads = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+    return len(os.listdir(f"/proc/{pid}/fd")), threads
+
+
+async def test_probes_that_never_finish_cannot_starve_the_election(tmp_path: Path) -> None:
+    """``ulimit -n 128``, 400 probe and 300 metrics connections that never finish their heads: the leader leads on.
+
+    Each server holds at most its cap of connections (an eighth of the
+    limit) and resets the rest, so the supervisor keeps most descriptors
+    free and runs no thread per connection; accept failures are logged a
+    few times, not once per attempt; the probes answer again once the
+    flood ends.
+    """
+    lock, port, metrics_port = tmp_path / "lock", free_port(), free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOELECT_")}
+    env["PYTHONPATH"] = str(ROOT)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aioelect", "run", "--file", str(lock), "--identity", "a", "--forever",
+        "--health-port", str(port), "--metrics-port", str(metrics_port),
+        "--", sys.executable, "-c", "import time; time.sleep(60)",
+        env=env, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE, preexec_fn=_lower_fd_limit,
+    )  # fmt: skip
+    assert process.stderr is not None
+    errors = asyncio.create_task(process.stderr.read())  # read all along: a full pipe would block the supervisor
+    url = f"http://127.0.0.1:{port}"
+    flood: list[socket.socket] = []
+    try:
+        await wait_for_probe(url + "/leader", 200)
+        flood = _flood(port, 400) + _flood(metrics_port, 300)
+        await asyncio.sleep(0.5)
+        for sock in flood:
+            with contextlib.suppress(OSError):
+                sock.send(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # never the blank line that ends the head
+        most_fds = most_threads = 0
+        for _ in range(35):  # 7 s: longer than the request timeout, so slow heads are dropped while the flood goes on
+            fds, threads = _descriptors_and_threads(process.pid)
+            most_fds, most_threads = max(most_fds, fds), max(most_threads, threads)
+            await asyncio.sleep(0.2)
+        print(f"under the flood: at most {most_fds} descriptors of 128, {most_threads} threads")
+        assert process.returncode is None, "the supervisor died under the flood"
+        assert most_fds <= 80 and most_threads <= 10, (most_fds, most_threads)
+        for sock in flood:
+            sock.close()
+        flood.clear()
+        body = await wait_for_probe(url + "/leader", 200, timeout=10)
+        assert body["identity"] == "a" and body["role"] == "leader"
+        async with httpx.AsyncClient(timeout=5) as client:
+            page = await client.get(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert page.status_code == 200 and 'aioelect_is_leader{backend="file",name="aioelect/leader"} 1.0' in page.text
+    finally:
+        for sock in flood:
+            sock.close()
+        await stop_process(process)
+        stderr = (await asyncio.wait_for(errors, 10)).decode(errors="replace")
+    assert "leadership lost" not in stderr and "interrupted" not in stderr, stderr[-3000:]
+    assert stderr.count("Traceback") == 0 and len(stderr.splitlines()) < 40, stderr[-3000:]

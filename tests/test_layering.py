@@ -134,9 +134,10 @@ def test_a_missing_driver_names_its_extra() -> None:
 @pytest.mark.parametrize(
     ("options", "who", "unknown"),
     [
-        ({"local": True, "ttl": 5}, "LocalElector", "ttl"),
+        # Another backend's own options (not the portable timing of tests/test_portable_options.py).
+        ({"local": True, "ssl": None}, "LocalElector", "ssl"),
         ({"file": "l.lock", "fencing": True}, "FileElector", "fencing"),
-        ({"file": "l.lock", "name": "n", "lease": 10}, "FileElector", "lease"),
+        ({"file": "l.lock", "name": "n", "schema": "s"}, "FileElector", "schema"),
     ],
 )
 def test_an_option_the_backend_does_not_take_is_a_type_error(

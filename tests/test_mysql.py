@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
+from typing import Any
 
 import aiomysql
 import anyio
+import pymysql
 import pytest
 
 from aioelect import BackendUnavailable, ElectionError, Elector, LeadershipLost, MySQLElector, leadership
 from aioelect.backends.mysql import MySQLBackend
 
-from .backends import Follower, unique_name
+from .backends import Follower, unique_name, with_database
 from .harness import MariaDBServer, TCPProxy, free_port
 from .session_locks import losing_its_first_grant, unconfirmed_release
 
@@ -287,7 +290,7 @@ async def test_leader_waits_for_a_new_holders_record(mariadb: MariaDBServer) -> 
 async def test_quiet_leader_is_kept_alive_past_wait_timeout(mariadb: MariaDBServer) -> None:
     """A leader whose connection would idle out (wait_timeout = lease) stays leader through its checks."""
     name = unique_name()
-    opts = {"lease": 2, "check_interval": 0.3, "check_timeout": 0.5, "renew_deadline": 1.2}
+    opts = {"lease": 2, "check_interval": 0.3, "check_timeout": 0.4, "renew_deadline": 1.2}
     async with MySQLElector(mariadb.dsn, name=name, **opts) as a, MySQLElector(mariadb.dsn, name=name) as b:
         lead = await a.acquire()
         follower = asyncio.create_task(b.acquire())
@@ -328,6 +331,46 @@ async def test_campaign_survives_server_restart(fresh_mariadb: MariaDBServer, ca
             await again
         await lead_b.release()
         await follower.close()
+
+
+def connection_with_id(server: MariaDBServer, wanted: int, tries: int = 500) -> Any:
+    """A new root connection whose CONNECTION_ID() is ``wanted`` (connections are opened until one gets it)."""
+    for _ in range(tries):
+        conn = pymysql.connect(host=server.host, port=server.port, user="root", connect_timeout=5, read_timeout=5)
+        if conn.thread_id() == wanted:
+            return conn
+        conn.close()
+        if conn.thread_id() > wanted:
+            break
+    raise AssertionError(f"no connection got id {wanted}")
+
+
+async def test_kept_session_from_before_a_restart_never_kills_the_session_now_holding_its_id(
+    fresh_mariadb: MariaDBServer,
+) -> None:
+    """A session kept across a server restart is found dead before it is used, and no KILL names its old id.
+
+    After the restart the old connection id belongs to another session (here a plain connection of the
+    same user): it must survive the elector's next campaign.
+    """
+    name = unique_name()
+    async with MySQLElector(fresh_mariadb.dsn, name=name, lease=30, fencing=False) as elector:
+        lead = await elector.acquire()
+        old_id = lock_holder(fresh_mariadb, name)
+        await lead.release()
+        assert old_id is not None
+        await anyio.to_thread.run_sync(fresh_mariadb.restart)
+        other = await anyio.to_thread.run_sync(connection_with_id, fresh_mariadb, old_id)
+        try:
+            with anyio.fail_after(20):
+                lead = await elector.acquire()
+            assert lock_holder(fresh_mariadb, name) != old_id
+            await lead.release()
+            with other.cursor() as cursor:  # the session that now has the old id was not killed
+                cursor.execute("SELECT CONNECTION_ID()")
+                assert cursor.fetchone()[0] == old_id
+        finally:
+            other.close()
 
 
 async def test_fencing_tokens_increase_across_restarts(fresh_mariadb: MariaDBServer) -> None:
@@ -587,7 +630,7 @@ async def test_killed_session_is_noticed_at_once(mariadb: MariaDBServer, reused:
     Also on a session kept from the elector's previous leadership.
     """
     name = unique_name()
-    async with MySQLElector(mariadb.dsn, name=name, check_interval=5, check_timeout=5, lease=20) as elector:
+    async with MySQLElector(mariadb.dsn, name=name, check_interval=5, check_timeout=4, lease=20) as elector:
         if reused:
             first = await elector.acquire()
             kept = lock_holder(mariadb, name)
@@ -606,3 +649,154 @@ async def test_killed_session_is_noticed_at_once(mariadb: MariaDBServer, reused:
         print(f"mysql loss ({reused=}) noticed {took * 1000:.1f} ms after KILL")
         assert lead.lost and not lead.held, f"loss not seen {took:.2f}s after KILL (check due at 5s)"
         await lead.release()
+
+
+# --- server-side bounds ------------------------------------------------------------------
+
+
+async def test_server_keepalives_shorter_than_the_lease_are_refused_at_connect(mariadb: MariaDBServer) -> None:
+    """MariaDB's tcp_keepalive_* would drop an unreachable leader after 3 + 1 * 2 = 5 s, before lease=10.
+
+    Refused at once, naming the bound. A small global wait_timeout is no bound: the lock session sets its own.
+    """
+    names = ("tcp_keepalive_time", "tcp_keepalive_interval", "tcp_keepalive_probes", "wait_timeout")
+    before = mariadb.query("SELECT " + ", ".join(f"@@global.{name}" for name in names))[0]
+    mariadb.query(
+        "SET GLOBAL tcp_keepalive_time = 3, GLOBAL tcp_keepalive_interval = 1, GLOBAL tcp_keepalive_probes = 2, "
+        "GLOBAL wait_timeout = 2"
+    )
+    try:
+        async with MySQLElector(mariadb.dsn, name=unique_name(), lease=10) as elector:
+            started = time.monotonic()
+            with (
+                anyio.fail_after(10),
+                pytest.raises(
+                    ElectionError,
+                    match=r"5s after .*\(tcp_keepalive_time \+ tcp_keepalive_interval \* tcp_keepalive_probes\)",
+                ),
+            ):
+                await elector.acquire()
+            assert time.monotonic() - started < 3, "a bound that breaks the timing must not be retried"
+        mariadb.query("SET GLOBAL tcp_keepalive_time = 20")
+        async with MySQLElector(mariadb.dsn, name=unique_name(), lease=10) as elector:
+            with anyio.fail_after(10):
+                lead = await elector.acquire()  # the 2 s global wait_timeout is replaced by the session's 10 s
+            assert lead.held
+            await lead.release()
+    finally:
+        restore = ", ".join(f"GLOBAL {name} = {int(value)}" for name, value in zip(names, before, strict=True))
+        mariadb.query(f"SET {restore}")
+
+
+async def test_tokens_that_may_not_survive_a_crash_are_refused_when_asked_for_and_warned_of_otherwise(
+    mariadb: MariaDBServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """innodb_flush_log_at_trx_commit=2: a host crash may lose the last token bump and hand a token out twice."""
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    before = mariadb.query("SELECT @@global.innodb_flush_log_at_trx_commit")[0][0]
+    mariadb.query("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
+    try:
+        async with MySQLElector(mariadb.dsn, name=unique_name(), fencing=True) as elector:
+            with (
+                anyio.fail_after(10),
+                pytest.raises(ElectionError, match=r"innodb_flush_log_at_trx_commit=2.*allow_volatile_tokens=True"),
+            ):
+                await elector.acquire()
+        assert "innodb_flush_log_at_trx_commit" not in caplog.text
+        for options in ({}, {"fencing": True, "allow_volatile_tokens": True}):
+            caplog.clear()
+            async with MySQLElector(mariadb.dsn, name=unique_name(), **options) as elector:  # type: ignore[arg-type]
+                with anyio.fail_after(10):
+                    lead = await elector.acquire()
+                assert lead.token is not None
+                await lead.release()
+            assert "innodb_flush_log_at_trx_commit=2: a crash of the server's host" in caplog.text
+    finally:
+        mariadb.query(f"SET GLOBAL innodb_flush_log_at_trx_commit = {int(before)}")
+
+
+async def test_a_session_holding_the_lock_is_killed_only_on_the_server_incarnation_it_was_opened_on(
+    mariadb: MariaDBServer,
+) -> None:
+    """A lock request whose grant was never read leaves its session idle, holding the lock: no tagged request
+    is running, so only the lock held under its id, on the server it was opened on (same start), proves it ours.
+    """
+    name = unique_name()
+    backend = MySQLBackend(mariadb.dsn, name=name, fencing=False)
+    victim = await backend._connect("victim")
+    cleanup = await backend._open("cleanup")
+    try:
+        assert await victim.scalar("SELECT GET_LOCK(%s, 0)", (name,), timeout=5) == 1
+        assert victim.server_started is not None
+        recorded = victim.server_started
+        victim.server_started = recorded - 5  # as if opened on a server that has restarted since
+        assert not await backend._end_session(cleanup, victim)
+        assert lock_holder(mariadb, name) == victim.session_id
+        victim.server_started = recorded
+        assert await backend._end_session(cleanup, victim)
+        with anyio.fail_after(5):
+            while lock_holder(mariadb, name) is not None:
+                await asyncio.sleep(0.05)
+    finally:
+        victim.close()
+        cleanup.close()
+        await backend.aclose()
+
+
+OLD_FENCING_DDL = """CREATE TABLE aioelect_leaders (
+  name VARCHAR(64) NOT NULL PRIMARY KEY,
+  token BIGINT UNSIGNED NOT NULL,
+  holder VARCHAR(128) NOT NULL,
+  connection_id BIGINT UNSIGNED NOT NULL,
+  acquired_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
+) ENGINE=InnoDB DEFAULT CHARSET=latin1 COLLATE=latin1_swedish_ci"""
+
+
+async def _lead_once(dsn: str, name: str, identity: str) -> tuple[int | None, str | None]:
+    async with MySQLElector(dsn, name=name, fencing=True, identity=identity) as elector:
+        with anyio.fail_after(10):
+            lead = await elector.acquire()
+        try:
+            return lead.token, await elector.leader()
+        finally:
+            await lead.release()
+
+
+async def test_names_that_differ_only_in_case_keep_their_own_tokens_and_holders(mariadb: MariaDBServer) -> None:
+    """``Billing`` and ``billing`` are two GET_LOCK names, so two rows of the fencing table."""
+    stem = unique_name("case")
+    upper, lower = stem.capitalize(), stem
+    assert await _lead_once(mariadb.dsn, upper, "upper-1") == (1, "upper-1")
+    assert await _lead_once(mariadb.dsn, lower, "lower-1") == (1, "lower-1")
+    assert await _lead_once(mariadb.dsn, upper, "upper-2") == (2, "upper-2")
+
+
+async def test_a_fencing_table_of_the_case_insensitive_kind_is_migrated(mariadb: MariaDBServer) -> None:
+    """A table created with a case-insensitive name column is altered to binary names; no token goes back.
+
+    The old row was shared by every spelling, so a spelling that gets a row
+    of its own after the change starts above every token the table held.
+    """
+    database = f"aioelect_migrate_{secrets.token_hex(4)}"
+    mariadb.query(f"CREATE DATABASE {database}", database="")
+    try:
+        dsn = with_database(mariadb.dsn, database)
+        stem = unique_name("mig")
+        mariadb.query(OLD_FENCING_DDL, database=database)
+        mariadb.query(
+            "INSERT INTO aioelect_leaders (name, token, holder, connection_id) VALUES (%s, 7, 'old', 0)",
+            (stem,),
+            database=database,
+        )
+        token, holder = await _lead_once(dsn, stem.upper(), "upper")
+        assert token is not None and token > 7 and holder == "upper"
+        assert await _lead_once(dsn, stem, "lower") == (8, "lower")
+        ((kind,),) = mariadb.query(
+            "SELECT DATA_TYPE FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = %s AND "
+            "TABLE_NAME = 'aioelect_leaders' AND COLUMN_NAME = 'name'",
+            (database,),
+            database="",
+        )
+        assert kind == "varbinary"
+    finally:
+        mariadb.query(f"DROP DATABASE {database}", database="")

@@ -8,6 +8,7 @@ pg_terminate_backend, and a server restart.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import itertools
 import json
 import logging
@@ -17,7 +18,7 @@ import shutil
 import signal
 import statistics
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from aioelect.backends.postgres import KEY_SQL, PostgresBackend, advisory_key, a
 
 from .backends import Follower, handover_delays, unique_name, with_database
 from .faults import CANDIDATE, EventProcess
-from .harness import Certificates, MissingBinaryError, PostgresServer, free_port
+from .harness import Certificates, MissingBinaryError, PgBouncer, PostgresServer, free_port
 from .harness.plugin import server_unavailable
 from .session_locks import losing_its_first_grant, unconfirmed_release
 
@@ -127,7 +128,9 @@ def test_bad_input_raises_value_error() -> None:
     elector = PostgresElector(dsn, name="ok", identity="me")
     assert "s3cret" not in repr(elector) and "s3cret" not in elector._backend.describe_timing()
     # postgres:// works too; keyword arguments override the DSN's parts.
-    assert PostgresElector("postgres://h/db", port=6000, lease=2.5, check_interval=0.5, check_timeout=1, name="t").name
+    assert PostgresElector(
+        "postgres://h/db", port=6000, lease=2.5, check_interval=0.5, check_timeout=0.6, name="t"
+    ).name
 
 
 def test_application_name_is_cut_at_63_bytes() -> None:
@@ -200,7 +203,7 @@ async def test_a_follower_that_waited_long_keeps_the_leadership_it_wins(
     # 2.5 s inside pg_advisory_lock. Its leadership is dated from a confirmation sent after
     # the grant, so it keeps it past 2.8 s after its request was sent.
     name = unique_name("pg")
-    slow: dict[str, Any] = {"lease": 4, "check_interval": 1.0, "check_timeout": 1.0, "poll_interval": 2.7}
+    slow: dict[str, Any] = {"lease": 4, "check_interval": 0.7, "check_timeout": 1.0, "poll_interval": 2.7}
     async with make(postgres_dsn, name, "first", **slow) as a, make(postgres_dsn, name, "patient", **slow) as b:
         lead_a = await a.acquire()
         follower = Follower(b)  # campaigns in a task of its own, which keeps what it wins
@@ -461,7 +464,7 @@ async def test_terminated_session_is_noticed_at_once(
 
     Also on a session kept from the elector's previous leadership.
     """
-    slow = {"check_interval": 5.0, "check_timeout": 5.0, "lease": 20}
+    slow = {"check_interval": 5.0, "check_timeout": 4.0, "lease": 20}
     name = unique_name("pg")
     async with make(postgres_dsn, name, "victim", **slow) as elector:
         if reused:
@@ -793,3 +796,138 @@ async def test_no_leadership_without_the_check_after_the_grant(
         await hold.release()
     finally:
         await backend.aclose()
+
+
+# --- server-side bounds ------------------------------------------------------------------
+
+
+async def test_lock_session_keepalives_never_end_it_before_the_lease(postgres_dsn: str) -> None:
+    """lease=10, renew_deadline=9: the server must not drop an unreachable leader's session before 10 s.
+
+    Its TCP keepalives end a connection to a client that no longer answers after idle + interval * count:
+    that must be at least the lease, or the lock passes on while the cut-off leader still leads.
+    """
+    async with make(postgres_dsn, unique_name("pg"), "keepalive", lease=10, renew_deadline=9) as elector:
+        lead = await elector.acquire()
+        await lead.release()
+        kept = elector._backend._spare[0].raw  # type: ignore[attr-defined]
+        rows = await kept.fetch(
+            "SELECT name, setting::int FROM pg_catalog.pg_settings WHERE name LIKE 'tcp\\_keepalives\\_%'"
+        )
+        found = {row[0]: row[1] for row in rows}
+        dropped_after = found["tcp_keepalives_idle"] + found["tcp_keepalives_interval"] * found["tcp_keepalives_count"]
+        assert dropped_after >= 10, f"keepalives end the session after {dropped_after}s: {found}"
+
+
+@pytest.fixture
+def bounded_role(postgres: PostgresServer) -> Iterator[str]:
+    """A login role whose sessions run with tcp_user_timeout = 2 s and idle_session_timeout = 3 s (ALTER ROLE)."""
+    role = "aioelect_bounds_" + unique_name("r").replace("-", "_")
+    postgres.query(f"CREATE ROLE {role} LOGIN")
+    postgres.query(f"ALTER ROLE {role} SET tcp_user_timeout = '2s'")
+    postgres.query(f"ALTER ROLE {role} SET idle_session_timeout = '3s'")
+    try:
+        yield role
+    finally:
+        postgres.query(
+            f"SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity WHERE usename = '{role}'"
+        )
+        postgres.query(f"DROP ROLE IF EXISTS {role}")
+
+
+async def test_a_server_bound_shorter_than_the_lease_is_refused_at_connect(
+    postgres_dsn: str, bounded_role: str
+) -> None:
+    """A role's tcp_user_timeout of 2 s would let the server drop a cut-off leader's session before lease=4.
+
+    Refused at once, naming it. The role's idle_session_timeout (3 s) is not what refuses it: the lock
+    session's own (lease) overrides it, as pg_settings shows.
+    """
+    async with make(postgres_dsn, unique_name("pg"), user=bounded_role, fencing=False) as elector:
+        started = time.monotonic()
+        with anyio.fail_after(10), pytest.raises(ElectionError, match=r"2s after .*\(tcp_user_timeout\).*lease \(4s\)"):
+            await elector.acquire()
+        assert time.monotonic() - started < 3, "a bound that breaks the timing must not be retried"
+    async with make(
+        postgres_dsn,
+        unique_name("pg"),
+        user=bounded_role,
+        fencing=False,
+        lease=2,
+        renew_deadline=0.8,
+        check_interval=0.2,
+        check_timeout=0.3,
+    ) as elector:
+        with anyio.fail_after(10):
+            lead = await elector.acquire()  # every bound is at least the 2 s lease
+        conn = lead._hold._conn.raw  # type: ignore[attr-defined]
+        assert await conn.fetchval(
+            "SELECT setting FROM pg_catalog.pg_settings WHERE name = 'idle_session_timeout'"
+        ) == ("2000")
+        await lead.release()
+
+
+async def test_a_session_is_terminated_only_when_its_pid_and_start_are_the_ones_recorded(
+    postgres_dsn: str, admin: asyncpg.Connection
+) -> None:
+    """Ending a lock session that may still wait for the lock names it by pid and backend_start, never by pid alone.
+
+    A pid that now belongs to another backend (reused on this server, or after a restart) has another start.
+    """
+    backend = PostgresBackend(postgres_dsn, name=unique_name("pg"), **FAST)
+    victim = await backend._connect("victim")
+    cleanup = await backend._open("cleanup")
+    try:
+        assert victim.backend_start is not None
+        recorded = victim.backend_start
+        victim.backend_start = recorded - datetime.timedelta(microseconds=1)  # the same pid, another session
+        assert not await backend._end_session(cleanup, victim)
+        assert not victim.broken and await victim.raw.fetchval("SELECT 1") == 1
+        victim.backend_start = recorded
+        assert await backend._end_session(cleanup, victim)
+        with anyio.fail_after(5):
+            await victim.ended.wait()
+    finally:
+        victim.close()
+        cleanup.close()
+        await backend.aclose()
+
+
+# --- connection poolers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool_mode", ["transaction", "statement"])
+async def test_a_pooler_that_lends_server_sessions_per_transaction_is_refused(
+    pgbouncer_factory: Callable[[str], PgBouncer], pool_mode: str
+) -> None:
+    """PgBouncer in transaction or statement mode: a session advisory lock would stay with a lent server session."""
+    pooler = await anyio.to_thread.run_sync(pgbouncer_factory, pool_mode)
+    async with make(pooler.dsn, unique_name("pg"), "pooled") as elector:
+        started = time.monotonic()
+        with anyio.fail_after(15), pytest.raises(ElectionError, match="pool_mode=session"):
+            await elector.acquire()
+        assert time.monotonic() - started < 5, "a pooler that breaks the lock must not be retried"
+
+
+async def test_a_pooler_in_session_mode_works_with_every_session_setting(
+    pgbouncer_factory: Callable[[str], PgBouncer], admin: asyncpg.Connection
+) -> None:
+    """PgBouncer in session mode keeps one server session per client; the settings it drops are set with SET."""
+    pooler = await anyio.to_thread.run_sync(pgbouncer_factory, "session")
+    name = unique_name("pg")
+    async with make(pooler.dsn, name, "pooled-a") as a, make(pooler.dsn, name, "pooled-b") as b:
+        with anyio.fail_after(15):
+            lead = await a.acquire()
+        assert lead.held and lead.token is not None
+        conn = lead._hold._conn  # type: ignore[attr-defined]
+        assert conn.session_id == await holder_pid(admin, name), "the lock session is known by its server pid"
+        shown = {k: await conn.raw.fetchval(f"SHOW {k}") for k in ("idle_session_timeout", "search_path")}
+        assert shown == {"idle_session_timeout": "4s", "search_path": "pg_catalog, pg_temp"}
+        follower = asyncio.create_task(b.acquire())
+        await asyncio.sleep(0.5)
+        assert not follower.done()
+        await lead.release()
+        with anyio.fail_after(10):
+            second = await follower
+        assert second.held and second.token > lead.token
+        await second.release()

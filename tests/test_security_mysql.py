@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import ssl
 from collections.abc import Iterator
 from urllib.parse import quote
@@ -13,7 +14,7 @@ import pytest
 from aioelect import ElectionError, MySQLElector
 
 from .backends import unique_name
-from .harness import Certificates, MariaDBServer
+from .harness import Certificates, DowngradeProxy, MariaDBServer
 
 PASSWORD = "tls-Secret-4711"
 
@@ -124,8 +125,8 @@ async def test_tls_user_is_refused_without_the_tls_keys(tls_mariadb: MariaDBServ
         ("sslmode=require", r"unsupported DSN parameter.*'sslmode'.*ssl_mode"),
         ("ssl_mod=VERIFY_IDENTITY", r"'ssl_mod'.*ssl-ca"),
         ("charset=utf8", r"'charset'"),
-        ("ssl_mode=VERIFY_IDENTITY&ssl-mode=DISABLED", "both"),
-        ("ssl_ca=/a.pem&ssl-ca=/b.pem", "both"),
+        ("ssl_mode=VERIFY_IDENTITY&ssl-mode=DISABLED", r"both spellings \(ssl_mode and ssl-mode\)"),
+        ("ssl_ca=/a.pem&ssl-ca=/b.pem", r"both spellings \(ssl_ca and ssl-ca\)"),
         ("ssl_mode=PREFERRED", "PREFERRED"),
         ("ssl_mode=DISABLED&ssl_ca=/etc/hostname", "DISABLED"),
         ("ssl_mode=SOMETIMES", "VERIFY_IDENTITY"),
@@ -245,3 +246,71 @@ def test_unencoded_delimiter_in_password_is_refused_without_showing_it(mariadb: 
         for part in (raw[i : i + 3] for i in range(len(raw) - 2)):
             assert part not in str(chained) and part not in repr(chained)
         chained = chained.__cause__ or chained.__context__
+
+
+TLS_QUERIES = [
+    {"ssl_mode": "REQUIRED"},
+    {"ssl-mode": "REQUIRED"},
+    {"ssl_ca": "CA"},
+    {"ssl_mode": "VERIFY_CA", "ssl_ca": "CA"},
+]
+
+
+def _tls_query(query: dict[str, str], certs: Certificates) -> str:
+    return "&".join(f"{k}={quote(certs.ca if v == 'CA' else v)}" for k, v in query.items())
+
+
+@pytest.mark.parametrize("query", TLS_QUERIES, ids=lambda q: "&".join(f"{k}={v}" for k, v in q.items()))
+async def test_a_dsn_that_asks_for_tls_never_connects_in_plaintext(
+    mariadb: MariaDBServer, tls_mariadb: MariaDBServer, certs: Certificates, query: dict[str, str]
+) -> None:
+    """Against a server without TLS, and through a proxy that clears CLIENT_SSL in the greeting: refused at once.
+
+    The refusal comes before the client answers the greeting, so no
+    credential leaves the client in plaintext.
+    """
+    params = _tls_query(query, certs)
+    with DowngradeProxy(("127.0.0.1", tls_mariadb.port), "mysql") as proxy:
+        for port in (mariadb.port, proxy.port):
+            target = f"mysql://root@127.0.0.1:{port}/{mariadb.database}?{params}"
+            async with MySQLElector(target, name=unique_name()) as elector:
+                with anyio.fail_after(10), pytest.raises(ElectionError, match="does not offer TLS") as raised:
+                    await elector.acquire()
+            assert "plaintext" in str(raised.value)
+        assert proxy.downgraded >= 1
+    # Through the proxy without TLS options, the same server is reachable: the refusal is the TLS check's.
+    with DowngradeProxy(("127.0.0.1", tls_mariadb.port), "mysql") as proxy:
+        async with MySQLElector(f"mysql://root@127.0.0.1:{proxy.port}/{tls_mariadb.database}", name=unique_name()) as e:
+            with anyio.fail_after(10):
+                lead = await e.acquire()
+            await lead.release()
+
+
+async def test_the_transport_is_checked_after_the_connect_too(
+    mariadb: MariaDBServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should the driver ever skip the greeting check, the connection is still refused for its plaintext transport."""
+    import aiomysql
+
+    from aioelect.backends import mysql
+
+    unchecked = aiomysql.Connection._request_authentication
+    monkeypatch.setattr(mysql._TlsOnlyConnection, "_request_authentication", unchecked)
+    target = f"mysql://root@127.0.0.1:{mariadb.port}/{mariadb.database}?ssl_mode=REQUIRED"
+    async with MySQLElector(target, name=unique_name()) as elector:
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="does not offer TLS"):
+            await elector.acquire()
+
+
+async def test_mysql_pwd_is_never_read(mariadb: MariaDBServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Documented: the MySQL client's variables are ignored; the password comes from the DSN or password= only."""
+    user, password = f"pwd_{secrets.token_hex(3)}", f"Pwd-{secrets.token_hex(6)}"
+    mariadb.create_user(user, password)
+    monkeypatch.setenv("MYSQL_PWD", password)
+    target = f"mysql://{user}@127.0.0.1:{mariadb.port}/{mariadb.database}"
+    async with MySQLElector(target, name=unique_name()) as elector:
+        with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
+            await elector.acquire()
+    async with MySQLElector(target, name=unique_name(), password=password) as elector:
+        with anyio.fail_after(10):
+            await (await elector.acquire()).release()

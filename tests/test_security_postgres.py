@@ -24,7 +24,7 @@ import pytest
 from aioelect import ElectionError, PostgresElector
 
 from .backends import unique_name, with_database
-from .harness import Certificates, MissingBinaryError, PostgresServer
+from .harness import Certificates, DowngradeProxy, MissingBinaryError, PostgresServer
 from .harness.plugin import server_unavailable
 
 FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
@@ -232,6 +232,56 @@ async def test_require_on_a_server_without_tls_is_permanent(postgres: PostgresSe
         lead = await elector.acquire()  # prefer: plaintext when the server has no TLS
         assert not encrypted(postgres, "plain-prefer")
         await lead.release()
+
+
+@pytest.mark.parametrize("mode", ["require", "verify-ca", "verify-full"])
+async def test_a_proxy_that_refuses_tls_for_the_server_is_refused(
+    tls_postgres: PostgresServer, certs: Certificates, mode: str
+) -> None:
+    """A man in the middle answers 'N' to the SSLRequest of a TLS server: never a plaintext session."""
+    with DowngradeProxy(("127.0.0.1", tls_postgres.port), "postgres") as proxy:
+        target = f"postgresql://postgres@127.0.0.1:{proxy.port}/postgres?sslmode={mode}&sslrootcert={certs.ca}"
+        async with PostgresElector(target, name=unique_name("pg"), **FAST) as elector:
+            await refused_at_once(elector, "does not support TLS")
+        assert proxy.downgraded >= 1
+
+
+async def test_the_password_is_read_from_pgpassword_and_pgpassfile_as_libpq_does(
+    postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Documented: with no password given, PGPASSWORD, else the password file, else none (refused at once)."""
+    role, password = f"pw_{secrets.token_hex(4)}", f"Pw-{secrets.token_hex(6)}"
+    postgres.query(f"CREATE ROLE {role} LOGIN PASSWORD '{password}'")
+    hba = Path(postgres.data_dir) / "pg_hba.conf"
+    original = hba.read_text()
+    hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n" + original)
+    try:
+        postgres.query("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 10  # the reload is asynchronous
+        while not postgres.query("SELECT count(*) FROM pg_hba_file_rules WHERE $1 = ANY(user_name)", [role])[0][0]:
+            assert time.monotonic() < deadline, "pg_hba.conf was not reloaded"
+            await anyio.sleep(0.05)
+        dsn = f"postgresql://{role}@127.0.0.1:{postgres.port}/postgres?sslmode=disable"
+        for variable in ("PGPASSWORD", "PGPASSFILE", "PGSERVICE", "PGSERVICEFILE"):
+            monkeypatch.delenv(variable, raising=False)
+        async with PostgresElector(dsn, name=unique_name("pg"), **FAST) as elector:
+            await refused_at_once(elector, "28P01|password")
+        monkeypatch.setenv("PGPASSWORD", password)
+        async with PostgresElector(dsn, name=unique_name("pg"), **FAST) as elector:
+            with anyio.fail_after(10):
+                await (await elector.acquire()).release()
+        monkeypatch.delenv("PGPASSWORD")
+        passfile = tmp_path / "pgpass"
+        passfile.write_text(f"127.0.0.1:{postgres.port}:*:{role}:{password}\n")
+        passfile.chmod(0o600)
+        monkeypatch.setenv("PGPASSFILE", str(passfile))
+        async with PostgresElector(dsn, name=unique_name("pg"), **FAST) as elector:
+            with anyio.fail_after(10):
+                await (await elector.acquire()).release()
+    finally:
+        hba.write_text(original)
+        postgres.query("SELECT pg_reload_conf()")
+        postgres.query(f"DROP ROLE IF EXISTS {role}")
 
 
 async def test_pgsslmode_is_read_as_libpq_reads_it(postgres: PostgresServer, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -93,6 +93,7 @@ def test_repr_shows_no_secret() -> None:
         {
             "AIOELECT_MYSQL_DSN": f"mysql://u:{PASSWORD}@127.0.0.1/db",
             "AIOELECT_POSTGRES_DSN": f"postgresql://u:{PASSWORD}@127.0.0.1/db",
+            "AIOELECT_REDIS_URL": f"redis://u:{PASSWORD}@127.0.0.1/0",
             "AIOELECT_PASSWORD": PASSWORD,
             "AIOELECT_NAME": "n",
         }
@@ -103,11 +104,20 @@ def test_repr_shows_no_secret() -> None:
 
 
 def test_secret_variables() -> None:
-    assert set(SECRET_VARIABLES) == {"AIOELECT_PASSWORD", "AIOELECT_MYSQL_DSN", "AIOELECT_POSTGRES_DSN"}
+    assert set(SECRET_VARIABLES) == {
+        "AIOELECT_PASSWORD",
+        "AIOELECT_MYSQL_DSN",
+        "AIOELECT_POSTGRES_DSN",
+        "AIOELECT_REDIS_URL",
+    }
     assert all(is_secret(variable) for variable in SECRET_VARIABLES)
-    assert is_secret("AIOELECT_OTHER_DSN") and is_secret("AIOELECT_ETCD_PASSWORD")
+    assert is_secret("AIOELECT_OTHER_DSN") and is_secret("AIOELECT_ETCD_PASSWORD") and is_secret("AIOELECT_OTHER_URL")
     for plain in ("AIOELECT_NAME", "AIOELECT_IDENTITY", "AIOELECT_ETCD_ENDPOINTS", "AIOELECT_FILE", "MY_DSN", "PATH"):
         assert not is_secret(plain), plain
+    for client in ("PGPASSWORD", "PGPASSFILE", "PGSERVICEFILE", "PGHOST", "MYSQL_PWD", "MYSQL_TEST_LOGIN_FILE"):
+        assert is_secret(client), client
+    assert is_secret("MARIADB_ROOT_PASSWORD") and is_secret("LIBMYSQL_ENABLE_CLEARTEXT_PLUGIN")
+    assert not is_secret("PGDATA") and not is_secret("PAGER")
 
 
 def test_each_variable_name_is_defined_once_in_the_package() -> None:
@@ -189,3 +199,30 @@ def test_the_command_refuses_an_unreadable_variable_by_name(tmp_path: Path) -> N
     assert result.returncode == 2, result.stderr
     assert "AIOELECT_ETCD_DEGRADE_TO_LOCAL" in result.stderr and "Traceback" not in result.stderr
     assert PASSWORD not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("kind", "leftover"),
+    [("mysql", "AIOELECT_FILE"), ("etcd", "AIOELECT_MYSQL_DSN"), ("file", "AIOELECT_POSTGRES_DSN")],
+)
+def test_a_backend_named_without_its_variable_is_refused_by_the_command_and_from_env(
+    tmp_path: Path, kind: str, leftover: str
+) -> None:
+    """AIOELECT_BACKEND names a backend whose variable is unset: both refuse, neither leads on the leftover one."""
+    lock = tmp_path / "x.lock"
+    values = {"AIOELECT_FILE": str(lock), "AIOELECT_MYSQL_DSN": "mysql://u@127.0.0.1:1/db"}
+    values["AIOELECT_POSTGRES_DSN"] = "postgresql://u@127.0.0.1:1/db"
+    environ = {"AIOELECT_BACKEND": kind, leftover: values[leftover], "AIOELECT_NAME": "t"}
+    with pytest.raises(ValueError, match=f"AIOELECT_BACKEND={kind} but AIOELECT_.* is not set"):
+        Settings.from_environ(environ).backend()
+    with pytest.raises(ValueError, match=f"AIOELECT_BACKEND={kind} but AIOELECT_.* is not set"):
+        aioelect.from_env(environ)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOELECT_")}
+    env.update(PYTHONPATH=str(PACKAGE.parent), **environ)
+    marker = tmp_path / "ran"
+    for command in (["run", "--no-wait", "--", "touch", str(marker)], ["leader"]):
+        argv = [sys.executable, "-m", "aioelect", *command]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env, cwd=tmp_path)
+        assert result.returncode == 2, result.stderr
+        assert f"AIOELECT_BACKEND={kind} but" in result.stderr and "Traceback" not in result.stderr
+    assert not marker.exists()

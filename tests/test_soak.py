@@ -1,7 +1,7 @@
 """The nemesis soak (soak/): its checker on constructed histories, and a short soak on every backend.
 
-The short soak runs the four backends side by side (MariaDB, PostgreSQL,
-single-member and three-member etcd), each for ``SOAK_SECONDS``, and fails
+The short soak runs the five backends side by side (MariaDB, PostgreSQL,
+Redis, single-member and three-member etcd), each for ``SOAK_SECONDS``, and fails
 unless the checker passed. It starts its own servers; a missing one fails
 in CI and skips elsewhere, as with every server test.
 """
@@ -24,7 +24,7 @@ from tests.harness.plugin import server_unavailable, skip_if_external
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = 1_000_000_000
-#: Each backend's run in the CI soak (the four run side by side).
+#: Each backend's run in the CI soak (the five run side by side).
 SOAK_SECONDS = 100
 
 
@@ -156,10 +156,10 @@ def test_schedule_is_a_function_of_the_seed() -> None:
 
 
 def _require_servers() -> None:
-    for kind in ("mysql", "etcd", "postgres"):
+    for kind in ("mysql", "etcd", "postgres", "redis"):
         skip_if_external(kind)
     try:
-        for binary in ("mariadbd", "initdb", "etcd", "etcdctl"):
+        for binary in ("mariadbd", "initdb", "etcd", "etcdctl", "redis-server"):
             require_binary(binary)
     except MissingBinaryError as exc:
         server_unavailable(str(exc))

@@ -254,7 +254,7 @@ def readme_example() -> str:
     readme = (ROOT / "docs" / "testing.md").read_text()
     assert README_MARKER in readme, "docs/testing.md lost its tested example"
     after = readme.split(README_MARKER, 1)[1]
-    match = re.match(r"\s*```python\n(.*?)\n```", after, re.S)
+    match = re.match(r"\s*(?:<!-- docs-test: pytest -->\n)?```python\n(.*?)\n```", after, re.S)
     assert match is not None, "the docs marker must stand right above a ```python block"
     return match.group(1) + "\n"
 

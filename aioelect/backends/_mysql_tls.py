@@ -33,7 +33,10 @@ def tls_context(
             raise ValueError(f"{option} file {path!r} does not exist")
     if key is not None and cert is None:
         raise ValueError("ssl-key needs ssl-cert")
-    context = ssl.create_default_context(cafile=ca)
+    try:
+        context = ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"cannot load the ssl-ca file {ca!r}: {exc}") from None
     if not verify:
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE
@@ -63,14 +66,18 @@ def tls_from_query(query: dict[str, str]) -> ssl.SSLContext | None:
     ValueErrors that name the key.
     """
     found: dict[str, str] = {}
+    spelled: dict[str, str] = {}
     for given, value in query.items():
         canonical = given.replace("_", "-")
         if canonical not in _MYSQL_TLS_KEYS:
             accepted = ", ".join(f"{k} (or {k.replace('-', '_')})" for k in _MYSQL_TLS_KEYS)
             raise ValueError(f"unsupported DSN parameter {given!r}; accepted: {accepted}")
         if canonical in found:
-            raise ValueError(f"DSN parameter {canonical} is given in both spellings ({canonical} and {given})")
+            raise ValueError(
+                f"DSN parameter {canonical} is given in both spellings ({spelled[canonical]} and {given}): keep one"
+            )
         found[canonical] = value
+        spelled[canonical] = given
     mode = found.get("ssl-mode", "").upper()
     ca, cert, key = found.get("ssl-ca"), found.get("ssl-cert"), found.get("ssl-key")
     if mode == "PREFERRED":

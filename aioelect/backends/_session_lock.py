@@ -16,7 +16,10 @@ engine guarantees, for every dialect:
   (see :meth:`SessionLockBackend.permanent`) raise
   :class:`~aioelect.ElectionError` at once, never retried;
 * a session left waiting for the lock by a failed or cancelled request is
-  ended on the server before the campaign goes on or returns;
+  ended on the server before the campaign goes on or returns, but only once
+  the server shows it to be that very session (the dialect proves it: the
+  same server incarnation and the same session, never a bare id that a
+  restarted server may have given to someone else);
 * cancellation leaves no lock and no connection behind;
 * a new leadership is dated from a lock check sent *after* the grant, never
   from the request, which may have waited on the server for seconds;
@@ -27,7 +30,15 @@ engine guarantees, for every dialect:
   answered that the release freed the lock (any doubt, failure or
   cancellation closes it instead); a kept session is used again only while
   it has been idle for less than ``lease / 2`` (the server ends an idle one
-  after ``lease``), and one the server ended anyway is replaced at once;
+  after ``lease``) and once a check on it has been answered (a server
+  restart or a ``KILL`` may have ended it); one found dead is closed and
+  replaced at once;
+* a new lock session is used only once every server-side bound on it
+  (idle timeouts, TCP keepalives, TCP user timeout), read from the server,
+  is at least ``lease``: otherwise the campaign raises
+  :class:`~aioelect.ElectionError` naming the bound, because the server
+  could hand the lock on while a cut-off leader, which stops only at its
+  renew deadline, still leads;
 * :meth:`SessionLockBackend.leader` waits (briefly) for a new holder's record
   of its identity rather than report the holder without it.
 """
@@ -104,8 +115,11 @@ class LockConnection(abc.ABC):
     SQL error reported by the server leaves it usable.
     """
 
-    #: The server's id of the session: what the dialect's :meth:`SessionLockBackend._end_session` names.
+    #: The server's id of the session (MySQL ``CONNECTION_ID()``, PostgreSQL ``pg_backend_pid()``).
     session_id: int = 0
+    #: A lock request was sent on this session and its answer not read: the session may still be waiting for
+    #: the lock on the server, or have been granted it (see :meth:`SessionLockBackend._ask`).
+    lock_pending: bool = False
     #: The identity a lock session was opened for (None: a plain connection), which names it on the server.
     identity: str | None = None
 
@@ -121,6 +135,10 @@ class LockConnection(abc.ABC):
     async def aclose(self, timeout: float) -> None:  # noqa: ASYNC109
         """Close politely where the driver can, within ``timeout``; else as :meth:`close`."""
         self.close()
+
+    def descriptor(self) -> int | None:
+        """The connection's socket descriptor, while it is open (None where the driver does not tell)."""
+        return None
 
     @abc.abstractmethod
     async def closed_by_server(self, wait: float) -> bool:
@@ -146,6 +164,18 @@ class LockConnection(abc.ABC):
 _C = TypeVar("_C", bound=LockConnection)
 
 
+def socket_fd(holder: object) -> int | None:
+    """The socket descriptor under ``holder``'s asyncio transport (its ``transport`` or ``_transport``), if open."""
+    transport = getattr(holder, "transport", None) or getattr(holder, "_transport", None)
+    get = getattr(transport, "get_extra_info", None)
+    sock = get("socket") if callable(get) else None
+    try:
+        fd = sock.fileno() if sock is not None else -1
+    except (OSError, ValueError):
+        return None
+    return fd if isinstance(fd, int) and fd >= 0 else None
+
+
 class SessionLockOptions(TypedDict, total=False):
     """The options every session-lock database reads; each dialect adds its own (``lease``, ``ssl``...)."""
 
@@ -159,7 +189,8 @@ class SessionLockOptions(TypedDict, total=False):
     poll_interval: float
     #: Seconds to connect (default 5).
     connect_timeout: float
-    #: Seconds between the leader's lock checks (default 1), and the bound on one (default 2).
+    #: Seconds between the leader's lock checks (default 1), and the bound on one (default 2, or less where the
+    #: renew deadline is short: ``(renew_deadline - check_interval) / 2`` if that is at least 0.5).
     check_interval: float
     check_timeout: float
     #: Seconds a leader may go without a confirmed check before it fences itself (default: derived from the others).
@@ -223,7 +254,7 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
     timing = LockTiming.checked(
         poll_interval=options.get("poll_interval", 2.0),
         check_interval=options.get("check_interval", 1.0),
-        check_timeout=options.get("check_timeout", 2.0),
+        check_timeout=options.get("check_timeout"),
         connect_timeout=options.get("connect_timeout", 5.0),
         lease=options.get("lease", 10),
         renew_deadline=options.get("renew_deadline"),
@@ -268,6 +299,10 @@ class SessionLockHold(Hold, Generic[_C]):
             if not mine:
                 return b.lost_lock
             confirm(sent)
+
+    def descriptors(self) -> tuple[int, ...]:
+        fd = None if self._conn.broken else self._conn.descriptor()
+        return () if fd is None else (fd,)
 
     async def release(self) -> None:
         conn, b = self._conn, self._backend
@@ -340,6 +375,17 @@ class SessionLockBackend(Backend, Generic[_C]):
         """A new dedicated lock connection for ``identity``, its session set up; ElectionError if unusable."""
 
     @abc.abstractmethod
+    async def _server_bounds(self, conn: _C) -> dict[str, float | None]:
+        """Every server-side bound on ``conn``'s session, read from the server: setting -> seconds (None: off).
+
+        A bound is a time after which the server may end a session it no
+        longer hears from (an idle timeout, TCP keepalives, a TCP user
+        timeout), named as the user would change it. The engine refuses the
+        session when one is shorter than ``lease`` (see
+        :meth:`~aioelect._config.LockTiming.server_problem`).
+        """
+
+    @abc.abstractmethod
     async def _open(self, purpose: str) -> _C:
         """A new plain connection, for looking up the holder ("observer") or ending a session ("cleanup")."""
 
@@ -369,8 +415,13 @@ class SessionLockBackend(Backend, Generic[_C]):
         """Release the lock held by ``conn``'s session: True only if the server answered that it freed it."""
 
     @abc.abstractmethod
-    async def _end_session(self, conn: _C, session_id: int) -> None:
-        """On ``conn``, end the server session ``session_id``."""
+    async def _end_session(self, conn: _C, victim: _C) -> bool:
+        """On ``conn``, end ``victim``'s server session if the server shows it is that session; True if ended.
+
+        Never ends a session merely because it has ``victim.session_id``: a
+        restarted server (or another server behind the same address) reuses
+        ids, and the session with that id may be anyone's.
+        """
 
     @abc.abstractmethod
     async def _look(self, conn: _C) -> tuple[Any, str | None]:
@@ -421,14 +472,12 @@ class SessionLockBackend(Backend, Generic[_C]):
         backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
         while True:
             conn: _C | None = None
-            waiting = reused = False
+            reused = False
             try:
                 conn, reused = await self._session(identity)
                 while True:
                     sent = monotonic()
-                    waiting = True
-                    granted = await self._request(conn)
-                    waiting = False
+                    granted = await self._ask(conn, self._request)
                     if granted:
                         hold = await self._won(conn, identity)
                         conn = None
@@ -451,12 +500,12 @@ class SessionLockBackend(Backend, Generic[_C]):
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
                 if conn is not None:
-                    await self._drop(conn, waiting)
+                    await self._drop(conn)
                     conn = None
                 await anyio.sleep(delay)
             finally:
                 if conn is not None:
-                    await self._drop(conn, waiting)
+                    await self._drop(conn)
 
     async def try_campaign(self, identity: str) -> Hold | None:
         """One lock request that does not wait: the hold, or None (connection closed) if another session holds it.
@@ -465,12 +514,10 @@ class SessionLockBackend(Backend, Generic[_C]):
         """
         for attempt in range(2):
             conn: _C | None = None
-            waiting = reused = False
+            reused = False
             try:
                 conn, reused = await self._session(identity)
-                waiting = True
-                granted = await self._try_request(conn)
-                waiting = False
+                granted = await self._ask(conn, self._try_request)
                 if not granted:
                     return None
                 hold = await self._won(conn, identity)
@@ -491,7 +538,7 @@ class SessionLockBackend(Backend, Generic[_C]):
             finally:
                 if conn is not None:
                     # A request cut off in flight may have been granted: end its session rather than trust the close.
-                    await self._drop(conn, waiting)
+                    await self._drop(conn)
         raise AssertionError("unreachable")
 
     async def _won(self, conn: _C, identity: str) -> SessionLockHold[_C]:
@@ -507,15 +554,42 @@ class SessionLockBackend(Backend, Generic[_C]):
         token = await self._granted(conn, identity)
         return SessionLockHold(self, conn, token, confirmed)
 
+    async def _ask(self, conn: _C, request: Callable[[_C], Awaitable[bool]]) -> bool:
+        """``request(conn)``, a lock request; until its answer is read the session is marked as having one pending."""
+        conn.lock_pending = True
+        granted = await request(conn)
+        conn.lock_pending = False
+        return granted
+
     async def _session(self, identity: str) -> tuple[_C, bool]:
-        """A lock session for ``identity``: the kept one if still fresh (True), else a new one (False)."""
+        """A lock session for ``identity``: the kept one if still fresh and alive (True), else a new one (False).
+
+        The kept one is alive when a check sent on it now is answered: a
+        session the server ended meanwhile (a restart, a ``KILL``) is closed
+        before any lock request is sent on it, so nothing is left pending.
+        """
         spare, self._spare = self._spare, None
         if spare is not None:
             conn, kept_for, since = spare
             if not conn.broken and kept_for == identity and monotonic() - since < self.lease / 2:
-                return conn, True
+                try:
+                    await self._held(conn)
+                except Exception as exc:
+                    self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
+                else:
+                    if not conn.broken:
+                        return conn, True
             await conn.aclose(self.check_timeout)
         conn = await self._connect(identity)
+        try:
+            bounds = await self._server_bounds(conn)
+        except BaseException:
+            conn.close()
+            raise
+        problem = self.timing.server_problem(bounds, product=self.dialect.product)
+        if problem is not None:
+            conn.close()
+            raise ElectionError(problem)
         conn.identity = identity
         return conn, False
 
@@ -532,7 +606,7 @@ class SessionLockBackend(Backend, Generic[_C]):
             conn, self._spare = self._spare[0], None
             await conn.aclose(self.check_timeout)
 
-    async def _drop(self, conn: _C, waiting: bool) -> None:
+    async def _drop(self, conn: _C) -> None:
         """Close a campaign's connection; if its session may still wait for the lock, end it on the server.
 
         Closing alone is not enough: the server notices a vanished client only
@@ -540,16 +614,18 @@ class SessionLockBackend(Backend, Generic[_C]):
         waiting session, which nobody reads, leaving the election without a
         leader until the session ends. Ending it from another connection is
         bounded and costs one connection; it is the one behaviour safe on
-        every server, so every dialect does it.
+        every server, so every dialect does it, once the server shows the
+        session to be ours (see :meth:`_end_session`).
         """
         conn.close()
-        if not waiting:
+        if not conn.lock_pending:
             return
-        with anyio.move_on_after(self.connect_timeout + self.check_timeout + 1, shield=True):
+        with anyio.move_on_after(self.connect_timeout + 2 * self.check_timeout + 1, shield=True):
             try:
                 cleanup = await self._open("cleanup")
                 try:
-                    await self._end_session(cleanup, conn.session_id)
+                    if not await self._end_session(cleanup, conn):
+                        self.log.debug("session %s is no longer ours on the server; not ended", conn.session_id)
                 finally:
                     await cleanup.aclose(self.check_timeout)
             except Exception as exc:

@@ -9,7 +9,10 @@ The lock lives exactly as long as the connection that took it, so:
   negative check is a loss;
 * the connection's ``wait_timeout`` is set to ``lease``, so the server itself
   drops a leader that has gone silent (frozen, cut off) after ``lease``
-  seconds, and a follower takes over;
+  seconds, and a follower takes over; every other server-side bound on the
+  session (``net_read_timeout``, ``net_write_timeout``, MariaDB's
+  ``tcp_keepalive_*``) is read at connect, and a session with one shorter
+  than ``lease`` is refused, the bound named;
 * followers wait inside ``GET_LOCK(name, max(poll_interval, 1 s))``, so
   they wake the moment the lock is freed instead of at their next poll
   (whole seconds at least: MySQL truncates a fractional wait, and a wait of
@@ -29,6 +32,7 @@ node, and the ``aioelect_leaders`` table of tokens and identities.
 from __future__ import annotations
 
 import math
+import secrets
 import ssl as _ssl
 import warnings
 from collections.abc import Hashable, Sequence
@@ -36,10 +40,18 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import transport_warning, validate_name
+from .._config import session_bounds, transport_warning, validate_name
 from .._errors import ElectionError
 from ._mysql_tls import tls_from_query
-from ._session_lock import Dialect, LockConnection, SessionLockBackend, SessionLockOptions, SessionLost, read_options
+from ._session_lock import (
+    Dialect,
+    LockConnection,
+    SessionLockBackend,
+    SessionLockOptions,
+    SessionLost,
+    read_options,
+    socket_fd,
+)
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -54,8 +66,9 @@ __all__ = ["FENCING_DDL", "FENCING_TABLE", "MySQLBackend", "MySQLOptions"]
 
 #: The table that keeps fencing tokens and the holders' identities.
 FENCING_TABLE = "aioelect_leaders"
+# Names are binary, compared byte for byte as GET_LOCK names are: "Billing" and "billing" are two rows.
 FENCING_DDL = f"""CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (
-  name VARCHAR(64) NOT NULL PRIMARY KEY,
+  name VARBINARY(64) NOT NULL PRIMARY KEY,
   token BIGINT UNSIGNED NOT NULL,
   holder VARCHAR(128) NOT NULL,
   connection_id BIGINT UNSIGNED NOT NULL,
@@ -85,15 +98,113 @@ _MAX_NAME = 64
 #: fractional seconds, so a shorter wait may become 0 and return at once.
 _MIN_WAIT = 1.0
 _HELD_BY_ME = "SELECT IS_USED_LOCK(%s) = CONNECTION_ID()"
+# A table made with a name column that compares without regard to case (VARCHAR, a _ci collation) kept one
+# row for every spelling of a name. It is altered to binary names; the row with the empty name (no election
+# has one) keeps the largest token the table held, and a name's first row starts above it, so no spelling
+# ever gets a token below one its shared row gave out.
+_NAME_TYPE = (
+    "SELECT DATA_TYPE FROM information_schema.COLUMNS "
+    f"WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '{FENCING_TABLE}' AND COLUMN_NAME = 'name'"
+)
+_FLOOR = (
+    f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
+    f"SELECT '', COALESCE(MAX(token), 0), '', 0 FROM {FENCING_TABLE} "
+    "ON DUPLICATE KEY UPDATE token = GREATEST(token, VALUES(token))"
+)
+_FLOOR_ROW = (
+    f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) VALUES ('', 0, '', 0) "
+    "ON DUPLICATE KEY UPDATE token = token"
+)
+_TO_BINARY = f"ALTER TABLE {FENCING_TABLE} MODIFY name VARBINARY(64) NOT NULL"
 # The check after a grant and the token bump in one statement: the row is written only if our
 # session holds the lock (else 0 rows are affected), and LAST_INSERT_ID(expr) makes the server
 # report the new token in the statement's answer (its insert id), so no SELECT follows.
 _BUMP = (
     f"INSERT INTO {FENCING_TABLE} (name, token, holder, connection_id) "
-    "SELECT %s, LAST_INSERT_ID(1), %s, CONNECTION_ID() FROM DUAL WHERE IS_USED_LOCK(%s) = CONNECTION_ID() "
+    f"SELECT %s, LAST_INSERT_ID(1 + COALESCE((SELECT f.token FROM {FENCING_TABLE} f WHERE f.name = ''), 0)), "
+    "%s, CONNECTION_ID() FROM DUAL WHERE IS_USED_LOCK(%s) = CONNECTION_ID() "
     "ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), holder = VALUES(holder), "
     "connection_id = VALUES(connection_id), acquired_at = CURRENT_TIMESTAMP(6)"
 )
+
+
+# The lock session's idle timeout is lease; a packet half read or half written may wait at least as long.
+_SET_TIMEOUTS = (
+    "SET SESSION wait_timeout = %s, net_read_timeout = GREATEST(@@session.net_read_timeout, %s), "
+    "net_write_timeout = GREATEST(@@session.net_write_timeout, %s)"
+)
+# tcp_keepalive_* are MariaDB's (global only; SHOW SESSION VARIABLES shows them), absent on MySQL.
+_SHOW_BOUNDS = (
+    "SHOW SESSION VARIABLES WHERE Variable_name IN ('wait_timeout', 'net_read_timeout', 'net_write_timeout', "
+    "'tcp_keepalive_time', 'tcp_keepalive_interval', 'tcp_keepalive_probes')"
+)
+# The server's start on its own clock, in whole seconds (Uptime counts whole seconds).
+_STARTED = (
+    "SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE, CONNECTION_ID() FROM information_schema.GLOBAL_STATUS "
+    "WHERE VARIABLE_NAME = 'UPTIME'"
+)
+# Whether session %s runs a lock request tagged %s (its text, comment included, as the server shows it), and
+# whether it holds lock %s; no row when no such session exists.
+_OURS = "SELECT INFO LIKE %s, ID = IS_USED_LOCK(%s) FROM information_schema.PROCESSLIST WHERE ID = %s"
+_TAG_MARK = "aioelect-session:"
+_DURABILITY = "SELECT @@global.innodb_flush_log_at_trx_commit, @@global.log_bin, @@global.sync_binlog"
+
+
+def server_bounds(variables: dict[str, float]) -> dict[str, float | None]:
+    """Every server-side bound of a session whose variables (lower-case name -> seconds) are ``variables``.
+
+    ``wait_timeout`` ends an idle session; ``net_read_timeout`` and
+    ``net_write_timeout`` one stuck half-way through a packet. MariaDB's TCP
+    keepalives end a connection to an unreachable client; 0 (and MySQL,
+    which has no such variables) is the kernel's default (Linux: 2 hours),
+    taken as off.
+    """
+
+    return session_bounds(
+        variables,
+        ("wait_timeout", "net_read_timeout", "net_write_timeout"),
+        ("tcp_keepalive_time", "tcp_keepalive_interval", "tcp_keepalive_probes"),
+    )
+
+
+class NoTls(Exception):
+    """The DSN asks for TLS but the connection is not encrypted: no retry can fix it.
+
+    Not an OSError, so aiomysql passes it on as it is instead of as a
+    transient "cannot connect".
+    """
+
+
+def _tls_required(host: str) -> NoTls:
+    return NoTls(
+        f"the server at {host} does not offer TLS, but the TLS settings require it: refused rather than connecting "
+        "in plaintext (someone on the path may have stripped TLS from the server's greeting)"
+    )
+
+
+class _TlsOnlyConnection(aiomysql.Connection):  # type: ignore[misc]
+    """An aiomysql connection that refuses, before it answers the greeting, a server that does not offer TLS.
+
+    aiomysql starts TLS only when the greeting advertises ``CLIENT_SSL``; the
+    refusal here comes before the client sends its credentials.
+    """
+
+    async def _request_authentication(self) -> None:
+        if not self.server_capabilities & pymysql.constants.CLIENT.SSL:
+            raise _tls_required(self._host)
+        await super()._request_authentication()
+
+
+def _encrypted(raw: aiomysql.Connection) -> bool:
+    """Whether ``raw``'s transport is TLS (an SSL object under the stream)."""
+    writer = getattr(raw, "_writer", None)
+    return writer is not None and writer.get_extra_info("ssl_object") is not None
+
+
+def _denied(exc: BaseException) -> str | None:
+    """``(code) message`` when ``exc`` is the server refusing a privilege, else None."""
+    code = _code(exc)
+    return f"({code}) {exc.args[1]}" if code in _DENIED and len(exc.args) > 1 else None
 
 
 def _code(exc: BaseException) -> int | None:
@@ -103,15 +214,26 @@ def _code(exc: BaseException) -> int | None:
 
 
 class _Connection(LockConnection):
-    """One aiomysql connection; :attr:`session_id` is its ``CONNECTION_ID()``."""
+    """One aiomysql connection; :attr:`session_id` is its ``CONNECTION_ID()``.
+
+    A lock connection also has :attr:`tag`, written into each of its lock
+    requests, and :attr:`server_started`, the server's start as seen at
+    connect: together with the id they prove, from another connection, that
+    a session is this one (see :meth:`MySQLBackend._end_session`).
+    """
 
     def __init__(self, raw: aiomysql.Connection) -> None:
         self.raw = raw
         self._closed = False
+        self.tag = secrets.token_hex(16)
+        self.server_started: float | None = None
 
     @property
     def broken(self) -> bool:
         return self._closed
+
+    def descriptor(self) -> int | None:
+        return socket_fd(getattr(self.raw, "_writer", None))
 
     def leaves_clean(self, exc: BaseException) -> bool:
         code = _code(exc)
@@ -127,6 +249,16 @@ class _Connection(LockConnection):
 
         row = await self.run(call, timeout)
         return None if row is None else row[0]
+
+    async def rows(self, sql: str, args: Sequence[Any] = (), *, timeout: float) -> list[tuple[Any, ...]]:  # noqa: ASYNC109
+        """Every row of ``sql``."""
+
+        async def call() -> list[tuple[Any, ...]]:
+            async with self.raw.cursor() as cursor:
+                await cursor.execute(sql, args)
+                return list(await cursor.fetchall())
+
+        return await self.run(call, timeout)
 
     async def write(self, sql: str, args: Sequence[Any], *, timeout: float) -> tuple[int, int]:  # noqa: ASYNC109
         """Run ``sql``: (rows affected, the insert id the server reported)."""
@@ -167,13 +299,19 @@ class MySQLOptions(_Named, SessionLockOptions, total=False):
     ``poll_interval`` is the wait of one ``GET_LOCK`` request (at least a
     second on the server); ``fencing`` (on by default) keeps increasing
     tokens and the holders' identities in table ``aioelect_leaders``, which
-    needs a database and CREATE, SELECT, INSERT and UPDATE on it.
+    needs a database and CREATE, SELECT, INSERT and UPDATE on it. Tokens
+    survive a crash only with ``innodb_flush_log_at_trx_commit=1`` (and
+    ``sync_binlog=1`` where the binary log is on): otherwise the first
+    campaign logs a WARNING, or, with ``fencing=True`` given, refuses
+    (:class:`~aioelect.ElectionError`) unless ``allow_volatile_tokens=True``.
     """
 
     #: Whole seconds of the session's ``wait_timeout``: the server drops a silent leader after it (default 10).
     lease: int
     #: Accept Galera and Group Replication, where ``GET_LOCK`` is per node (default False).
     allow_unsafe_topology: bool
+    #: With ``fencing=True`` given, accept a server on which a crash may lose the last tokens (default False).
+    allow_volatile_tokens: bool
     #: TLS context for the connections (else the DSN's ``ssl_mode``...; default none).
     ssl: _ssl.SSLContext | None
 
@@ -219,6 +357,11 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         self._connect_args = connect_args
         self.fencing = where.fencing
         self.allow_unsafe_topology = options.get("allow_unsafe_topology", False)
+        # Tokens asked for by name (not by default) must be durable, unless that is explicitly given up.
+        self._durable_tokens_required = options.get("fencing") is True and not options.get(
+            "allow_volatile_tokens", False
+        )
+        self._durability_checked = False
         self._topology_checked = False
         self._fencing_ready = False
         warning = transport_warning(
@@ -234,10 +377,12 @@ class MySQLBackend(SessionLockBackend[_Connection]):
 
     def _refused(self, exc: BaseException) -> bool:
         return _code(exc) in _PERMANENT or isinstance(
-            exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
+            exc, (NoTls, pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
         )
 
     def _describe_driver_error(self, exc: BaseException) -> str | None:
+        if isinstance(exc, NoTls):
+            return str(exc)
         code = _code(exc)
         if code is not None and len(exc.args) > 1:
             return f"({code}) {exc.args[1]}"
@@ -246,28 +391,69 @@ class MySQLBackend(SessionLockBackend[_Connection]):
     # --- connections -------------------------------------------------------------
 
     async def _open(self, purpose: str = "") -> _Connection:
+        """A new connection; with TLS asked for, refused (:class:`NoTls`) unless its transport really is TLS."""
+        tls = "ssl" in self._connect_args
         try:
             with anyio.fail_after(self.connect_timeout + 1):
-                raw = await aiomysql.connect(
-                    connect_timeout=self.connect_timeout, autocommit=True, **self._connect_args
-                )
+                args = {"connect_timeout": self.connect_timeout, "autocommit": True, **self._connect_args}
+                if tls:
+                    raw = _TlsOnlyConnection(**args)
+                    await raw._connect()
+                else:
+                    raw = await aiomysql.connect(**args)
         except TimeoutError:
             raise pymysql.err.OperationalError(2003, f"connect timed out after {self.connect_timeout:g}s") from None
+        if tls and not _encrypted(raw):  # checked again on the transport, whatever the driver did
+            raw.close()
+            raise _tls_required(self._connect_args["host"])
         return _Connection(raw)
 
     async def _connect(self, identity: str = "") -> _Connection:
         """A new dedicated connection with ``wait_timeout = lease``, topology checked."""
         conn = await self._open()
         try:
-            conn.session_id = int(conn.raw.server_thread_id[0])  # CONNECTION_ID(), from the handshake
-            await conn.scalar("SET SESSION wait_timeout = %s", (int(self.lease),), timeout=self.check_timeout)
+            lease = int(self.lease)
+            await conn.scalar(_SET_TIMEOUTS, (lease, lease, lease), timeout=self.check_timeout)
+            # The server's own id (a proxy's handshake may present another) and its start, read together.
+            conn.server_started, conn.session_id = await self._server_started(conn)
             if not self._topology_checked:
                 await self._check_topology(conn)
                 self._topology_checked = True
+            if self.fencing and not self._durability_checked:
+                await self._check_durability(conn)
+                self._durability_checked = True
         except BaseException:
             conn.close()
             raise
         return conn
+
+    async def _server_bounds(self, conn: _Connection) -> dict[str, float | None]:
+        """The session's timeouts and MariaDB's TCP keepalives, as ``SHOW SESSION VARIABLES`` shows them."""
+        rows = await conn.rows(_SHOW_BOUNDS, timeout=self.check_timeout)
+        return server_bounds({str(name).lower(): float(value) for name, value in rows})
+
+    async def _check_durability(self, conn: _Connection) -> None:
+        """Refuse (``fencing=True`` given) or warn about a server on which a crash may lose the last token bumps."""
+        flush, log_bin, sync_binlog = (await conn.rows(_DURABILITY, timeout=self.check_timeout))[0]
+        problems = []
+        if int(flush) != 1:
+            lost = "a crash of the server" if int(flush) == 0 else "a crash of the server's host (or a power loss)"
+            problems.append(f"innodb_flush_log_at_trx_commit={int(flush)}: {lost} can lose the last commits")
+        if int(log_bin) and int(sync_binlog) != 1:
+            problems.append(
+                f"the binary log is on with sync_binlog={int(sync_binlog)}: a crash of the server's host can lose "
+                "the last commits from it"
+            )
+        if not problems:
+            return
+        text = (
+            f"fencing tokens in {FENCING_TABLE} may not survive a crash ({'; '.join(problems)}), so a leader after "
+            "it may be given a token already handed out; set innodb_flush_log_at_trx_commit=1 (and sync_binlog=1 "
+            "where the binary log is on)"
+        )
+        if self._durable_tokens_required:
+            raise ElectionError(f"{text}, or pass allow_volatile_tokens=True to accept it")
+        self.log.warning("%s", text)
 
     async def _check_topology(self, conn: _Connection) -> None:
         """Refuse servers on which GET_LOCK is not cluster-wide, unless allowed."""
@@ -296,20 +482,45 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         if problems:
             self.log.warning("unsafe topology allowed: %s", "; ".join(problems))
 
-    async def _end_session(self, conn: _Connection, session_id: int) -> None:
-        await conn.scalar("KILL %s", (session_id,), timeout=self.check_timeout)
+    async def _server_started(self, conn: _Connection) -> tuple[float, int]:
+        """When the server started (its clock, whole seconds; a restart changes it) and ``CONNECTION_ID()``."""
+        row = (await conn.rows(_STARTED, timeout=self.check_timeout))[0]
+        return float(row[0]), int(row[1])
+
+    async def _end_session(self, conn: _Connection, victim: _Connection) -> bool:
+        """KILL ``victim``'s session only if it is running one of its own tagged lock requests, or holds the lock
+        on the server incarnation it was opened on; the check and the KILL run on one connection, and a server
+        never reuses an id while it runs.
+        """
+        found = await conn.rows(
+            _OURS, (f"%{_TAG_MARK}{victim.tag}%", self.name, victim.session_id), timeout=self.check_timeout
+        )
+        if not found:
+            return False
+        running_ours, holds_lock = bool(found[0][0]), bool(found[0][1])
+        if not running_ours:
+            started, _ = await self._server_started(conn)
+            same_server = victim.server_started is not None and abs(started - victim.server_started) <= 1
+            if not (holds_lock and same_server):
+                return False
+        await conn.scalar("KILL %s", (victim.session_id,), timeout=self.check_timeout)
+        return True
 
     # --- the lock ----------------------------------------------------------------
 
     async def _request(self, conn: _Connection) -> bool:
         wait = math.ceil(max(self.poll_interval, _MIN_WAIT))
-        got = await conn.scalar("SELECT GET_LOCK(%s, %s)", (self.name, wait), timeout=wait + self.check_timeout)
+        got = await conn.scalar(
+            f"SELECT GET_LOCK(%s, %s) /* {_TAG_MARK}{conn.tag} */", (self.name, wait), timeout=wait + self.check_timeout
+        )
         if got is None:
             raise SessionLost("GET_LOCK was interrupted")
         return bool(got == 1)
 
     async def _try_request(self, conn: _Connection) -> bool:
-        got = await conn.scalar("SELECT GET_LOCK(%s, 0)", (self.name,), timeout=self.check_timeout)
+        got = await conn.scalar(
+            f"SELECT GET_LOCK(%s, 0) /* {_TAG_MARK}{conn.tag} */", (self.name,), timeout=self.check_timeout
+        )
         if got is None:
             raise SessionLost("GET_LOCK was interrupted")
         return bool(got == 1)
@@ -329,13 +540,14 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         try:
             return await self._bump_token(conn, identity)
         except pymysql.err.MySQLError as exc:
-            if _code(exc) not in _DENIED:
+            refusal = _denied(exc)
+            if refusal is None:
                 raise
             database = self._connect_args.get("db")
             raise ElectionError(
                 f"fencing tokens (on by default) need the SELECT, INSERT and UPDATE privileges on table "
                 f"{database}.{FENCING_TABLE}, and CREATE on database {database} unless the table exists already; "
-                f"the server refused ({exc.args[0]}) {exc.args[1]}: grant them (GRANT CREATE, SELECT, INSERT, UPDATE "
+                f"the server refused {refusal}: grant them (GRANT CREATE, SELECT, INSERT, UPDATE "
                 f"ON {database}.* TO ...), or pass fencing=False (--no-fencing on the command line) to lead without "
                 "tokens"
             ) from None
@@ -354,11 +566,37 @@ class MySQLBackend(SessionLockBackend[_Connection]):
                     await conn.scalar(f"SELECT 1 FROM {FENCING_TABLE} LIMIT 0", timeout=self.check_timeout)
                 except pymysql.err.MySQLError:
                     raise exc from None
+            if await conn.scalar(_NAME_TYPE, timeout=self.check_timeout) != "varbinary":
+                await self._migrate_names(conn)
+            # The floor row read by every bump: present, it is locked alone (absent, the read would lock a gap).
+            await conn.write(_FLOOR_ROW, (), timeout=self.check_timeout)
             self._fencing_ready = True
         rows, token = await conn.write(_BUMP, (self.name, identity, self.name), timeout=self.check_timeout)
         if rows == 0:  # the check in the statement found the lock not held by our session: nothing written
             raise SessionLost(self.not_held)
         return token
+
+    async def _migrate_names(self, conn: _Connection) -> None:
+        """Alter a table whose names ignore case to binary names, keeping the largest token as the floor."""
+        self.log.warning(
+            "table %s compares names without regard to case: altering its name column to VARBINARY(64)",
+            FENCING_TABLE,
+        )
+        # The floor before the change, and again after it: tokens the shared rows gave out in between count too.
+        try:
+            await conn.write(_FLOOR, (), timeout=self.check_timeout * 5)
+            await conn.scalar(_TO_BINARY, timeout=self.check_timeout * 5)
+            await conn.write(_FLOOR, (), timeout=self.check_timeout * 5)
+        except pymysql.err.MySQLError as exc:
+            refusal = _denied(exc)
+            if refusal is None:
+                raise
+            table = f"{self._connect_args.get('db')}.{FENCING_TABLE}"
+            raise ElectionError(
+                f"table {table} compares names without regard to case, so names that differ only in case would "
+                f"share fencing tokens; aioelect alters it to binary names (keeping every token increasing) but the "
+                f"server refused {refusal}: grant ALTER and INSERT on {table} for one start"
+            ) from None
 
     # --- who leads -----------------------------------------------------------------
 

@@ -22,8 +22,14 @@ The lock lives exactly as long as the server session that took it, so:
   statement the leader sends while holding the lock is prepared before the
   lock is taken, so its session is never left half-way through a protocol
   exchange (where that timeout is not armed) whenever the process stops.
-  TCP keepalives (``tcp_keepalives_*``) are set too; they only detect a dead
-  or unreachable client host, never a stopped process whose kernel answers;
+  TCP keepalives (``tcp_keepalives_*``) are set too, so that they never end
+  the session before ``lease``; they only detect a dead or unreachable
+  client host, never a stopped process whose kernel answers;
+* every server-side bound on the lock session (``idle_session_timeout``,
+  ``idle_in_transaction_session_timeout``, the keepalives,
+  ``tcp_user_timeout``: whatever set them, the startup packet, a role, a
+  database or the server) is read from ``pg_settings`` at connect, and a
+  session with one shorter than ``lease`` is refused, the bound named;
 * the identity is the session's ``application_name`` (truncated to 63
   bytes), visible in ``pg_stat_activity``;
 * with ``fencing=True`` a leadership's token is the server's transaction id
@@ -54,7 +60,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import transport_warning, validate_name
+from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
 from .._errors import ElectionError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
 from ._postgres_tls import TLS_FILES, NoTls, Tls, no_tls, resolve_tls, transport_fix
@@ -65,6 +71,7 @@ from ._session_lock import (
     SessionLockOptions,
     SessionLost,
     read_options,
+    socket_fd,
     tls_error,
 )
 
@@ -121,8 +128,15 @@ _TOKEN_BEFORE_13 = f"SELECT {_HELD_EXPR}, pg_catalog.txid_current(), {_EMIT}"
 _MESSAGE_FUNCTION = "pg_catalog.pg_logical_emit_message(boolean, pg_catalog.text, pg_catalog.text)"
 _READY = (
     "SELECT pg_catalog.pg_is_in_recovery() AS standby, "
-    f"pg_catalog.has_function_privilege('{_MESSAGE_FUNCTION}', 'EXECUTE') AS can_token"
+    f"pg_catalog.has_function_privilege('{_MESSAGE_FUNCTION}', 'EXECUTE') AS can_token, "
+    "(SELECT backend_start FROM pg_catalog.pg_stat_activity WHERE pid = pg_catalog.pg_backend_pid()) AS backend_start, "
+    "pg_catalog.pg_backend_pid() AS pid, pg_catalog.current_setting('search_path') AS search_path"
 )
+_PID = "SELECT pg_catalog.pg_backend_pid()"
+# Ends backend $1 only if it started at $2 (the pid alone may now be another backend's); waits up to $3 ms.
+_OURS = "FROM pg_catalog.pg_stat_activity WHERE pid = $1 AND backend_start = $2"
+_TERMINATE = f"SELECT pg_catalog.pg_terminate_backend(pid, $3) {_OURS}"
+_TERMINATE_BEFORE_14 = f"SELECT pg_catalog.pg_terminate_backend(pid) {_OURS}"
 # Errors that no retry can fix: authentication, unknown database, privileges, SQL, client configuration.
 _PERMANENT: tuple[type[BaseException], ...] = (
     asyncpg.InvalidAuthorizationSpecificationError,  # includes InvalidPasswordError, no pg_hba entry
@@ -161,6 +175,45 @@ def _try_next(plan: Tls, attempt: _ssl.SSLContext | bool, exc: BaseException) ->
     return attempt is not False and (isinstance(exc, NoTls) or tls_error(exc) is not None)
 
 
+#: The settings after which the server may end a session it no longer hears from (those it has).
+_BOUND_SETTINGS = (
+    "idle_session_timeout",
+    "idle_in_transaction_session_timeout",
+    "tcp_keepalives_idle",
+    "tcp_keepalives_interval",
+    "tcp_keepalives_count",
+    "tcp_user_timeout",
+)
+_BOUNDS = """SELECT name, setting::pg_catalog.float8 * CASE unit WHEN 'ms' THEN 0.001 WHEN 'min' THEN 60 ELSE 1 END
+  AS seconds FROM pg_catalog.pg_settings WHERE name = ANY($1::pg_catalog.text[])"""
+
+
+def keepalives(lease: float) -> tuple[int, int, int]:
+    """``(tcp_keepalives_idle, tcp_keepalives_interval, tcp_keepalives_count)`` of a lock session.
+
+    The first probe is sent once the connection has been silent for
+    ``lease`` (rounded up to whole seconds, the setting's unit), so the
+    server never drops an unreachable client before ``lease``; three probes
+    a tenth of the lease apart (at least a second) then confirm it is gone.
+    """
+    return math.ceil(lease), max(1, math.ceil(lease / 10)), 3
+
+
+def server_bounds(settings: dict[str, float]) -> dict[str, float | None]:
+    """Every server-side bound of a session whose ``pg_settings`` (name -> seconds, 0: off) are ``settings``.
+
+    A setting the server does not have (``idle_session_timeout`` before
+    PostgreSQL 14) is off. A keepalive idle of 0 is the kernel's default
+    (Linux: 2 hours), taken as off.
+    """
+
+    return session_bounds(
+        settings,
+        ("idle_session_timeout", "idle_in_transaction_session_timeout", "tcp_user_timeout"),
+        ("tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count"),
+    )
+
+
 def _ms(seconds: float) -> int:
     return max(1, math.ceil(seconds * 1000))
 
@@ -185,6 +238,8 @@ class _Connection(LockConnection):
     def __init__(self, raw: asyncpg.Connection) -> None:
         self.raw = raw
         self.session_id = raw.get_server_pid()
+        #: When the server started this session's backend (read at connect): with the pid, it names the session.
+        self.backend_start: Any = None
         self.server_version: int = raw.get_server_version().major
         #: Statements prepared before the lock is taken, by SQL text.
         self.statements: dict[str, Any] = {}
@@ -198,6 +253,9 @@ class _Connection(LockConnection):
     @property
     def broken(self) -> bool:
         return bool(self.raw.is_closed())
+
+    def descriptor(self) -> int | None:
+        return socket_fd(self.raw)
 
     def leaves_clean(self, exc: BaseException) -> bool:
         return isinstance(exc, asyncpg.PostgresError) and not isinstance(
@@ -213,6 +271,11 @@ class _Connection(LockConnection):
     async def fetchval(self, sql: str, *args: Any, timeout: float) -> Any:  # noqa: ASYNC109
         """First value of ``sql``'s first row: its prepared statement if there is one, else ad hoc."""
         return await self._fetch("fetchval", sql, args, timeout)
+
+    async def fetch(self, sql: str, *args: Any, timeout: float) -> list[Any]:  # noqa: ASYNC109
+        """All rows of ``sql``, prepared or ad hoc as :meth:`fetchval`."""
+        rows: list[Any] = await self._fetch("fetch", sql, args, timeout)
+        return rows
 
     async def fetchrow(self, sql: str, *args: Any, timeout: float) -> Any:  # noqa: ASYNC109
         """``sql``'s first row (None without one), prepared or ad hoc as :meth:`fetchval`."""
@@ -325,9 +388,10 @@ class PostgresBackend(SessionLockBackend[_Connection]):
         self.fencing = where.fencing
         self.schema = schema
         self._warned_old_server = False
+        self._pooling_checked = False
         #: The server's major version once a lock connection has shown it (its settings depend on it).
         self._server_version: int | None = None
-        self._keepalive = (max(1, int(self.lease / 2)), max(1, int(self.lease / 6)))
+        self._keepalive = keepalives(self.lease)
         self._observer_table_ok = False
         # prefer: TLS whenever the server offers it, but an attacker can refuse TLS or present any
         # certificate and get plaintext, so it is never verified.
@@ -394,6 +458,11 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             if no_tls(exc):
                 raise NoTls(f"the server does not support TLS, but sslmode={self._tls.mode} requires it") from None
             raise
+        transport = getattr(raw, "_transport", None)
+        if ssl is not False and (transport is None or transport.get_extra_info("ssl_object") is None):
+            # A TLS attempt must end on a TLS transport, whatever the driver did with the server's answer.
+            raw.terminate()
+            raise NoTls(f"the connection is not encrypted, but sslmode={self._tls.mode} requires it")
         return _Connection(raw)
 
     def _lock_settings(self, version: int | None) -> dict[str, str]:
@@ -405,7 +474,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             "idle_in_transaction_session_timeout": lease_ms,
             "tcp_keepalives_idle": str(self._keepalive[0]),
             "tcp_keepalives_interval": str(self._keepalive[1]),
-            "tcp_keepalives_count": "3",
+            "tcp_keepalives_count": str(self._keepalive[2]),
             # A token's commit must reach the WAL on disk (and synchronous standbys) before it is used.
             "synchronous_commit": "on",
         }
@@ -430,9 +499,18 @@ class PostgresBackend(SessionLockBackend[_Connection]):
                     "PostgreSQL %s has no idle_session_timeout: a frozen leader is replaced only when its "
                     "connection closes (TCP keepalives detect a dead host after about %ss, never a stopped process)",
                     conn.server_version,
-                    self._keepalive[0] + 3 * self._keepalive[1],
+                    keepalive_bound(*self._keepalive),
                 )
             ready = await conn.fetchrow(_READY, timeout=self.check_timeout)
+            conn.backend_start = ready["backend_start"]
+            conn.session_id = ready["pid"]  # the server's, not what a pooler may present as its own
+            if ready["search_path"].replace(" ", "") != _SEARCH_PATH.replace(" ", ""):
+                # A pooler or proxy dropped the startup packet's settings: the session gets them from SET instead.
+                settings = {**self._lock_settings(conn.server_version), "search_path": _SEARCH_PATH}
+                await conn.execute("; ".join(f"SET {k} = {v}" for k, v in settings.items()), timeout=self.check_timeout)
+            if not self._pooling_checked:
+                await self._check_pooling(conn)
+                self._pooling_checked = True
             if ready["standby"]:
                 raise ElectionError(
                     "the server is a standby (pg_is_in_recovery() is true): advisory locks are local to one "
@@ -461,17 +539,70 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             raise
         return conn
 
-    async def _end_session(self, conn: _Connection, session_id: int) -> None:
-        """Returns once the backend is gone (PostgreSQL 14+) or signalled (older servers)."""
+    async def _check_pooling(self, conn: _Connection) -> None:
+        """ElectionError if ``conn``'s statements are not all run by one server session (a pooler in transaction
+        or statement mode), which breaks session advisory locks without a word.
+
+        A second connection, inside a transaction where the pooler allows one,
+        asks for its backend's pid, then ``conn`` asks again for its own: a
+        pooler that hands server sessions out per transaction or statement
+        gives the second connection ``conn``'s idle backend (PgBouncer reuses
+        the last one first), or ``conn`` another backend afterwards. A
+        direct session, or a pooler in session mode, never does either.
+        """
+        seen = ""
+        probe = await self._open("pooler-check")
+        try:
+            try:
+                await probe.execute("BEGIN", timeout=self.check_timeout)
+            except asyncpg.PostgresError as exc:  # PostgreSQL itself never refuses it; statement pooling does
+                seen = f"a transaction was refused ({self.describe(exc)})"
+            else:
+                other = await probe.fetchval(_PID, timeout=self.check_timeout)
+                if other == conn.session_id:
+                    seen = f"two connections ran statements in one server session (pid {other})"
+                elif await conn.fetchval(_PID, timeout=self.check_timeout) != conn.session_id:
+                    seen = "one connection's statements ran in two server sessions"
+        finally:
+            await probe.aclose(self.check_timeout)
+        if seen:
+            host, port = self._address
+            raise ElectionError(
+                f"the connections to {host}:{port} do not each keep one server session: {seen}. That is a "
+                "connection pooler in transaction or statement mode (PgBouncer pool_mode=transaction or statement), "
+                "which breaks session advisory locks: a lock taken by one statement stays with a server session "
+                "the pooler then lends to another client. Connect to PostgreSQL directly, or through a pool in "
+                "session mode (pool_mode=session)"
+            )
+
+    async def _server_bounds(self, conn: _Connection) -> dict[str, float | None]:
+        """The session's own values (startup packet, role, database, server), as ``pg_settings`` shows them."""
+        rows = await conn.fetch(_BOUNDS, list(_BOUND_SETTINGS), timeout=self.check_timeout)
+        return server_bounds({row["name"]: float(row["seconds"]) for row in rows})
+
+    async def _end_session(self, conn: _Connection, victim: _Connection) -> bool:
+        """Terminate ``victim``'s backend only if the server shows its pid with the ``backend_start`` recorded at
+        connect (a pid is reused by another backend, on this server or after a restart, never with the same
+        start). Returns once the backend is gone (PostgreSQL 14+) or signalled (older servers).
+        """
+        if victim.backend_start is None:
+            return False
         if conn.server_version >= 14:  # waits until the backend has exited
-            await conn.fetchval(
-                "SELECT pg_catalog.pg_terminate_backend($1, $2)",
-                session_id,
+            ended = await conn.fetchval(
+                _TERMINATE,
+                victim.session_id,
+                victim.backend_start,
                 _ms(self.check_timeout),
                 timeout=self.check_timeout + 1,
             )
         else:
-            await conn.fetchval("SELECT pg_catalog.pg_terminate_backend($1)", session_id, timeout=self.check_timeout)
+            ended = await conn.fetchval(
+                _TERMINATE_BEFORE_14,
+                victim.session_id,
+                victim.backend_start,
+                timeout=self.check_timeout,
+            )
+        return bool(ended)
 
     # --- the lock ----------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 Guarantees: the first contact with the server is bounded by ``--timeout``
 and a server that cannot be reached then ends the command with status 3;
 SIGINT and SIGTERM end ``observe`` with status 0, ``leader`` as a death by
-that signal would, and are forwarded to CMD by ``run``; the elector is
+that signal would; ``run`` forwards each of :data:`STOP_SIGNALS` to CMD
+and stops, and as PID 1 reaps the orphans it is handed; the elector is
 closed (bounded) however the command ends.
 """
 
@@ -13,6 +14,7 @@ import argparse
 import asyncio
 import datetime
 import logging
+import os
 import signal
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, cast
@@ -22,11 +24,13 @@ import anyio
 from .._backend import Backoff
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
+from ..integrations._http import BoundedHTTPServer
 from ..integrations.health import HealthServer
 from ._configure import Config
 from ._output import json_line, out
 from ._run import Runner, choose_grace, serve_health, serve_metrics
 from ._status import EXIT_NO_LEADER, BackendError
+from ._supervisor import STOP_SIGNALS, reap_orphans
 
 __all__ = ["execute"]
 
@@ -119,6 +123,7 @@ async def execute(
     runner = Runner(elector, cmd, args, environ) if command == "run" else None
     interrupted: list[int] = []
     health: HealthServer | None = None
+    metrics: BoundedHTTPServer | None = None
 
     def on_signal(sig: int) -> None:
         if runner is not None:
@@ -127,14 +132,17 @@ async def execute(
             interrupted.append(sig)
             main_task.cancel()
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # run: every signal that would otherwise end aioelect (and leave CMD leaderless) stops it like SIGTERM.
+    handled = STOP_SIGNALS if runner is not None else (signal.SIGINT, signal.SIGTERM)
+    for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
+    reaper = asyncio.ensure_future(reap_orphans()) if runner is not None and os.getpid() == 1 else None
     try:
         if runner is not None:
             runner.grace = choose_grace(args.grace, elector, config.kind)
             log.debug("--grace %gs", runner.grace)
         if runner is not None and args.metrics_port is not None:
-            serve_metrics(elector, args.metrics_host, args.metrics_port)
+            metrics = await serve_metrics(elector, args.metrics_host, args.metrics_port)
         if runner is not None and getattr(args, "health_port", None) is not None:
             health = await serve_health(elector, args.health_host, args.health_port)
         if runner is not None:
@@ -157,9 +165,13 @@ async def execute(
     except ElectionError as exc:  # permanent: wrong password, unknown database...
         raise BackendError(str(exc)) from None
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in handled:
             loop.remove_signal_handler(sig)
+        if reaper is not None:
+            reaper.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
             if health is not None:
                 await health.aclose()
+            if metrics is not None:
+                await metrics.aclose()
             await elector.aclose()

@@ -25,6 +25,7 @@ from .._settings import (
     ENV_FILE,
     ENV_MYSQL_DSN,
     ENV_POSTGRES_DSN,
+    ENV_REDIS_URL,
     Settings,
 )
 from ._output import secrets
@@ -100,11 +101,14 @@ def _choose_backend(args: argparse.Namespace, settings: Settings) -> tuple[str, 
         kind = given[0]
         value: str = getattr(args, kind)
         return kind, value
-    found = settings.backend()
+    try:
+        found = settings.backend()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     if found is None:
         raise UsageError(
-            "no backend configured: give --etcd, --mysql, --postgres or --file "
-            f"(or set {ENV_ETCD_ENDPOINTS}, {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN} or {ENV_FILE})"
+            "no backend configured: give --etcd, --mysql, --postgres, --redis or --file "
+            f"(or set {ENV_ETCD_ENDPOINTS}, {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, {ENV_REDIS_URL} or {ENV_FILE})"
         )
     return found
 
@@ -131,11 +135,19 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
             raise UsageError(f"--ttl applies to etcd only, not to the {kind} backend")
         options["ttl"] = _whole(args.ttl)  # etcd wants whole seconds
     if getattr(args, "lease", None) is not None:
-        if kind not in ("mysql", "postgres"):
-            raise UsageError(f"--lease applies to the SQL backends only, not to the {kind} backend (etcd: --ttl)")
-        options["lease"] = _whole(args.lease)
+        if kind not in ("mysql", "postgres", "redis"):
+            raise UsageError(
+                f"--lease applies to the SQL and Redis backends only, not to the {kind} backend (etcd: --ttl)"
+            )
+        options["lease"] = _whole(args.lease) if kind != "redis" else args.lease
     if args.poll_interval is not None:
+        if kind == "etcd":  # a flag is explicit: refused where it means nothing (a variable is only logged)
+            raise UsageError("--poll-interval does not apply to the etcd backend: etcd watches the election")
         options["poll_interval"] = args.poll_interval
+    # The portable timing variables (AIOELECT_LEASE...) under the flags; the factory says which mean nothing here.
+    for option, seconds in settings.timing.items():
+        if not (option == "lease" and ("ttl" in options or "lease" in options)):
+            options.setdefault(option, seconds)
     if getattr(args, "command", None) == "run":
         # CMD is the leader's work: after a loss the lock is released only once CMD is stopped.
         options["stop_timeout"] = max(args.grace or 0.0, DEFAULT_GRACE) + 2 * KILL_WAIT + 1
@@ -144,7 +156,11 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
             raise UsageError(f"--{flag.replace('_', '-')} applies to etcd only, not to the {kind} backend")
     etcd_user = args.etcd_user or settings.etcd_user
 
-    for dsn in (settings.mysql_dsn, settings.postgres_dsn):  # scrubbed even when another backend is chosen
+    for dsn in (
+        settings.mysql_dsn,
+        settings.postgres_dsn,
+        settings.redis_url,
+    ):  # scrubbed even when another backend is chosen
         secrets.add_dsn(dsn)
     target: str | list[str]
     if kind == "etcd":
@@ -167,17 +183,20 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
         ):
             if path is not None:
                 options[option] = path
-    elif kind in ("mysql", "postgres"):
+    elif kind in ("mysql", "postgres", "redis"):
         secrets.add_dsn(value)
         where = redact_dsn(value)
+        schemes = {"mysql": ("mysql", "mariadb"), "postgres": ("postgresql", "postgres"), "redis": ("redis", "rediss")}
         try:
-            parse_dsn(value, *(("mysql", "mariadb") if kind == "mysql" else ("postgresql", "postgres")))
+            parse_dsn(value, *schemes[kind])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         target = _with_password(value, password) if password is not None else value
         # Fencing (the backends' default) gives CMD a token, and records full identities (MySQL names no
         # holder without it); a MySQL DSN without a database is then refused, naming --no-fencing.
         if args.no_fencing:
+            if kind == "redis":
+                raise UsageError("--no-fencing does not apply to the redis backend: its token costs nothing")
             options["fencing"] = False
     else:
         target, where = value, value

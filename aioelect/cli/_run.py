@@ -4,14 +4,17 @@ Guarantees, on top of :mod:`aioelect.cli._supervisor`'s:
 
 * CMD starts only while this process holds the leadership, in the task
   the leadership is bound to;
-* on a loss CMD's process group gets SIGTERM, then SIGKILL after the
-  grace, and the lock is released only once the group is gone; the grace
-  fits in the backend's safety margin (:func:`choose_grace`), so CMD is
-  dead before another candidate can lead;
-* when CMD exits, processes it left in its group are stopped before the
-  release;
-* SIGINT and SIGTERM are forwarded to CMD's group, or stop the campaign
-  before CMD started.
+* on a loss every process of CMD's tree (its process group and, on Linux,
+  every descendant, wherever it went) gets SIGTERM, then SIGKILL after the
+  grace, and the lock is released only once they are gone; the grace fits
+  in the backend's safety margin (:func:`choose_grace`), so CMD is dead
+  before another candidate can lead;
+* when CMD exits, processes it left running are stopped the same way
+  before the release;
+* each of :data:`~aioelect.cli._supervisor.STOP_SIGNALS` (INT, TERM, HUP,
+  QUIT, USR1, USR2, and PIPE as TERM: :func:`forwarded_signal`) is
+  forwarded to CMD's group and ends aioelect once CMD has exited (no
+  restart with ``--forever``), or stops the campaign before CMD started.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, Usage
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
 
 if TYPE_CHECKING:
+    from ..integrations._http import BoundedHTTPServer
     from ..integrations.health import HealthServer
 
-__all__ = ["Runner", "check_metrics", "choose_grace", "serve_health", "serve_metrics"]
+__all__ = ["Runner", "check_metrics", "choose_grace", "forwarded_signal", "serve_health", "serve_metrics"]
 
 log = logging.getLogger("aioelect.cli")
 
@@ -42,11 +46,7 @@ log = logging.getLogger("aioelect.cli")
 def _safety_margin(elector: Elector) -> tuple[float, float, float] | None:
     """``(margin, lease, renew_deadline)``: how long before a cut-off leader's lock can pass on it knows of
     its loss; None for a backend whose leadership cannot be taken away while this process lives."""
-    timing = elector.lock_timing()
-    if timing is None:
-        return None
-    lease, deadline = timing
-    return lease - deadline, lease, deadline
+    return elector.lock_timing()
 
 
 def choose_grace(given: float | None, elector: Elector, kind: str) -> float:
@@ -85,10 +85,16 @@ def check_metrics(args: argparse.Namespace) -> None:
         raise UsageError(f"--metrics-port: {exc}") from None
 
 
-def serve_metrics(elector: Elector, host: str, port: int) -> None:
-    """Expose ``elector``'s metrics on ``host:port`` (a daemon thread that ends with the process)."""
+async def serve_metrics(elector: Elector, host: str, port: int) -> BoundedHTTPServer:
+    """Serve ``elector``'s metrics on ``http://host:port/metrics`` in this event loop (the caller closes it).
+
+    The server is the health probes' bounded one (a connection cap, request
+    timeouts, rate-limited accept errors), not prometheus_client's thread per
+    connection: idle clients cannot pile up threads or descriptors.
+    """
     import prometheus_client
 
+    from ..integrations._http import BoundedHTTPServer
     from ..metrics import PrometheusMetrics
 
     # A registry of our own (main() may run more than once in a process), with the usual process metrics.
@@ -98,11 +104,20 @@ def serve_metrics(elector: Elector, host: str, port: int) -> None:
     prometheus_client.GCCollector(registry=registry)
     metrics = PrometheusMetrics(registry)
     metrics.attach(elector)
+
+    async def respond(method: str, path: str) -> tuple[int, str, bytes]:
+        if path != "/metrics":
+            return 404, "text/plain; charset=utf-8", b"metrics are on /metrics\n"
+        return 200, prometheus_client.CONTENT_TYPE_LATEST, prometheus_client.generate_latest(registry)
+
+    server = BoundedHTTPServer(respond, name="metrics")
     try:
-        metrics.serve(port, host=host)
+        await server.start(host, port)
     except OSError as exc:
+        await server.aclose()
         raise UsageError(f"--metrics-port: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
     log.info("metrics on http://%s:%d/metrics", host if ":" not in host else f"[{host}]", port)
+    return server
 
 
 async def serve_health(elector: Elector, host: str, port: int) -> HealthServer:
@@ -118,6 +133,15 @@ async def serve_health(elector: Elector, host: str, port: int) -> HealthServer:
     where = host if ":" not in host else f"[{host}]"
     log.info("probes on http://%s:%d/healthz, /readyz and /leader", where, port)
     return health
+
+
+def forwarded_signal(sig: int) -> int:
+    """What CMD gets when aioelect gets ``sig``: the same signal, except SIGTERM for SIGPIPE.
+
+    SIGPIPE tells of aioelect's own output going nowhere; it means nothing
+    to CMD, and many runtimes (Python's among them) ignore it.
+    """
+    return signal.SIGTERM if sig == signal.SIGPIPE else sig
 
 
 class Runner:
@@ -136,6 +160,11 @@ class Runner:
         self.no_wait: bool = getattr(args, "no_wait", False)
         if self.no_wait and self.forever:
             raise UsageError("--no-wait and --forever exclude each other: --no-wait runs CMD at most once")
+        conflict: int | None = getattr(args, "conflict_exit_code", None)
+        if conflict is not None and not self.no_wait:
+            raise UsageError("--conflict-exit-code applies to --no-wait only: without it aioelect waits to lead")
+        #: The exit status when another instance leads under --no-wait.
+        self.conflict_status = EXIT_NOT_LEADER if conflict is None else conflict
         self.restart_delay: float = args.restart_delay
         self.group: ProcessGroup | None = None
         self.signals: list[int] = []
@@ -148,8 +177,9 @@ class Runner:
         if self._campaign_scope is not None:
             self._campaign_scope.cancel()
         if self.group is not None and self.group.running:
-            log.info("forwarding %s to CMD (pid %d)", signal.Signals(sig).name, self.group.pid)
-            self.group.signal(sig)
+            forwarded = forwarded_signal(sig)
+            log.info("forwarding %s to CMD (pid %d)", signal.Signals(forwarded).name, self.group.pid)
+            self.group.signal(forwarded)
 
     def _stopped_status(self) -> int:
         return 128 + self.signals[0]
@@ -161,8 +191,8 @@ class Runner:
                     return self._stopped_status()
                 lead = await self.elector.try_acquire()
                 if lead is None:
-                    log.info("another instance leads: CMD not run (--no-wait), exit status %d", EXIT_NOT_LEADER)
-                    return EXIT_NOT_LEADER
+                    log.info("another instance leads: CMD not run (--no-wait), exit status %d", self.conflict_status)
+                    return self.conflict_status
             else:
                 lead = await self._campaign()
             if lead is None:
@@ -174,7 +204,7 @@ class Runner:
                 await lead.release()
             if status is None:  # lost before CMD could start: it never ran, so campaign again
                 if self.no_wait:
-                    return EXIT_NOT_LEADER
+                    return self.conflict_status
                 continue
             if not self.forever or self.stopping.is_set():
                 return status
@@ -211,7 +241,8 @@ class Runner:
             log.warning("leadership lost before CMD started (%s)", lead.lost_reason)
             return None
         try:
-            self.group = group = await ProcessGroup.start(self.cmd, env)
+            # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
+            self.group = group = await ProcessGroup.start(self.cmd, env, hold=lead._descriptors())
         except FileNotFoundError:
             log.error("CMD not found: %s", self.cmd[0])
             return EXIT_NOT_FOUND
@@ -220,10 +251,10 @@ class Runner:
             return EXIT_NOT_EXECUTABLE
         log.info("leader (token %s): started %s, pid %d", lead.token, os.path.basename(self.cmd[0]), group.pid)
         if self.signals:  # arrived while CMD was being started
-            group.signal(self.signals[-1])
+            group.signal(forwarded_signal(self.signals[-1]))
         lost = asyncio.ensure_future(lead.wait_lost())
         # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
-        # lock only once CMD's whole process group is gone (the finally below).
+        # lock only once CMD's whole tree is gone (the finally below).
         with lead.guard():
             try:
                 either: set[asyncio.Future[Any]] = {group.exited, lost}
@@ -231,23 +262,26 @@ class Runner:
             finally:
                 lost.cancel()
                 with anyio.CancelScope(shield=True):
-                    await self._stop_group(lead, group)
+                    try:
+                        await self._stop_group(lead, group)
+                    finally:
+                        await group.aclose()
         status = await group.status()
         log.info("CMD exited with status %d", status)
         return status
 
     async def _stop_group(self, lead: Leadership, group: ProcessGroup) -> None:
-        """Leave nothing of CMD's process group running; called before every release."""
+        """Leave nothing of CMD's tree running; called before every release."""
         if not group.exited.done():
             if not lead.lost:  # cancelled ourselves: never leave CMD running
                 await group.kill()
                 return
             log.warning(
-                "leadership lost (%s): stopping CMD (pid %d) and its process group", lead.lost_reason, group.pid
+                "leadership lost (%s): stopping CMD (pid %d) and every process it started", lead.lost_reason, group.pid
             )
         elif group.alive():
             log.warning(
-                "processes still running in CMD's process group %d after CMD exited: stopping them before the "
+                "processes CMD started (pid %d) are still running after CMD exited: stopping them before the "
                 "leadership is released",
                 group.pid,
             )

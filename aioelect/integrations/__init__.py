@@ -10,6 +10,9 @@ Each module imports its framework only when it is imported itself, so
   campaigns in the background, and a route showing the role (extra ``asgi``);
 * :mod:`aioelect.integrations.aiohttp` -- the same for aiohttp, as a
   ``cleanup_ctx`` entry and a handler (extra ``aiohttp``);
+* :mod:`aioelect.integrations.jobs` -- :class:`~aioelect.integrations.jobs.LeaderOnly`,
+  a decorator whose async functions run only on the elected leader
+  (standard library only);
 * :mod:`aioelect.integrations.health` -- liveness, readiness and leader
   probes over plain HTTP (standard library only), which ``aioelect run
   --health-port`` serves for Kubernetes;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from typing import Any, Literal
 import anyio
 
 from .._api import leadership
+from .._config import redact_dsn
 from .._elector import Elector, Leadership
 from .._errors import BackendUnavailable, ElectionError, LeadershipLost
 from .._tasks import TaskSet, consume
@@ -58,8 +60,16 @@ class Status:
         return self.role == "leader"
 
     def as_dict(self) -> dict[str, Any]:
-        """The JSON object the endpoints return (never a password: identities, names and tokens only)."""
-        return asdict(self)
+        """The JSON object the endpoints return: identities, names, tokens, and ``error`` with every DSN redacted."""
+        shown = asdict(self)
+        if self.error is not None:
+            shown["error"] = redact_dsn(self.error)
+        return shown
+
+
+def describe_error(exc: BaseException) -> str:
+    """``exc`` as the status endpoints show it: its type and its message with every DSN's password hidden."""
+    return f"{type(exc).__name__}: {redact_dsn(str(exc))}"
 
 
 async def _idle(lead: Leadership) -> None:
@@ -156,10 +166,11 @@ class Campaign:
 
     async def status(self) -> Status:
         """This instance's role, identity, the current leader and its token while leading."""
-        lead = self.leadership
+        # Role and token read together, before the await: a leadership won meanwhile shows in the next status.
+        lead, role = self.leadership, self.role
         who = await self.leader() if self.healthy else None
         return Status(
-            role=self.role,
+            role=role,
             identity=self.elector.identity,
             backend=self.elector.backend,
             name=self.elector.name,
@@ -210,8 +221,16 @@ class Campaign:
                     continue
                 await anyio.sleep(self.restart_delay)
         except ElectionError as exc:
-            self._error = f"{type(exc).__name__}: {exc}"
+            self._error = describe_error(exc)
             log.error("%s: campaign for %s ended: %s", elector.identity, elector.name, self._error)
         except Exception as exc:  # a bug in the leader work: stop, visibly
-            self._error = f"{type(exc).__name__}: {exc}"
-            log.exception("%s: leader work for %s failed; campaign ended", elector.identity, elector.name)
+            self._error = describe_error(exc)
+            # The traceback's frames, never the exception's own text (it may hold a DSN with its password).
+            frames = "".join(traceback.format_tb(exc.__traceback__)).rstrip()
+            log.error(
+                "%s: leader work for %s failed; campaign ended: %s\n%s",
+                elector.identity,
+                elector.name,
+                self._error,
+                frames,
+            )

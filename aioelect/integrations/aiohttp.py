@@ -7,9 +7,10 @@
     from aioelect.integrations.aiohttp import CAMPAIGN, election_ctx, status_handler
 
     app = web.Application()
-    app.cleanup_ctx.append(election_ctx(aioelect.from_env()))
+    app.cleanup_ctx.append(election_ctx(aioelect.from_env))
     app.router.add_get("/leader", status_handler)
     # leader-only work: request.config_dict[CAMPAIGN].leadership (None unless this instance leads)
+    web.run_app(app)
 
 Guarantees:
 
@@ -20,8 +21,11 @@ Guarantees:
   permanent error), ``identity``, ``leader`` (the current leader's
   identity), ``token`` (while leading), ``backend``, ``name``;
   :func:`leader_only_handler` answers ``503`` unless this instance leads;
-* at cleanup the leadership is released (leader work stopped first) and
-  the elector closed.
+* leader work that returns gives the leadership up (it is released, and
+  the campaign starts again a second later);
+* at cleanup the leadership is released (leader work stopped first); an
+  elector built from a factory (``aioelect.from_env``) is closed, one given
+  as such is left open, so the application can start again.
 """
 
 from __future__ import annotations
@@ -42,17 +46,29 @@ __all__ = ["CAMPAIGN", "election_ctx", "leader_only_handler", "status_handler"]
 CAMPAIGN: web.AppKey[Campaign] = web.AppKey("aioelect_campaign", Campaign)
 
 
-def election_ctx(elector: Elector, work: LeaderWork | None = None) -> Callable[[web.Application], AsyncIterator[None]]:
-    """A ``cleanup_ctx`` entry: campaign on ``elector`` from startup to cleanup, in the background."""
+def election_ctx(
+    elector: Elector | Callable[[], Elector], work: LeaderWork | None = None
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A ``cleanup_ctx`` entry: campaign from startup to cleanup, in the background.
+
+    ``elector`` is an :class:`~aioelect.Elector` or a factory such as
+    :func:`aioelect.from_env`: a factory is called at each startup and the
+    elector it built closed at cleanup; an elector given as such is
+    released at cleanup and left open (whoever built it closes it).
+    """
 
     async def ctx(app: web.Application) -> AsyncIterator[None]:
-        campaign = Campaign(elector, work)
+        owned = not isinstance(elector, Elector)
+        built = elector() if owned else elector  # type: ignore[operator]
+        if not isinstance(built, Elector):
+            raise TypeError(f"election_ctx() needs an Elector or a callable that returns one, not {built!r}")
+        campaign = Campaign(built, work)
         app[CAMPAIGN] = campaign
         await campaign.start()
         try:
             yield
         finally:
-            await campaign.stop()
+            await campaign.stop(close=owned)
 
     return ctx
 

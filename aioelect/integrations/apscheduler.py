@@ -1,5 +1,8 @@
 """APScheduler 3.x: an ``AsyncIOScheduler`` whose jobs run only while this instance leads (extra ``apscheduler``).
 
+(:class:`ShardedScheduler`, at the end, spreads the jobs over the instances instead: each job runs only on the
+instance that owns its id in an :class:`aioelect.Shards`.)
+
 Every instance adds the same jobs to its own scheduler and hands it to
 :class:`LeaderScheduler`; the instances campaign, and only the leader's
 scheduler processes jobs::
@@ -11,12 +14,15 @@ scheduler processes jobs::
     async def report() -> None:
         lead = aioelect.current_leadership()
         lead.check()                      # right before an act only the leader may do
-        await write_report(token=lead.token)
+        await write_report(fencing_token=lead.token)   # your write, under the fencing token
 
     scheduler = AsyncIOScheduler()
-    scheduler.add_job(report, "interval", minutes=5, id="report")
+    # A grace time longer than any handover, so that a run due during one still runs once.
+    scheduler.add_job(report, "interval", minutes=5, id="report", misfire_grace_time=900)
     async with LeaderScheduler(scheduler, aioelect.from_env()):
         await stop_requested.wait()
+
+``examples/recipes/scheduler_apscheduler.py`` is the complete program.
 
 Guarantees:
 
@@ -76,6 +82,7 @@ from typing import Any
 import anyio
 
 from .._elector import Elector, Leadership
+from .._shards import Shards
 from ._campaign import Campaign, Role, Status
 
 try:
@@ -90,9 +97,26 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
         "aioelect.integrations.apscheduler needs APScheduler 3.x: pip install 'aioelect[apscheduler]'"
     ) from exc
 
-__all__ = ["LeaderExecutor", "LeaderScheduler"]
+__all__ = ["LeaderExecutor", "LeaderScheduler", "ShardedExecutor", "ShardedScheduler"]
 
 log = logging.getLogger("aioelect.integrations.apscheduler")
+
+
+async def _shut_down(scheduler: AsyncIOScheduler) -> None:
+    """Shut ``scheduler`` down unless it is stopped, and wait for it (bounded, shielded)."""
+    if scheduler.state == STATE_STOPPED:
+        return
+    # AsyncIOScheduler shuts down in a callback of the event loop: wait for it (bounded).
+    down = anyio.Event()
+
+    def on_shutdown(event: Any) -> None:
+        down.set()
+
+    scheduler.add_listener(on_shutdown, EVENT_SCHEDULER_SHUTDOWN)
+    scheduler.shutdown(wait=False)
+    with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
+        await down.wait()
+    scheduler.remove_listener(on_shutdown)
 
 
 class LeaderExecutor(AsyncIOExecutor):  # type: ignore[misc]
@@ -107,17 +131,22 @@ class LeaderExecutor(AsyncIOExecutor):  # type: ignore[misc]
         self.leadership: Leadership | None = None
         #: The leader work's context: runs see the leadership through aioelect.current_leadership().
         self.context: contextvars.Context | None = None
-        self._running: set[asyncio.Future[Any]] = set()
+        #: Runs in progress, with the id of their job.
+        self._running: dict[asyncio.Future[Any], str] = {}
+
+    def _lease(self, job: Any) -> tuple[Leadership | None, contextvars.Context | None]:
+        """The leadership a run of ``job`` would run under, and its context."""
+        return self.leadership, self.context
 
     def _do_submit_job(self, job: Any, run_times: list[Any]) -> None:
-        lead, context = self.leadership, self.context
+        lead, context = self._lease(job)
         if lead is None or context is None or not lead.held:
-            log.info('run of job "%s" not started: this instance does not lead', job.id)
+            log.info('run of job "%s" not started: this instance does not lead it', job.id)
             self._run_job_success(job.id, [])
             return
 
         def done(future: asyncio.Future[Any]) -> None:
-            self._running.discard(future)
+            self._running.pop(future, None)
             self._pending_futures.discard(future)
             try:
                 events = future.result()
@@ -138,11 +167,12 @@ class LeaderExecutor(AsyncIOExecutor):  # type: ignore[misc]
             )
         future.add_done_callback(done)
         self._pending_futures.add(future)
-        self._running.add(future)
+        self._running[future] = job.id
 
-    async def stop_runs(self, timeout: float) -> None:  # noqa: ASYNC109
-        """Cancel the runs in progress and wait for them to end, at most ``timeout`` seconds (shielded)."""
-        running = list(self._running)
+    async def stop_runs(self, timeout: float, job_id: str | None = None) -> None:  # noqa: ASYNC109
+        """Cancel the runs in progress (of ``job_id`` only, if given) and wait for them to end, at most ``timeout``
+        seconds (shielded)."""
+        running = [f for f, of in self._running.items() if job_id is None or of == job_id]
         for future in running:
             future.cancel()
         if not running:
@@ -218,18 +248,7 @@ class LeaderScheduler:
     async def stop(self) -> None:
         """Stop runs in progress, release leadership, shut the scheduler down and close the elector. Idempotent."""
         await self.campaign.stop()
-        if self.scheduler.state != STATE_STOPPED:
-            # AsyncIOScheduler shuts down in a callback of the event loop: wait for it (bounded).
-            down = anyio.Event()
-
-            def on_shutdown(event: Any) -> None:
-                down.set()
-
-            self.scheduler.add_listener(on_shutdown, EVENT_SCHEDULER_SHUTDOWN)
-            self.scheduler.shutdown(wait=False)
-            with anyio.CancelScope(shield=True), anyio.move_on_after(1.0):
-                await down.wait()
-            self.scheduler.remove_listener(on_shutdown)
+        await _shut_down(self.scheduler)
 
     async def __aenter__(self) -> LeaderScheduler:
         await self.start()
@@ -254,3 +273,126 @@ class LeaderScheduler:
             executor.context = None
             log.info("%s no longer leads %s: scheduler paused", lead.identity, self.elector.name)
             await executor.stop_runs(self.stop_timeout)
+
+
+class ShardedExecutor(LeaderExecutor):
+    """APScheduler's asyncio executor, starting a run of a job only under the held leadership of the job's id.
+
+    :class:`ShardedScheduler` installs it as the scheduler's ``default``
+    executor; it is not meant to be used alone.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Per owned job id: its leadership and the context of its leader work.
+        self.leases: dict[str, tuple[Leadership, contextvars.Context]] = {}
+
+    def _lease(self, job: Any) -> tuple[Leadership | None, contextvars.Context | None]:
+        return self.leases.get(job.id, (None, None))
+
+
+class ShardedScheduler:
+    """Runs each of ``scheduler``'s jobs only on the instance that owns the job's id in ``shards``.
+
+    Every instance adds the same jobs (same ids) to its own scheduler and
+    builds the same :class:`~aioelect.Shards` over those ids::
+
+        scheduler = AsyncIOScheduler()
+        for tenant in tenants:
+            scheduler.add_job(sync, "interval", minutes=1, args=[tenant], id=f"sync-{tenant}")
+        shards = aioelect.Shards([job.id for job in scheduler.get_jobs()], group="billing/sync")
+        async with ShardedScheduler(scheduler, shards):
+            await stop_requested.wait()
+
+    Guarantees:
+
+    * a run of a job starts only while this instance holds the leadership
+      of the job's id (its own election, see :class:`~aioelect.Shards`);
+      elsewhere the run is skipped (it counts as done, and the job's next
+      run time moves on as usual);
+    * coroutine runs of a job that are still running when its id moves or
+      is lost are cancelled and awaited (at most ``stop_timeout`` seconds)
+      before the id's leadership is let go, so they have stopped before
+      another instance can own it;
+    * inside a run, :func:`aioelect.current_leadership` is the leadership of
+      the job's id: its ``token`` and ``check()``;
+    * a job whose id is not among ``shards.names`` would never run: a
+      ValueError at :meth:`start` names it.
+
+    Runs that fall due while a job's id moves (between the old owner's
+    release and the new owner's acquisition) are skipped, not caught up:
+    every scheduler keeps running its schedule, and a skipped run is not
+    missed in APScheduler's sense. Thread (non-coroutine) jobs are not
+    cancelled: as with :class:`LeaderScheduler`, a move waits for them
+    (``stop_timeout``) and they must ``check()`` before they act.
+    """
+
+    def __init__(self, scheduler: AsyncIOScheduler, shards: Shards, *, stop_timeout: float = 5.0) -> None:
+        if not isinstance(scheduler, AsyncIOScheduler):
+            raise TypeError(f"ShardedScheduler needs an AsyncIOScheduler, not {type(scheduler).__name__}")
+        if scheduler.state != STATE_STOPPED:
+            raise ValueError("ShardedScheduler needs a scheduler that is not started: it starts it")
+        if not isinstance(shards, Shards):
+            raise TypeError(f"ShardedScheduler needs aioelect.Shards, not {type(shards).__name__}")
+        if not (0 < stop_timeout < math.inf):
+            raise ValueError(f"stop_timeout must be a finite number > 0, not {stop_timeout!r}")
+        self.scheduler = scheduler
+        self.shards = shards
+        self.executor = ShardedExecutor()
+        try:
+            scheduler.add_executor(self.executor, "default")
+        except ValueError:
+            raise ValueError(
+                "the scheduler already has a 'default' executor: ShardedScheduler installs its own "
+                "(ShardedExecutor), so leave 'default' unconfigured"
+            ) from None
+        self.stop_timeout = float(stop_timeout)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def owned(self) -> frozenset[str]:
+        """The ids of the jobs this instance runs now."""
+        return self.shards.owned
+
+    async def start(self) -> None:
+        """Start the scheduler and take part in the shards in the background (returns at once)."""
+        names = set(self.shards.names)
+        strays = sorted(job.id for job in self.scheduler.get_jobs() if job.id not in names)
+        if strays:
+            raise ValueError(f"jobs whose id is not among the shards' names would never run: {strays}")
+        self.scheduler.start()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"aioelect shards {self.shards.group}")
+
+    async def _run(self) -> None:
+        try:
+            await self.shards.run(self._own)
+        except Exception:
+            log.exception("the shards of %s stopped: no job runs on this instance", self.shards.group)
+            raise
+
+    async def _own(self, job_id: str) -> None:
+        lead = self.shards.leadership(job_id)
+        assert lead is not None  # the work of an owned name runs under its leadership
+        self.executor.leases[job_id] = (lead, contextvars.copy_context())
+        log.info("%s owns job %s (token %s)", lead.identity, job_id, lead.token)
+        try:
+            await anyio.sleep_forever()
+        finally:
+            del self.executor.leases[job_id]
+            await self.executor.stop_runs(self.stop_timeout, job_id)
+
+    async def stop(self) -> None:
+        """Stop every run in progress, let every job id go, and shut the scheduler down. Idempotent."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(task, return_exceptions=True)
+        await _shut_down(self.scheduler)
+
+    async def __aenter__(self) -> ShardedScheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -24,13 +24,18 @@ leading), ``backend``, ``name`` -- and a status code:
 
 Anything else is ``404``; a method other than ``GET``/``HEAD`` is ``405``.
 Each request is read within :data:`REQUEST_TIMEOUT` seconds and at most
-:data:`MAX_REQUEST` bytes, and each connection closes after one answer.
-Nothing served is secret: identities, the election's name, the token.
+:data:`MAX_REQUEST` bytes, and each connection closes after one answer. At
+most ``max_connections`` (default :data:`MAX_CONNECTIONS`, at most an eighth
+of the process's file-descriptor limit) are served at once; a connection
+beyond that is reset at once, so clients that never finish their request
+cannot take the descriptors the election needs. Failed accepts are logged at
+most once per 10 seconds. Nothing served is secret: identities, the
+election's name, the token, and a failed campaign's error type and message
+with every DSN redacted.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -42,19 +47,14 @@ from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 from .._events import Event
 from ._campaign import Campaign, Role, Status
+from ._http import MAX_CONNECTIONS, MAX_REQUEST, REQUEST_TIMEOUT, BoundedHTTPServer
 
-__all__ = ["MAX_REQUEST", "PATHS", "REQUEST_TIMEOUT", "HealthServer"]
+__all__ = ["MAX_CONNECTIONS", "MAX_REQUEST", "PATHS", "REQUEST_TIMEOUT", "HealthServer"]
 
 log = logging.getLogger("aioelect.integrations.health")
 
 #: Liveness, readiness, leader-only: the paths a probe may ask for.
 PATHS = ("/healthz", "/readyz", "/leader")
-#: Seconds a client has to send its request line and headers.
-REQUEST_TIMEOUT = 5.0
-#: The largest request head read (bytes); a longer one is refused with 431.
-MAX_REQUEST = 8192
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 431: "Too Large", 503: "Down"}
 
 
 class HealthServer:
@@ -64,19 +64,26 @@ class HealthServer:
     ``elector``), a campaign that failed for good fails ``/healthz``;
     without it the process's own life is its liveness (``aioelect run``
     exits on a permanent error). ``ready_timeout`` bounds the backend call
-    of each ``/readyz``.
+    of each ``/readyz``; ``max_connections`` the connections served at once.
     """
 
-    def __init__(self, elector: Elector, *, campaign: Campaign | None = None, ready_timeout: float = 2.0) -> None:
+    def __init__(
+        self,
+        elector: Elector,
+        *,
+        campaign: Campaign | None = None,
+        ready_timeout: float = 2.0,
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         if not (0 < ready_timeout < math.inf):
             raise ValueError(f"ready_timeout must be a finite number > 0, not {ready_timeout!r}")
         self.elector = elector
         self.campaign = campaign
         self.ready_timeout = float(ready_timeout)
-        self._server: asyncio.Server | None = None
+        self.http = BoundedHTTPServer(self._respond, name="health", max_connections=max_connections)
+        self._started = False
         self._token: int | None = None
         self._remove = elector.add_listener(self._on_event)
-        self._connections: set[asyncio.Task[Any]] = set()
 
     def _on_event(self, event: Event) -> None:
         if event.kind == "acquired":
@@ -87,29 +94,22 @@ class HealthServer:
     @property
     def port(self) -> int:
         """The port listened on (useful after :meth:`start` with port 0)."""
-        if self._server is None or not self._server.sockets:
+        if not self._started:
             raise RuntimeError("HealthServer is not started")
-        return int(self._server.sockets[0].getsockname()[1])
+        return self.http.port
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on ``host:port`` (loopback and a free port by default). Raises OSError if it cannot."""
-        if self._server is not None:
+        if self._started:
             raise RuntimeError("HealthServer.start() called twice")
-        self._server = await asyncio.start_server(self._serve, host, port, limit=MAX_REQUEST)
+        await self.http.start(host, port)
+        self._started = True
 
     async def aclose(self) -> None:
         """Stop listening and close open connections. Idempotent."""
         self._remove()
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.close()
-        for task in list(self._connections):
-            task.cancel()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            if self._connections:
-                await asyncio.wait(list(self._connections))
-            await server.wait_closed()
+        self._started = False
+        await self.http.aclose()
 
     async def __aenter__(self) -> HealthServer:
         return self
@@ -170,53 +170,6 @@ class HealthServer:
 
     # --- HTTP -----------------------------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._connections.add(task)
-        try:
-            code, body, head_only = await self._handle(reader)
-            data = json.dumps(body).encode() + b"\n"
-            head = (
-                f"HTTP/1.1 {code} {_REASONS.get(code, 'Status')}\r\n"
-                "Content-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\n"
-                "Cache-Control: no-store\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            writer.write(head.encode("ascii") + (b"" if head_only else data))
-            with anyio.move_on_after(REQUEST_TIMEOUT):
-                await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass  # the client went away: nothing to answer
-        finally:
-            writer.close()
-            if task is not None:
-                self._connections.discard(task)
-
-    async def _handle(self, reader: asyncio.StreamReader) -> tuple[int, dict[str, Any], bool]:
-        try:
-            with anyio.fail_after(REQUEST_TIMEOUT):
-                head = await reader.readuntil(b"\r\n\r\n")
-        except TimeoutError:
-            return 400, {"error": f"request not received within {REQUEST_TIMEOUT:g}s"}, False
-        except asyncio.LimitOverrunError:
-            await _discard(reader)  # closing with unread data would reset the connection before the answer
-            return 431, {"error": f"request head longer than {MAX_REQUEST} bytes"}, False
-        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-        parts = request_line.split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            return 400, {"error": "malformed request line"}, False
-        method, target = parts[0], parts[1]
-        if method not in ("GET", "HEAD"):
-            return 405, {"error": "only GET and HEAD"}, False
-        code, body = await self.answer(target.split("?", 1)[0])
-        return code, body, method == "HEAD"
-
-
-async def _discard(reader: asyncio.StreamReader) -> None:
-    """Read and drop what the client sent (at most 1 MiB, 0.2 s)."""
-    dropped = 0
-    with anyio.move_on_after(0.2):
-        while dropped < 1 << 20 and (chunk := await reader.read(65536)):
-            dropped += len(chunk)
+    async def _respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+        code, body = await self.answer(path)
+        return code, "application/json", json.dumps(body).encode() + b"\n"

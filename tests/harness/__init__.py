@@ -4,9 +4,12 @@ Nothing here ships in the wheel; users test their code with
 :mod:`aioelect.testing` instead. The parts, one job each:
 
 * :mod:`.servers` -- :class:`MariaDBServer`, :class:`EtcdServer`,
-  :class:`EtcdCluster`, :class:`PostgresServer`, all with the lifecycle of
+  :class:`EtcdCluster`, :class:`PostgresServer`, :class:`RedisServer`,
+  :class:`SentinelServer`, all with the lifecycle of
   :mod:`.lifecycle` (start, stop, kill, freeze, thaw, restart, cleanup).
 * :mod:`.proxy` -- :class:`TCPProxy`, a fault-injecting TCP proxy.
+* :mod:`.downgrade` -- :class:`DowngradeProxy`, which strips TLS from a MySQL or
+  PostgreSQL connection's opening.
 * :mod:`.certificates` -- :class:`Certificates`, a throwaway CA for TLS tests.
 * :mod:`.processes` -- children that die with the test process, bounded waits.
 * :mod:`.binaries` -- finding server executables; which etcd runs
@@ -29,30 +32,38 @@ from .binaries import (
     require_binary,
 )
 from .certificates import Certificates
+from .downgrade import DowngradeProxy
 from .errors import HarnessError, MissingBinaryError, ServerStartError
 from .processes import LOOPBACK, free_port
 from .proxy import TCPProxy
 from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
+from .servers.pgbouncer import PgBouncer
 from .servers.postgres import PostgresServer
+from .servers.redis import RedisServer, SentinelServer, redis_command
 
 __all__ = [
     "ENV_ETCD_DIR",
     "ENV_ETCD_VERSION",
     "LOOPBACK",
     "Certificates",
+    "DowngradeProxy",
     "EtcdCluster",
     "EtcdServer",
     "HarnessError",
     "MariaDBServer",
     "MissingBinaryError",
+    "PgBouncer",
     "PostgresServer",
+    "RedisServer",
+    "SentinelServer",
     "ServerStartError",
     "TCPProxy",
     "etcd_tool_version",
     "etcd_version_matches",
     "expected_etcd_version",
     "free_port",
+    "redis_command",
     "require_binary",
     "started_etcd_versions",
 ]

@@ -1,8 +1,8 @@
 """The harness's pytest fixtures and report lines; tests/conftest.py registers this plugin.
 
-Session fixtures (``mariadb``, ``etcd``, ``postgres``) are shared: never kill
+Session fixtures (``mariadb``, ``etcd``, ``postgres``, ``redis_server``) are shared: never kill
 or freeze them, use the ``fresh_*`` ones for that. The DSN fixtures
-(``mysql_dsn``, ``etcd_endpoints``, ``postgres_dsn``) take an external server
+(``mysql_dsn``, ``etcd_endpoints``, ``postgres_dsn``, ``redis_url``) take an external server
 from ``AIOELECT_MYSQL_DSN`` / ``AIOELECT_ETCD_ENDPOINTS`` /
 ``AIOELECT_POSTGRES_DSN`` when one is set.
 
@@ -25,12 +25,15 @@ from .lifecycle import Started
 from .proxy import TCPProxy
 from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
+from .servers.pgbouncer import PgBouncer
 from .servers.postgres import PostgresServer
+from .servers.redis import RedisServer
 
 __all__ = [
     "ENV_ETCD_ENDPOINTS",
     "ENV_MYSQL_DSN",
     "ENV_POSTGRES_DSN",
+    "ENV_REDIS_URL",
     "ENV_REQUIRE_SERVERS",
     "external_server",
     "server_unavailable",
@@ -43,6 +46,7 @@ _S = TypeVar("_S", bound=Started)
 ENV_MYSQL_DSN = "AIOELECT_MYSQL_DSN"
 ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
 ENV_POSTGRES_DSN = "AIOELECT_POSTGRES_DSN"
+ENV_REDIS_URL = "AIOELECT_REDIS_URL"
 ENV_REQUIRE_SERVERS = "AIOELECT_REQUIRE_SERVERS"
 
 _EXTERNAL_ENV = {
@@ -50,6 +54,7 @@ _EXTERNAL_ENV = {
     "mariadb": ENV_MYSQL_DSN,
     "etcd": ENV_ETCD_ENDPOINTS,
     "postgres": ENV_POSTGRES_DSN,
+    "redis": ENV_REDIS_URL,
 }
 
 
@@ -150,6 +155,26 @@ def postgres_dsn(request: pytest.FixtureRequest) -> str:
     return _dsn(request, "postgres", "postgres")
 
 
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """Session-wide local Redis with ``appendfsync always`` (do not kill/freeze it: use ``fresh_redis``)."""
+    skip_if_external("redis")
+    yield from _serve(RedisServer)
+
+
+@pytest.fixture(scope="session")
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """``AIOELECT_REDIS_URL`` if set, else the URL of the session ``redis_server``."""
+    value = external_server("redis")
+    return value if value is not None else str(request.getfixturevalue("redis_server").url)
+
+
+@pytest.fixture
+def fresh_redis() -> Iterator[RedisServer]:
+    """A private Redis (``appendfsync always``) for one test; kill/freeze/restart it freely."""
+    yield from _serve(RedisServer)
+
+
 @pytest.fixture
 def fresh_mariadb() -> Iterator[MariaDBServer]:
     """A private MariaDB for one test; kill/freeze/restart it freely."""
@@ -185,6 +210,29 @@ def certs() -> Iterator[Certificates]:
         yield certificates
     finally:
         certificates.cleanup()
+
+
+@pytest.fixture
+def pgbouncer_factory(postgres: PostgresServer) -> Iterator[Callable[[str], PgBouncer]]:
+    """``make(pool_mode) -> PgBouncer``, started in front of the session ``postgres``; stopped after the test."""
+    skip_if_external("postgres")
+    poolers: list[PgBouncer] = []
+
+    def make(pool_mode: str) -> PgBouncer:
+        assert pool_mode in ("session", "transaction", "statement")
+        try:
+            pooler = PgBouncer(postgres, pool_mode)  # type: ignore[arg-type]
+        except MissingBinaryError as exc:
+            server_unavailable(str(exc))
+        poolers.append(pooler)
+        pooler.start()
+        return pooler
+
+    try:
+        yield make
+    finally:
+        for pooler in poolers:
+            pooler.cleanup()
 
 
 @pytest.fixture

@@ -260,8 +260,9 @@ class Election(Backend):
 
         The campaign's own transactions read the leader too (reported as they
         happen). Only when the leader is neither our key nor the one we wait
-        for (three candidates or more) is its key watched, and the leader read
-        again when it goes.
+        for (three candidates or more) does this follow the leader itself
+        (:meth:`_follow`): one read when it starts, then the events of one
+        watch, so that a leader change costs no read per waiting candidate.
         """
         backoff = Backoff(first=0.1, maximum=2.0)
         while True:
@@ -270,27 +271,67 @@ class Election(Backend):
                 await changed.wait()
                 continue
             try:
-                async with self.conn.watch(view.leader, start_revision=view.revision + 1) as stream:
-                    gone = False
-                    while not gone:
-                        response = await stream.next()
-                        gone = any(event.type == DELETE for event in response.events)
-                        if not gone and response.events:
-                            yield _identity(response.events[-1].kv.value)
-                kv, revision = await self.first_candidate()
-                self.sight.read_later(view, kv, revision)
+                async for identity in self._follow(view):
+                    yield identity
                 backoff.reset()
             except (Transient, Compacted) as exc:
                 if self.conn.closed:
                     return
                 self.log.debug("leader watch interrupted (%s); reading again", exc)
                 await anyio.sleep(backoff.next_delay())
-                if self.sight.current is view:
-                    try:
-                        kv, revision = await self.first_candidate()
-                    except Transient:
-                        continue
-                    self.sight.read_later(view, kv, revision)
+            if self.sight.current is view:
+                await changed.wait()  # followed as far as it goes: the campaign reads what comes next
+
+    async def _follow(self, view: View) -> AsyncIterator[str | None]:
+        """Follow the leader from the candidates created before our key, kept up to date by one prefix watch.
+
+        Only those candidates can lead before us, and only a delete or a put
+        can change them (a key created later is never ahead of ours): the
+        next leader is the oldest of them still standing, known without a
+        read. Each change is recorded in the view (:meth:`Sight.read_later`); a put
+        of the leader's value is yielded. Returns when the campaign has read
+        the election anew, or when the leader is the key we wait for (or
+        nobody ahead is left): the campaign's own reads take it from there.
+        """
+        request = rpc.RangeRequest(key=self.prefix, range_end=self._prefix_end, max_create_revision=view.created - 1)
+        reply = await self.conn.call(
+            "read candidates ahead",
+            lambda ch: ch.kv.Range(request, metadata=ch.metadata),
+            timeout=self.request_timeout,
+        )
+        ahead = {bytes(kv.key): kv for kv in self._own(reply.kvs) if bytes(kv.key) != view.ours}
+        revision = int(reply.header.revision)
+        current = view
+
+        def next_leader() -> bool:
+            """Record the oldest candidate ahead as the leader; False once following is the campaign's job."""
+            nonlocal current
+            first = min(ahead.values(), key=lambda kv: int(kv.create_revision), default=None)
+            if first is None:
+                return False  # nobody ahead: our campaign leads next, and says so
+            if self.sight.current is current and bytes(first.key) != current.leader:
+                self.sight.read_later(current, first, revision)
+                current = self.sight.current or current
+            return self.sight.current is current and bytes(first.key) != current.predecessor
+
+        if not next_leader():
+            return
+        async with self.conn.watch(self.prefix, range_end=self._prefix_end, start_revision=revision + 1) as stream:
+            while self.sight.current is current:
+                response = await stream.next()
+                self._own([event.kv for event in response.events])
+                # The last event's revision, not the header's: events up to it have all arrived, later ones may not.
+                revision = max([revision, *(int(event.kv.mod_revision) for event in response.events)])
+                for event in response.events:
+                    key = bytes(event.kv.key)
+                    if event.type == DELETE:
+                        ahead.pop(key, None)
+                    elif key in ahead:
+                        ahead[key] = event.kv
+                        if key == current.leader:
+                            yield _identity(event.kv.value)
+                if not next_leader():
+                    return
 
     async def first_candidate(self) -> tuple[Any, int]:
         """(the KeyValue with the lowest create revision under the prefix, or None; header revision)."""

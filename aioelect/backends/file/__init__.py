@@ -75,7 +75,7 @@ from ._waiters import Attempt, announce, rejoin
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-__all__ = ["DEFAULT_MODE", "FileBackend", "FileOptions", "SIDECAR_SUFFIX", "WAITING_SUFFIX"]
+__all__ = ["DEFAULT_MODE", "MIN_INTERVAL", "FileBackend", "FileOptions", "SIDECAR_SUFFIX", "WAITING_SUFFIX"]
 
 #: The sidecar holding the leader's identity and token is ``path + SIDECAR_SUFFIX``.
 SIDECAR_SUFFIX = ".leader"
@@ -84,6 +84,8 @@ WAITING_SUFFIX = ".waiting"
 
 #: The files are created for their owner only unless ``mode=`` says otherwise.
 DEFAULT_MODE = 0o600
+#: The shortest poll_interval and check_interval (seconds): a shorter one would only burn a core.
+MIN_INTERVAL = 0.01
 
 #: With inotify, how long after an event whose try failed to try once more: the kernel
 #: reports a dying holder's close just before it drops the lock.
@@ -101,9 +103,9 @@ class FileOptions(TypedDict, total=False):
 
     #: A label for logs and the sidecar (default ``aioelect/leader``).
     name: str
-    #: Seconds between a follower's tries where inotify is unavailable (default 0.05, at most 60).
+    #: Seconds between a follower's tries where inotify is unavailable (default 0.05, from 0.01 to 60).
     poll_interval: float
-    #: Seconds between the leader's checks that its lock file is still in place (default 1, at most 3600).
+    #: Seconds between the leader's checks that its lock file is still in place (default 1, from 0.01 to 3600).
     check_interval: float
     #: The files' mode: ``0o600`` (the default, the owner only) or ``0o660`` (a group's users too).
     mode: int
@@ -138,7 +140,7 @@ class FileBackend(Backend):
         if os.path.exists(full) and not os.access(full, os.R_OK | os.W_OK):
             raise ValueError(f"lock file {full} is not readable and writable (the token is kept in it)")
         name = validate_name(options.get("name", DEFAULT_NAME))
-        poll_interval = positive("poll_interval", options.get("poll_interval", 0.05), maximum=60)
+        poll_interval = positive("poll_interval", options.get("poll_interval", 0.05), minimum=MIN_INTERVAL, maximum=60)
         super().__init__(name)
         self.path = full
         self.directory = directory
@@ -147,7 +149,9 @@ class FileBackend(Backend):
         self.mode = mode
         self.poll_interval = poll_interval
         self.observe_interval = max(poll_interval, 0.1)
-        self.check_interval = positive("check_interval", options.get("check_interval", 1.0), maximum=3600)
+        self.check_interval = positive(
+            "check_interval", options.get("check_interval", 1.0), minimum=MIN_INTERVAL, maximum=3600
+        )
         #: With inotify, the retry interval without events.
         self.fallback = max(poll_interval, _FALLBACK)
         #: How long a new campaign lets announced waiters go first, at most.

@@ -240,6 +240,9 @@ class FileHold(Hold):
                 return Loss(LossKind.DEPOSED, f"lock file {path} was deleted or replaced")
             confirm(sent)
 
+    def descriptors(self) -> tuple[int, ...]:
+        return () if self._fd < 0 else (self._fd,)
+
     async def release(self) -> None:
         fd, self._fd = self._fd, -1
         _fork.untrack(self)

@@ -14,7 +14,8 @@ move it away while it is held. Guarantees of :func:`open_checked`:
 * a file we create gets exactly ``mode``, whatever the umask.
 
 :func:`directory_problem` refuses a directory every user may write to
-without the sticky bit, and one owned by another user than ours or root
+without the sticky bit, one its group may write to without the sticky bit
+unless ``mode=0o660`` trusts the group, and one owned by another user than ours or root
 (with ``mode=0o660``: unless it belongs to one of our groups). Every
 function here looks up paths or the user database: call them off the event
 loop.
@@ -117,7 +118,9 @@ def directory_problem(directory: str, mode: int) -> str | None:
     held, and candidates locking a new one would lead beside the old leader
     until its next check. Refused therefore: a directory every user may write
     to without the sticky bit (with it, as /tmp has, others may only add
-    files, which the owner checks refuse), and a directory owned by another
+    files, which the owner checks refuse), one its group may write to
+    without the sticky bit unless ``mode`` shares the election with a group
+    (``0o660``), and a directory owned by another
     user than this process's or root, unless ``mode`` shares the election
     with a group and the directory belongs to one of our groups.
     """
@@ -127,6 +130,13 @@ def directory_problem(directory: str, mode: int) -> str | None:
             f"directory {directory} may be written by every user and is not sticky: any of them could replace "
             "the lock file and let two candidates lead at once; use a directory of your own, or remove write "
             "access for others (chmod o-w), or set the sticky bit as /tmp has (chmod +t)"
+        )
+    if st.st_mode & stat.S_IWGRP and not st.st_mode & stat.S_ISVTX and not mode & 0o070:
+        return (
+            f"directory {directory} may be written by its group and is not sticky: any member could rename the "
+            f"lock file away while it is held and let two candidates lead at once, but mode={oct(mode)} trusts "
+            "no group; remove write access for the group (chmod g-w), set the sticky bit (chmod +t), or, if "
+            "the group's users are candidates of this election, give every candidate mode=0o660"
         )
     if st.st_uid not in (os.geteuid(), 0):
         shared = mode & 0o070 and st.st_gid in {os.getegid(), *os.getgroups()}

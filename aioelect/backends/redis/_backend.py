@@ -1,0 +1,530 @@
+"""Elections on one Redis (or Valkey) server: a lock key with an expiry, renewed by its owner, a token beside it.
+
+Guarantees:
+
+* a leadership is granted by one atomic script (:data:`~._scripts.ACQUIRE`)
+  that sets the lock key with ``NX PX`` and takes the next token with
+  ``INCR`` only when it is free; it is dated from the send time of that
+  script, and every renew from the send time of its own script: the server
+  set the expiry later, so the key outlives the renew deadline;
+* a renew *sets* the expiry (``PEXPIRE``) and only on the key holding our
+  owner prefix: a key deleted, expired or changed by anyone else is a loss,
+  seen within ``check_interval`` (plus ``check_timeout``);
+* a release deletes the key only if it is ours and publishes on the
+  election's channel, which every waiting candidate is subscribed to: the
+  next one tries at once; after a crash the key expires within ``lease``;
+* tokens never go back: before a campaign the server's persistence is read
+  (``appendonly``/``appendfsync``; ``WAITAOF`` on 7.2+) and a server that
+  could lose the last ``INCR`` in a crash is refused unless
+  ``volatile_tokens=True`` (logged at WARNING);
+* with ``min_replicas=N`` a grant stands only once ``WAIT`` says N replicas
+  have it; otherwise the key is deleted again and the campaign retries;
+* a campaign that does not return a leadership (cancellation included)
+  leaves no key and no connection behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import ssl
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+
+from ..._backend import Backend, Backoff, Confirm, Hold, monotonic
+from ..._errors import BackendUnavailable, ElectionError
+from ._options import RedisOptions, RedisSettings
+from ._scripts import ACQUIRE, RELEASE, RENEW
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = ["RedisBackend", "RedisHold", "identity_of"]
+
+_SHA = {script: hashlib.sha1(script.encode()).hexdigest() for script in (ACQUIRE, RELEASE, RENEW)}
+_TRANSIENT_REPLIES = ("LOADING", "MASTERDOWN", "NOREPLICAS", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "READONLY")
+
+
+def identity_of(value: str | None) -> str | None:
+    """The identity in a lock key's value ``<nonce>:<token>:<identity>``; a value of another shape as it is."""
+    if value is None:
+        return None
+    parts = value.split(":", 2)
+    if len(parts) == 3 and parts[1].isdigit():
+        return parts[2]
+    return value
+
+
+def _tls_verify_error(exc: BaseException) -> ssl.SSLError | None:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
+async def _command(client: Redis, *args: str | int) -> Any:
+    """One command by name (redis-py does not type ``execute_command``)."""
+    return await client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _cancel_if_swallowed() -> None:
+    """Raise CancelledError if this task was cancelled during a request whose reply came back anyway.
+
+    redis-py can complete a request although the task awaiting it was
+    cancelled meanwhile, losing the cancellation: a campaign would then
+    return leadership to a task that was cancelled. ``Task.cancelling()``
+    (Python 3.11+) still counts the request. Only for the main path of a
+    campaign: inside a shielded cleanup a cancellation is pending on purpose.
+    """
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)
+    if cancelling is not None and cancelling():
+        raise asyncio.CancelledError
+
+
+class _NotConfirmed(Exception):
+    """A grant that the server could not make durable or replicate in time (transient: the key is deleted again)."""
+
+
+class RedisHold(Hold):
+    """The lock key held under our owner prefix: renewed every ``check_interval``, released by an owner check."""
+
+    def __init__(self, backend: RedisBackend, owner: str, token: int, acquired_at: float) -> None:
+        self._backend = backend
+        self.owner = owner
+        self.token = token
+        self.acquired_at = acquired_at
+
+    async def monitor(self, confirm: Confirm) -> str:
+        b = self._backend
+        t = b.timing
+        pause = t.check_interval
+        while True:
+            await anyio.sleep(pause)
+            sent = monotonic()
+            try:
+                with anyio.fail_after(t.check_timeout):
+                    mine = await b.run_script(b.lock_client(), RENEW, self.owner, b.lease_ms)
+            except Exception as exc:
+                if b.permanent(exc):
+                    return f"renew refused by Redis: {b.describe(exc)}"
+                # The keeper fences at the renew deadline; until then a retry may still confirm, on a new
+                # connection (through Sentinel: to the master it names now).
+                await b.drop_lock_connection()
+                pause = min(t.check_interval, 0.25)
+                b.log.warning("renew failed (%s); retrying in %.2fs", b.describe(exc), pause)
+                b.reporter_error(f"renew failed ({b.describe(exc)})")
+                continue
+            if not mine:
+                return "the lock key no longer holds our value (deleted, expired or changed on the server)"
+            pause = t.check_interval
+            confirm(sent)
+
+    async def release(self) -> None:
+        b = self._backend
+        with anyio.move_on_after(b.timing.check_timeout, shield=True):
+            try:
+                freed = await b.run_script(b.lock_client(), RELEASE, self.owner, b.settings.channel)
+                if not freed:
+                    b.log.debug("release: the lock key was not ours any more")
+                return
+            except Exception as exc:
+                b.log.debug("release failed (%s); the key expires within the lease", b.describe(exc))
+        await b.drop_lock_connection()
+
+
+class RedisBackend(Backend):
+    """Elections on one Redis server, built from a ``redis://`` or ``rediss://`` URL and :class:`RedisOptions`.
+
+    The constructor validates every option (ValueError naming it, never the
+    password) and connects to nothing.
+    """
+
+    kind = "redis"
+
+    def __init__(self, url: str, **options: Unpack[RedisOptions]) -> None:
+        if not isinstance(url, str):
+            raise ValueError("RedisElector needs a URL: redis://user:password@host:port/db")
+        settings = RedisSettings.parse(url, dict(options))
+        super().__init__(settings.name)
+        self.settings = settings
+        self.timing = settings.timing
+        self.lease_ms = max(1, round(settings.timing.lease * 1000))
+        self.observe_interval = max(settings.timing.poll_interval, 0.1)
+        warning = settings.warning()
+        if warning is not None:
+            self.warnings.append(warning)
+        self._lock: Redis | None = None
+        self._look: Redis | None = None
+        self._version: tuple[int, ...] | None = None
+        self._volatile_warned = False
+        self._closed = False
+        self._sentinels: dict[int, list[Redis]] = {}
+
+    def __repr__(self) -> str:
+        return f"<RedisBackend {self.settings.url} name={self.name!r}>"
+
+    @property
+    def renew_deadline(self) -> float:
+        return self.timing.renew_deadline
+
+    def describe_timing(self) -> str:
+        t = self.timing
+        replicas = f" min_replicas={self.settings.min_replicas}" if self.settings.min_replicas else ""
+        return (
+            f"lease={t.lease:g}s (PX) check_interval={t.check_interval:g}s check_timeout={t.check_timeout:g}s "
+            f"renew_deadline={t.renew_deadline:g}s poll_interval={t.poll_interval:g}s{replicas} "
+            f"server={self.settings.url}: a released lock is taken at once (published), a crashed or cut-off "
+            f"leader's key expires after {t.lease:g}s; a leader that cannot renew fences itself after "
+            f"{t.renew_deadline:g}s, {t.lease - t.renew_deadline:.3g}s before its key can expire"
+        )
+
+    def reporter_error(self, what: str) -> None:
+        self._reporter.error(what)
+
+    # --- connections ------------------------------------------------------------------
+
+    def _client(self) -> Redis:
+        if self._closed:
+            raise ElectionError("the Redis elector is closed")
+        options = self.settings.client_options()
+        if not self.settings.sentinels:
+            return Redis(**options, single_connection_client=True, decode_responses=True)
+        from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+
+        del options["host"], options["port"]
+        asked = {key: options[key] for key in options if key.startswith("socket_") or key == "retry"}
+        sentinel = Sentinel(self.settings.sentinels, sentinel_kwargs=asked, **options)  # type: ignore[no-untyped-call]
+        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+            self.settings.master_name, sentinel, decode_responses=True, **options
+        )
+        client = Redis(connection_pool=pool, single_connection_client=True, decode_responses=True)
+        self._sentinels[id(client)] = sentinel.sentinels
+        return client
+
+    async def _close(self, client: Redis) -> None:
+        """Close ``client`` with its pool, and the connections to the sentinels it asked."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout):
+            await client.aclose(close_connection_pool=True)
+            for asked in self._sentinels.pop(id(client), []):
+                await asked.aclose()
+
+    def lock_client(self) -> Redis:
+        """The one connection campaigns and the hold use (``WAIT`` follows the grant on it)."""
+        if self._lock is None:
+            self._lock = self._client()
+        return self._lock
+
+    def look_client(self) -> Redis:
+        """The connection :meth:`leader` and :meth:`observe` use, closed by :meth:`close_observer`."""
+        if self._look is None:
+            self._look = self._client()
+        return self._look
+
+    async def drop_lock_connection(self) -> None:
+        """Close the lock connection (the next request opens a new one): an idle elector holds nothing."""
+        client, self._lock = self._lock, None
+        if client is not None:
+            await self._close(client)
+
+    async def run_script(self, client: Redis, script: str, *args: str | int) -> Any:
+        """Run ``script`` on the election's two keys (by its digest; sent whole when the server lacks it)."""
+        keys = (self.settings.lock_key, self.settings.token_key)
+        try:
+            return await client.evalsha(_SHA[script], 2, *keys, *args)
+        except rexc.NoScriptError:
+            return await client.eval(script, 2, *keys, *args)
+
+    # --- errors -----------------------------------------------------------------------
+
+    def permanent(self, exc: BaseException) -> bool:
+        """Whether no retry can fix ``exc``: credentials, ACL, a refused certificate, a script error."""
+        if isinstance(exc, (rexc.AuthenticationError, rexc.NoPermissionError)):
+            return True
+        if _tls_verify_error(exc) is not None:
+            return True
+        if isinstance(exc, (rexc.ReadOnlyError, rexc.BusyLoadingError, rexc.TryAgainError, rexc.MasterDownError)):
+            return False
+        if isinstance(exc, rexc.ResponseError):
+            return not str(exc).startswith(_TRANSIENT_REPLIES)
+        return isinstance(exc, ElectionError)
+
+    def describe(self, exc: BaseException) -> str:
+        """``exc`` in words; redis-py and Redis never put the password in theirs."""
+        if isinstance(exc, (TimeoutError, rexc.TimeoutError)):
+            return "timed out"
+        tls = _tls_verify_error(exc)
+        if tls is not None:
+            return f"TLS handshake failed: {getattr(tls, 'verify_message', None) or tls.reason or tls}"
+        text = str(exc) or type(exc).__name__
+        return f"{type(exc).__name__}: {text}" if isinstance(exc, rexc.RedisError) else text
+
+    def _refused(self, what: str, exc: BaseException) -> ElectionError:
+        return ElectionError(f"Redis at {self.settings.url} refused {what}: {self.describe(exc)}")
+
+    def _unreachable(self, exc: BaseException) -> BackendUnavailable:
+        return BackendUnavailable(f"Redis at {self.settings.url} is unreachable: {self.describe(exc)}")
+
+    # --- durability of the tokens -----------------------------------------------------
+
+    async def _persistence(self, client: Redis) -> tuple[bool, str]:
+        """(whether ``WAITAOF`` must confirm each grant, why tokens are not durable or ""), read from the server."""
+        if self._version is None:
+            try:
+                info = await _command(client, "INFO", "server")
+                version = str(info.get("redis_version", "0")) if isinstance(info, dict) else "0"
+                self._version = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+            except rexc.NoPermissionError:
+                self._version = ()
+        try:
+            reply = await _command(client, "CONFIG", "GET", "appendonly", "appendfsync")
+        except rexc.NoPermissionError:
+            config: dict[str, str] | None = None
+        else:
+            pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2], strict=False))
+            config = {str(k): str(v) for k, v in pairs}
+        waitaof = self._version >= (7, 2)
+        if config is not None and config.get("appendonly") == "yes" and config.get("appendfsync") == "always":
+            return False, ""
+        if waitaof and (config is None or config.get("appendonly") == "yes"):
+            return True, ""
+        if config is None:
+            why = "CONFIG GET is denied to this user, so the server's persistence is unknown"
+        elif config.get("appendonly") != "yes":
+            why = "the server runs without the append-only file (appendonly no)"
+        else:
+            why = f"the append-only file is synced {config.get('appendfsync')!r}, not 'always'"
+        return False, why
+
+    async def _durable(self, client: Redis) -> bool:
+        """Whether grants need ``WAITAOF``; ElectionError when tokens cannot be durable (unless volatile_tokens)."""
+        waitaof, why = await self._persistence(client)
+        if not why:
+            return waitaof
+        what = (
+            f"{why} (Redis {'.'.join(map(str, self._version or ())) or 'version unknown'}; WAITAOF needs 7.2): "
+            "a server crash can lose the last token increment, and the next leader would get a token already "
+            "handed out"
+        )
+        if not self.settings.volatile_tokens:
+            raise ElectionError(
+                f"Redis at {self.settings.url} cannot keep fencing tokens across a crash: {what}. Set appendonly yes "
+                "and appendfsync always (or use Redis 7.2+, and grant CONFIG GET to this user so that it can be "
+                "checked), or pass volatile_tokens=True to accept tokens that may repeat"
+            )
+        if not self._volatile_warned:
+            self._volatile_warned = True
+            self.log.warning("volatile_tokens=True: %s; fencing tokens may repeat after a server crash", what)
+        return False
+
+    async def _confirm_write(self, client: Redis, waitaof: bool) -> None:
+        """Raise :class:`_NotConfirmed` unless the grant is fsynced (``WAITAOF``) and on ``min_replicas`` replicas."""
+        timeout_ms = max(1, round(self.timing.check_timeout * 500))
+        if waitaof:
+            local, _ = await _command(client, "WAITAOF", 1, 0, timeout_ms)
+            if int(local) < 1:
+                raise _NotConfirmed("the server did not confirm the token's fsync (WAITAOF) in time")
+        wanted = self.settings.min_replicas
+        if wanted:
+            got = int(await _command(client, "WAIT", wanted, timeout_ms))
+            if got < wanted:
+                raise _NotConfirmed(f"only {got} of min_replicas={wanted} replicas confirmed the grant (WAIT)")
+
+    # --- campaign ---------------------------------------------------------------------
+
+    async def _try(self, client: Redis, owner: str, identity: str) -> tuple[RedisHold | None, str | None, int]:
+        """One acquire script: (the hold or None, the key's value, its PTTL in ms)."""
+        waitaof = await self._durable(client)
+        sent = monotonic()
+        token, value, pttl = await self.run_script(
+            client, ACQUIRE, owner, identity, self.lease_ms, self.settings.channel
+        )
+        _cancel_if_swallowed()  # never a grant to a cancelled task: the caller withdraws the key
+        if not token:
+            return None, value, int(pttl)
+        try:
+            await self._confirm_write(client, waitaof)
+        except BaseException:
+            await self._withdraw(owner)
+            raise
+        _cancel_if_swallowed()
+        return RedisHold(self, owner, int(token), sent), value, int(pttl)
+
+    async def _withdraw(self, owner: str) -> None:
+        """Delete our key if a request of ours may have set it; bounded, never interrupted."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout + 1):
+            try:
+                await self.run_script(self.lock_client(), RELEASE, owner, self.settings.channel)
+            except Exception as exc:
+                self.log.debug("withdrawing a campaign's key failed (%s); it expires within the lease", exc)
+
+    async def campaign(self, identity: str) -> Hold:
+        owner = secrets.token_hex(8) + ":"
+        backoff = Backoff(first=0.1, maximum=max(self.timing.poll_interval, 1.0))
+        pubsub: PubSub | None = None
+        won = uncertain = False
+        try:
+            while True:
+                client = self.lock_client()
+                try:
+                    if pubsub is None:
+                        # Subscribed before the first try: a release published after it wakes us.
+                        pubsub = client.pubsub()
+                        with anyio.fail_after(self.timing.connect_timeout + self.timing.check_timeout):
+                            await pubsub.subscribe(self.settings.channel)
+                    uncertain = True
+                    hold, value, pttl = await self._try(client, owner, identity)
+                    uncertain = False
+                    if hold is not None:
+                        won = True
+                        return hold
+                    backoff.reset()
+                    self._reporter.leader(identity_of(value))
+                    # Without a release published, try again when the key can have expired.
+                    wait = self.timing.poll_interval if pttl < 0 else min(self.timing.poll_interval, pttl / 1000)
+                    await self._wait_change(pubsub, max(wait, 0.001))
+                except Exception as exc:
+                    if self.permanent(exc):
+                        raise self._refused("the campaign", exc) from None
+                    delay = backoff.next_delay()
+                    self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
+                    if pubsub is not None:
+                        await self._close_pubsub(pubsub)
+                        pubsub = None
+                    # A new connection for the next try (through Sentinel: to the master it names now); a try
+                    # that may have set our key is recognised by the next one (same owner), or withdrawn below.
+                    await self.drop_lock_connection()
+                    await anyio.sleep(delay)
+        finally:
+            if won and pubsub is not None:
+                await self._close_won(pubsub, owner)
+            else:
+                if pubsub is not None:
+                    await self._close_pubsub(pubsub)
+                if uncertain:
+                    await self._withdraw(owner)
+                await self.drop_lock_connection()
+
+    async def _close_won(self, pubsub: PubSub, owner: str) -> None:
+        """Close a won campaign's subscription, not shielded: a cancellation of the caller's task must reach it
+        (a shield would swallow it and hand leadership to a cancelled task); cancelled, the key is withdrawn."""
+        try:
+            with anyio.move_on_after(self.timing.check_timeout):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            self.log.debug("closing the subscription failed (%s)", exc)
+        except BaseException:
+            await self._withdraw(owner)
+            await self.drop_lock_connection()
+            raise
+
+    async def try_campaign(self, identity: str) -> Hold | None:
+        owner = secrets.token_hex(8) + ":"
+        hold: RedisHold | None = None
+        answered = False
+        try:
+            hold, value, _ = await self._try(self.lock_client(), owner, identity)
+            answered = True
+        except Exception as exc:
+            if self.permanent(exc):
+                raise self._refused("the campaign", exc) from None
+            raise self._unreachable(exc) from None
+        finally:
+            if hold is None:
+                if not answered:
+                    await self._withdraw(owner)
+                await self.drop_lock_connection()
+        if hold is None:
+            self._reporter.leader(identity_of(value))
+        return hold
+
+    async def _wait_change(self, pubsub: PubSub, wait: float) -> None:
+        """Until a message on the election's channel, or ``wait`` seconds."""
+        with anyio.move_on_after(wait):
+            while await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait) is None:
+                await anyio.lowlevel.checkpoint()  # a reply that was only a confirmation must not spin the loop
+
+    async def _close_pubsub(self, pubsub: PubSub) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout):
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+            except Exception as exc:
+                self.log.debug("closing the subscription failed (%s)", exc)
+
+    # --- who leads --------------------------------------------------------------------
+
+    async def leader(self) -> str | None:
+        try:
+            value = await self.look_client().get(self.settings.lock_key)
+            assert value is None or isinstance(value, str)  # decode_responses
+        except Exception as exc:
+            await self._drop_look()
+            if self.permanent(exc):
+                raise self._refused("the query", exc) from None
+            raise self._unreachable(exc) from None
+        return identity_of(value)
+
+    async def observe(self) -> AsyncIterator[str | None]:
+        """The leader now and at each change: woken at once by a grant or release, read every ``observe_interval``."""
+        last: object = object()
+        backoff = Backoff(first=self.observe_interval, maximum=max(5.0, self.observe_interval))
+        pubsub: PubSub | None = None
+        try:
+            while True:
+                try:
+                    if pubsub is None:
+                        pubsub = self.look_client().pubsub()
+                        with anyio.fail_after(self.timing.connect_timeout + self.timing.check_timeout):
+                            await pubsub.subscribe(self.settings.channel)
+                    current = await self.leader()
+                except (BackendUnavailable, rexc.RedisError, OSError, TimeoutError) as exc:
+                    if isinstance(exc, rexc.RedisError) and self.permanent(exc):
+                        raise self._refused("the subscription", exc) from None
+                    delay = backoff.next_delay()
+                    self.log.warning("observe: %s; retrying in %.1fs", self.describe(exc), delay)
+                    if pubsub is not None:
+                        await self._close_pubsub(pubsub)
+                        pubsub = None
+                    await anyio.sleep(delay)
+                    continue
+                backoff.reset()
+                if current != last:
+                    last = current
+                    yield current
+                try:
+                    await self._wait_change(pubsub, self.observe_interval)
+                except (rexc.RedisError, OSError) as exc:
+                    self.log.debug("observe: subscription lost (%s); subscribing again", self.describe(exc))
+                    await self._close_pubsub(pubsub)
+                    pubsub = None
+        finally:
+            if pubsub is not None:
+                await self._close_pubsub(pubsub)
+
+    async def watch(self) -> AsyncIterator[str | None]:
+        """Nothing of its own: every try of a campaign reads the holder and reports it (woken by each change)."""
+        await anyio.sleep_forever()
+        yield None  # pragma: no cover - never reached
+
+    async def _drop_look(self) -> None:
+        client, self._look = self._look, None
+        if client is not None:
+            await self._close(client)
+
+    async def close_observer(self) -> None:
+        await self._drop_look()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        await self._drop_look()
+        await self.drop_lock_connection()

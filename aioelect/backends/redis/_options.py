@@ -1,0 +1,252 @@
+"""The Redis backend's options: the URL, the timing, what the fencing tokens may give up; validated at construction."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from ..._config import DSN, LockTiming, check_options, parse_dsn, positive, transport_warning, validate_name
+
+__all__ = ["RedisOptions", "RedisSettings"]
+
+_SCHEMES = ("redis", "rediss")
+_SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+_TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+#: How many keep-alive probes, one a second, declare a silent peer dead.
+KEEPALIVE_PROBES = 2
+
+
+class _Named(TypedDict):
+    #: The election name: the keys are ``{key_prefix}{name}:lock`` and ``...:token`` (``{name}`` is the hash tag).
+    name: str
+
+
+class RedisOptions(_Named, total=False):
+    """The options of a Redis election; :class:`~aioelect.backends.redis.RedisBackend` validates them."""
+
+    #: Seconds of the lock key's expiry (``PX``), set again by every renew (default 10).
+    lease: float
+    #: Seconds between the leader's renews (default 1), and the bound on one request (default 2).
+    check_interval: float
+    check_timeout: float
+    #: Seconds a leader may go without a confirmed renew before it fences itself (default 0.7 * lease).
+    renew_deadline: float | None
+    #: Seconds to connect (default 5).
+    connect_timeout: float
+    #: Seconds a waiting candidate sleeps at most between tries when no release is published (default 1).
+    poll_interval: float
+    #: Prefix of every key and channel (default ``aioelect:``); an ACL may limit the user to ``~{prefix}*``.
+    key_prefix: str
+    #: Grant only once ``WAIT`` says this many replicas have the lock and the token (default 0).
+    min_replicas: int
+    #: Accept tokens that a server crash can hand out twice (no ``appendfsync always``, no ``WAITAOF``).
+    volatile_tokens: bool
+
+
+@dataclass(frozen=True)
+class RedisSettings:
+    """Every option, validated; the password never in ``repr()``."""
+
+    name: str
+    host: str
+    port: int
+    db: int
+    username: str | None
+    password: str | None = field(repr=False)
+    tls: bool
+    ssl_ca_certs: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
+    timing: LockTiming
+    key_prefix: str
+    min_replicas: int
+    volatile_tokens: bool
+    url: str
+    #: Sentinel addresses (``redis+sentinel://``): the master named ``master_name`` is asked of them.
+    sentinels: tuple[tuple[str, int], ...] = ()
+    master_name: str | None = None
+
+    @classmethod
+    def parse(cls, url: str, options: dict[str, Any]) -> RedisSettings:
+        """ValueError naming the bad option (never the password), TypeError for an unknown one."""
+        check_options("RedisElector", options, RedisOptions)
+        name = validate_name(options["name"], max_length=512)
+        if "{" in name or "}" in name:
+            raise ValueError(f"name {name!r} must not contain '{{' or '}}': it becomes the keys' hash tag")
+        sentinels: tuple[tuple[str, int], ...] = ()
+        master_name = None
+        if isinstance(url, str) and url.split("://", 1)[0] in _SENTINEL_SCHEMES:
+            url, sentinels, master_name = _sentinel_url(url)
+        parsed: DSN = parse_dsn(url, *_SCHEMES)
+        if not parsed.host:
+            raise ValueError("a Redis URL must name a host: redis://user:password@host:port/db")
+        db = 0
+        if parsed.database is not None:
+            if not parsed.database.isascii() or not parsed.database.isdigit() or int(parsed.database) > 1_000_000:
+                raise ValueError("the Redis URL's path must be a database number such as /0")
+            db = int(parsed.database)
+        for key in parsed.query:
+            if key not in _TLS_KEYS:
+                raise ValueError(f"unsupported Redis URL parameter {key!r}; accepted: {', '.join(_TLS_KEYS)}")
+        tls = parsed.scheme == "rediss"
+        files = {key: parsed.query.get(key) or None for key in _TLS_KEYS}
+        if not tls and any(files.values()):
+            raise ValueError("ssl_ca_certs, ssl_certfile and ssl_keyfile need a rediss:// URL")
+        for key, path in files.items():
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{key} file {path!r} does not exist")
+        if files["ssl_keyfile"] and not files["ssl_certfile"]:
+            raise ValueError("ssl_keyfile needs ssl_certfile")
+        lease = options.get("lease", 10.0)
+        timing = LockTiming.checked(
+            poll_interval=options.get("poll_interval", 1.0),
+            check_interval=options.get("check_interval", 1.0),
+            check_timeout=options.get("check_timeout", 2.0),
+            connect_timeout=options.get("connect_timeout", 5.0),
+            lease=lease,
+            renew_deadline=options.get("renew_deadline"),
+            server_timeout="the lock key's PX expiry",
+            min_lease=0.5,
+            whole_lease=False,
+            dated_after_grant=True,  # dated from the send of the request that set the expiry: it never waits
+        )
+        # Requests are bounded by check_timeout; keep-alives find a silently dead subscription (a waiter's, an
+        # observer's) within the lease, so a waiter never sleeps through the expiry of a crashed leader's key.
+        keepalive = keepalive_idle(timing) + KEEPALIVE_PROBES
+        if keepalive > timing.lease:
+            raise ValueError(
+                f"check_interval ({timing.check_interval:g}s) makes TCP keep-alives take {keepalive:g}s to find a dead "
+                f"connection, longer than lease ({timing.lease:g}s): raise lease to at least {keepalive:g}s"
+            )
+        prefix = options.get("key_prefix", "aioelect:")
+        if not isinstance(prefix, str) or "{" in prefix or "}" in prefix or len(prefix) > 256:
+            raise ValueError(f"key_prefix must be a string of at most 256 characters without braces, not {prefix!r}")
+        replicas = options.get("min_replicas", 0)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or not 0 <= replicas <= 100:
+            raise ValueError(f"min_replicas must be an integer from 0 to 100, not {replicas!r}")
+        volatile = options.get("volatile_tokens", False)
+        if volatile not in (True, False):
+            raise ValueError(f"volatile_tokens must be True or False, not {volatile!r}")
+        positive("lease", lease)
+        return cls(
+            name=name,
+            host=parsed.host,
+            port=parsed.port or 6379,
+            db=db,
+            username=parsed.user,
+            password=parsed.password,
+            tls=tls,
+            ssl_ca_certs=files["ssl_ca_certs"],
+            ssl_certfile=files["ssl_certfile"],
+            ssl_keyfile=files["ssl_keyfile"],
+            timing=timing,
+            key_prefix=prefix,
+            min_replicas=replicas,
+            volatile_tokens=bool(volatile),
+            url=_shown(parsed, sentinels, master_name),
+            sentinels=sentinels,
+            master_name=master_name,
+        )
+
+    @property
+    def lock_key(self) -> str:
+        return f"{self.key_prefix}{{{self.name}}}:lock"
+
+    @property
+    def token_key(self) -> str:
+        return f"{self.key_prefix}{{{self.name}}}:token"
+
+    @property
+    def channel(self) -> str:
+        return f"{self.key_prefix}{{{self.name}}}:changed"
+
+    def warning(self) -> str | None:
+        """The transport WARNING for a connection that crosses a network unencrypted, or None."""
+        return transport_warning(
+            self.host, encrypted=self.tls, verified=self.tls, fix="use rediss:// with ssl_ca_certs=PATH"
+        )
+
+    def client_options(self) -> dict[str, Any]:
+        """redis-py's connection options: every request bounded, keep-alives on, never a retry of its own."""
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        t = self.timing
+        options: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "db": self.db,
+            "username": self.username,
+            "password": self.password,
+            "socket_timeout": t.check_timeout,
+            "socket_connect_timeout": t.connect_timeout,
+            "socket_keepalive": True,
+            "socket_keepalive_options": keepalive_options(t),
+            # A retried script could run twice: the campaign decides what to do after an error.
+            "retry": Retry(NoBackoff(), 0),
+        }
+        if self.tls:
+            options.update(
+                ssl=True,
+                ssl_cert_reqs="required",
+                ssl_check_hostname=True,
+                ssl_ca_certs=self.ssl_ca_certs,
+                ssl_certfile=self.ssl_certfile,
+                ssl_keyfile=self.ssl_keyfile,
+            )
+        return options
+
+
+def _sentinel_url(url: str) -> tuple[str, tuple[tuple[str, int], ...], str]:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/master[/db][?...]`` as a plain URL (the first
+    sentinel as its host), the sentinels and the master's name. ValueErrors never quote the URL."""
+    scheme, _, rest = url.partition("://")
+    end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
+    authority, path = rest[:end], rest[end:]
+    userinfo, at, hosts = authority.rpartition("@")
+    sentinels: list[tuple[str, int]] = []
+    for item in hosts.split(","):
+        probe = parse_dsn(f"redis://{item.strip()}/", "redis")
+        if not probe.host:
+            raise ValueError("a Sentinel URL must list host:port of each sentinel, separated by commas")
+        sentinels.append((probe.host, probe.port or 26379))
+    query = ""
+    if "?" in path:
+        path, query = path.split("?", 1)
+        query = "?" + query
+    parts = [p for p in path.split("/") if p]
+    if not parts or len(parts) > 2:
+        raise ValueError("a Sentinel URL must name the master: redis+sentinel://host:port,host:port/master/db")
+    master = parts[0]
+    db = f"/{parts[1]}" if len(parts) == 2 else "/0"
+    first = hosts.split(",")[0].strip()
+    return f"{_SENTINEL_SCHEMES[scheme]}://{userinfo}{at}{first}{db}{query}", tuple(sentinels), master
+
+
+def _shown(parsed: DSN, sentinels: tuple[tuple[str, int], ...], master: str | None) -> str:
+    """The URL for messages, without the password."""
+    if not sentinels:
+        return parsed.redacted()
+    auth = f"{parsed.user or ''}:***@" if parsed.password is not None else (f"{parsed.user}@" if parsed.user else "")
+    hosts = ",".join(f"{h}:{p}" for h, p in sentinels)
+    return f"{parsed.scheme}+sentinel://{auth}{hosts}/{master}/{parsed.database or 0}"
+
+
+def keepalive_idle(timing: LockTiming) -> int:
+    """Seconds of silence before the first keep-alive probe: about ``check_interval``, at least one."""
+    return max(1, int(timing.check_interval))
+
+
+def keepalive_options(timing: LockTiming) -> dict[int, int]:
+    options: dict[int, int] = {}
+    for opt, value in (
+        ("TCP_KEEPIDLE", keepalive_idle(timing)),
+        ("TCP_KEEPINTVL", 1),
+        ("TCP_KEEPCNT", KEEPALIVE_PROBES),
+    ):
+        number = getattr(socket, opt, None)
+        if number is not None:
+            options[number] = value
+    return options

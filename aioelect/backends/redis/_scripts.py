@@ -1,0 +1,52 @@
+"""The Lua scripts: each step of an election is one atomic script on the server.
+
+Keys (one hash tag, so one slot): ``KEYS[1]`` the lock key, whose value is
+``<nonce>:<token>:<identity>`` and whose expiry is the lease; ``KEYS[2]`` the
+token counter. The nonce is random per campaign: every owner check compares
+the value's ``<nonce>:`` prefix, so two candidates with one identity are
+never taken for each other.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ACQUIRE", "RELEASE", "RENEW"]
+
+#: ARGV: owner prefix, identity, lease in ms, channel. Returns {token, value, pttl}; token 0: another holds it.
+#: Our own key (a request of this campaign that ran although its reply was lost) gets its expiry set again.
+ACQUIRE = """
+local held = redis.call('GET', KEYS[1])
+if held then
+  if string.sub(held, 1, #ARGV[1]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    local token = string.match(held, '^[^:]*:(%d+):')
+    return {tonumber(token), held, tonumber(ARGV[3])}
+  end
+  return {0, held, redis.call('PTTL', KEYS[1])}
+end
+local token = redis.call('INCR', KEYS[2])
+local value = ARGV[1] .. token .. ':' .. ARGV[2]
+redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[3])
+redis.call('PUBLISH', ARGV[4], value)
+return {token, value, tonumber(ARGV[3])}
+"""
+
+#: ARGV: owner prefix, lease in ms. Sets (never adds to) the expiry if the key is ours: 1, else 0.
+RENEW = """
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+#: ARGV: owner prefix, channel. Deletes the key if it is ours and tells the waiters: 1, else 0.
+RELEASE = """
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0
+"""

@@ -1,0 +1,96 @@
+"""The processes ``aioelect run`` inherits: orphans reaped as PID 1, strays of a killed shim ended.
+
+Every function here acts only on this process's children that are not
+shims (:data:`SHIMS`, which asyncio waits for), so a program embedding the
+command line keeps its own children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+
+import anyio
+
+from ._shim import descendants, processes
+
+__all__ = ["KILL_WAIT", "SHIMS", "end_strays", "reap_orphans", "start_time"]
+
+log = logging.getLogger("aioelect.cli")
+
+#: How long processes killed with SIGKILL get to be gone.
+KILL_WAIT = 2.0
+
+#: The shims running now: :func:`reap_orphans` leaves them to asyncio.
+SHIMS: set[int] = set()
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _strays(me: int, since: int) -> tuple[list[tuple[int, bool]], list[int]]:
+    """The descendants of ``me`` under its children started at ``since`` or later that are not shims, as
+    ``(pid, alive)``; and those children that are zombies."""
+    found: list[tuple[int, bool]] = []
+    zombies: list[int] = []
+    for pid, alive in descendants(me, depth=1):
+        started = start_time(pid)
+        if pid in SHIMS or started is None or started < since:
+            continue
+        found.append((pid, alive))
+        found.extend(descendants(pid))
+        if not alive:
+            zombies.append(pid)
+    return found, zombies
+
+
+async def end_strays(since: int) -> None:
+    """SIGKILL and reap the processes :func:`_strays` finds until there are none (bounded: KILL_WAIT)."""
+    me = os.getpid()
+    with anyio.move_on_after(KILL_WAIT) as scope:
+        warned = False
+        while True:
+            strays, zombies = _strays(me, since)
+            if not strays:
+                break
+            live = [pid for pid, alive in strays if alive]
+            if live and not warned:
+                log.warning("the process shim died: killing %d process(es) of CMD's tree it left", len(live))
+                warned = True
+            for pid in live:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            for pid in zombies:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - a zombie: returns at once
+            await anyio.sleep(0.01)
+    if scope.cancelled_caught:
+        log.error("processes of CMD's tree survived SIGKILL for %gs", KILL_WAIT)
+
+
+def _zombie_children() -> list[int]:
+    me = str(os.getpid()).encode()
+    return [pid for pid, fields in processes() if fields[0] == b"Z" and fields[1] == me]
+
+
+async def reap_orphans(interval: float = 0.5) -> None:
+    """Reap, every ``interval`` seconds, this process's zombie children that no one else waits for.
+
+    For aioelect as PID 1, which the kernel hands every orphan of its PID
+    namespace: without it they would stay zombies. Children asyncio waits
+    for (the shims) are left to it. Runs until cancelled.
+    """
+    while True:
+        for pid in _zombie_children():
+            if pid not in SHIMS:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - a zombie: returns at once
+        await anyio.sleep(interval)

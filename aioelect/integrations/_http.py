@@ -1,0 +1,245 @@
+"""A small HTTP/1.1 server for probes and metrics, bounded so that no client can starve the process that runs it.
+
+It runs in the caller's event loop and guarantees:
+
+* at most ``max_connections`` connections are open at once (by default
+  :data:`MAX_CONNECTIONS`, and never more than an eighth of the process's
+  file-descriptor limit); a connection beyond that is closed (reset) as soon
+  as it is accepted, so the server holds at most ``max_connections + 1``
+  descriptors and the rest of the process keeps the others;
+* each connection gets one answer and is closed: its request head must
+  arrive within ``request_timeout`` seconds and be at most
+  :data:`MAX_REQUEST` bytes, and the answer is written within
+  ``request_timeout`` seconds, so a client that sends nothing or reads
+  nothing holds its slot for a bounded time;
+* an accept that fails (out of file descriptors, out of memory) is retried
+  after :data:`ACCEPT_RETRY_DELAY` seconds and logged at most once per
+  :data:`ERROR_LOG_INTERVAL` seconds, one line without a traceback, with the
+  number of failures it stands for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import resource
+import socket
+import struct
+import time
+from collections.abc import Awaitable, Callable
+
+import anyio
+
+__all__ = [
+    "ACCEPT_RETRY_DELAY",
+    "ERROR_LOG_INTERVAL",
+    "MAX_CONNECTIONS",
+    "MAX_REQUEST",
+    "REQUEST_TIMEOUT",
+    "BoundedHTTPServer",
+    "Handler",
+    "connection_cap",
+]
+
+#: The most connections served at once by default.
+MAX_CONNECTIONS = 32
+#: Seconds a client has to send its request line and headers, and to read the answer.
+REQUEST_TIMEOUT = 5.0
+#: The largest request head read (bytes); a longer one is refused with 431.
+MAX_REQUEST = 8192
+#: Seconds before an accept that failed is tried again.
+ACCEPT_RETRY_DELAY = 0.5
+#: Seconds between two log lines about failed accepts.
+ERROR_LOG_INTERVAL = 10.0
+
+#: ``(method, path)`` to ``(status code, content type, body)``; only GET and HEAD reach it.
+Handler = Callable[[str, str], Awaitable[tuple[int, str, bytes]]]
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    431: "Too Large",
+    503: "Down",
+}
+_JSON = "application/json"
+
+
+def connection_cap(wanted: int = MAX_CONNECTIONS) -> int:
+    """``wanted``, lowered to an eighth of the soft file-descriptor limit (at least 1)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft // 8))
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close ``sock`` at once with a TCP reset: no TIME_WAIT, no lingering descriptor."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class BoundedHTTPServer:
+    """Answers ``GET`` and ``HEAD`` with ``handler`` on one address; see the module for its bounds."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        name: str,
+        max_connections: int | None = None,
+        request_timeout: float = REQUEST_TIMEOUT,
+    ) -> None:
+        if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
+            raise ValueError(f"max_connections must be an integer >= 1, not {max_connections!r}")
+        if not (0 < request_timeout < math.inf):
+            raise ValueError(f"request_timeout must be a finite number > 0, not {request_timeout!r}")
+        self.handler = handler
+        self.name = name
+        self.max_connections = connection_cap(max_connections or MAX_CONNECTIONS)
+        self.request_timeout = float(request_timeout)
+        #: Connections closed at once because ``max_connections`` were open.
+        self.refused = 0
+        #: Accepts that failed (each retried).
+        self.accept_errors = 0
+        self._log = logging.getLogger(f"aioelect.integrations.{name}")
+        self._sock: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._connections: set[asyncio.Task[None]] = set()
+        self._unlogged = 0
+        self._logged_at = -math.inf
+
+    @property
+    def port(self) -> int:
+        if self._sock is None:
+            raise RuntimeError(f"{self.name} server is not started")
+        return int(self._sock.getsockname()[1])
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    async def start(self, host: str, port: int) -> None:
+        """Listen on ``host:port``; OSError if it cannot."""
+        if self._sock is not None:
+            raise RuntimeError(f"{self.name} server started twice")
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, address = infos[0]
+        sock = socket.create_server(address[:2], family=family, backlog=128)
+        sock.setblocking(False)
+        self._sock = sock
+        self._accepting = asyncio.create_task(self._accept_loop(sock), name=f"aioelect-{self.name}-accept")
+
+    async def aclose(self) -> None:
+        """Stop listening and close every connection. Idempotent."""
+        sock, self._sock = self._sock, None
+        accepting, self._accepting = self._accepting, None
+        tasks = [*([accepting] if accepting is not None else []), *self._connections]
+        for task in tasks:
+            task.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            if tasks:
+                await asyncio.wait(tasks)
+        if sock is not None:
+            sock.close()
+
+    # --- accepting ------------------------------------------------------------------------------
+
+    async def _accept_loop(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                self._accept_failed(exc)
+                await asyncio.sleep(ACCEPT_RETRY_DELAY)
+                continue
+            if len(self._connections) >= self.max_connections:
+                self.refused += 1
+                _reset(conn)
+                continue
+            conn.setblocking(False)
+            task = asyncio.create_task(self._serve(conn))
+            self._connections.add(task)
+            task.add_done_callback(self._connections.discard)
+
+    def _accept_failed(self, exc: OSError) -> None:
+        self.accept_errors += 1
+        self._unlogged += 1
+        now = time.monotonic()
+        if now - self._logged_at < ERROR_LOG_INTERVAL:
+            return
+        self._log.warning(
+            "%s server: %d accept(s) failed (last: %s); retrying every %gs, logged at most every %gs",
+            self.name,
+            self._unlogged,
+            exc.strerror or exc,
+            ACCEPT_RETRY_DELAY,
+            ERROR_LOG_INTERVAL,
+        )
+        self._unlogged = 0
+        self._logged_at = now
+
+    # --- one connection ---------------------------------------------------------------------------
+
+    async def _serve(self, conn: socket.socket) -> None:
+        writer: asyncio.StreamWriter | None = None
+        try:
+            reader, writer = await asyncio.open_connection(sock=conn, limit=MAX_REQUEST)
+            code, content_type, body, head_only = await self._handle(reader)
+            head = (
+                f"HTTP/1.1 {code} {_REASONS.get(code, 'Status')}\r\n"
+                f"Content-Type: {content_type}\r\n"
+                f"Content-Length: {len(body)}\r\n"
+                "Cache-Control: no-store\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            writer.write(head.encode("ascii") + (b"" if head_only else body))
+            with anyio.move_on_after(self.request_timeout):
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass  # the client went away: nothing to answer
+        finally:
+            if writer is not None and writer.transport.get_write_buffer_size():
+                writer.transport.abort()  # a client that reads nothing must not keep the descriptor
+            elif writer is not None:
+                writer.close()
+            else:
+                conn.close()
+
+    async def _handle(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes, bool]:
+        try:
+            with anyio.fail_after(self.request_timeout):
+                head = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            return _error(408, f"request not received within {self.request_timeout:g}s")
+        except asyncio.LimitOverrunError:
+            await _discard(reader)  # closing with unread data would reset the connection before the answer
+            return _error(431, f"request head longer than {MAX_REQUEST} bytes")
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = request_line.split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return _error(400, "malformed request line")
+        method, target = parts[0], parts[1]
+        if method not in ("GET", "HEAD"):
+            return _error(405, "only GET and HEAD")
+        code, content_type, body = await self.handler(method, target.split("?", 1)[0])
+        return code, content_type, body, method == "HEAD"
+
+
+def _error(code: int, message: str) -> tuple[int, str, bytes, bool]:
+    return code, _JSON, b'{"error": "' + message.encode("ascii") + b'"}\n', False
+
+
+async def _discard(reader: asyncio.StreamReader) -> None:
+    """Read and drop what the client sent (at most 1 MiB, 0.2 s)."""
+    dropped = 0
+    with anyio.move_on_after(0.2):
+        while dropped < 1 << 20 and (chunk := await reader.read(65536)):
+            dropped += len(chunk)

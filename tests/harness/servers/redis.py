@@ -1,0 +1,186 @@
+"""Throwaway Redis servers (``redis-server``) and Sentinels, on 127.0.0.1 with a temporary directory.
+
+Never the machine's own Redis: each server has its own free port, directory
+and configuration file, and listens on loopback only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from ..binaries import require_binary
+from ..lifecycle import OnePortServer
+from ..processes import LOOPBACK
+
+__all__ = ["RedisServer", "SentinelServer", "redis_command"]
+
+
+def _encode(*args: Any) -> bytes:
+    out = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else str(arg).encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _read(f: Any) -> Any:
+    line = f.readline()
+    if not line:
+        raise ConnectionError("the server closed the connection")
+    kind, rest = line[:1], line[1:-2]
+    if kind == b"+":
+        return rest.decode()
+    if kind == b"-":
+        raise RuntimeError(rest.decode())
+    if kind == b":":
+        return int(rest)
+    if kind == b"$":
+        size = int(rest)
+        if size < 0:
+            return None
+        data = f.read(size + 2)
+        return data[:-2].decode(errors="replace")
+    if kind == b"*":
+        size = int(rest)
+        return None if size < 0 else [_read(f) for _ in range(size)]
+    raise RuntimeError(f"unexpected reply {line!r}")
+
+
+def redis_command(
+    port: int, *args: Any, host: str = LOOPBACK, password: str | None = None, user: str | None = None,
+    timeout: float = 5.0,
+) -> Any:  # fmt: skip
+    """Run one command on a new short connection (RESP2, bounded by ``timeout``); an error reply raises RuntimeError."""
+    with socket.create_connection((host, port), timeout=timeout) as sock:
+        f = sock.makefile("rb")
+        if password is not None:
+            sock.sendall(_encode("AUTH", *((user,) if user else ()), password))
+            _read(f)
+        sock.sendall(_encode(*args))
+        return _read(f)
+
+
+class RedisServer(OnePortServer):
+    """A throwaway ``redis-server`` on 127.0.0.1.
+
+    ``appendfsync`` (default ``always``: every acknowledged write is on
+    disk) with ``appendonly yes``; ``appendfsync=None`` runs without the
+    append-only file (and without RDB snapshots), so a restart forgets
+    everything. ``tls`` is a :class:`~tests.harness.certificates.Certificates`
+    to serve TLS only, with client certificates optional. ``replica_of`` makes
+    it a replica of that port. ``acl`` lines are written to the config file.
+    """
+
+    kind = "redis"
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        appendfsync: str | None = "always",
+        tls: Any = None,
+        replica_of: int | None = None,
+        acl: Sequence[str] = (),
+        extra_args: Sequence[str] = (),
+        startup_timeout: float = 30.0,
+        stop_timeout: float = 15.0,
+    ) -> None:
+        self._redis = require_binary("redis-server")
+        super().__init__(port=port, extra_args=extra_args, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
+        self.appendfsync = appendfsync
+        self.tls = tls
+        self.replica_of = replica_of
+        self.acl = list(acl)
+        os.makedirs(self.data_dir, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        scheme = "rediss" if self.tls is not None else "redis"
+        query = f"?ssl_ca_certs={self.tls.ca}" if self.tls is not None else ""
+        return f"{scheme}://{self.host}:{self._port}/0{query}"
+
+    def _config(self) -> str:
+        lines = [
+            f"bind {LOOPBACK}",
+            "protected-mode no",
+            f"dir {self.data_dir}",
+            'save ""',
+            "daemonize no",
+            f"appendonly {'yes' if self.appendfsync else 'no'}",
+            f"appendfsync {self.appendfsync or 'everysec'}",
+        ]
+        if self.tls is not None:
+            lines += [
+                "port 0",
+                f"tls-port {self._port}",
+                f"tls-cert-file {self.tls.server_cert}",
+                f"tls-key-file {self.tls.server_key}",
+                f"tls-ca-cert-file {self.tls.ca}",
+                "tls-auth-clients optional",
+            ]
+        else:
+            lines.append(f"port {self._port}")
+        if self.replica_of is not None:
+            lines.append(f"replicaof {LOOPBACK} {self.replica_of}")
+        lines += [f"user {line}" for line in self.acl]
+        return "\n".join(lines) + "\n"
+
+    def _argv(self) -> list[str]:
+        path = os.path.join(self._dir, "redis.conf")
+        with open(path, "w") as fh:
+            fh.write(self._config())
+        return [self._redis, path, *self.extra_args]
+
+    def _probe(self) -> bool:
+        if self.tls is not None:
+            import ssl
+
+            context = ssl.create_default_context(cafile=self.tls.ca)
+            with (
+                socket.create_connection((self.host, self._port), timeout=2.0) as raw,
+                context.wrap_socket(raw, server_hostname=self.host) as sock,
+            ):
+                sock.sendall(_encode("PING"))
+                return bool(sock.recv(64).startswith(b"+PONG"))
+        return bool(self.command("PING", timeout=2.0) == "PONG")
+
+    def command(self, *args: Any, timeout: float = 5.0) -> Any:
+        """Run one command as the default user (plaintext servers only)."""
+        return redis_command(self._port, *args, timeout=timeout)
+
+
+class SentinelServer(OnePortServer):
+    """A throwaway ``redis-server --sentinel`` watching ``master`` (named ``master_name``) on 127.0.0.1."""
+
+    kind = "sentinel"
+
+    def __init__(
+        self, master_port: int, *, master_name: str = "aioelect", quorum: int = 2, down_after_ms: int = 1000
+    ) -> None:
+        self._redis = require_binary("redis-server")
+        super().__init__(port=None, extra_args=(), startup_timeout=30.0, stop_timeout=10.0)
+        self.master_port = master_port
+        self.master_name = master_name
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+
+    def _argv(self) -> list[str]:
+        path = os.path.join(self._dir, "sentinel.conf")
+        with open(path, "w") as fh:
+            fh.write(
+                f"bind {LOOPBACK}\nport {self._port}\nprotected-mode no\ndir {self._dir}\n"
+                f"sentinel monitor {self.master_name} {LOOPBACK} {self.master_port} {self.quorum}\n"
+                f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
+                f"sentinel failover-timeout {self.master_name} 5000\n"
+                f"sentinel parallel-syncs {self.master_name} 1\n"
+            )
+        return [self._redis, path, "--sentinel"]
+
+    def _probe(self) -> bool:
+        return bool(redis_command(self._port, "PING", timeout=2.0) == "PONG")
+
+    def command(self, *args: Any, timeout: float = 5.0) -> Any:
+        return redis_command(self._port, *args, timeout=timeout)

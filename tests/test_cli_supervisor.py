@@ -1,0 +1,307 @@
+"""``aioelect run``: no process of CMD's tree outlives the supervisor or the leadership.
+
+CMD here starts a tree that tries every usual way out: a child in its
+process group, a child in a session of its own (``setsid``), and a
+double-forked grandchild (orphaned, in a session of its own), each ignoring
+every catchable signal. Every process of the tree carries a marker in its
+environment; the next leader's CMD looks for live processes with that marker
+the moment it starts. Every process is killed at teardown, whatever happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .test_cli import ROOT, Spawner, _env, aioelect_argv, cli, wait_until
+
+MARKER = "AIOELECT_TEST_TREE"
+
+IGNORED = "TERM INT HUP QUIT USR1 USR2 PIPE"
+
+#: CMD: starts the escaping tree, writes "CMD IN-GROUP SETSID DOUBLE-FORKED" pids to argv[1], then waits for
+#: its children ("stay") or exits at once ("exit").
+TREE = f"""\
+import os, signal, subprocess, sys
+stubborn = ["sh", "-c", 'trap "" {IGNORED}; exec sleep 300']
+in_group = subprocess.Popen(stubborn)
+own_session = subprocess.Popen(stubborn, start_new_session=True)
+r, w = os.pipe()
+middle = os.fork()
+if middle == 0:
+    grandchild = os.fork()
+    if grandchild == 0:
+        os.setsid()
+        os.execvp("sh", stubborn)
+    os.write(w, str(grandchild).encode())
+    os._exit(0)
+os.close(w)
+os.waitpid(middle, 0)
+double = int(os.read(r, 64))
+with open(sys.argv[1] + ".tmp", "w") as fh:
+    fh.write(f"{{os.getpid()}} {{in_group.pid}} {{own_session.pid}} {{double}}\\n")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+if sys.argv[2] == "exit":
+    sys.exit(0)
+in_group.wait()
+"""
+
+#: The next leader's CMD: writes the live (non-zombie) processes carrying marker argv[2] to argv[1] at once,
+#: leaving out the pids given after it (the old supervisor, which may still be on its way out).
+SURVIVORS = f"""\
+import os, sys
+out, token, ignore = sys.argv[1], sys.argv[2].encode(), set(sys.argv[3:])
+needle, alive = b"\\0{MARKER}=" + token + b"\\0", []
+for entry in os.listdir("/proc"):
+    if not entry.isdigit() or entry in ignore or int(entry) == os.getpid():
+        continue
+    try:
+        with open(f"/proc/{{entry}}/environ", "rb") as fh:
+            env = b"\\0" + fh.read()
+        with open(f"/proc/{{entry}}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        continue
+    if needle in env and state != "Z":
+        alive.append(entry)
+with open(out, "w") as fh:
+    fh.write(" ".join(alive) + "\\n")
+"""
+
+
+def marked(token: str) -> list[int]:
+    """Live processes whose environment carries ``MARKER=token``."""
+    needle = f"\0{MARKER}={token}\0".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                env = b"\0" + fh.read()
+            with open(f"/proc/{entry}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            found.append(int(entry))
+    return found
+
+
+@contextlib.contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """Keep ``pid`` stopped in a ptrace stop (which, unlike SIGSTOP, the SIGCONT the kernel sends to an
+    orphaned process group does not end), then let it go."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    if libc.ptrace(_PTRACE_SEIZE, pid, None, None) != 0:
+        pytest.skip(f"ptrace not permitted here: {os.strerror(ctypes.get_errno())}")
+    try:
+        assert libc.ptrace(_PTRACE_INTERRUPT, pid, None, None) == 0, os.strerror(ctypes.get_errno())
+        os.waitpid(pid, _WALL)
+        yield
+    finally:
+        libc.ptrace(_PTRACE_DETACH, pid, None, None)
+
+
+_PTRACE_DETACH, _PTRACE_SEIZE, _PTRACE_INTERRUPT, _WALL = 17, 0x4206, 0x4207, 0x40000000
+
+
+@pytest.fixture
+def token() -> Iterator[str]:
+    """The marker of one test's CMD tree; whatever carries it is SIGKILLed at teardown."""
+    value = secrets.token_hex(6)
+    try:
+        yield value
+    finally:
+        for _ in range(3):
+            for pid in marked(value):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def scripts(tmp_path: Path) -> tuple[Path, Path]:
+    tree, survivors = tmp_path / "tree.py", tmp_path / "survivors.py"
+    tree.write_text(TREE)
+    survivors.write_text(SURVIVORS)
+    return tree, survivors
+
+
+def start_tree(
+    spawner: Spawner, backend: list[str], tree: Path, out: Path, token: str, mode: str = "stay"
+) -> tuple[subprocess.Popen[str], list[int]]:
+    """``aioelect run BACKEND -- python tree.py``; the supervisor and the tree's pids once it is up."""
+    proc = spawner.start("run", *backend, "--grace", "0.5", "--", sys.executable, str(tree), str(out), mode,
+                         **{MARKER: token})  # fmt: skip
+    wait_until("CMD's tree to start", out.exists, 30)
+    pids = [int(pid) for pid in out.read_text().split()]
+    assert len(pids) == 4
+    return proc, pids
+
+
+def next_leader_sees(backend: list[str], survivors: Path, out: Path, token: str, *ignore: int) -> list[str]:
+    """Run the next leader; the processes of the old tree alive when its CMD started."""
+    result = cli("run", *backend, "--", sys.executable, str(survivors), str(out), token, *map(str, ignore))
+    assert result.returncode == 0, f"the next leader did not run its CMD: {result.stderr}"
+    return out.read_text().split()
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGPIPE,
+        signal.SIGTERM,
+        signal.SIGINT,
+        signal.SIGKILL,
+    ],
+    ids=lambda s: signal.Signals(s).name,
+)
+def test_no_process_of_cmds_tree_outlives_the_supervisor_killed_by(
+    sig: signal.Signals, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
+) -> None:
+    tree, survivors = scripts
+    backend = ["--file", str(tmp_path / "leader.lock")]
+    proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token)
+    proc.send_signal(sig)
+    status = spawner.wait(proc, timeout=20)
+    alive = next_leader_sees([*backend, "--no-wait"], survivors, tmp_path / "seen", token, proc.pid)
+    assert alive == [], f"after {sig.name} of the supervisor, CMD's tree {pids} still had {alive} alive"
+    if sig != signal.SIGKILL:  # forwarded (SIGPIPE as SIGTERM); CMD dies of it and gives the status
+        assert status == 128 + (signal.SIGTERM if sig == signal.SIGPIPE else sig), spawner.stderr(proc)
+
+
+@pytest.mark.parametrize("kind", ["file", "mysql", "postgres"])
+def test_the_lock_of_a_sigkilled_supervisor_passes_on_only_once_cmds_tree_is_gone(
+    kind: str, request: pytest.FixtureRequest, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
+) -> None:
+    # The shim between aioelect and CMD holds the lock file / the server session's socket until it has killed
+    # the tree. Frozen (SIGSTOP) while the supervisor is SIGKILLed, it shows that: the lock stays taken until
+    # it runs again, and the next leader then finds nothing of the tree alive.
+    tree, survivors = scripts
+    if kind in ("mysql", "postgres"):
+        dsn = request.getfixturevalue(f"{kind}_dsn")
+        backend = [f"--{kind}", dsn, "--name", f"tree-{secrets.token_hex(4)}", "--poll-interval", "0.1"]
+    else:
+        backend = ["--file", str(tmp_path / "leader.lock")]
+    proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token)
+    with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+        (shim,) = map(int, fh.read().split())
+    with frozen(shim):
+        proc.kill()
+        proc.wait(10)
+        held = cli("run", *backend, "--no-wait", "--", "true")
+        assert held.returncode == 75, f"the lock passed on while CMD's tree lived: {held.stderr}"
+        assert set(pids) <= set(marked(token))
+    alive = next_leader_sees(backend, survivors, tmp_path / "seen", token)
+    assert alive == [], f"CMD's tree {pids} still had {alive} alive when the next leader started"
+
+
+@pytest.mark.parametrize("ending", ["cmd-exits", "sigterm", "shim-killed"])
+def test_setsid_and_double_forked_descendants_are_ended_before_the_release(
+    ending: str, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
+) -> None:
+    # shim-killed: the process between aioelect and CMD is SIGKILLed; CMD dies with it, and aioelect (a child
+    # subreaper too) ends the rest of the tree before the release.
+    tree, survivors = scripts
+    backend = ["--file", str(tmp_path / "leader.lock")]
+    mode = "exit" if ending == "cmd-exits" else "stay"
+    proc, _ = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token, mode=mode)
+    if ending == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    elif ending == "shim-killed":
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+            (shim,) = map(int, fh.read().split())
+        os.kill(shim, signal.SIGKILL)
+    status = spawner.wait(proc, timeout=20)
+    expected = {"cmd-exits": 0, "sigterm": 128 + signal.SIGTERM, "shim-killed": 128 + signal.SIGKILL}
+    assert status == expected[ending], spawner.stderr(proc)
+    assert marked(token) == [], "a descendant of CMD outlived aioelect run"
+    alive = next_leader_sees([*backend, "--no-wait"], survivors, tmp_path / "seen", token)
+    assert alive == []
+    if ending == "cmd-exits":
+        assert "still running" in spawner.stderr(proc), spawner.stderr(proc)
+    if ending == "shim-killed":
+        assert "the process shim died" in spawner.stderr(proc), spawner.stderr(proc)
+
+
+#: CMD as aioelect runs it as PID 1: leaves argv[3] orphans of its own (double forks whose middle exits at once),
+#: writes argv[1] + ".ready", waits for argv[1] + ".go", lets every orphan end, then writes the number of zombies
+#: in the PID namespace to argv[1].
+ORPHANS = """\
+import os, sys, time
+for _ in range(int(sys.argv[2])):
+    middle = os.fork()
+    if middle == 0:
+        if os.fork() == 0:
+            time.sleep(0.05)
+            os._exit(0)
+        os._exit(0)
+    os.waitpid(middle, 0)
+open(sys.argv[1] + ".ready", "w").close()
+deadline = time.monotonic() + 30
+while not os.path.exists(sys.argv[1] + ".go") and time.monotonic() < deadline:
+    time.sleep(0.02)
+time.sleep(1.5)
+zombies = 0
+for entry in os.listdir("/proc"):
+    if entry.isdigit():
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                zombies += fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            pass
+with open(sys.argv[1], "w") as fh:
+    fh.write(f"{zombies}\\n")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="needs Linux and root")
+def test_as_pid_1_orphans_are_reaped(tmp_path: Path) -> None:
+    # Orphans of CMD's tree (reaped by the shim) and orphans of a process that entered the PID namespace from
+    # outside, as `kubectl exec` does (the kernel hands them to PID 1: aioelect).
+    script, out = tmp_path / "orphans.py", tmp_path / "zombies"
+    script.write_text(ORPHANS)
+    run = aioelect_argv(
+        "run", "--file", str(tmp_path / "leader.lock"), "--", sys.executable, str(script), str(out), "30"
+    )
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *run]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    try:
+        wait_until("CMD's orphans", Path(f"{out}.ready").exists, 30)
+        with open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+            (pid_1,) = map(int, fh.read().split())  # aioelect, PID 1 in the namespace
+        entered = [
+            "nsenter",
+            "-t",
+            str(pid_1),
+            "-p",
+            "-m",
+            "--",
+            "sh",
+            "-c",
+            "for i in 1 2 3 4 5 6 7 8 9 10; do sleep 0.01 & done",
+        ]
+        subprocess.run(entered, check=True, timeout=30)
+        Path(f"{out}.go").touch()
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert proc.returncode == 0, stderr
+    assert out.read_text().split() == ["0"], f"zombies in the PID namespace: {out.read_text()}"

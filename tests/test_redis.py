@@ -1,0 +1,311 @@
+"""The Redis backend against real throwaway ``redis-server`` processes: options, tokens, losses, TLS and ACL.
+
+The contract suite (test_contract.py) covers the behaviour every backend
+shares; the process faults are in test_faults_redis.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+
+import anyio
+import pytest
+
+from aioelect import ElectionError, RedisElector, from_env, leadership, new
+from aioelect.backends.redis import RedisBackend
+
+from .backends import REDIS, unique_name
+from .harness import Certificates, RedisServer, redis_command
+
+PASSWORD = "s3cr#t/pw?x"
+
+
+def lock_key(name: str) -> str:
+    return f"aioelect:{{{name}}}:lock"
+
+
+def make(url: str, name: str, **kw: object) -> RedisElector:
+    return RedisElector(url, name=name, **{**REDIS, **kw})  # type: ignore[arg-type]
+
+
+# --- options, URLs, redaction -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "message"),
+    [
+        ("mysql://h/0", {}, "scheme"),
+        ("redis://h/x", {}, "database number"),
+        ("redis://h/0?foo=1", {}, "unsupported Redis URL parameter 'foo'"),
+        ("redis://h/0?ssl_ca_certs=/nonexistent", {}, "rediss://"),
+        ("rediss://h/0?ssl_ca_certs=/nonexistent", {}, "does not exist"),
+        ("redis://h/0", {"lease": 3, "check_interval": 1, "check_timeout": 2}, "renew_deadline"),
+        ("redis://h/0", {"lease": 2, "check_interval": 0.2, "check_timeout": 0.5}, "keep-alives"),
+        ("redis://h/0", {"min_replicas": -1}, "min_replicas"),
+        ("redis://h/0", {"volatile_tokens": "yes"}, "volatile_tokens"),
+        ("redis://h/0", {"key_prefix": "a{b"}, "key_prefix"),
+    ],
+)
+def test_bad_options_are_value_errors(url: str, options: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RedisElector(url, name="n", **options)  # type: ignore[arg-type]
+
+
+def test_name_with_a_brace_is_refused_and_unknown_options_are_type_errors() -> None:
+    with pytest.raises(ValueError, match="hash tag"):
+        RedisElector("redis://h/0", name="a{b}")
+    with pytest.raises(TypeError, match="ttl"):
+        RedisElector("redis://h/0", name="n", ttl=3)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="name"):
+        new(redis="redis://h/0")
+
+
+def test_the_password_never_shows(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = f"redis://user:{PASSWORD.replace('#', '%23').replace('/', '%2F').replace('?', '%3F')}@db.example:6380/2"
+    elector = from_env({"AIOELECT_REDIS_URL": url, "AIOELECT_NAME": "n"})
+    backend = elector._backend
+    assert isinstance(backend, RedisBackend)
+    assert backend.settings.password == PASSWORD and backend.settings.db == 2 and backend.settings.port == 6380
+    shown = [repr(elector), repr(backend), repr(backend.settings), backend.describe_timing(), caplog.text]
+    for text in shown:
+        assert PASSWORD not in text and "s3cr" not in text, text
+    assert "user:***@db.example:6380" in backend.describe_timing()
+    assert "not encrypted" in caplog.text  # a non-loopback host without TLS is warned about
+    with pytest.raises(ValueError) as info:
+        RedisElector(f"redis://user:{PASSWORD}@h/0", name="n")  # unencoded '#': refused, never quoted
+    assert "s3cr" not in str(info.value)
+
+
+# --- tokens that never go back ----------------------------------------------------------------
+
+
+@pytest.fixture
+def volatile_redis() -> Iterator[RedisServer]:
+    """A Redis without the append-only file: a crash or restart forgets every key."""
+    with RedisServer(appendfsync=None) as server:
+        yield server
+
+
+async def test_a_server_that_can_lose_a_token_is_refused_unless_volatile_tokens(
+    volatile_redis: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    name = unique_name()
+    async with make(volatile_redis.url, name) as elector:
+        with pytest.raises(ElectionError, match=r"appendonly no.*volatile_tokens=True"):
+            await elector.acquire(timeout=5)
+        with pytest.raises(ElectionError, match="appendonly no"):
+            await elector.try_acquire()
+    assert volatile_redis.command("EXISTS", lock_key(name)) == 0
+    with RedisServer(appendfsync="everysec") as everysec:
+        async with make(everysec.url, name) as elector:
+            with pytest.raises(ElectionError, match="'everysec', not 'always'"):
+                await elector.acquire(timeout=5)
+    caplog.clear()
+    async with make(volatile_redis.url, name, volatile_tokens=True) as elector:
+        lead = await elector.acquire(timeout=5)
+        assert lead.token == 1
+        await lead.release()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("volatile_tokens=True" in m and "may repeat" in m for m in warnings), warnings
+
+
+async def test_config_get_denied_by_acl_is_said_and_refused() -> None:
+    acl = ["elector on >pw ~aioelect:* &aioelect:* +@all -config"]
+    with RedisServer(acl=acl) as server:
+        url = f"redis://elector:pw@127.0.0.1:{server.port}/0"
+        async with make(url, unique_name()) as elector:
+            with pytest.raises(ElectionError, match="CONFIG GET is denied"):
+                await elector.acquire(timeout=5)
+        async with make(url, unique_name(), volatile_tokens=True) as elector:
+            lead = await elector.acquire(timeout=5)
+            assert lead.held
+            await lead.release()
+
+
+async def test_server_killed_right_after_a_grant_the_next_token_is_larger(fresh_redis: RedisServer) -> None:
+    name = unique_name()
+    for _ in range(3):
+        async with make(fresh_redis.url, name, identity="first") as elector:
+            lead = await elector.acquire(timeout=5)
+            first = lead.token
+            assert first is not None
+            await anyio.to_thread.run_sync(fresh_redis.kill)  # SIGKILL: no shutdown, nothing flushed later
+            await anyio.to_thread.run_sync(fresh_redis.start)
+            fresh_redis.command("DEL", lock_key(name))  # the old grant survived too; let the next one in
+        async with make(fresh_redis.url, name, identity="second") as elector:
+            lead = await elector.acquire(timeout=10)
+            assert lead.token is not None and lead.token > first, (first, lead.token)
+            await lead.release()
+
+
+# --- losses -----------------------------------------------------------------------------------
+
+
+async def test_key_deleted_or_changed_by_an_operator_is_a_loss_seen_within_check_interval(
+    redis_server: RedisServer,
+) -> None:
+    for change in (("DEL",), ("SET", "someone-else")):
+        name = unique_name()
+        async with make(redis_server.url, name) as elector:
+            lead = await elector.acquire(timeout=5)
+            changed = time.monotonic()
+            redis_server.command(change[0], lock_key(name), *change[1:])
+            with anyio.fail_after(5):
+                await lead.wait_lost()
+            assert time.monotonic() - changed < REDIS["check_interval"] + REDIS["check_timeout"] + 0.5
+            assert "no longer holds our value" in (lead.lost_reason or "")
+            if change[0] == "SET":
+                assert redis_server.command("GET", lock_key(name)) == "someone-else"  # not ours to delete
+
+
+async def test_renew_sets_the_expiry_and_never_adds_to_it(redis_server: RedisServer) -> None:
+    name = unique_name()
+    async with make(redis_server.url, name, lease=4) as elector, leadership(elector):
+        for _ in range(8):
+            await asyncio.sleep(0.25)
+            pttl = redis_server.command("PTTL", lock_key(name))
+            assert 0 < pttl <= 4000, pttl
+
+
+async def test_a_release_wakes_a_waiter_at_once(redis_server: RedisServer) -> None:
+    name = unique_name()
+    delays = []
+    async with make(redis_server.url, name, poll_interval=5) as a, make(redis_server.url, name, poll_interval=5) as b:
+        for _ in range(5):
+            lead = await a.acquire(timeout=5)
+            follower = asyncio.create_task(b.acquire(timeout=10))
+            await asyncio.sleep(0.3)
+            released = time.monotonic()
+            await lead.release()
+            got = await follower
+            delays.append(time.monotonic() - released)
+            # acquire() in a task of its own: its leadership ends with that task (already over).
+            with anyio.fail_after(5):
+                while got.held:
+                    await asyncio.sleep(0.01)
+    print(f"MEASURED redis handover after release: median {sorted(delays)[2] * 1000:.1f} ms")
+    assert sorted(delays)[2] < 0.5, delays  # published, not polled (poll_interval=5)
+
+
+async def test_restart_without_aof_is_a_loss_and_with_aof_keeps_the_leadership(fresh_redis: RedisServer) -> None:
+    name = unique_name()
+    async with make(fresh_redis.url, name) as elector:
+        lead = await elector.acquire(timeout=5)
+        await anyio.to_thread.run_sync(fresh_redis.restart)  # the key and its expiry are in the AOF
+        await asyncio.sleep(1.0)
+        assert lead.held and not lead.lost
+        await lead.release()
+    with RedisServer(appendfsync=None) as volatile:
+        async with make(volatile.url, name, volatile_tokens=True) as elector:
+            lead = await elector.acquire(timeout=5)
+            await anyio.to_thread.run_sync(volatile.restart)
+            with anyio.fail_after(5):
+                await lead.wait_lost()
+            assert lead.lost_reason
+
+
+# --- TLS and ACL ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tls_redis(certs: Certificates) -> Iterator[RedisServer]:
+    with RedisServer(tls=certs) as server:
+        yield server
+
+
+async def test_tls_with_a_verified_certificate(tls_redis: RedisServer, certs: Certificates) -> None:
+    assert tls_redis.url.startswith("rediss://")
+    async with make(tls_redis.url, unique_name()) as elector:
+        lead = await elector.acquire(timeout=5)
+        assert lead.held and await elector.leader() == elector.identity
+        await lead.release()
+    wrong = f"rediss://127.0.0.1:{tls_redis.port}/0?ssl_ca_certs={certs.other_ca}"
+    async with make(wrong, unique_name()) as elector:
+        started = time.monotonic()
+        with pytest.raises(ElectionError, match="TLS handshake failed"):
+            await elector.acquire(timeout=10)
+        assert time.monotonic() - started < 5, "a refused certificate is permanent, never retried"
+    plain = f"redis://127.0.0.1:{tls_redis.port}/0"
+    async with make(plain, unique_name(), connect_timeout=1, check_timeout=0.5) as elector:
+        with pytest.raises(TimeoutError):
+            await elector.acquire(timeout=2)  # a TLS port spoken to in plaintext never grants
+
+
+#: The least an elector needs, as docs/backends.md gives it.
+MINIMAL_ACL = (
+    "elector on >pw resetkeys ~aioelect:* resetchannels &aioelect:* "
+    "-@all +eval +evalsha +get +set +del +incr +pexpire +pttl +publish +wait +subscribe +unsubscribe +ping +info "
+    "+config|get"
+)
+
+
+async def test_an_acl_user_limited_to_its_keys_campaigns_and_nothing_more() -> None:
+    with RedisServer(acl=[MINIMAL_ACL]) as server:
+        url = f"redis://elector:pw@127.0.0.1:{server.port}/0"
+        name = unique_name()
+        async with make(url, name, identity="a") as a, make(url, name, identity="b") as b:
+            lead = await a.acquire(timeout=5)
+            assert await b.leader() == "a"
+            assert await b.try_acquire() is None
+            await lead.release()
+            seen = []
+
+            async def watch() -> None:
+                async for current in b.observe():
+                    seen.append(current)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                lead_b = await b.acquire(timeout=5)
+                with anyio.fail_after(5):
+                    while seen[-1:] != ["b"]:
+                        await asyncio.sleep(0.01)
+                await lead_b.release()
+                tg.cancel_scope.cancel()
+        with pytest.raises(RuntimeError, match="NOPERM"):
+            redis_command(server.port, "GET", "other:key", user="elector", password="pw")
+        outside = RedisElector(url, name="n", key_prefix="other:", **REDIS)  # type: ignore[arg-type]
+        async with outside:
+            started = time.monotonic()
+            with pytest.raises(ElectionError, match=r"refused the campaign.*(?i:permission|can.t access)"):
+                await outside.acquire(timeout=5)
+            assert time.monotonic() - started < 3, "a denied key is permanent, never retried"
+
+
+def test_a_sentinel_url_names_the_sentinels_and_the_master_never_the_password() -> None:
+    url = "redis+sentinel://user:pw%23x@127.0.0.1:26379,127.0.0.2:26380/mymaster/3"
+    backend = RedisBackend(url, name="n")
+    s = backend.settings
+    assert s.sentinels == (("127.0.0.1", 26379), ("127.0.0.2", 26380)) and s.master_name == "mymaster"
+    assert (s.username, s.password, s.db) == ("user", "pw#x", 3)
+    assert s.url == "redis+sentinel://user:***@127.0.0.1:26379,127.0.0.2:26380/mymaster/3"
+    assert "pw" not in repr(backend) + repr(s) + backend.describe_timing()
+    with pytest.raises(ValueError, match="name the master"):
+        RedisBackend("redis+sentinel://127.0.0.1:26379", name="n")
+
+
+async def test_a_campaign_cancelled_as_its_grant_arrives_is_cancelled_and_leaves_no_key(
+    redis_server: RedisServer,
+) -> None:
+    """redis-py can finish a request although its task was cancelled meanwhile: the grant must not survive that."""
+    name = unique_name()
+    for i in range(40):
+        async with make(redis_server.url, name) as elector:
+
+            async def lead(elector: RedisElector = elector) -> None:
+                await elector.acquire()
+                await asyncio.sleep(3600)
+
+            task = asyncio.create_task(lead())
+            await asyncio.sleep((i % 10) * 0.0005)
+            task.cancel()
+            with anyio.fail_after(5):  # a swallowed cancellation would leave the task leading and asleep
+                await asyncio.gather(task, return_exceptions=True)
+            assert task.cancelled()
+        with anyio.fail_after(5):
+            while redis_server.command("EXISTS", lock_key(name)):
+                await asyncio.sleep(0.01)

@@ -1,0 +1,570 @@
+"""aioelect.Shards: names spread over live instances, each owned name a leadership of its own.
+
+Every test records each name's work in a fenced register (one per name, in this process): a work that starts
+while another instance's work of the same name still runs, or with a token not above the last one seen for that
+name, is a violation. The instances share one event loop, so the register sees every instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import math
+import os
+import secrets
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import aioelect
+from aioelect import Elector, EtcdElector, EtcdSession, Shards, current_leadership
+from aioelect._shards import assign
+from aioelect.testing import MemoryElector
+
+from .harness.processes import popen
+
+pytestmark = pytest.mark.timeout(90)
+
+ROOT = Path(__file__).resolve().parent.parent
+MEMBER = Path(__file__).parent / "candidates" / "shards_member.py"
+
+
+class Register:
+    """Per name: who runs its work now, the last token seen, and every violation of exclusivity or token order."""
+
+    def __init__(self) -> None:
+        self.running: dict[str, str] = {}
+        self.last: dict[str, int] = {}
+        self.starts: Counter[str] = Counter()
+        self.started_at: dict[str, float] = {}
+        self.violations: list[str] = []
+
+    def work_of(self, instance: Shards) -> Callable[[str], Any]:
+        async def work(name: str) -> None:
+            lead = current_leadership()
+            assert instance.leadership(name) is lead and lead.token is not None
+            if name in self.running:
+                self.violations.append(f"{name}: {instance.identity} started while {self.running[name]} runs")
+            if lead.token <= self.last.get(name, -math.inf):
+                self.violations.append(f"{name}: token {lead.token} after {self.last[name]}")
+            self.running[name] = instance.identity
+            self.last[name] = lead.token
+            self.starts[name] += 1
+            self.started_at[name] = time.monotonic()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                if self.running.get(name) == instance.identity:
+                    del self.running[name]
+
+        return work
+
+
+class Fleet:
+    """Instances of one Shards group, each running in its own task of the test's event loop."""
+
+    def __init__(self, make: Callable[[str], Shards], register: Register) -> None:
+        self.make = make
+        self.register = register
+        self.instances: dict[str, Shards] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+
+    def start(self, identity: str) -> Shards:
+        shards = self.make(identity)
+        self.instances[identity] = shards
+        self.tasks[identity] = asyncio.get_running_loop().create_task(shards.run(self.register.work_of(shards)))
+        return shards
+
+    async def stop(self, identity: str) -> None:
+        task = self.tasks.pop(identity)
+        self.instances.pop(identity)
+        task.cancel()
+        with anyio.fail_after(20):
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        for identity in list(self.tasks):
+            await self.stop(identity)
+
+    def loads(self) -> dict[str, int]:
+        return {i: len(s.owned) for i, s in self.instances.items()}
+
+    def balanced(self, names: int) -> bool:
+        live = self.instances.values()
+        if any(t.done() for t in self.tasks.values()):
+            raise AssertionError(f"an instance ended: {[t for t in self.tasks.values() if t.done()]}")
+        owned = [s.owned for s in live]
+        every = set().union(*owned)
+        floor = names // len(owned)
+        return (
+            len(every) == names
+            and sum(map(len, owned)) == names
+            and all(floor <= len(o) <= floor + 1 for o in owned)
+            and all(s.members == tuple(sorted(self.instances)) for s in live)
+        )
+
+    async def settle(self, names: int, timeout: float) -> float:
+        start = time.monotonic()
+        with anyio.fail_after(timeout):
+            while not self.balanced(names):
+                await asyncio.sleep(0.02)
+        return time.monotonic() - start
+
+
+def memory_fleet(names: int, group: str, register: Register, **options: Any) -> Fleet:
+    """Instances of ``group`` on the memory backend (a renew deadline long enough for a loaded machine)."""
+    return Fleet(
+        lambda identity: Shards(
+            names,
+            group=group,
+            identity=identity,
+            electors=lambda n: MemoryElector(name=n, renew_deadline=5),
+            **options,
+        ),
+        register,
+    )
+
+
+def test_assign_is_balanced_deterministic_and_moves_little() -> None:
+    for n, m in ((1000, 5), (20, 3), (7, 3), (3, 5), (1, 1)):
+        names = [f"job-{i}" for i in range(n)]
+        members = [f"inst-{i}" for i in range(m)]
+        owners = assign(names, members)
+        assert owners == assign(list(names), list(reversed(members)))
+        loads = Counter(owners.values())
+        assert sorted(owners) == sorted(names)
+        assert all(n // m <= loads[x] <= n // m + 1 for x in members), loads
+    names = [f"job-{i}" for i in range(1000)]
+    five = assign(names, [f"inst-{i}" for i in range(5)])
+    six = assign(names, [f"inst-{i}" for i in range(6)])
+    four = assign(names, [f"inst-{i}" for i in range(1, 5)])
+    # The new balance needs 166 moves to the sixth, and the 200 names of the one leaving: allow 15 % more.
+    assert sum(five[n] != six[n] for n in names) <= 166 * 1.15
+    assert sum(five[n] != four[n] for n in names) <= 200 * 1.15
+    assert assign(names, []) == {}
+
+
+def test_bad_arguments_are_refused() -> None:
+    memory: Callable[[str], Elector] = lambda n: MemoryElector(name=n)  # noqa: E731
+    with pytest.raises(ValueError, match="twice"):
+        Shards(["a", "a"], group="g", electors=memory)
+    with pytest.raises(ValueError, match="empty"):
+        Shards([], group="g", electors=memory)
+    with pytest.raises(ValueError, match="at least 1"):
+        Shards(0, group="g", electors=memory)
+    with pytest.raises(TypeError, match="one str"):
+        Shards("abc", group="g", electors=memory)
+    with pytest.raises(ValueError, match="printable"):
+        Shards(["a b"], group="g", electors=memory)
+    with pytest.raises(ValueError, match="max_instances"):
+        Shards(3, group="g", electors=memory, max_instances=0)
+    with pytest.raises(TypeError, match="only when it builds"):
+        Shards(3, group="g", electors=memory, ttl=3)
+    with pytest.raises(ValueError, match="group"):
+        Shards(3, environ={"AIOELECT_BACKEND": "local"})
+    assert Shards(3, group="g", electors=memory).names == ("0", "1", "2")
+
+
+async def test_memory_instances_share_names_and_rebalance_on_join_and_leave() -> None:
+    """20 names, 3 instances: 6/7/7; a fourth joins: 5 each; one leaves: back to 6/7/7. Never two owners."""
+    group, register = f"shards-{secrets.token_hex(3)}", Register()
+    fleet = memory_fleet(20, group, register, max_instances=6, settle=0.02)
+    try:
+        for identity in ("a", "b", "c"):
+            fleet.start(identity)
+        await fleet.settle(20, timeout=10)
+        assert sorted(fleet.loads().values()) == [6, 7, 7]
+        first = dict(register.last)
+        fleet.start("d")
+        await fleet.settle(20, timeout=10)
+        assert sorted(fleet.loads().values()) == [5, 5, 5, 5]
+        moved = sum(register.starts[n] > 1 for n in register.starts)
+        assert 5 <= moved <= 8  # the newcomer's share, and a few more at most
+        await fleet.stop("b")
+        await fleet.settle(20, timeout=10)
+        assert sorted(fleet.loads().values()) == [6, 7, 7]
+        assert all(register.last[n] >= first[n] for n in first)
+    finally:
+        await fleet.close()
+    assert register.violations == []
+    assert register.running == {}
+
+
+async def test_memory_a_name_whose_leadership_is_lost_is_taken_again() -> None:
+    """A deposed name: its work is cancelled, and the instance it is assigned to owns it again with a new token."""
+    group = f"shards-{secrets.token_hex(3)}"
+    register = Register()
+    fleet = Fleet(
+        lambda identity: Shards(
+            ["x", "y", "z"], group=group, identity=identity, electors=lambda n: MemoryElector(name=n), max_instances=3
+        ),
+        register,
+    )
+    try:
+        fleet.start("a")
+        fleet.start("b")
+        await fleet.settle(3, timeout=10)
+        token = register.last["x"]
+        MemoryElector(name=f"{group}/shard/x").depose("test")
+        with anyio.fail_after(10):
+            while register.last["x"] == token or "x" not in set().union(*(s.owned for s in fleet.instances.values())):
+                await asyncio.sleep(0.02)
+        assert register.last["x"] > token
+    finally:
+        await fleet.close()
+    assert register.violations == []
+
+
+async def test_an_instance_without_a_member_election_owns_nothing() -> None:
+    group = f"shards-{secrets.token_hex(3)}"
+    register = Register()
+    fleet = Fleet(
+        lambda identity: Shards(
+            4, group=group, identity=identity, electors=lambda n: MemoryElector(name=n), max_instances=1
+        ),
+        register,
+    )
+    try:
+        fleet.start("a")
+        with anyio.fail_after(10):
+            while len(fleet.instances["a"].owned) != 4:
+                await asyncio.sleep(0.02)
+        late = fleet.start("b")
+        await asyncio.sleep(0.5)
+        assert late.owned == frozenset() and late.assigned == frozenset() and late.members == ("a",)
+        assert len(fleet.instances["a"].owned) == 4
+    finally:
+        await fleet.close()
+    assert register.violations == []
+
+
+async def test_work_that_raises_ends_run_after_letting_go() -> None:
+    group = f"shards-{secrets.token_hex(3)}"
+    shards = Shards(2, group=group, electors=lambda n: MemoryElector(name=n), max_instances=1)
+
+    async def work(name: str) -> None:
+        if name == "1":
+            raise RuntimeError("boom")
+        await anyio.sleep_forever()
+
+    with pytest.raises(RuntimeError, match="boom"), anyio.fail_after(10):
+        await shards.run(work)
+    assert shards.owned == frozenset()
+    assert await MemoryElector(name=f"{group}/shard/0").leader() is None
+
+
+async def test_from_env_file_backend_gets_a_lock_file_per_election(tmp_path: Any) -> None:
+    environ = {"AIOELECT_FILE": str(tmp_path / "lock"), "AIOELECT_NAME": "jobs"}
+    shards = Shards(["a", "b"], environ=environ, max_instances=2)
+    assert shards.group == "jobs"
+    task = asyncio.get_running_loop().create_task(shards.run())
+    try:
+        with anyio.fail_after(10):
+            while len(shards.owned) != 2:
+                await asyncio.sleep(0.02)
+        files = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith((".leader", ".waiting")))
+        assert {"lock.jobs%2Fmember%2F0", "lock.jobs%2Fshard%2Fa", "lock.jobs%2Fshard%2Fb"} <= set(files)
+        assert "lock" not in files
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_etcd_shared_sessions_spread_names_and_rebalance(etcd: Any) -> None:
+    """20 names, 3 instances, each on one EtcdSession: balance, join, graceful leave, and a session's end (crash)."""
+    group = f"/aioelect-test/shards-{secrets.token_hex(3)}"
+    register = Register()
+    sessions: dict[str, EtcdSession] = {}
+
+    def make(identity: str) -> Shards:
+        session = sessions[identity]
+        return Shards(
+            20,
+            group=group,
+            identity=identity,
+            electors=lambda n: EtcdElector(session=session, name=n),
+            max_instances=5,
+        )
+
+    fleet = Fleet(make, register)
+    try:
+        for identity in ("a", "b", "c", "d"):
+            sessions[identity] = EtcdSession(etcd.endpoints, ttl=2)
+            await sessions[identity].__aenter__()
+        for identity in ("a", "b", "c"):
+            fleet.start(identity)
+        await fleet.settle(20, timeout=30)
+        assert sorted(fleet.loads().values()) == [6, 7, 7]
+        fleet.start("d")
+        await fleet.settle(20, timeout=30)
+        await fleet.stop("a")
+        await fleet.settle(20, timeout=30)
+        # A crash as the others see it: c's lease is revoked under it, so its names and member election go at once.
+        crashed = sessions["c"]
+        held = {n: register.last[n] for n in fleet.instances["c"].owned}
+        assert held
+        session = await crashed.current()
+        await crashed.end(session, "test: crash")
+        with anyio.fail_after(30):
+            while any(register.last[n] == token for n, token in held.items()):
+                await asyncio.sleep(0.02)
+        await fleet.settle(20, timeout=30)
+    finally:
+        await fleet.close()
+        for s in sessions.values():
+            await s.aclose()
+    assert register.violations == []
+    assert register.running == {}
+
+
+@pytest.mark.parametrize("kind", ["postgres", "mysql"])
+async def test_sql_instances_spread_names_and_rebalance(kind: str, request: pytest.FixtureRequest) -> None:
+    """6 names, 2 then 3 instances, on PostgreSQL and MariaDB (one elector per election: few names keep the
+    connections low)."""
+    dsn = request.getfixturevalue(f"{kind}_dsn")
+    group = f"shards-{secrets.token_hex(3)}"
+    register = Register()
+    make: Callable[[str], Elector] = (
+        (lambda n: aioelect.PostgresElector(dsn, name=n, poll_interval=0.2))
+        if kind == "postgres"
+        else (lambda n: aioelect.MySQLElector(dsn, name=n, poll_interval=0.2))
+    )
+    fleet = Fleet(
+        lambda identity: Shards(6, group=group, identity=identity, electors=make, max_instances=3),
+        register,
+    )
+    try:
+        fleet.start("a")
+        fleet.start("b")
+        await fleet.settle(6, timeout=30)
+        fleet.start("c")
+        await fleet.settle(6, timeout=30)
+        assert sorted(fleet.loads().values()) == [2, 2, 2]
+        await fleet.stop("b")
+        await fleet.settle(6, timeout=30)
+    finally:
+        await fleet.close()
+    assert register.violations == []
+
+
+async def test_apscheduler_jobs_spread_over_instances_and_run_only_on_their_owner() -> None:
+    """6 jobs every 0.1 s on 2 then 3 instances: each run under its job's own leadership, never two at once."""
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    from aioelect.integrations.apscheduler import ShardedScheduler
+
+    group = f"shards-{secrets.token_hex(3)}"
+    jobs = [f"job-{i}" for i in range(6)]
+    runs: list[tuple[str, str, int, float, float]] = []  # job, instance, token, start, end
+
+    def instance(identity: str) -> ShardedScheduler:
+        async def run(job: str) -> None:
+            lead = current_leadership()
+            lead.check()
+            assert lead.token is not None
+            start = time.monotonic()
+            try:
+                await asyncio.sleep(0.05)
+            finally:
+                runs.append((job, identity, lead.token, start, time.monotonic()))
+
+        scheduler = AsyncIOScheduler()
+        for job in jobs:
+            scheduler.add_job(run, "interval", seconds=0.1, args=[job], id=job)
+        shards = Shards(
+            [j.id for j in scheduler.get_jobs()],
+            group=group,
+            identity=identity,
+            electors=lambda n: MemoryElector(name=n, renew_deadline=5),
+            max_instances=4,
+            settle=0.02,
+        )
+        return ShardedScheduler(scheduler, shards)
+
+    async def every_job_ran_on(instances: list[ShardedScheduler], since: float) -> None:
+        with anyio.fail_after(15):
+            while True:
+                owners = {j: s.shards.identity for s in instances for j in s.owned}
+                counts = Counter(job for job, who, _, start, _ in runs if start > since and owners.get(job) == who)
+                if len(owners) == len(jobs) and all(counts[j] >= 2 for j in jobs):
+                    return
+                await asyncio.sleep(0.05)
+
+    a, b = instance("a"), instance("b")
+    async with a, b:
+        await every_job_ran_on([a, b], 0)
+        assert sorted(len(s.owned) for s in (a, b)) == [3, 3]
+        async with instance("c") as c:
+            joined = time.monotonic()
+            await every_job_ran_on([a, b, c], joined)
+            assert sorted(len(s.owned) for s in (a, b, c)) == [2, 2, 2]
+            with pytest.raises(ValueError, match="not started"):
+                ShardedScheduler(c.scheduler, c.shards)
+    by_job: dict[str, list[tuple[str, str, int, float, float]]] = {}
+    for run in runs:
+        by_job.setdefault(run[0], []).append(run)
+    for job, its in by_job.items():
+        its.sort(key=lambda r: r[3])
+        for one, nxt in itertools.pairwise(its):
+            if one[1] != nxt[1]:
+                assert one[4] <= nxt[3], f"{job}: {one} overlaps {nxt}"
+                assert nxt[2] > one[2], f"{job}: token {nxt[2]} after {one[2]}"
+
+
+async def test_apscheduler_refuses_jobs_outside_the_shards() -> None:
+    from apscheduler.schedulers.asyncio import AsyncIOScheduler
+
+    from aioelect.integrations.apscheduler import ShardedScheduler
+
+    scheduler = AsyncIOScheduler()
+    scheduler.add_job(asyncio.sleep, "interval", seconds=1, args=[0], id="other")
+    sharded = ShardedScheduler(scheduler, Shards(["mine"], group="g", electors=lambda n: MemoryElector(name=n)))
+    with pytest.raises(ValueError, match="other"):
+        await sharded.start()
+    assert not scheduler.running
+
+
+async def test_etcd_a_crashed_instance_s_names_move_after_its_leases_expire(etcd: Any, tmp_path: Any) -> None:
+    """Two instances in this process and one SIGKILLed process (built by from_env()): the survivors take the dead
+    one's names once its leases expire, each with a larger token, and settle at 10 each."""
+    group = f"/aioelect-test/shards-{secrets.token_hex(3)}"
+    register = Register()
+    sessions = {i: EtcdSession(etcd.endpoints, ttl=2) for i in ("a", "b")}
+    fleet = Fleet(
+        lambda identity: Shards(
+            20,
+            group=group,
+            identity=identity,
+            electors=lambda n: EtcdElector(session=sessions[identity], name=n),
+            max_instances=5,
+        ),
+        register,
+    )
+    log_path = tmp_path / "member.log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "AIOELECT_ETCD_ENDPOINTS": ",".join(etcd.endpoints),
+        "AIOELECT_NAME": group,
+    }
+    child = popen([sys.executable, str(MEMBER), "20"], log_path=str(log_path), env=env)
+    try:
+        for s in sessions.values():
+            await s.__aenter__()
+        fleet.start("a")
+        fleet.start("b")
+
+        def child_owns() -> dict[str, int]:
+            lines = [json.loads(x) for x in log_path.read_text().splitlines() if x.startswith("{")]
+            return {x["name"]: x["token"] for x in lines}
+
+        with anyio.fail_after(30):
+            while not (
+                len(fleet.instances["a"].members) == 3
+                and all(len(s.owned) in (6, 7) for s in fleet.instances.values())
+                and len(set(child_owns()) - set().union(*(s.owned for s in fleet.instances.values()))) in (6, 7)
+            ):
+                await asyncio.sleep(0.05)
+        theirs = {n: t for n, t in child_owns().items() if not any(n in s.owned for s in fleet.instances.values())}
+        child.kill()
+        killed = time.monotonic()
+        took = await fleet.settle(20, timeout=30)
+        assert took < 2 + 10, f"balanced {took:.1f}s after the crash (lease ttl 2s)"
+        for name, token in theirs.items():
+            assert register.last[name] > token and register.started_at[name] > killed
+    finally:
+        child.kill()
+        child.wait(10)
+        await fleet.close()
+        for s in sessions.values():
+            await s.aclose()
+    assert register.violations == []
+
+
+async def test_a_share_is_taken_step_by_step_and_completely() -> None:
+    """step=2: the first rebalance campaigns for 2 names, the next ones go on without any further change."""
+    shards = Shards(
+        10,
+        group=f"shards-{secrets.token_hex(3)}",
+        electors=lambda n: MemoryElector(name=n),
+        max_instances=1,
+        settle=0.2,
+        step=2,
+    )
+    task = asyncio.get_running_loop().create_task(shards.run())
+    try:
+        with anyio.fail_after(10):
+            while not shards.owned:
+                await asyncio.sleep(0.005)
+            assert len(shards.owned) <= 2
+            while len(shards.owned) < 10:
+                await asyncio.sleep(0.02)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    with pytest.raises(ValueError, match="step"):
+        Shards(3, group="g", electors=lambda n: MemoryElector(name=n), step=0)
+
+
+async def test_etcd_names_that_nest_are_separate_elections(etcd: Any) -> None:
+    """Names "a/b" and "a": two elections on etcd, neither inside the other's prefix."""
+    group = f"/aioelect-test/shards-{secrets.token_hex(3)}"
+    async with EtcdSession(etcd.endpoints, ttl=2) as session:
+        shards = Shards(
+            ["a/b", "a%2Fb", "a"],
+            group=group,
+            electors=lambda n: EtcdElector(session=session, name=n),
+            max_instances=1,
+            step=2,
+        )
+        elections = [shards.shard_election(n) for n in shards.names]
+        assert not any(one.startswith(other + "/") for one in elections for other in elections)
+        task = asyncio.get_running_loop().create_task(shards.run())
+        try:
+            with anyio.fail_after(20):
+                while len(shards.owned) < 3:
+                    if task.done():
+                        await task
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)
+            assert not task.done() and len(shards.owned) == 3
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_memory_random_churn_never_owns_a_name_twice_and_settles(seed: int) -> None:
+    """Joins, leaves and deposed names at random (a fixed seed), a few milliseconds apart: the register never sees
+    two owners or a token going back, and the fleet settles balanced at the end."""
+    import random
+
+    rng = random.Random(seed)
+    group, register = f"shards-{secrets.token_hex(3)}", Register()
+    fleet = memory_fleet(12, group, register, max_instances=5, settle=0.01, step=3)
+    born = 0
+    try:
+        for _ in range(40):
+            op = rng.random()
+            if (op < 0.35 and len(fleet.instances) < 5) or not fleet.instances:
+                fleet.start(f"i{born}")
+                born += 1
+            elif op < 0.6 and len(fleet.instances) > 1:
+                await fleet.stop(rng.choice(sorted(fleet.instances)))
+            else:
+                with contextlib.suppress(LookupError):  # nobody leads it this instant
+                    MemoryElector(name=f"{group}/shard/{rng.randrange(12)}").depose("churn")
+            await asyncio.sleep(rng.uniform(0, 0.05))
+        await fleet.settle(12, timeout=20)
+    finally:
+        await fleet.close()
+    assert register.violations == []
+    assert register.running == {}
