@@ -11,7 +11,8 @@ ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_etcd_han
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
 NOX_ARGS ?= $(if $(CI_TRUE),--error-on-missing-interpreters,--no-error-on-missing-interpreters)
 
-.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak servers venv clean
+.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak adversary servers venv \
+	clean
 
 venv: $(VENV)/.installed
 
@@ -88,6 +89,13 @@ SEED ?=
 MINUTES ?= 20
 soak: venv servers
 	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),)
+
+# The message-level adversary (soak/adversary/): seeded faults on every request, reply and watch message, an
+# operator on the server, several electors in one process. SEED is the first seed (seeds follow one another),
+# MINUTES how long each backend runs, BACKEND one of etcd, mysql, postgres (default: all three, one after another).
+BACKEND ?= all
+adversary: venv servers
+	$(BIN)/python -m soak.adversary --minutes $(MINUTES) --backend $(BACKEND) $(if $(SEED),--seed $(SEED),)
 
 clean:
 	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache site

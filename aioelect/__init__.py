@@ -27,6 +27,8 @@ from ._shards import Shards
 if TYPE_CHECKING:
     from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector, RedisElector
     from .backends.etcd import EtcdSession
+    from .backends.mysql import MySQLSession
+    from .backends.postgres import PostgresSession
 
 __all__ = [
     "BackendUnavailable",
@@ -42,8 +44,10 @@ __all__ = [
     "LocalElector",
     "LossKind",
     "MySQLElector",
+    "MySQLSession",
     "PermanentBackendError",
     "PostgresElector",
+    "PostgresSession",
     "RedisElector",
     "Shards",
     "UsageError",
@@ -59,7 +63,9 @@ _LAZY = {
     "EtcdSession": "aioelect.backends.etcd",
     "FileElector": "aioelect.backends.file",
     "MySQLElector": "aioelect.backends.mysql",
+    "MySQLSession": "aioelect.backends.mysql",
     "PostgresElector": "aioelect.backends.postgres",
+    "PostgresSession": "aioelect.backends.postgres",
     "RedisElector": "aioelect.backends.redis",
 }
 

@@ -17,7 +17,7 @@ import abc
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import ClassVar, NamedTuple, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import anyio
 
@@ -29,6 +29,7 @@ __all__ = [
     "Backoff",
     "Confirm",
     "Hold",
+    "Interceptor",
     "Loss",
     "Reporter",
     "monotonic",
@@ -38,6 +39,23 @@ __all__ = [
 #: Called by a backend with the monotonic time at which a confirmation that
 #: succeeded was *sent*: the server cannot have handed leadership on before it.
 Confirm = Callable[[float], None]
+
+
+class Interceptor(Protocol):
+    """What may sit at the one place where a backend talks to its server (default: nothing, at no cost).
+
+    A backend with an interceptor hands it each exchange with the server
+    instead of running it: an etcd request or watch message, a statement on a
+    SQL session. ``send()`` runs the exchange; the interceptor awaits it
+    (or not) and returns its reply, or raises. Whatever it returns or raises
+    is what the backend sees from the server, so it must behave as a server
+    or network could: delay the request or the reply, fail, or answer as the
+    server may (etcd cancelling a watch). Used by the message-level adversary
+    (``soak/adversary``); nothing in the library sets one.
+    """
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``send()`` (or fail as the server or network could) and return its reply; ``what`` names it."""
 
 
 class Loss(NamedTuple):
@@ -147,6 +165,16 @@ class Backend(abc.ABC):
 
         Must end before the server can hand leadership to someone else; None
         for a backend whose leadership cannot be taken away (local).
+        """
+        return None
+
+    @property
+    def margin(self) -> float | None:
+        """Seconds between a cut-off leader fencing itself and the earliest moment its leadership can pass on.
+
+        The server-side bound (a lease, a session timeout) less
+        :attr:`renew_deadline`; None for a backend whose leadership cannot be
+        taken away while the process lives.
         """
         return None
 

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import ipaddress
 import math
+import os
 import re
+import secrets
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 __all__ = [
+    "default_identity",
+    "validate_identity",
     "DEFAULT_NAME",
     "DSN",
     "LockTiming",
@@ -387,6 +392,19 @@ class LockTiming:
         )
 
     @property
+    def deposed_within(self) -> float:
+        """Seconds within which a leader whose lock was taken, or whose server stopped answering, has ``held`` False.
+
+        :func:`confirmation_gap`: the check sent just before the loss may
+        still be answered "held" up to ``check_timeout`` after its send; the
+        next goes out ``check_interval`` after that answer and is answered
+        (not held) or given up on ``check_timeout`` after its send. The renew
+        deadline, never shorter, cannot end it later. A session the server
+        closes is noticed at once instead.
+        """
+        return confirmation_gap(self.check_interval, self.check_timeout)
+
+    @property
     def margin(self) -> float:
         """Seconds between a cut-off leader fencing itself and the earliest moment the lock can pass on.
 
@@ -423,7 +441,10 @@ def confirmation_gap(check_interval: float, check_timeout: float) -> float:
     A check sent at t may be answered at ``t + check_timeout``; the next is
     sent ``check_interval`` later and answered up to ``check_timeout`` after
     that: the keeper then learns of a confirmation sent at t at ``t +
-    check_interval + 2 * check_timeout``.
+    check_interval + 2 * check_timeout``. The same gap bounds how long a
+    deposed leader goes on (:attr:`LockTiming.deposed_within`): the renew
+    deadline must be at least this long, and the documentation and the
+    soak's overlap margin state this bound.
     """
     return check_interval + 2 * check_timeout
 
@@ -477,3 +498,18 @@ def server_address(
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ValueError(f"port must be an integer from 1 to 65535, not {port!r}")
     return host, port
+
+
+_IDENTITY_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
+
+
+def default_identity() -> str:
+    """``hostname:pid:`` and a short random suffix: unique per elector."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+def validate_identity(identity: str) -> str:
+    """Return ``identity`` if it is 1 to 128 printable ASCII characters, else raise ValueError."""
+    if not isinstance(identity, str) or not _IDENTITY_RE.match(identity):
+        raise ValueError("identity must be 1 to 128 printable ASCII characters, not starting with a space")
+    return identity

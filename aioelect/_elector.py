@@ -15,10 +15,6 @@ import contextlib
 import contextvars
 import enum
 import math
-import os
-import re
-import secrets
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -26,7 +22,7 @@ from typing import Any, TypeVar
 import anyio
 
 from ._backend import Backend, Hold, Loss, Reporter, monotonic
-from ._config import LockTiming, positive
+from ._config import default_identity, positive, validate_identity
 from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
@@ -46,7 +42,6 @@ __all__ = [
 T = TypeVar("T")
 _E = TypeVar("_E", bound="Elector")
 
-_IDENTITY_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,127}$")
 #: Upper bound on a backend release, so that closing never hangs on a dead server.
 RELEASE_TIMEOUT = 5.0
 #: While a voluntary release waits for leader work that ignores cancellation,
@@ -85,16 +80,6 @@ def current_leadership() -> Leadership:
     return lead
 
 
-def default_identity() -> str:
-    """``hostname:pid:`` and a short random suffix: unique per elector."""
-    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-def validate_identity(identity: str) -> str:
-    """Return ``identity`` if it is 1 to 128 printable ASCII characters, else raise ValueError."""
-    if not isinstance(identity, str) or not _IDENTITY_RE.match(identity):
-        raise ValueError("identity must be 1 to 128 printable ASCII characters, not starting with a space")
-    return identity
 
 
 class _State(enum.Enum):
@@ -511,17 +496,13 @@ class Elector:
     def lock_timing(self) -> tuple[float, float, float] | None:
         """``(margin, lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was
         cut off (``lease``), how long the leader goes without a confirmation before it fences itself, and the
-        margin between the two that a leader cut off has to stop its work in; None for a backend whose
-        leadership cannot be taken away while this process lives (file, local)."""
-        backend = self._backend
-        timing = getattr(backend, "timing", None)
-        if isinstance(timing, LockTiming):  # a session lock: the margin its server-side bounds were checked against
-            return timing.margin, timing.lease, timing.renew_deadline
-        deadline = backend.renew_deadline
-        lease = getattr(backend, "lease", None) or getattr(backend, "ttl", None)
-        if deadline is None or isinstance(lease, bool) or not isinstance(lease, (int, float)):
+        margin between the two (the one the backend checks its server-side bounds against) that a leader cut
+        off has to stop its work in; None for a backend whose leadership cannot be taken away while this
+        process lives (file, local)."""
+        margin, deadline = self._backend.margin, self._backend.renew_deadline
+        if margin is None or deadline is None:
             return None
-        return float(lease) - deadline, float(lease), deadline
+        return margin, margin + deadline, deadline
 
     def __repr__(self) -> str:
         return (
@@ -707,10 +688,16 @@ class Elector:
             if watcher is not None:
                 stopped.set()
                 watcher.cancel()
-                # Usually done at once; one still opening a connection finishes (and closes it) on its own,
-                # still owned by this elector: aclose() waits for it.
-                with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
-                    await asyncio.wait([watcher])
+                try:
+                    # Usually done at once; one still opening a connection finishes (and closes it) on its own,
+                    # still owned by this elector: aclose() waits for it.
+                    with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
+                        await asyncio.wait([watcher])
+                except BaseException:
+                    # A cancel from outside anyio's scopes (task.cancel()) reaches even a shielded wait: the
+                    # campaign is given up, and a lock it won is given back rather than held by nobody.
+                    await self._abandon(hold)
+                    raise
         if hold is None:
             if self._state is _State.CAMPAIGNING:
                 self._state = _State.IDLE
@@ -720,6 +707,14 @@ class Elector:
                 await hold.release()
             raise ElectorClosed("elector closed while campaigning")
         return hold
+
+    async def _abandon(self, hold: Hold | None) -> None:
+        """End a campaign that will not return: the elector campaigns no more, and ``hold`` is released."""
+        if self._state is _State.CAMPAIGNING:
+            self._state = _State.IDLE
+        if hold is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
+                await asyncio.shield(hold.release())
 
     def _ended(self, lead: Leadership) -> None:
         if self._leadership is lead:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ._backend import Backend
 from ._config import DEFAULT_NAME
 from ._elector import Elector
 
@@ -23,8 +24,8 @@ if TYPE_CHECKING:
     from .backends.file import FileBackend, FileOptions
     from .backends.local import LocalOptions
     from .backends.memory import MemoryElection
-    from .backends.mysql import MySQLOptions
-    from .backends.postgres import PostgresOptions
+    from .backends.mysql import MySQLOptions, MySQLSession
+    from .backends.postgres import PostgresOptions, PostgresSession
     from .backends.redis import RedisOptions
 
 __all__ = [
@@ -51,10 +52,10 @@ class MySQLElector(Elector):
       and at most once a second (each request waits on the server);
     * a new leadership starts with its whole ``renew_deadline`` ahead (see
       "When a leadership is dated from" in the concepts);
-    * a leader whose lock or connection is gone stops within ``check_interval``
-      plus ``check_timeout``; one that cannot confirm for ``renew_deadline``
-      seconds fences itself; the server drops a silent leader after ``lease``
-      seconds;
+    * a leader whose connection is closed stops at once, one whose lock is
+      gone within ``check_interval`` plus twice ``check_timeout``; one that
+      cannot confirm for ``renew_deadline`` seconds fences itself; the server
+      drops a silent leader after ``lease`` seconds;
     * with ``fencing`` (on by default) each leadership gets a token that
       increases across all leaders of ``name`` and across server restarts
       (table ``aioelect_leaders``, created if missing), and :meth:`leader`
@@ -81,19 +82,53 @@ class MySQLElector(Elector):
     this machine is unencrypted or unverified logs one WARNING when built.
 
     Options: :class:`~aioelect.backends.mysql.MySQLOptions` (``name`` is required).
+
+    ``session=`` instead of ``dsn``: campaign on a shared
+    :class:`~aioelect.MySQLSession` (opt-in), whose one connection holds
+    the lock of every elector on it; only ``name`` (with ``identity`` and
+    ``stop_timeout``) is given then, and the identity defaults to the
+    session's. What it gives up: the connection's loss ends the leadership of every
+    elector on the session (see :class:`~aioelect.MySQLSession`).
     """
 
     def __init__(
         self,
         dsn: str | None = None,
         *,
+        session: MySQLSession | None = None,
         identity: str | None = None,
         stop_timeout: float = 5.0,
         **options: Unpack[MySQLOptions],
     ) -> None:
         from .backends.mysql import MySQLBackend
 
+        if session is not None:
+            _on_session(self, session, dsn, options, identity, stop_timeout)
+            return
         super().__init__(MySQLBackend(dsn, **options), identity=identity, stop_timeout=stop_timeout)
+
+
+def _on_session(
+    elector: Elector,
+    session: MySQLSession | PostgresSession,
+    dsn: str | None,
+    options: Any,
+    identity: str | None,
+    stop_timeout: float,
+) -> None:
+    """Build ``elector`` on a shared MySQL or PostgreSQL ``session``: its backend is the session's for ``name``."""
+    who = type(elector).__name__
+    if dsn is not None:
+        raise ValueError(f"{who}: give either a DSN or session=, not both (the session says where to connect)")
+    extra = sorted(set(options) - {"name"})
+    if extra:
+        raise TypeError(f"{who}() on a session takes only name= (the session has the options); got {extra}")
+    if "name" not in options:
+        raise TypeError(f"{who}() missing required keyword argument: 'name'")
+    backend: Backend = session.backend(options["name"])
+    chosen = identity if identity is not None else session.identity
+    Elector.__init__(elector, backend, identity=chosen, stop_timeout=stop_timeout)
+    session.join(backend.name, backend, elector.aclose)
 
 
 class PostgresElector(Elector):
@@ -108,8 +143,8 @@ class PostgresElector(Elector):
       leader's session ending, and sends at most one query per
       ``poll_interval`` while waiting;
     * a leader whose session ends stops at once; one whose lock check fails
-      stops within ``check_interval`` plus ``check_timeout``; one that cannot
-      confirm for ``renew_deadline`` seconds fences itself; the server ends a
+      stops within ``check_interval`` plus twice ``check_timeout``; one that
+      cannot confirm for ``renew_deadline`` seconds fences itself; the server ends a
       silent (frozen, cut off) leader's session after ``lease`` seconds
       (``idle_session_timeout``, PostgreSQL 14+; on older servers only TCP
       keepalives, which never end a stopped but live process);
@@ -149,18 +184,32 @@ class PostgresElector(Elector):
     its server unverified.
 
     Options: :class:`~aioelect.backends.postgres.PostgresOptions` (``name`` is required).
+
+    ``session=`` instead of ``dsn``: campaign on a shared
+    :class:`~aioelect.PostgresSession` (opt-in), whose one connection holds
+    the advisory lock of every elector on it; only ``name`` (with
+    ``identity`` and ``stop_timeout``) is given then, and the identity
+    defaults to the session's: without ``schema=``, :meth:`leader` reports
+    the session's identity (its ``application_name``), so give an elector
+    another identity only with ``schema=``. What it gives up: the connection's loss ends the
+    leadership of every elector on the session (see
+    :class:`~aioelect.PostgresSession`).
     """
 
     def __init__(
         self,
         dsn: str | None = None,
         *,
+        session: PostgresSession | None = None,
         identity: str | None = None,
         stop_timeout: float = 5.0,
         **options: Unpack[PostgresOptions],
     ) -> None:
         from .backends.postgres import PostgresBackend
 
+        if session is not None:
+            _on_session(self, session, dsn, options, identity, stop_timeout)
+            return
         super().__init__(PostgresBackend(dsn, **options), identity=identity, stop_timeout=stop_timeout)
 
 

@@ -7,7 +7,7 @@ cost at all. With it::
 
     metrics = PrometheusMetrics()        # registers on the default registry
     metrics.attach(elector)
-    metrics.serve(9464)                   # 127.0.0.1 unless told otherwise
+    server = metrics.serve(9464)          # 127.0.0.1 unless told otherwise; server.close() stops it
 
 Metrics, each labelled by ``backend`` and ``name``:
 
@@ -20,19 +20,23 @@ Metrics, each labelled by ``backend`` and ``name``:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import threading
 from collections.abc import Callable
 from typing import Any
 
 from . import _series
 from ._elector import Elector
 from ._events import Event
+from ._http import BoundedHTTPServer
 
 try:
     import prometheus_client
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("metrics need prometheus-client: pip install 'aioelect[prometheus]'") from exc
 
-__all__ = ["PrometheusMetrics"]
+__all__ = ["MetricsServer", "PrometheusMetrics"]
 
 _LABELS = _series.LABELS
 
@@ -65,14 +69,70 @@ class PrometheusMetrics:
     def _record(self, event: Event) -> None:
         _series.record(event, self._sink)
 
-    def serve(self, port: int, host: str = "127.0.0.1") -> None:
-        """Expose this registry over HTTP on ``host:port`` (loopback by default), in a daemon thread.
+    async def respond(self, method: str, path: str) -> tuple[int, str, bytes]:
+        """The answer to a ``GET`` (or ``HEAD``) of ``path``: this registry's page on ``/metrics``, else 404."""
+        if path != "/metrics":
+            return 404, "text/plain; charset=utf-8", b"metrics are on /metrics\n"
+        return 200, prometheus_client.CONTENT_TYPE_LATEST, prometheus_client.generate_latest(self.registry)
 
-        This is prometheus_client's server: one thread per connection and no
-        connection limit, so keep it off addresses untrusted clients reach
-        (``aioelect run --metrics-port`` serves from a bounded server instead).
+    def serve(self, port: int, host: str = "127.0.0.1", *, max_connections: int | None = None) -> MetricsServer:
+        """Serve this registry on ``http://host:port/metrics`` (loopback by default) from a daemon thread.
+
+        Returns once the server listens (OSError if it cannot). The server
+        is the bounded one of the health probes, in an event loop of its own
+        thread: at most ``max_connections`` connections at once (default 32,
+        never more than an eighth of the descriptor limit), the rest reset
+        as soon as accepted; a request head must arrive within 5 s; no
+        thread per connection. Idle or slow clients cannot pile up threads
+        or descriptors, nor slow the event loop of the elector it reports on.
         """
-        prometheus_client.start_http_server(port, addr=host, registry=self.registry)
+        return MetricsServer(self, host, port, max_connections=max_connections)
+
+
+class MetricsServer:
+    """A running :meth:`PrometheusMetrics.serve`: one daemon thread running one event loop and the bounded server.
+
+    :meth:`close` stops it and waits for the thread (at most 5 s).
+    """
+
+    def __init__(self, metrics: PrometheusMetrics, host: str, port: int, *, max_connections: int | None) -> None:
+        self.http = BoundedHTTPServer(metrics.respond, name="metrics", max_connections=max_connections)
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=asyncio.run, args=(self._run(host, port),), daemon=True)
+        self._thread.name = f"aioelect-metrics-{port}"
+        self._thread.start()
+        self._ready.wait()
+        if self._failure is not None:
+            self._thread.join()
+            raise self._failure
+        #: The port the server listens on (the one given, or the one the system chose for 0).
+        self.port = self.http.port
+
+    async def _run(self, host: str, port: int) -> None:
+        self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+        try:
+            await self.http.start(host, port)
+        except BaseException as exc:  # raised again by the constructor, in the caller's thread
+            self._failure = exc
+            await self.http.aclose()
+            return
+        finally:
+            self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await self.http.aclose()
+
+    def close(self) -> None:
+        """Stop listening, close every connection and end the thread. Idempotent."""
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop has just ended by itself
+                loop.call_soon_threadsafe(stop.set)
+        self._thread.join(5)
 
 
 class _PrometheusSink:

@@ -80,6 +80,18 @@ IMPLS: list[Impl] = [
         ),
     ),
     Impl(
+        "aioelect-mysql-shared",
+        "aioelect MySQL, shared session",
+        "mysql",
+        "aioelect_sql_shared",
+        True,
+        requires=("aioelect:MySQLSession",),
+        scenarios=("graceful", "handoff", "scale"),
+        how="one `MySQLSession` per process (defaults: poll 2 s, check 1 s, lease 10 s), a `MySQLElector(session=...)`"
+        " per slot (opt-in: one connection, and the fate of every election of the process, shared; a waiter polls"
+        " `GET_LOCK(name, 0)`, so a handover takes up to the 2 s poll)",
+    ),
+    Impl(
         "baseline-mysql",
         "baseline port, MySQL",
         "mysql",
@@ -171,6 +183,17 @@ IMPLS: list[Impl] = [
         requires=("aioelect.backends.postgres",),
         frozen_args=("--lease", "5"),
         how="`PostgresElector` defaults; lease 5 s when frozen (check timeout 1.25 s)",
+    ),
+    Impl(
+        "aioelect-postgres-shared",
+        "aioelect PostgreSQL, shared session",
+        "postgres",
+        "aioelect_sql_shared",
+        True,
+        requires=("aioelect:PostgresSession",),
+        scenarios=("graceful", "handoff", "scale"),
+        how="one `PostgresSession` per process (defaults), a `PostgresElector(session=...)` per slot (opt-in: one"
+        " connection, and the fate of every election of the process, shared; a release is announced by NOTIFY)",
     ),
     Impl(
         "tooz-postgres",

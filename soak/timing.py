@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from aioelect._config import confirmation_gap
+
 __all__ = ["SLACK", "TIMINGS", "Timing"]
 
 #: Seconds added to every leaderless bound and, in part, to the overlap margin: scheduling, not the library.
@@ -72,8 +74,8 @@ def _sql() -> Timing:
             "poll_interval": _POLL,
             "fencing": True,
         },
-        # docs/guarantees.md: a deposed leader stops within check_interval + check_timeout.
-        margin=_CHECK_INTERVAL + _CHECK_TIMEOUT + OVERLAP_SLACK,
+        # A deposed leader stops within check_interval + 2 * check_timeout (LockTiming.deposed_within).
+        margin=confirmation_gap(_CHECK_INTERVAL, _CHECK_TIMEOUT) + OVERLAP_SLACK,
         base_gap=takeover,
         bounds={
             "kill": ("start", takeover),

@@ -373,6 +373,76 @@ def memory_case(request: pytest.FixtureRequest) -> BackendCase:
     return BackendCase("memory", make, leftovers=leftovers_, depose=depose_, empty_store=empty_store)
 
 
+def on_own_session(
+    session_class: Any, elector_class: Any, dsn: str, base: dict[str, Any], opened: list[Any]
+) -> Callable[..., Elector]:
+    """A ``make`` whose every candidate campaigns on a shared session of its own, closed with it.
+
+    The session takes the candidate's identity and options; it is used
+    without ``async with`` (its connection opens at the first campaign), so
+    that candidates are built as the contract suite builds them.
+    """
+
+    def make(
+        name: str, *, dsn: str = dsn, identity: str | None = None, stop_timeout: float = 5.0, **kw: Any
+    ) -> Elector:
+        session = session_class(dsn, identity=identity, **{**base, **kw})
+        session._entered = True  # entered on the candidate's first campaign instead
+        opened.append(session)
+        elector = elector_class(session=session, name=name, stop_timeout=stop_timeout)
+        close = elector.aclose
+
+        async def aclose() -> None:
+            await close()
+            await session.aclose()
+
+        elector.aclose = aclose  # type: ignore[method-assign]
+        return elector
+
+    return make
+
+
+def shared_case(kind: str, request: pytest.FixtureRequest) -> BackendCase:
+    """The ``kind`` case (mysql, postgres) with each candidate on a shared session (MySQLSession, PostgresSession)."""
+    from aioelect import MySQLElector, MySQLSession, PostgresElector, PostgresSession
+
+    plain = CASES[kind](request)
+    sessions: list[Any] = []
+    base = {**SESSION_LOCK, "poll_interval": 0.5}
+    if kind == "mysql":
+        dsn: str = request.getfixturevalue("mysql_dsn")
+        make = on_own_session(MySQLSession, MySQLElector, dsn, base, sessions)
+    else:
+        dsn = request.getfixturevalue("postgres_dsn")
+        make = on_own_session(PostgresSession, PostgresElector, dsn, base, sessions)
+    leftovers = None
+    if plain.leftovers is not None:
+        count = plain.leftovers
+
+        async def leftovers_() -> int:
+            # A session keeps its one connection while open (that is its point): only the rest is left over.
+            return await count() - sum(s._conn is not None and not s._conn.broken for s in sessions)
+
+        leftovers = leftovers_
+    empty_store = None
+    if plain.empty_store is not None:
+        server = owned_server(request, "mariadb" if kind == "mysql" else "postgres")
+        if kind == "mysql":
+            query: Callable[[str], object] = lambda sql: server.query(sql, database="")  # noqa: E731
+        else:
+            query = lambda sql: server.query(sql + (" WITH (FORCE)" if sql.startswith("DROP") else ""))  # noqa: E731
+        empty_store = database_store(dsn, query, make)
+    # A waiter on a shared session asks once per poll_interval (0.5 s) unless a release is announced to it.
+    return BackendCase(
+        f"{kind}-shared",
+        make,
+        leftovers=leftovers,
+        depose=plain.depose,
+        takeover_bound=2.0,
+        empty_store=empty_store,
+    )
+
+
 #: What each backend can do, known before any server starts: "exclusive"
 #: (candidates exclude each other), "depose" (leadership can be taken away from
 #: outside), "leftovers" (server-side resources can be counted), "empty_store"
@@ -383,6 +453,8 @@ CAPABILITIES: dict[str, frozenset[str]] = {
     "etcd": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "postgres": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "redis": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
+    "mysql-shared": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
+    "postgres-shared": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "file": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
     "memory": frozenset({"exclusive", "depose", "leftovers", "empty_store"}),
 }
@@ -393,6 +465,8 @@ CASES: dict[str, Callable[[pytest.FixtureRequest], BackendCase]] = {
     "etcd": etcd_case,
     "postgres": postgres_case,
     "redis": redis_case,
+    "mysql-shared": lambda request: shared_case("mysql", request),
+    "postgres-shared": lambda request: shared_case("postgres", request),
     "file": file_case,
     "memory": memory_case,
 }

@@ -16,7 +16,12 @@ def losing_its_first_grant(base: type[B]) -> tuple[type[B], list[int]]:
 
     class LosesItsFirstGrant(base):  # type: ignore[valid-type,misc]
         async def _request(self, conn: Any) -> bool:
-            granted = await super()._request(conn)
+            return await self._lose_first(conn, await super()._request(conn))
+
+        async def _try_request(self, conn: Any) -> bool:  # a campaign's first request does not wait
+            return await self._lose_first(conn, await super()._try_request(conn))
+
+        async def _lose_first(self, conn: Any, granted: bool) -> bool:
             if granted and not lost:
                 lost.append(conn.session_id)
                 await self._unlock(conn)  # the check after the grant must now fail

@@ -212,6 +212,29 @@ def test_the_lock_of_a_sigkilled_supervisor_passes_on_only_once_cmds_tree_is_gon
     assert alive == [], f"CMD's tree {pids} still had {alive} alive when the next leader started"
 
 
+def test_on_etcd_cmds_tree_is_gone_long_before_the_lease_of_a_sigkilled_supervisor_expires(
+    etcd_endpoints: list[str], spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path
+) -> None:
+    # etcd keeps a SIGKILLed supervisor's lease until ttl after its last keep-alive, whatever the shim does:
+    # the next leader waits for that, and by then the shim must long have ended the whole tree.
+    ttl = 3  # the shortest ttl whose margin (1 s) leaves room for start_tree's --grace 0.5
+    tree, survivors = scripts
+    backend = ["--etcd", ",".join(etcd_endpoints), "--name", f"/tree-{secrets.token_hex(4)}", "--ttl", str(ttl)]
+    proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token)
+    killed_at = time.time()
+    proc.kill()
+    proc.wait(10)
+    gone = wait_until("CMD's tree to die with the shim", lambda: not marked(token), ttl)
+    seen = tmp_path / "seen"
+    alive = next_leader_sees(backend, survivors, seen, token)
+    next_cmd = seen.stat().st_mtime - killed_at
+    print(f"MEASURED etcd SIGKILLed supervisor: tree gone {gone:.3f}s after, next leader's CMD at {next_cmd:.2f}s")
+    assert alive == [], f"CMD's tree {pids} still had {alive} alive when the next leader started"
+    # Well before the lease could pass on: within the 1 s margin a cut-off leader keeps for its CMD.
+    assert gone < 1.0, f"CMD's tree outlived the SIGKILLed supervisor by {gone:.2f}s"
+    assert next_cmd > gone
+
+
 @pytest.mark.parametrize("ending", ["cmd-exits", "sigterm", "shim-killed"])
 def test_setsid_and_double_forked_descendants_are_ended_before_the_release(
     ending: str, spawner: Spawner, scripts: tuple[Path, Path], token: str, tmp_path: Path

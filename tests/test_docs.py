@@ -36,9 +36,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
+
+if TYPE_CHECKING:
+    from aioelect._config import LockTiming
+    from aioelect.backends._session_lock import SessionLockBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Every page with code blocks; the recipe pages include files of examples/recipes/ that tests/test_recipes.py runs.
@@ -491,7 +496,37 @@ def bounds_table() -> str:
             f"| {product} | earliest bound, and the safety margin | | {earliest[1]:g} s (`{earliest[0]}`); "
             f"margin **{margin:g} s** |"
         )
+    rows += etcd_bounds_rows()
     return "\n".join(rows)
+
+
+def etcd_bounds_rows() -> list[str]:
+    """etcd's rows, at its defaults, from the settings and the grant check every etcd session uses."""
+    from aioelect.backends.etcd._options import EtcdSettings, grant_problem
+
+    settings = EtcdSettings.parse("http://127.0.0.1:2379", {"name": "docs"})
+    ttl, deadline = settings.ttl, settings.renew_deadline
+    assert grant_problem(ttl, ttl) is None and grant_problem(ttl, ttl + 1) is None  # etcd's minimum TTL: longer
+    shorter = grant_problem(ttl, ttl - 1)
+    assert shorter is not None and f"{ttl - 1}s lease for the {ttl}s asked" in shorter
+    # The lease outlives the send of the last acknowledged keep-alive by ttl; the leader fences itself
+    # renew_deadline after that send; keep-alives go out often enough to be retried before it.
+    assert settings.keepalive_interval + settings.keepalive_timeout <= deadline < ttl
+    margin = ttl - deadline
+    assert margin == settings.margin  # the margin run --grace and the campaign log use
+    keepalive = (
+        "every `ttl`/3, each given up after min(`ttl`/3, `renew_deadline` \u2212 `ttl`/3)/2 (at least 0.1 s) "
+        "and retried"
+    )
+    return [
+        f"| etcd | the lease's TTL | asks for `ttl`; refuses a shorter grant (`ElectionError`), revoking it "
+        f"| {ttl} s |",
+        f"| etcd | (a renewal, not a bound) keep-alive | {keepalive} | every {settings.keepalive_interval:.3g} s, "
+        f"within {settings.keepalive_timeout:.3g} s |",
+        f"| etcd | (where the leader fences itself) `renew_deadline` | 2/3 \u00d7 `ttl` unless given; shorter than "
+        f"`ttl`, longer than `ttl`/3 | {deadline:.3g} s |",
+        f"| etcd | earliest bound, and the safety margin | | {ttl} s (the lease's TTL); margin **{margin:.3g} s** |",
+    ]
 
 
 def test_the_server_bounds_table_is_computed_from_the_backends() -> None:
@@ -502,27 +537,48 @@ def test_the_server_bounds_table_is_computed_from_the_backends() -> None:
     assert found.group(1) == expected, f"docs/guarantees.md's table must read:\n{expected}"
 
 
+def mysql_backend() -> SessionLockBackend[Any]:
+    """A MySQL backend with every timing option at its default (nothing connects)."""
+    from aioelect import MySQLElector
+    from aioelect.backends._session_lock import SessionLockBackend
+
+    backend = MySQLElector("mysql://root@127.0.0.1:1/db", name="docs")._backend
+    assert isinstance(backend, SessionLockBackend)
+    return backend
+
+
+def default_timing() -> LockTiming:
+    """The session-lock timing at the defaults, as an elector given no timing option has it."""
+    return mysql_backend().timing
+
+
 def test_the_documented_margins_are_the_computed_ones() -> None:
     """The 3 s (and its half, the default --grace) that concepts.md and operations.md state at the defaults."""
-    from aioelect._config import LockTiming
-
-    margin = LockTiming.checked(
-        poll_interval=2,
-        check_interval=1,
-        check_timeout=2,
-        connect_timeout=5,
-        lease=10,
-        renew_deadline=None,
-        server_timeout="wait_timeout",
-        min_lease=2,
-        whole_lease=True,
-        dated_after_grant=True,
-    ).margin
+    margin = default_timing().margin
     concepts = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
     operations = " ".join((ROOT / "docs" / "operations.md").read_text().split())
     assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL and PostgreSQL" in concepts
     assert f"lease less renew deadline: {margin:g} s on MySQL and PostgreSQL" in operations
     assert f"half the margin ({margin / 2:g} s on MySQL and PostgreSQL" in operations
+
+
+def test_the_documented_bound_for_a_deposed_leader_is_the_one_the_code_uses() -> None:
+    """check_interval + 2 * check_timeout (LockTiming.deposed_within), in the docs, the campaign log and the soak."""
+    from aioelect._config import confirmation_gap
+    from soak.timing import _CHECK_INTERVAL, _CHECK_TIMEOUT, OVERLAP_SLACK, TIMINGS
+
+    defaults = default_timing()
+    bound = defaults.deposed_within
+    assert bound == confirmation_gap(defaults.check_interval, defaults.check_timeout) == 1 + 2 * 2
+    pages = {page.name: " ".join(page.read_text().split()) for page in (ROOT / "docs").glob("*.md")}
+    for name, text in pages.items():
+        assert "check_interval + check_timeout" not in text, f"docs/{name} states a bound the code does not keep"
+    assert f"`check_interval + 2 \u00d7 check_timeout` ({bound:g} s at the defaults)" in pages["guarantees.md"]
+    assert f"stops within `check_interval + 2 \u00d7 check_timeout` ({bound:g} s)" in pages["backends.md"]
+    assert f"a deposed leader stops within {bound:g}s" in mysql_backend().describe_timing()
+    margin = TIMINGS["mariadb"][1].margin
+    assert margin == confirmation_gap(_CHECK_INTERVAL, _CHECK_TIMEOUT) + OVERLAP_SLACK
+    assert f"plus 0.5 s of scheduling: {margin:g} s and" in pages["soak.md"]
 
 
 def _state_diagrams() -> object:

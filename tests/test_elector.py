@@ -89,6 +89,34 @@ async def test_release_when_acquiring_task_is_cancelled() -> None:
                 await asyncio.sleep(0.01)
 
 
+async def test_acquire_cancelled_at_any_moment_leaves_the_elector_idle_and_the_lock_free() -> None:
+    """A cancel that reaches acquire() at any moment of its campaign, even while the campaign's leader watch
+    stops, leaves the elector able to campaign again and gives back whatever the campaign won."""
+    from aioelect.testing import MemoryElector
+
+    elector = MemoryElector(name="cancelled-acquire")
+    other = MemoryElector(name="cancelled-acquire")
+
+    async def lead_once() -> None:
+        lead = await elector.acquire()
+        await lead.release()
+
+    for i in range(400):
+        task = asyncio.create_task(lead_once())
+        await asyncio.sleep((i % 16) * 0.0003)
+        task.cancel()
+        (outcome,) = await asyncio.gather(task, return_exceptions=True)
+        assert not isinstance(outcome, ElectionError), f"round {i}: {outcome}"
+        # The lock comes free (a leadership whose task ended is released in the background): nothing the
+        # cancelled campaign won is kept.
+        with anyio.fail_after(2, shield=True):
+            while (probe := await other.try_acquire()) is None:
+                await asyncio.sleep(0.001)
+        await probe.release()
+    await elector.aclose()
+    await other.aclose()
+
+
 async def test_aclose_releases_and_refuses_further_use() -> None:
     elector = LocalElector()
     lead = await elector.acquire()

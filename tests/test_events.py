@@ -102,11 +102,17 @@ async def test_prometheus_metrics(mariadb: MariaDBServer) -> None:
     assert (value("aioelect_backend_errors_total") or 0) >= 1
 
     port = free_port()
-    metrics.serve(port)
-    body = await anyio.to_thread.run_sync(
-        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    )
-    assert "aioelect_transitions_total" in body
+    server = metrics.serve(port)
+    try:
+        body = await anyio.to_thread.run_sync(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        )
+        assert "aioelect_transitions_total" in body
+        with pytest.raises(OSError):  # the port is taken: the caller hears of it
+            metrics.serve(port)
+    finally:
+        server.close()
+    assert not server._thread.is_alive()
 
 
 def test_log_lines_keep_a_percent_sign_of_the_election_name(caplog: pytest.LogCaptureFixture) -> None:

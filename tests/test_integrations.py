@@ -749,3 +749,61 @@ async def test_probes_that_never_finish_cannot_starve_the_election(tmp_path: Pat
         stderr = (await asyncio.wait_for(errors, 10)).decode(errors="replace")
     assert "leadership lost" not in stderr and "interrupted" not in stderr, stderr[-3000:]
     assert stderr.count("Traceback") == 0 and len(stderr.splitlines()) < 40, stderr[-3000:]
+
+
+#: A program that serves an empty registry with PrometheusMetrics.serve() and prints the port it listens on.
+SERVE_METRICS = """\
+import sys, time
+import prometheus_client
+from aioelect.metrics import PrometheusMetrics
+registry = prometheus_client.CollectorRegistry()
+prometheus_client.Counter("flood_test", "a series to find on the page", registry=registry).inc()
+PrometheusMetrics(registry).serve(int(sys.argv[1]))
+print("serving", flush=True)
+time.sleep(60)
+"""
+
+
+async def test_metrics_serve_holds_idle_connections_to_its_cap_and_answers_after_them() -> None:
+    """300 connections that never finish their heads: ``PrometheusMetrics.serve()`` grows no thread and holds at
+    most its connection cap (32) of descriptors; /metrics answers once they are gone."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SERVE_METRICS, str(port), env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert process.stdout is not None and process.stderr is not None
+    flood: list[socket.socket] = []
+    try:
+        assert await asyncio.wait_for(process.stdout.readline(), 30) == b"serving\n"
+        fds_before, threads_before = _descriptors_and_threads(process.pid)
+        flood = _flood(port, 300)
+        await asyncio.sleep(0.5)
+        for sock in flood:
+            with contextlib.suppress(OSError):
+                sock.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # never the blank line that ends the head
+        most_fds = most_threads = 0
+        for _ in range(10):
+            fds, threads = _descriptors_and_threads(process.pid)
+            most_fds, most_threads = max(most_fds, fds), max(most_threads, threads)
+            await asyncio.sleep(0.2)
+        print(f"before: {fds_before} descriptors, {threads_before} threads; under 300 idle connections: at most "
+              f"{most_fds} descriptors, {most_threads} threads")  # fmt: skip
+        assert process.returncode is None, "the metrics server's process died under the flood"
+        assert most_threads <= threads_before and most_fds <= fds_before + 32 + 1, (most_fds, most_threads)
+        for sock in flood:
+            sock.close()
+        flood.clear()
+        async with httpx.AsyncClient(timeout=5) as client:
+            for _ in range(50):  # the reset connections' slots free at once; a slow head's within 5 s
+                with contextlib.suppress(httpx.TransportError):
+                    page = await client.get(f"http://127.0.0.1:{port}/metrics")
+                    break
+                await asyncio.sleep(0.1)
+        assert page.status_code == 200 and "flood_test_total 1.0" in page.text, page.text[:500]
+    finally:
+        for sock in flood:
+            sock.close()
+        process.kill()
+        await process.wait()

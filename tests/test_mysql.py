@@ -800,3 +800,27 @@ async def test_a_fencing_table_of_the_case_insensitive_kind_is_migrated(mariadb:
         assert kind == "varbinary"
     finally:
         mariadb.query(f"DROP DATABASE {database}", database="")
+
+
+async def test_a_slow_healthy_server_keeps_its_leader_and_a_stalled_one_ends_it_within_the_bound(
+    mariadb: MariaDBServer,
+) -> None:
+    """renew_deadline = check_interval + 2 * check_timeout, every check answered 0.7 s after its send: the leader
+    leads on; the link stalled, it stops within check_interval + 2 * check_timeout (LockTiming.deposed_within)."""
+    opts = {"check_interval": 0.3, "check_timeout": 1.2, "renew_deadline": 2.7, "lease": 4, "poll_interval": 0.5}
+    with TCPProxy(mariadb.host, mariadb.port) as proxy:
+        dsn = mariadb.dsn.replace(f":{mariadb.port}/", f":{proxy.port}/")
+        async with MySQLElector(dsn, name=unique_name(), **opts) as elector:  # type: ignore[arg-type]
+            bound = elector._backend.timing.deposed_within  # type: ignore[attr-defined]
+            assert bound == pytest.approx(2.7)
+            lead = await elector.acquire()
+            proxy.delay(0.35)  # each way: a check is answered 0.7 s after its send, within check_timeout
+            await asyncio.sleep(4.0)
+            assert lead.held, f"a slow but healthy server deposed its leader: {lead.lost_reason}"
+            proxy.stall()
+            stalled = time.monotonic()
+            with anyio.fail_after(bound + 2):
+                await lead.wait_lost()
+            took = time.monotonic() - stalled
+            print(f"MEASURED mysql stalled link: lost {took:.2f}s after (bound {bound:g}s): {lead.lost_reason}")
+            assert took <= bound + 0.5, lead.lost_reason

@@ -24,7 +24,10 @@ engine guarantees, for every dialect:
 * a new leadership is dated from a lock check sent *after* the grant, never
   from the request, which may have waited on the server for seconds;
 * the hold confirms the lock every ``check_interval``, each check bounded by
-  ``check_timeout``, and notices at once the server closing the session;
+  ``check_timeout``, and notices at once the server closing the session; a
+  lock taken otherwise, or a server that stops answering, ends the
+  leadership within ``check_interval + 2 * check_timeout``
+  (:attr:`~aioelect._config.LockTiming.deposed_within`);
   release is idempotent and a connection already gone is not an error;
 * a session is kept for the elector's next campaign only when the server
   answered that the release freed the lock (any doubt, failure or
@@ -39,6 +42,11 @@ engine guarantees, for every dialect:
   :class:`~aioelect.ElectionError` naming the bound, because the server
   could hand the lock on while a cut-off leader, which stops only at its
   renew deadline, still leads;
+* a waiting campaign learns who leads on its own lock session, between two
+  lock requests (one statement each time, the holder's identity looked up
+  only when the holder changes): one session per candidate on the server,
+  and no connection at all to look at the leader while campaigning
+  (:meth:`SessionLockBackend.leader` opens one, lazily, for a caller who asks);
 * :meth:`SessionLockBackend.leader` waits (briefly) for a new holder's record
   of its identity rather than report the holder without it.
 """
@@ -53,7 +61,7 @@ from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, monotonic, until_recorded
+from .._backend import Backend, Backoff, Confirm, Hold, Interceptor, monotonic, until_recorded
 from .._config import DSN, LockTiming, check_options, parse_dsn, server_address
 from .._errors import BackendUnavailable, ElectionError
 
@@ -69,8 +77,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-#: Seconds a leader watch beside a campaign waits before its first look (and its connection).
-FIRST_LOOK = 0.2
 #: A holder never seen: different from every holder, None (free) included.
 _UNSEEN: Any = object()
 
@@ -122,6 +128,8 @@ class LockConnection(abc.ABC):
     lock_pending: bool = False
     #: The identity a lock session was opened for (None: a plain connection), which names it on the server.
     identity: str | None = None
+    #: Between this session and the server: every statement goes through it (None: nothing). Set by the backend.
+    interceptor: Interceptor | None = None
 
     @property
     @abc.abstractmethod
@@ -154,7 +162,10 @@ class LockConnection(abc.ABC):
             raise SessionLost("lock connection is closed")
         try:
             with anyio.fail_after(timeout):
-                return await call()
+                if self.interceptor is None:
+                    return await call()
+                result: _T = await self.interceptor.exchange(self.identity or "", call)
+                return result
         except BaseException as exc:
             if not self.leaves_clean(exc):
                 self.close()
@@ -353,17 +364,23 @@ class SessionLockBackend(Backend, Generic[_C]):
         # A lock session whose release the server confirmed, kept for the next campaign: (conn, identity, since).
         self._spare: tuple[_C, str, float] | None = None
         self._closed = False
+        #: Handed to every session this backend opens (see :attr:`LockConnection.interceptor`).
+        self.interceptor: Interceptor | None = None
 
     @property
     def renew_deadline(self) -> float:
         return self.timing.renew_deadline
+
+    @property
+    def margin(self) -> float:
+        return self.timing.margin
 
     def describe_timing(self) -> str:
         t = self.timing
         return (
             f"poll_interval={t.poll_interval:g}s check_interval={t.check_interval:g}s "
             f"check_timeout={t.check_timeout:g}s renew_deadline={t.renew_deadline:g}s lease={t.lease:g}s: "
-            f"a deposed leader stops within {t.check_interval + t.check_timeout:g}s (at once if its session "
+            f"a deposed leader stops within {t.deposed_within:g}s (at once if its session "
             f"ends), a frozen one is replaced after about {t.lease:g}s ({self.dialect.server_timeout}) and fences "
             f"itself after {t.renew_deadline:g}s"
         )
@@ -470,23 +487,29 @@ class SessionLockBackend(Backend, Generic[_C]):
 
     async def campaign(self, identity: str) -> Hold:
         backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
+        seen: Any = _UNSEEN
         while True:
             conn: _C | None = None
             reused = False
             try:
                 conn, reused = await self._session(identity)
+                # A first request that does not wait: a busy lock's holder is then reported at once.
+                request = self._try_request
                 while True:
                     sent = monotonic()
-                    granted = await self._ask(conn, self._request)
+                    granted = await self._ask(conn, request)
                     if granted:
                         hold = await self._won(conn, identity)
                         conn = None
                         return hold
                     backoff.reset()
                     reused = False
-                    early = sent + self.poll_interval - monotonic()
-                    if early > 0:  # the server did not wait: never ask again at once
-                        await anyio.sleep(early)
+                    seen = await self._report_holder(conn, seen)
+                    if request is self._request:
+                        early = sent + self.poll_interval - monotonic()
+                        if early > 0:  # the server did not wait: never ask again at once
+                            await anyio.sleep(early)
+                    request = self._request
                     self.log.debug("lock busy; waiting again")
             except Exception as exc:
                 if self.permanent(exc):
@@ -506,6 +529,20 @@ class SessionLockBackend(Backend, Generic[_C]):
             finally:
                 if conn is not None:
                     await self._drop(conn)
+
+    async def _report_holder(self, conn: _C, seen: Any) -> Any:
+        """Between two lock requests, on the lock session: report the holder if it changed since ``seen``.
+
+        One statement when the holder is the one already reported; its
+        identity is looked up only for a new holder (or one not recorded yet).
+        Returns what to pass as ``seen`` next time.
+        """
+        holder = await self._holder(conn)
+        if holder == seen:
+            return seen
+        _, current, final = await self._identify(conn)
+        self._reporter.leader(current)
+        return holder if final else _UNSEEN
 
     async def try_campaign(self, identity: str) -> Hold | None:
         """One lock request that does not wait: the hold, or None (connection closed) if another session holds it.
@@ -580,6 +617,10 @@ class SessionLockBackend(Backend, Generic[_C]):
                     if not conn.broken:
                         return conn, True
             await conn.aclose(self.check_timeout)
+        return await self._new_session(identity), False
+
+    async def _new_session(self, identity: str) -> _C:
+        """A new lock session for ``identity``, used only once every server-side bound on it is at least ``lease``."""
         conn = await self._connect(identity)
         try:
             bounds = await self._server_bounds(conn)
@@ -591,7 +632,8 @@ class SessionLockBackend(Backend, Generic[_C]):
             conn.close()
             raise ElectionError(problem)
         conn.identity = identity
-        return conn, False
+        conn.interceptor = self.interceptor
+        return conn
 
     async def _keep(self, conn: _C) -> None:
         """Keep ``conn``, whose release the server confirmed (it holds no lock), for the next campaign."""
@@ -623,6 +665,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         with anyio.move_on_after(self.connect_timeout + 2 * self.check_timeout + 1, shield=True):
             try:
                 cleanup = await self._open("cleanup")
+                cleanup.interceptor = self.interceptor
                 try:
                     if not await self._end_session(cleanup, conn):
                         self.log.debug("session %s is no longer ours on the server; not ended", conn.session_id)
@@ -637,35 +680,14 @@ class SessionLockBackend(Backend, Generic[_C]):
         return await self._on_observer(self._leader_on)
 
     async def watch(self) -> AsyncIterator[str | None]:
-        """Poll the holder with one statement at most once per ``poll_interval`` (and per second); identify a new one.
+        """Nothing to poll beside a campaign: the campaign reports each new holder itself.
 
-        Cheaper than :meth:`observe` for a watch beside every campaign: the
-        holder's identity is looked up only when the holder changes (or was
-        not recorded yet), and the first look waits :data:`FIRST_LOOK`
-        seconds, so a campaign won sooner (a free lock, a quick handover)
-        never opens the watch's connection.
+        A waiting candidate looks up the holder on its own lock session
+        between two lock requests (see :meth:`campaign`), so a campaign uses
+        exactly one session on the server; this watch opens none.
         """
-        await anyio.sleep(FIRST_LOOK)
-        interval = max(self.poll_interval, 1.0)
-        backoff = Backoff(first=interval, maximum=max(5.0, interval))
-        seen: Any = _UNSEEN
-        last: object = _UNSEEN
-        while True:
-            try:
-                holder = await self._on_observer(self._holder)
-                if holder != seen:
-                    _, current, final = await self._on_observer(self._identify)
-                    seen = holder if final else _UNSEEN
-                    if current != last:
-                        last = current
-                        yield current
-            except BackendUnavailable as exc:
-                delay = backoff.next_delay()
-                self.log.debug("leader watch: %s; retrying in %.1fs", exc, delay)
-                await anyio.sleep(delay)
-                continue
-            backoff.reset()
-            await anyio.sleep(interval)
+        await anyio.sleep_forever()
+        yield None  # pragma: no cover - never reached: the watch ends with the campaign, by cancellation
 
     async def _on_observer(self, look: Callable[[_C], Awaitable[_T]]) -> _T:
         """``look(conn)`` on the observer connection, opened (again) if needed; one retry on a new connection."""
@@ -677,6 +699,7 @@ class SessionLockBackend(Backend, Generic[_C]):
                         # a session on the server until the half-open socket is collected.
                         with anyio.CancelScope(shield=True):
                             self._observer = await self._open("observer")
+                            self._observer.interceptor = self.interceptor
                     observer = self._observer
                     assert observer is not None
                     return await look(observer)

@@ -52,6 +52,7 @@ from ._session_lock import (
     read_options,
     socket_fd,
 )
+from ._shared_lock import SharedLocks, SharedLockSession, held_names
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -62,7 +63,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("the MySQL backend needs aiomysql: pip install 'aioelect[mysql]'") from exc
 
-__all__ = ["FENCING_DDL", "FENCING_TABLE", "MySQLBackend", "MySQLOptions"]
+__all__ = ["FENCING_DDL", "FENCING_TABLE", "MySQLBackend", "MySQLOptions", "MySQLSession", "MySQLSessionOptions"]
 
 #: The table that keeps fencing tokens and the holders' identities.
 FENCING_TABLE = "aioelect_leaders"
@@ -293,7 +294,20 @@ class _Named(TypedDict):
     name: str
 
 
-class MySQLOptions(_Named, SessionLockOptions, total=False):
+class MySQLSessionOptions(SessionLockOptions, total=False):
+    """The options of a MySQL/MariaDB election but its name: those a :class:`MySQLSession` takes."""
+
+    #: Whole seconds of the session's ``wait_timeout``: the server drops a silent leader after it (default 10).
+    lease: int
+    #: Accept Galera and Group Replication, where ``GET_LOCK`` is per node (default False).
+    allow_unsafe_topology: bool
+    #: With ``fencing=True`` given, accept a server on which a crash may lose the last tokens (default False).
+    allow_volatile_tokens: bool
+    #: TLS context for the connections (else the DSN's ``ssl_mode``...; default none).
+    ssl: _ssl.SSLContext | None
+
+
+class MySQLOptions(_Named, MySQLSessionOptions, total=False):
     """The options of a MySQL/MariaDB election; :class:`MySQLBackend` validates them.
 
     ``poll_interval`` is the wait of one ``GET_LOCK`` request (at least a
@@ -305,15 +319,6 @@ class MySQLOptions(_Named, SessionLockOptions, total=False):
     campaign logs a WARNING, or, with ``fencing=True`` given, refuses
     (:class:`~aioelect.ElectionError`) unless ``allow_volatile_tokens=True``.
     """
-
-    #: Whole seconds of the session's ``wait_timeout``: the server drops a silent leader after it (default 10).
-    lease: int
-    #: Accept Galera and Group Replication, where ``GET_LOCK`` is per node (default False).
-    allow_unsafe_topology: bool
-    #: With ``fencing=True`` given, accept a server on which a crash may lose the last tokens (default False).
-    allow_volatile_tokens: bool
-    #: TLS context for the connections (else the DSN's ``ssl_mode``...; default none).
-    ssl: _ssl.SSLContext | None
 
 
 class MySQLBackend(SessionLockBackend[_Connection]):
@@ -629,3 +634,102 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,), timeout=self.check_timeout
         )
         return f"connection {holder}" + (f" from {host}" if host else "")
+
+
+#: Locks one check statement confirms at most (MySQL allows 4,096 columns in a result).
+_CHECK_BATCH = 1000
+
+
+class _SharedMySQLBackend(SharedLocks[_Connection], MySQLBackend):
+    """An election whose ``GET_LOCK`` lives on a :class:`MySQLSession`'s connection."""
+
+    async def _bump_token(self, conn: _Connection, identity: str) -> int:
+        # The fencing table is set up once per session, not once per election.
+        template = self.shared.template
+        if isinstance(template, MySQLBackend) and template._fencing_ready:
+            self._fencing_ready = True
+        token = await super()._bump_token(conn, identity)
+        if isinstance(template, MySQLBackend):
+            template._fencing_ready = True
+        return token
+
+
+class MySQLSession(SharedLockSession[_Connection]):
+    """One MySQL/MariaDB connection holding the ``GET_LOCK`` of every elector of a process on it.
+
+    Opt-in, as :class:`~aioelect.EtcdSession` is for etcd::
+
+        async with aioelect.MySQLSession(dsn, lease=5) as session:
+            jobs = aioelect.MySQLElector(session=session, name="jobs")
+            mail = aioelect.MySQLElector(session=session, name="mail")
+
+    The options are those of :class:`~aioelect.MySQLElector` but ``name``
+    (:class:`MySQLSessionOptions`), validated here; an elector on the session
+    takes only ``name`` (with ``identity``, by default the session's, and
+    ``stop_timeout``). MySQL 5.7 and MariaDB 10.0.2 or later hold many locks per
+    session.
+
+    Guarantees:
+
+    * one connection on the server for the whole session, however many
+      electors use it, opened as an elector's lock connection is
+      (``wait_timeout = lease``, every server-side bound checked, TLS as
+      configured, the topology and the tokens' durability checked);
+    * one check statement per ``check_interval`` confirms every lock held
+      on the session (up to 1,000 per statement), each leadership confirmed
+      from the time it was sent; a check that fails or times out ends them
+      all;
+    * waiting electors never wait on the server, so they never block the
+      connection: one statement per ``poll_interval`` reads the holder of
+      every lock they wait for (``IS_USED_LOCK``, up to 1,000 per
+      statement), and an elector asks ``GET_LOCK(name, 0)`` only when its
+      lock shows free. A handover costs up to ``poll_interval`` (MySQL has
+      no notice of a release, and a ``GET_LOCK`` that waits would hold the
+      shared connection for every other elector);
+    * **fate sharing**, what the session gives up: when the connection is
+      lost (closed by the server, a failed check, a release the server did
+      not answer), every elector on it loses its leadership at once, and
+      campaigns again on a new connection. Logged at WARNING when the
+      session is entered and each time a connection holding leaderships is
+      lost;
+    * at most one elector per election ``name`` (ValueError for a second);
+    * leaving the ``async with`` (or :meth:`aclose`) closes every elector
+      still on the session first, then the connection; idempotent, bounded,
+      never interrupted by cancellation;
+    * entering opens the connection: :class:`~aioelect.BackendUnavailable`
+      if the server cannot be reached, :class:`~aioelect.ElectionError` for
+      a refusal (credentials, TLS, a server-side bound shorter than
+      ``lease``).
+    """
+
+    who = "MySQLSession"
+    options_spec = MySQLSessionOptions
+    backend_class = MySQLBackend
+    shared_class = _SharedMySQLBackend
+
+    def __init__(
+        self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[MySQLSessionOptions]
+    ) -> None:
+        super().__init__(dsn, identity, options)
+
+    async def _held_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> frozenset[str]:
+        if not backends:
+            await conn.scalar("SELECT 1", timeout=self.template.check_timeout)
+            return frozenset()
+        return held_names(backends, await self._per_name(conn, "IS_USED_LOCK(%s) = CONNECTION_ID()", backends))
+
+    async def _holders_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> dict[str, Hashable]:
+        answers = await self._per_name(conn, "IS_USED_LOCK(%s)", backends)
+        return {b.name: holder for b, holder in zip(backends, answers, strict=True)}
+
+    async def _per_name(
+        self, conn: _Connection, expression: str, backends: list[SharedLocks[_Connection]]
+    ) -> list[Any]:
+        """``expression`` of each backend's name, up to :data:`_CHECK_BATCH` names per statement."""
+        answers: list[Any] = []
+        for start in range(0, len(backends), _CHECK_BATCH):
+            part = backends[start : start + _CHECK_BATCH]
+            sql = "SELECT " + ", ".join([expression] * len(part))
+            rows = await conn.rows(sql, [b.name for b in part], timeout=self.template.check_timeout)
+            answers.extend(rows[0])
+        return answers

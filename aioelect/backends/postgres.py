@@ -74,6 +74,7 @@ from ._session_lock import (
     socket_fd,
     tls_error,
 )
+from ._shared_lock import SharedLocks, SharedLockSession
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -86,6 +87,8 @@ except ImportError as exc:  # pragma: no cover - depends on the extra
 __all__ = [
     "PostgresBackend",
     "PostgresOptions",
+    "PostgresSession",
+    "PostgresSessionOptions",
     "advisory_key",
     "application_name",
     "lock_ids",
@@ -319,11 +322,8 @@ class _Named(TypedDict):
     name: str
 
 
-class PostgresOptions(_Named, SessionLockOptions, total=False):
-    """The options of a PostgreSQL election; :class:`PostgresBackend` validates them.
-
-    ``fencing=True`` gives each leadership a token, the server's transaction id.
-    """
+class PostgresSessionOptions(SessionLockOptions, total=False):
+    """The options of a PostgreSQL election but its name: those a :class:`PostgresSession` takes."""
 
     #: Seconds of the session's ``idle_session_timeout``: the server ends a silent leader's session (default 10).
     lease: float
@@ -331,6 +331,13 @@ class PostgresOptions(_Named, SessionLockOptions, total=False):
     schema: str | None
     #: An sslmode (``"verify-full"``...) or a TLS context (default: the DSN's, ``PGSSLMODE``, else ``prefer``).
     ssl: _ssl.SSLContext | str | None
+
+
+class PostgresOptions(_Named, PostgresSessionOptions, total=False):
+    """The options of a PostgreSQL election; :class:`PostgresBackend` validates them.
+
+    ``fencing=True`` gives each leadership a token, the server's transaction id.
+    """
 
 
 class PostgresBackend(SessionLockBackend[_Connection]):
@@ -675,3 +682,107 @@ class PostgresBackend(SessionLockBackend[_Connection]):
 
     async def _unrecorded(self, conn: _Connection, holder: Any) -> str:
         return str(holder["application_name"]) if holder["application_name"] else f"backend pid {holder['pid']}"
+
+
+#: The channel on which a shared session announces each release (the payload is the election's name).
+RELEASE_CHANNEL = "aioelect_release"
+_NOTIFY = "SELECT pg_catalog.pg_notify($1, $2)"
+# Every advisory lock this session holds, in one statement whatever their number.
+_HELD_ALL = f"""SELECT classid, objid FROM pg_catalog.pg_locks
+WHERE locktype = 'advisory' AND database = {_CURRENT_DB} AND objsubid = 1 AND granted
+  AND pid = pg_catalog.pg_backend_pid()"""
+
+
+# The holder of each lock in $1/$2 (classid, objid), as _holder shows it; a lock nobody holds has no row.
+_HOLDERS = f"""SELECT w.classid, w.objid, l.pid, a.backend_start
+FROM unnest($1::pg_catalog.oid[], $2::pg_catalog.oid[]) AS w(classid, objid)
+JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.database = {_CURRENT_DB}
+  AND l.classid = w.classid AND l.objid = w.objid AND l.objsubid = 1 AND l.granted
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"""
+
+
+class _SharedPostgresBackend(SharedLocks[_Connection], PostgresBackend):
+    """An election whose advisory lock lives on a :class:`PostgresSession`'s connection."""
+
+    async def _notify_release(self, conn: _Connection) -> None:
+        await conn.fetchval(_NOTIFY, RELEASE_CHANNEL, self.name, timeout=self.check_timeout)
+
+
+class PostgresSession(SharedLockSession[_Connection]):
+    """One PostgreSQL connection holding the advisory lock of every elector of a process on it.
+
+    Opt-in, as :class:`~aioelect.EtcdSession` is for etcd::
+
+        async with aioelect.PostgresSession(dsn, lease=5) as session:
+            jobs = aioelect.PostgresElector(session=session, name="jobs")
+            mail = aioelect.PostgresElector(session=session, name="mail")
+
+    The options are those of :class:`~aioelect.PostgresElector` but
+    ``name`` (:class:`PostgresSessionOptions`), validated here; an elector on
+    the session takes only ``name`` (with ``identity``, by default the
+    session's, and ``stop_timeout``). The session's ``identity`` is its
+    ``application_name``, which :meth:`leader` reports for every elector on
+    it unless ``schema=`` records each elector's own.
+
+    Guarantees:
+
+    * one connection on the server for the whole session, however many
+      electors use it, opened as an elector's lock connection is
+      (``idle_session_timeout = lease``, keepalives and every server-side
+      bound checked, TLS as configured, no pooler in transaction mode, a
+      primary), every statement it runs while holding locks prepared
+      before;
+    * one check statement per ``check_interval`` (over ``pg_locks`` for
+      the session's backend) confirms every lock held on the session, each
+      leadership confirmed from the time it was sent; a check that fails or
+      times out ends them all;
+    * waiting electors never wait on the server, so they never block the
+      connection: one statement per ``poll_interval`` reads the holder of
+      every lock they wait for (one query over ``pg_locks``), and an
+      elector asks ``pg_try_advisory_lock`` only when its lock shows free
+      or a release is announced. A release on a shared session is
+      announced with ``NOTIFY aioelect_release`` (the name as payload),
+      which every shared session on the database listens to, so a waiter
+      asks again at once: a graceful handover between shared sessions takes
+      milliseconds; one from an elector with a connection of its own,
+      within ``poll_interval``;
+    * **fate sharing**, what the session gives up: when the connection is
+      lost (``pg_terminate_backend``, a failed check, a release the server
+      did not answer), every elector on it loses its leadership at once;
+    * the rest as :class:`~aioelect.MySQLSession`: one elector per name,
+      closing, and entering (whose refusals here also name a standby and a
+      pooler in transaction mode).
+    """
+
+    who = "PostgresSession"
+    options_spec = PostgresSessionOptions
+    backend_class = PostgresBackend
+    shared_class = _SharedPostgresBackend
+
+    def __init__(
+        self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[PostgresSessionOptions]
+    ) -> None:
+        super().__init__(dsn, identity, options)
+
+    async def _listen(self, conn: _Connection) -> None:
+        """Prepare what the session runs while it holds locks, and listen for release notices."""
+        await conn.prepare(_TRY_LOCK, _HOLDER, _HELD_ALL, _HOLDERS, _NOTIFY, timeout=self.template.check_timeout)
+
+        def notice(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+            self.released(payload)
+
+        await conn.run(lambda: conn.raw.add_listener(RELEASE_CHANNEL, notice), self.template.check_timeout)
+
+    async def _held_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> frozenset[str]:
+        rows = await conn.fetch(_HELD_ALL, timeout=self.template.check_timeout)
+        held = {(int(row[0]), int(row[1])) for row in rows}
+        return frozenset(b.name for b in backends if isinstance(b, PostgresBackend) and (b.classid, b.objid) in held)
+
+    async def _holders_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> dict[str, Hashable]:
+        keyed = {(b.classid, b.objid): b.name for b in backends if isinstance(b, PostgresBackend)}
+        holders: dict[str, Hashable] = dict.fromkeys(keyed.values())
+        ids = list(keyed)
+        rows = await conn.fetch(_HOLDERS, [c for c, _ in ids], [o for _, o in ids], timeout=self.template.check_timeout)
+        for row in rows:
+            holders[keyed[(int(row[0]), int(row[1]))]] = (row["pid"], row["backend_start"])
+        return holders

@@ -24,7 +24,7 @@ import anyio
 from .._backend import Backoff
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
-from ..integrations._http import BoundedHTTPServer
+from .._http import BoundedHTTPServer
 from ..integrations.health import HealthServer
 from ._configure import Config
 from ._output import json_line, out

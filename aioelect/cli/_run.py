@@ -35,7 +35,7 @@ from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, Usage
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
 
 if TYPE_CHECKING:
-    from ..integrations._http import BoundedHTTPServer
+    from .._http import BoundedHTTPServer
     from ..integrations.health import HealthServer
 
 __all__ = ["Runner", "check_metrics", "choose_grace", "forwarded_signal", "serve_health", "serve_metrics"]
@@ -94,7 +94,7 @@ async def serve_metrics(elector: Elector, host: str, port: int) -> BoundedHTTPSe
     """
     import prometheus_client
 
-    from ..integrations._http import BoundedHTTPServer
+    from .._http import BoundedHTTPServer
     from ..metrics import PrometheusMetrics
 
     # A registry of our own (main() may run more than once in a process), with the usual process metrics.
@@ -104,13 +104,7 @@ async def serve_metrics(elector: Elector, host: str, port: int) -> BoundedHTTPSe
     prometheus_client.GCCollector(registry=registry)
     metrics = PrometheusMetrics(registry)
     metrics.attach(elector)
-
-    async def respond(method: str, path: str) -> tuple[int, str, bytes]:
-        if path != "/metrics":
-            return 404, "text/plain; charset=utf-8", b"metrics are on /metrics\n"
-        return 200, prometheus_client.CONTENT_TYPE_LATEST, prometheus_client.generate_latest(registry)
-
-    server = BoundedHTTPServer(respond, name="metrics")
+    server = BoundedHTTPServer(metrics.respond, name="metrics")
     try:
         await server.start(host, port)
     except OSError as exc:

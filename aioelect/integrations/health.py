@@ -46,8 +46,8 @@ import anyio
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 from .._events import Event
+from .._http import MAX_CONNECTIONS, MAX_REQUEST, REQUEST_TIMEOUT, BoundedHTTPServer
 from ._campaign import Campaign, Role, Status
-from ._http import MAX_CONNECTIONS, MAX_REQUEST, REQUEST_TIMEOUT, BoundedHTTPServer
 
 __all__ = ["MAX_CONNECTIONS", "MAX_REQUEST", "PATHS", "REQUEST_TIMEOUT", "HealthServer"]
 
@@ -80,7 +80,7 @@ class HealthServer:
         self.elector = elector
         self.campaign = campaign
         self.ready_timeout = float(ready_timeout)
-        self.http = BoundedHTTPServer(self._respond, name="health", max_connections=max_connections)
+        self.http = BoundedHTTPServer(self._respond, name="health", max_connections=max_connections, log=log)
         self._started = False
         self._token: int | None = None
         self._remove = elector.add_listener(self._on_event)

@@ -31,11 +31,19 @@ class SharedSessionCandidate(AioelectCandidate):
         global _session, _users
         async with _lock:
             if _session is None:
-                session = aioelect.EtcdSession([self.options.url], ttl=self.options.ttl)
+                session = self.new_session()
                 await session.__aenter__()
                 _session = session
             _users += 1
-        self.elector = aioelect.EtcdElector(session=_session, name=self.options.name)
+        self.elector = self.new_elector(_session)
+
+    def new_session(self) -> Any:
+        """The process's shared session, not entered yet."""
+        return aioelect.EtcdSession([self.options.url], ttl=self.options.ttl)
+
+    def new_elector(self, session: Any) -> Any:
+        """This slot's elector on the shared ``session``."""
+        return aioelect.EtcdElector(session=session, name=self.options.name)
 
     async def close(self) -> None:
         global _session, _users

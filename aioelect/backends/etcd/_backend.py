@@ -104,6 +104,10 @@ class EtcdBackend(Election):
     def renew_deadline(self) -> float:
         return self._renew_deadline
 
+    @property
+    def margin(self) -> float:
+        return self.settings.margin
+
     def describe_timing(self) -> str:
         degrade = (
             "leads locally WITHOUT mutual exclusion while etcd has never answered (degrade_to_local=True)"
@@ -116,7 +120,7 @@ class EtcdBackend(Election):
             f"connect_timeout={self.connect_timeout:g}s endpoints={self.conn.describe()}: "
             f"a resigning leader is replaced at once, a crashed or cut-off one after about {self.ttl}s "
             f"(its lease expiring); a leader that cannot renew fences itself after {self._renew_deadline:.3g}s, "
-            f"{self.ttl - self._renew_deadline:.3g}s before its lease can expire; {degrade}"
+            f"{self.margin:.3g}s before its lease can expire; {degrade}"
         )
 
     # --- campaign ------------------------------------------------------------------

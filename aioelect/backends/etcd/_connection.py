@@ -18,7 +18,7 @@ from typing import Generic, TypeVar
 import anyio
 import grpc
 
-from ..._backend import monotonic
+from ..._backend import Interceptor, monotonic
 from ..._config import is_loopback, transport_warning
 from ..._errors import ElectionError, ElectorClosed, PermanentBackendError
 from ..._log import ElectionLog
@@ -92,6 +92,8 @@ class Connection:
         #: Monotonic time of the last request that etcd answered, with a result or an error (-inf: none yet).
         self.answered_at = float("-inf")
         self._transport_checked = False
+        #: Between this connection and etcd: every request and watch message goes through it (None: nothing).
+        self.interceptor: Interceptor | None = None
 
     def __repr__(self) -> str:
         return f"<Connection {self.describe()}>"
@@ -285,10 +287,10 @@ class Connection:
                 async with self.channel() as channel:
                     try:
                         if isinstance(request, SelfBounded):
-                            reply = await request.run(channel)
+                            reply = await self._sent(what, request.run, channel)
                         else:
                             with anyio.fail_after(timeout):
-                                reply = await settle(request(channel))
+                                reply = await settle(self._sent(what, request, channel))
                     except Exception as exc:
                         failure = await self._explain(self.failed(exc, what, channel), channel.endpoint)
                         if failure is exc:
@@ -307,6 +309,13 @@ class Connection:
                     break
         assert last is not None
         raise last
+
+    def _sent(self, what: str, request: Callable[[Channel], Awaitable[T]], channel: Channel) -> Awaitable[T]:
+        """``request(channel)``, through the :attr:`interceptor` if there is one."""
+        interceptor = self.interceptor
+        if interceptor is None:
+            return request(channel)
+        return interceptor.exchange(what, lambda: request(channel))
 
     @contextlib.asynccontextmanager
     async def watch(
@@ -332,7 +341,7 @@ class Connection:
                 try:
                     with anyio.fail_after(self.connect_timeout):
                         await settle(call.write(request))
-                        created = await settle(call.read())
+                        created = await settle(self._sent("watch created", lambda _: call.read(), channel))
                 except Exception as exc:
                     failure = await self._explain(self.failed(exc, "watch", channel), channel.endpoint)
                     if failure is exc:
@@ -343,7 +352,9 @@ class Connection:
                 created = check_response(created, channel, "watch", self.fail)
                 if not created.created:
                     raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
-                stream = WatchStream(call, channel, self.failed, self.fail, int(created.header.revision))
+                stream = WatchStream(
+                    call, channel, self.failed, self.fail, int(created.header.revision), self.interceptor
+                )
                 try:
                     yield stream
                 finally:

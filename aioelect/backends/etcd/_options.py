@@ -19,7 +19,7 @@ from ._endpoints import Endpoint, parse_endpoints
 from ._failures import MAX_TTL
 from ._tls import EtcdTLS
 
-__all__ = ["MAX_TTL", "MIN_TTL", "EtcdOptions", "EtcdSessionOptions", "EtcdSettings"]
+__all__ = ["MAX_TTL", "MIN_TTL", "EtcdOptions", "EtcdSessionOptions", "EtcdSettings", "grant_problem"]
 
 #: etcd grants no lease shorter than its minimum TTL (2 s with default timings).
 MIN_TTL = 2
@@ -129,6 +129,17 @@ class EtcdSettings:
         )
 
     @property
+    def margin(self) -> float:
+        """Seconds between a cut-off leader fencing itself and the earliest moment its lease can expire.
+
+        ``ttl - renew_deadline``: the leader fences itself ``renew_deadline``
+        after the send of its last acknowledged keep-alive, and etcd keeps the
+        lease for the TTL it granted after that, never less than ``ttl``
+        (a shorter grant is refused: :func:`grant_problem`).
+        """
+        return self.ttl - self.renew_deadline
+
+    @property
     def keepalive_interval(self) -> float:
         """Seconds between two keep-alives of a session: a third of the lease, as etcd's Go client."""
         return self.ttl / 3
@@ -144,3 +155,20 @@ class EtcdSettings:
     def release_timeout(self) -> float:
         """Bound on resign and revoke: they end before the elector gives up on a release (5 s)."""
         return min(self.connect_timeout, 4.0)
+
+
+def grant_problem(asked: int, granted: int) -> str | None:
+    """Why a lease etcd granted for ``granted`` seconds, when ``asked`` were asked, breaks the timing; None if not.
+
+    The keep-alive interval, the renew deadline and :attr:`EtcdSettings.margin`
+    are computed from the ttl asked: a shorter grant could expire while a
+    leader still counts on it. A longer one (etcd's minimum TTL) only makes a
+    crashed leader's key outlive it longer.
+    """
+    if granted >= asked:
+        return None
+    return (
+        f"etcd granted a {granted}s lease for the {asked}s asked: the keep-alive interval and renew_deadline "
+        f"are computed from ttl, so the lease could expire while a leader still counts on it; refusing to "
+        f"campaign on it (lower ttl and renew_deadline to fit what etcd grants)"
+    )

@@ -26,7 +26,7 @@ from ..._tasks import TaskSet
 from ._connection import Connection, SelfBounded
 from ._failures import SessionEnded, Transient, answered
 from ._keepalive import keepalives
-from ._options import EtcdSettings
+from ._options import EtcdSettings, grant_problem
 
 __all__ = ["Session", "connect"]
 
@@ -115,14 +115,11 @@ class Session:
             raise
         if reply.error:
             raise Transient(f"etcd refused the lease: {reply.error}", answered(str(reply.error)))
-        if ttl > reply.TTL:
+        problem = grant_problem(ttl, int(reply.TTL))
+        if problem is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(request_timeout):
                 await _revoke(conn, lease_id, request_timeout)
-            raise PermanentBackendError(
-                f"etcd granted a {reply.TTL}s lease for the {ttl}s asked: the keep-alive interval and renew_deadline "
-                f"are computed from ttl, so the lease could expire while a leader still counts on it; refusing to "
-                f"campaign on it (lower ttl and renew_deadline to fit what etcd grants)"
-            )
+            raise PermanentBackendError(problem)
         if ttl != reply.TTL:
             conn.log.debug("etcd granted a %ss lease for the %ss asked (its minimum TTL)", reply.TTL, ttl)
         session = cls(

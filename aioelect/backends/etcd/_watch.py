@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
+from ..._backend import Interceptor
 from ..._errors import PermanentBackendError
 from ..._tasks import consume
 from ._channel import Channel
@@ -69,6 +70,7 @@ class WatchStream:
         failed: Callable[[Exception, str, Channel], Exception],
         retire: Callable[[Channel, Transient], None],
         created_revision: int = 0,
+        interceptor: Interceptor | None = None,
     ) -> None:
         self._call = call
         self._channel = channel
@@ -77,6 +79,7 @@ class WatchStream:
         #: The store's revision when etcd created the watch. A watch whose start revision is not above it
         #: may be "unsynced": etcd then sends its events from a background loop, up to 100 ms later.
         self.created_revision = created_revision
+        self._interceptor = interceptor
         self._reading: asyncio.Future[Any] | None = None
         self._retired: asyncio.Future[Any] | None = None
 
@@ -102,7 +105,9 @@ class WatchStream:
         gRPC read there would delay the resign.
         """
         if self._reading is None:
-            self._reading = asyncio.ensure_future(self._call.read())
+            interceptor = self._interceptor
+            read = self._call.read() if interceptor is None else interceptor.exchange("watch message", self._call.read)
+            self._reading = asyncio.ensure_future(read)
         if self._retired is None:
             self._retired = asyncio.ensure_future(self._channel.retired.wait())
         read, retired = self._reading, self._retired

@@ -1,6 +1,8 @@
 """A small HTTP/1.1 server for probes and metrics, bounded so that no client can starve the process that runs it.
 
-It runs in the caller's event loop and guarantees:
+The health probes (:mod:`aioelect.integrations.health`), ``aioelect run
+--metrics-port`` and :meth:`aioelect.metrics.PrometheusMetrics.serve` serve
+from it. It runs in the caller's event loop and guarantees:
 
 * at most ``max_connections`` connections are open at once (by default
   :data:`MAX_CONNECTIONS`, and never more than an eighth of the process's
@@ -85,7 +87,10 @@ def _reset(sock: socket.socket) -> None:
 
 
 class BoundedHTTPServer:
-    """Answers ``GET`` and ``HEAD`` with ``handler`` on one address; see the module for its bounds."""
+    """Answers ``GET`` and ``HEAD`` with ``handler`` on one address; see the module for its bounds.
+
+    Failed accepts are logged on ``log`` (default: the logger ``aioelect.<name>``).
+    """
 
     def __init__(
         self,
@@ -94,6 +99,7 @@ class BoundedHTTPServer:
         name: str,
         max_connections: int | None = None,
         request_timeout: float = REQUEST_TIMEOUT,
+        log: logging.Logger | None = None,
     ) -> None:
         if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
             raise ValueError(f"max_connections must be an integer >= 1, not {max_connections!r}")
@@ -107,7 +113,7 @@ class BoundedHTTPServer:
         self.refused = 0
         #: Accepts that failed (each retried).
         self.accept_errors = 0
-        self._log = logging.getLogger(f"aioelect.integrations.{name}")
+        self._log = log if log is not None else logging.getLogger(f"aioelect.{name}")
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()

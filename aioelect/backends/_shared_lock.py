@@ -1,0 +1,583 @@
+"""One server session holding every leadership of a process: the shared form of the session-lock engine.
+
+A :class:`SharedLockSession` owns one lock connection (MySQL ``GET_LOCK``s,
+PostgreSQL advisory locks: a session holds any number of them) and the
+electors on it campaign, hold and release through it. It guarantees:
+
+* one connection on the server for every elector of the session, opened as
+  a lock session is (every server-side bound on it checked against
+  ``lease``, TLS as configured), and never reconnected silently: a new
+  connection holds none of the old one's locks, so every hold on the old one
+  is lost;
+* every statement on the connection runs alone (a lock around it) and is
+  bounded by the dialect's timeouts; a statement that is cut off or fails
+  below SQL closes the connection, and a lock request whose answer was not
+  read is ended on the server only once the server shows that session to be
+  ours (as for a lock session of its own);
+* a campaign never waits on the server: it asks with a request that does
+  not wait, at first, when a release is announced (a notice the dialect
+  receives, such as PostgreSQL's ``NOTIFY``) and when the lock shows free;
+  in between, one *waiting round* per ``poll_interval`` reads the holder of
+  every lock the session's campaigns wait for, in one statement, and each
+  campaign reports its holder (its identity looked up only when it
+  changes);
+* one check round per ``check_interval`` confirms every lock held on the
+  connection at once, and waits for at most one campaign's request (they
+  queue apart); each hold is confirmed from the time that round was
+  *sent*, and a round that fails, times out or finds the connection gone
+  ends every leadership on it (**fate sharing**: one lost session loses
+  every leadership on it, logged at WARNING when the session is entered);
+* a grant is dated from a check sent after it, with its fencing token taken
+  as for a lock session of its own; a statement is never interrupted by a
+  cancellation (it is shielded and bounded), and a grant that a cancelled
+  campaign will not use is released before the cancellation goes on;
+* a release that the server does not answer (an error, a timeout) closes
+  the connection, which drops the lock, and with it every other lock on it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+import anyio
+import anyio.lowlevel
+
+from .._backend import Backoff, Confirm, Hold, monotonic
+from .._config import check_options, default_identity, validate_identity
+from .._errors import BackendUnavailable, ElectionError
+from .._log import ElectionLog
+from ._session_lock import _UNSEEN, LockConnection, SessionLockBackend
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["SharedHold", "SharedLockSession", "SharedLocks"]
+
+_C = TypeVar("_C", bound=LockConnection)
+_T = TypeVar("_T")
+
+#: The name the session's own log lines carry (its electors log under their election's name).
+_LOG_NAME = "<shared session>"
+
+
+@dataclass(frozen=True)
+class _Holders:
+    """One look at the holders of every lock the session's campaigns wait for."""
+
+    #: When its statement was sent.
+    sent: float
+    #: Each waiting name's holder (None: free); a name that was not waiting then is missing.
+    holders: dict[str, Hashable]
+
+
+@dataclass(frozen=True)
+class _Round:
+    """One check of every lock held on the session's connection."""
+
+    #: When its statement was sent.
+    sent: float
+    #: The connection it checked (None: there was none).
+    conn: LockConnection | None
+    #: The names the server showed held by that session.
+    held: frozenset[str] = field(default_factory=frozenset)
+    #: Why no lock on ``conn`` can be confirmed (None: the round was answered).
+    failure: str | None = None
+
+
+class SharedLocks(SessionLockBackend[_C]):
+    """The backend of one elector on a :class:`SharedLockSession`: a dialect backend whose locks live on its session.
+
+    Placed before the dialect's backend in the bases (``class X(SharedLocks[C], MySQLBackend)``).
+    """
+
+    shared: SharedLockSession[_C]
+
+    async def campaign(self, identity: str) -> Hold:
+        """Ask for the lock when it may be free, and in between wait with the session's other waiters.
+
+        A lock request (that does not wait) is sent at first, on a release
+        notice, and when a waiting round shows the lock free; otherwise the
+        waiter reads its holder from the session's waiting round, one
+        statement for every waiting elector of the session per
+        ``poll_interval``.
+        """
+        backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
+        seen: Any = _UNSEEN
+        session = self.shared
+        ask = True
+        last = monotonic()
+        try:
+            while True:
+                notice = session.notice_for(self.name)
+                try:
+                    if ask:
+                        hold, seen = await session.attempt(self, identity, seen)
+                        if hold is not None:
+                            return hold
+                        last = monotonic()
+                        session.wait(self)
+                    backoff.reset()
+                    with anyio.move_on_after(max(0.0, last + self.poll_interval - monotonic())):
+                        await notice.wait()
+                    if notice.is_set():  # a release announced: ask at once
+                        ask = True
+                        continue
+                    done = await session.holders(after=last + self.poll_interval / 2)
+                    last = max(done.sent, last)
+                    holder = done.holders.get(self.name, None)
+                    ask = holder is None  # free, or not in that round: ask
+                    if not ask and holder != seen:
+                        seen = await session.identify(self, holder)
+                except Exception as exc:
+                    if self.permanent(exc):
+                        raise ElectionError(
+                            f"{self.dialect.product} refused the campaign: {self.describe(exc)}"
+                        ) from None
+                    if isinstance(exc, ElectionError):
+                        raise
+                    delay = backoff.next_delay()
+                    self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
+                    ask = True
+                    await anyio.sleep(delay)
+        finally:
+            session.unwait(self)
+
+    async def try_campaign(self, identity: str) -> Hold | None:
+        try:
+            hold, _ = await self.shared.attempt(self, identity, _UNSEEN)
+        except Exception as exc:
+            raise self._failure(exc, "the campaign") from None
+        return hold
+
+    async def _on_observer(self, look: Callable[[_C], Awaitable[_T]]) -> _T:
+        """``look(conn)`` on the session's connection: a shared session opens no connection to look."""
+        try:
+            return await self.shared.run(look)
+        except Exception as exc:
+            raise self._failure(exc, "the query") from None
+
+    def _failure(self, exc: Exception, what: str) -> Exception:
+        """What to raise for ``exc``: ElectionError for a refusal of ``what``, else BackendUnavailable."""
+        if self.permanent(exc):
+            return ElectionError(f"{self.dialect.product} refused {what}: {self.describe(exc)}")
+        if isinstance(exc, ElectionError):
+            return exc
+        host, port = self._address
+        return BackendUnavailable(f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}")
+
+    async def close_observer(self) -> None:
+        """Nothing of its own to close: the session's connection is the session's."""
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self.shared.leave(self.name, self)
+
+    async def _notify_release(self, conn: _C) -> None:
+        """After a confirmed release on ``conn``: announce it to waiters elsewhere, where the dialect can."""
+
+
+class SharedHold(Hold, Generic[_C]):
+    """A lock granted on a shared session: confirmed by the session's check rounds, released on its connection."""
+
+    def __init__(
+        self, session: SharedLockSession[_C], backend: SharedLocks[_C], conn: _C, token: int | None, at: float
+    ) -> None:
+        self._session = session
+        self._backend = backend
+        self.conn = conn
+        self.token = token
+        self.acquired_at = at
+        self.released = False
+
+    @property
+    def name(self) -> str:
+        return self._backend.name
+
+    async def monitor(self, confirm: Confirm) -> str:
+        b = self._backend
+        interval = b.check_interval
+        last = self.acquired_at
+        while True:
+            await anyio.sleep(max(0.0, last + interval - monotonic()))
+            # A round sent since half an interval after the last is recent enough: rounds are shared by every hold.
+            done = await self._session.confirmation(after=last + interval / 2)
+            if done.conn is not self.conn:
+                return b.lost_session
+            if done.failure is not None:
+                return done.failure
+            if self.name not in done.held:
+                return b.lost_lock
+            confirm(done.sent)
+            last = done.sent
+
+    async def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        await self._session.release(self)
+
+
+class SharedLockSession(Generic[_C], abc.ABC):
+    """One lock connection shared by the electors of a process (see the module's guarantees).
+
+    A dialect subclass names its options and backends (:attr:`options_spec`,
+    :attr:`backend_class`, :attr:`shared_class`) and says how to check many
+    locks, and read many holders, in one statement (:meth:`_held_many`,
+    :meth:`_holders_many`); it may listen for release notices (:meth:`_listen`).
+    """
+
+    #: The public class name, in errors.
+    who: str = "SharedLockSession"
+    #: The TypedDict of the session's options (the dialect's options but ``name``).
+    options_spec: Any
+    #: The dialect's backend, and the backend of an elector on the session; both built as ``cls(dsn, name=...,
+    #: **options)``.
+    backend_class: Any
+    shared_class: Any
+
+    def __init__(self, dsn: str | None, identity: str | None, options: Mapping[str, Any]) -> None:
+        check_options(self.who, options, self.options_spec)
+        self._dsn = dsn
+        self._options = dict(options)
+        #: The backend the session connects through (its timing, TLS and server checks are the session's).
+        self.template: SessionLockBackend[_C] = self.backend_class(dsn, name="aioelect-shared-session", **options)
+        self.identity = validate_identity(identity) if identity is not None else default_identity()
+        self.log = ElectionLog(self.template.kind, _LOG_NAME, self.identity)
+        self._conn: _C | None = None
+        self._statements = anyio.Lock()
+        # Campaigns' own requests queue here, one at a time on the connection: a check round then waits for one
+        # request at most, never for the whole queue of a cold start.
+        self._asking = anyio.Lock()
+        self._rounds = anyio.Lock()
+        self._last: _Round | None = None
+        self._holds: dict[str, SharedHold[_C]] = {}
+        self._notices: dict[str, anyio.Event] = {}
+        #: The campaigns waiting for a lock, by name: their holders are read together, once per round.
+        self._waits: dict[str, SharedLocks[_C]] = {}
+        self._wait_rounds = anyio.Lock()
+        self._last_wait: _Holders | None = None
+        #: The electors on the session, by election name: (their backend, how to close their elector).
+        self._members: dict[str, tuple[object, Callable[[], Coroutine[Any, Any, None]]]] = {}
+        self._entered = False
+        self._closed = False
+
+    def __repr__(self) -> str:
+        host, port = self.template._address
+        conn = self._conn
+        session = "none" if conn is None or conn.broken else str(conn.session_id)
+        state = "closed" if self._closed else "open"
+        return (
+            f"<{type(self).__name__} {host}:{port} session={session} electors={len(self._members)} "
+            f"held={len(self._holds)} {state}>"
+        )
+
+    def __len__(self) -> int:
+        """The number of electors on the session."""
+        return len(self._members)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def held(self) -> int:
+        """The number of leaderships held on the session now."""
+        return len(self._holds)
+
+    # --- the dialect ------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _held_many(self, conn: _C, backends: list[SharedLocks[_C]]) -> frozenset[str]:
+        """The names of ``backends`` whose locks ``conn``'s session holds, in as few statements as the server allows."""
+
+    @abc.abstractmethod
+    async def _holders_many(self, conn: _C, backends: list[SharedLocks[_C]]) -> dict[str, Hashable]:
+        """The holder of each of ``backends``' locks (as its ``_holder`` shows it; None: free), in as few
+        statements as the server allows."""
+
+    async def _listen(self, conn: _C) -> None:
+        """Subscribe ``conn`` to release notices (call :meth:`released` with each name)."""
+
+    # --- electors ---------------------------------------------------------------------
+
+    def backend(self, name: str, close: Callable[[], Coroutine[Any, Any, None]] | None = None) -> SharedLocks[_C]:
+        """A backend for election ``name`` on this session (ValueError: the name is taken, or the session closed)."""
+        if self._closed:
+            raise ValueError(f"this {self.who} is closed: make electors on an open one")
+        if name in self._members:
+            raise ValueError(
+                f"an elector on this {self.who} already campaigns on {name!r}: a session holds one lock per name; "
+                "close it first, or use another session"
+            )
+        backend: SharedLocks[_C] = self.shared_class(self._dsn, name=name, **self._options)  # ValueError: a bad name
+        backend.shared = self
+        self._members[name] = (backend, close or backend.aclose)
+        return backend
+
+    def join(self, name: str, backend: object, close: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Record how to close the elector of ``backend`` (made by :meth:`backend`) when the session closes."""
+        member = self._members.get(name)
+        if member is not None and member[0] is backend:
+            self._members[name] = (backend, close)
+
+    def leave(self, name: str, backend: object) -> None:
+        """Forget ``backend``'s elector (its own ``aclose()``); the connection stays for the others."""
+        member = self._members.get(name)
+        if member is not None and member[0] is backend:
+            del self._members[name]
+        self._notices.pop(name, None)
+
+    def wait(self, backend: SharedLocks[_C]) -> None:
+        """``backend``'s campaign waits: its holder is read in the next waiting rounds."""
+        self._waits[backend.name] = backend
+
+    def unwait(self, backend: SharedLocks[_C]) -> None:
+        if self._waits.get(backend.name) is backend:
+            del self._waits[backend.name]
+
+    async def holders(self, after: float) -> _Holders:
+        """A waiting round sent at ``after`` or later: the last one if recent enough, else a new one."""
+        async with self._wait_rounds:
+            last = self._last_wait
+            if last is not None and last.sent >= after:
+                return last
+
+            async def step(conn: _C) -> _Holders:
+                sent = monotonic()
+                waiting = list(self._waits.values())
+                return _Holders(sent, await self._holders_many(conn, waiting) if waiting else {})
+
+            with anyio.CancelScope(shield=True):  # a cancelled campaign must not cut the shared connection
+                done = await self.run(step)
+            self._last_wait = done
+            return done
+
+    async def identify(self, backend: SharedLocks[_C], holder: Hashable) -> Any:
+        """Report the holder of ``backend``'s lock, seen as ``holder``, with its identity: what to compare the next
+        holder with."""
+
+        async def step(conn: _C) -> Any:
+            _, current, final = await backend._identify(conn)
+            backend._reporter.leader(current)
+            return holder if final else _UNSEEN
+
+        with anyio.CancelScope(shield=True):
+            async with self._asking:
+                seen = await self.run(step)
+        await anyio.lowlevel.checkpoint()
+        return seen
+
+    def notice_for(self, name: str) -> anyio.Event:
+        """The event set when a release of ``name`` is announced (a new one after each)."""
+        event = self._notices.get(name)
+        if event is None or event.is_set():
+            event = self._notices[name] = anyio.Event()
+        return event
+
+    def released(self, name: str) -> None:
+        """A release of ``name`` was announced: wake its waiting campaign, if any."""
+        event = self._notices.get(name)
+        if event is not None:
+            event.set()
+
+    # --- the connection ---------------------------------------------------------------
+
+    async def _connection(self) -> _C:
+        """The live shared connection, a new one if there is none (call with the statement lock held)."""
+        if self._closed:
+            raise ElectionError(f"the {self.who} is closed")
+        if not self._entered:
+            raise ElectionError(f"enter the {self.who} (async with) before its electors campaign")
+        conn = self._conn
+        if conn is not None and not conn.broken:
+            return conn
+        if conn is not None:
+            await self._lose(conn, "the shared lock connection is closed")
+        # Shielded and bounded by the connect timeout: a connect cut off would leave a session on the server.
+        with anyio.CancelScope(shield=True):
+            fresh = await self.template._new_session(self.identity)
+            try:
+                await self._listen(fresh)
+            except BaseException:
+                fresh.close()
+                raise
+        self._conn = fresh
+        self.log.debug("shared lock session %s opened", fresh.session_id)
+        return fresh
+
+    async def _lose(self, conn: _C, why: str) -> None:
+        """Close ``conn`` for good: every leadership on it is lost (fate sharing). Never interrupted, bounded."""
+        if self._conn is conn:
+            self._conn = None
+        lost = [name for name, hold in self._holds.items() if hold.conn is conn]
+        for name in lost:  # their monitors see the connection gone at the next round
+            del self._holds[name]
+        if lost:
+            self.log.warning(
+                "shared lock session %s ended (%s): every leadership on it (%d) is lost",
+                conn.session_id,
+                why,
+                len(lost),
+            )
+        with anyio.CancelScope(shield=True):
+            await self.template._drop(conn)  # ends a session left with a lock request pending, once proven ours
+
+    async def run(self, step: Callable[[_C], Awaitable[_T]]) -> _T:
+        """``step(conn)`` alone on the shared connection; a failure that closed the connection loses it."""
+        async with self._statements:
+            conn = await self._connection()
+            try:
+                return await step(conn)
+            finally:
+                if conn.broken:
+                    await self._lose(conn, "a statement on it failed")
+
+    # --- campaign, check, release -----------------------------------------------------
+
+    async def attempt(self, backend: SharedLocks[_C], identity: str, seen: Any) -> tuple[SharedHold[_C] | None, Any]:
+        """One lock request that does not wait: the hold if granted, else None and the holder reported.
+
+        The statements are shielded from cancellation (each is bounded); a
+        grant made while the caller was cancelled is released before the
+        cancellation goes on.
+        """
+        hold: SharedHold[_C] | None = None
+        with anyio.CancelScope(shield=True):
+
+            async def step(conn: _C) -> Any:
+                nonlocal hold
+                if not await backend._ask(conn, backend._try_request):
+                    return await backend._report_holder(conn, seen)
+                try:
+                    confirmed = monotonic()
+                    token = await backend._granted(conn, identity)
+                except BaseException:
+                    if not conn.broken:  # a grant whose token failed must not stay held on the session
+                        try:
+                            await backend._unlock(conn)
+                        except Exception:
+                            conn.close()
+                    raise
+                hold = SharedHold(self, backend, conn, token, confirmed)
+                self._holds[backend.name] = hold
+                return _UNSEEN
+
+            async with self._asking:
+                seen = await self.run(step)
+        try:
+            await anyio.lowlevel.checkpoint()  # a cancellation that came during the statements
+        except BaseException:
+            if hold is not None:
+                await hold.release()
+            raise
+        return hold, seen
+
+    async def confirmation(self, after: float) -> _Round:
+        """A check round sent at ``after`` or later: the last one if it is recent enough, else a new one."""
+        async with self._rounds:
+            last = self._last
+            if last is not None and last.sent >= after:
+                return last
+            with anyio.CancelScope(shield=True):  # a cancelled monitor must not cut the shared connection
+                done = await self._round()
+            self._last = done
+            return done
+
+    async def _round(self) -> _Round:
+        async with self._statements:
+            conn = self._conn
+            sent = monotonic()
+            if conn is None:
+                return _Round(sent, conn, failure=self.template.lost_session)
+            if conn.broken:
+                await self._lose(conn, self.template.lost_session)
+                return _Round(sent, conn, failure=self.template.lost_session)
+            backends = [hold._backend for hold in self._holds.values() if hold.conn is conn]
+            try:
+                held = await self._held_many(conn, backends)
+            except TimeoutError:
+                why = f"lock check did not complete within {self.template.check_timeout:g}s"
+            except Exception as exc:
+                why = f"lock connection failed: {self.template.describe(exc)}"
+            else:
+                return _Round(sent, conn, held)
+            conn.close()
+            await self._lose(conn, why)
+            return _Round(sent, conn, failure=why)
+
+    async def release(self, hold: SharedHold[_C]) -> None:
+        """Release ``hold``'s lock on its connection; a release the server does not answer closes the connection."""
+        if self._holds.get(hold.name) is hold:
+            del self._holds[hold.name]
+        b = hold._backend
+        with anyio.CancelScope(shield=True):
+            async with self._statements:
+                conn = hold.conn
+                if conn.broken:
+                    return
+                try:
+                    freed = await b._unlock(conn)
+                    if freed:
+                        await b._notify_release(conn)
+                    else:  # not ours any more (lost meanwhile): nothing held to give back
+                        b.log.debug("the server shows the lock not held by the shared session; nothing to release")
+                except Exception as exc:
+                    conn.close()
+                    await self._lose(conn, f"the release of {hold.name!r} failed: {b.describe(exc)}")
+
+    # --- lifetime ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._entered:
+            raise RuntimeError(f"a {self.who} is entered once")
+        self._entered = True
+        self.log.warning(
+            "electors on this shared %s session hold their locks on one connection (fate sharing): when it is "
+            "lost, EVERY elector on it loses its leadership at once; use separate electors for independent elections",
+            self.template.dialect.product,
+        )
+        try:
+            await self.run(lambda conn: anyio.lowlevel.checkpoint())
+        except BaseException as exc:
+            await self.aclose()
+            if isinstance(exc, Exception) and self.template.permanent(exc):
+                raise ElectionError(
+                    f"{self.template.dialect.product} refused the shared session: {self.template.describe(exc)}"
+                ) from None
+            if isinstance(exc, Exception) and not isinstance(exc, ElectionError):
+                host, port = self.template._address
+                raise BackendUnavailable(
+                    f"{self.template.dialect.product} at {host}:{port} is unreachable: {self.template.describe(exc)}"
+                ) from None
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every elector still on the session, then the connection (which frees any lock). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            members = list(self._members.values())
+            if members:
+                self.log.info("closing the %d electors still on the shared session", len(members))
+                async with anyio.create_task_group() as tg:
+                    for _, close in members:
+                        tg.start_soon(close)
+            self._members.clear()
+            async with self._statements:
+                conn, self._conn = self._conn, None
+                if conn is not None:
+                    await conn.aclose(self.template.check_timeout)
+            await self.template.aclose()
+
+
+def held_names(backends: list[Any], answers: list[Hashable]) -> frozenset[str]:
+    """The names of ``backends`` whose answer (in the same order) is true."""
+    return frozenset(b.name for b, yes in zip(backends, answers, strict=True) if yes)

@@ -1,0 +1,161 @@
+"""The network and server as the adversary plays them: an :class:`~aioelect._backend.Interceptor`.
+
+Each exchange between a backend and its server (an etcd request, an etcd
+watch message, a SQL statement) gets its own draws from a seeded RNG: a
+delay before the request leaves, a delay before the reply is handed back,
+and perhaps a failure. Delays are independent per exchange, so a reply can
+arrive after a later one, as on a gRPC connection that multiplexes calls or
+across connections. Failures are those a network or server gives:
+
+* the request is lost (the connection drops before it is sent);
+* the reply is lost (the server ran the request, the connection dropped);
+* etcd cancels a watch (the watch answers ``canceled``, as the server does
+  when it ends a watch).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+__all__ = ["Network", "Profile"]
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How often each thing happens to one exchange (probabilities) and how long delays are (seconds)."""
+
+    #: A short delay (up to ``short``) on the request, and independently on the reply.
+    short_p: float = 0.25
+    short: float = 0.05
+    #: A long delay (``long_min`` .. ``long``): the late reply that reorders. An etcd watch's creation or message
+    #: is held back at most ``watch_long`` each way: it may carry the news of a lost leadership, which the margin
+    #: must cover.
+    long_p: float = 0.05
+    long_min: float = 0.2
+    long: float = 2.0
+    watch_long: float = 0.5
+    #: The request lost before it is sent, or the reply lost after the server ran it.
+    lost_request_p: float = 0.01
+    lost_reply_p: float = 0.01
+    #: An etcd watch cancelled by the server while a read waits (after up to ``cancel_within`` s), per read.
+    cancel_watch_p: float = 0.1
+    cancel_within: float = 2.0
+    #: Exchanges (by ``what``) whose replies are late far more often (``slow_p``) for one elector, the seed's
+    #: victim (which the operator also picks on more often): faults that meet on one elector.
+    slow: tuple[str, ...] = ()
+    slow_p: float = 0.5
+
+    @classmethod
+    def draw(cls, rng: random.Random, kinds: tuple[str, ...] = ()) -> Profile:
+        """A profile of its own for one seed (swarm testing: some seeds mostly delay, some mostly fail, some make
+        up to three of ``kinds`` slow...). One seed in four is calm: short delays only, the operator alone
+        (fewer sessions opened anew, so MariaDB's connection ids stay low and a restart reuses them soon)."""
+        if rng.random() < 0.25:
+            return cls(long_p=0.0, lost_request_p=0.0, lost_reply_p=0.0, cancel_watch_p=0.0)
+        return cls(
+            slow=tuple(rng.sample(kinds, k=min(3, len(kinds)))),
+            slow_p=rng.uniform(0.2, 0.8),
+            short_p=rng.uniform(0.0, 0.5),
+            long_p=rng.uniform(0.02, 0.25),
+            long=rng.uniform(1.0, 4.0),
+            lost_request_p=rng.uniform(0.0, 0.03),
+            lost_reply_p=rng.uniform(0.0, 0.03),
+            cancel_watch_p=rng.uniform(0.05, 0.5),
+            cancel_within=1.0,
+        )
+
+
+class Network:
+    """One elector's link to its server: seeded, independent faults on every exchange.
+
+    ``lost`` builds the exception a dropped connection raises for the
+    backend's driver; ``cancelled`` the etcd reply that cancels a watch (None
+    for SQL). Counts of what was done are in :attr:`counts`.
+    """
+
+    def __init__(
+        self,
+        rng: random.Random,
+        profile: Profile,
+        lost: Callable[[str], Exception],
+        cancelled: Callable[[], Any] | None = None,
+        trace: Callable[[str], None] | None = None,
+    ) -> None:
+        self._trace = trace or (lambda line: None)
+        self._rng = rng
+        self._profile = profile
+        self._lost = lost
+        self._cancelled = cancelled
+        #: The seed's victim: only its exchanges of the slow kinds are slow. Leases it was granted (etcd).
+        self.victim = False
+        self.leases: set[str] = set()
+        self.counts: Counter[str] = Counter()
+        #: Off while the run ends, so that closing is not itself faulted.
+        self.active = True
+
+    def _delay(self, longest: float) -> float:
+        p, draw = self._profile, self._rng.random()
+        if draw < p.long_p:
+            return self._rng.uniform(min(p.long_min, longest), longest)
+        if draw < p.long_p + p.short_p:
+            return self._rng.uniform(0.0, p.short)
+        return 0.0
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        if not self.active:
+            return await send()
+        p, rng = self._profile, self._rng
+        # Every draw is taken now, in the order exchanges start, whatever happens to this one.
+        # A watch's creation and its messages are how a leader hears that its key went: held back at most
+        # ``watch_long`` (the margin covers that), and never lost on their own.
+        message = what.startswith("watch")
+        longest = p.watch_long if message else p.long
+        before, after = self._delay(longest), self._delay(longest)
+        if self.victim and what in p.slow and rng.random() < p.slow_p:
+            after = rng.uniform(p.long_min, longest)
+        lose_request, lose_reply = rng.random() < p.lost_request_p, rng.random() < p.lost_reply_p
+        cancel = None
+        if self._cancelled is not None and what == "watch message" and rng.random() < p.cancel_watch_p:
+            cancel = rng.uniform(0.0, p.cancel_within)
+        if before >= p.long_min:
+            self._trace(f"{what}: request held back {before:.2f}s")
+        if after >= p.long_min:
+            self._trace(f"{what}: reply will be held back {after:.2f}s")
+        if before:
+            self.counts["delayed request"] += 1
+            await anyio.sleep(before)
+        if lose_request and not message:
+            self.counts["lost request"] += 1
+            self._trace(f"{what}: request lost")
+            raise self._lost(what)
+        if cancel is None:
+            reply = await send()
+        else:
+            reply = None
+            with anyio.move_on_after(cancel):
+                reply = await send()
+            if reply is None:  # no message within the time drawn: the server cancels the watch
+                assert self._cancelled is not None
+                self.counts["cancelled watch"] += 1
+                self._trace("watch cancelled by the server")
+                return self._cancelled()
+        if after:
+            self.counts["delayed reply"] += 1
+            await anyio.sleep(after)
+            if after >= p.long_min:
+                self._trace(f"{what}: late reply delivered")
+        if what == "lease grant":
+            lease = f"{getattr(reply, 'ID', 0):x}"
+            self.leases.add(lease)
+            self._trace(f"lease grant: lease {lease}")
+        if lose_reply and not message:
+            self.counts["lost reply"] += 1
+            self._trace(f"{what}: reply lost")
+            raise self._lost(what)
+        return reply

@@ -1,0 +1,385 @@
+"""One adversary run: several electors in one process against one real server, then the checker.
+
+Each elector campaigns, leads for a while and releases, over and over, on
+its own seeded RNG: some campaigns carry a timeout (and give up), some
+leaderships are short and some long, and every campaign after the first
+runs on the session the elector kept (etcd's lease, the SQL engine's kept
+lock session). While it leads it records an act every 20-50 ms, each act
+being a read of ``held`` that was True. Every exchange with the server goes
+through the elector's own :class:`~.network.Network`; the operator acts on
+the server between them.
+
+The run is judged by :func:`soak.checker.check` (overlap beyond the margin,
+tokens that do not grow) and by :func:`deposed`: a SQL leader whose session
+the server ended while no operator action could explain it (its session was
+ended by someone who took it for another).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+import aioelect
+from soak.checker import Act, Fault, History, Term, Verdict, Violation, check
+from soak.timing import OVERLAP_SLACK
+
+from .network import Network, Profile
+from .servers import Target
+
+__all__ = ["OPTIONS", "Loss", "Outcome", "deposed", "margin", "run_seed", "tokens"]
+
+_NS = 1_000_000_000
+
+#: Elector options per backend. SQL: the fault suite's checks, with a lease long enough that a kept session
+#: is still used again after a server restart (it is kept for lease / 2).
+OPTIONS: dict[str, dict[str, Any]] = {
+    "etcd": {"ttl": 3},
+    "mysql": {"lease": 20, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 1.0},
+    "postgres": {
+        "lease": 20,
+        "check_interval": 0.3,
+        "check_timeout": 0.6,
+        "renew_deadline": 2.0,
+        "poll_interval": 1.0,
+    },
+}
+
+
+def margin(backend: str, profile: Profile) -> float:
+    """Seconds two leaders may both act: the documented bound for a deposed leader to notice, plus scheduling.
+
+    etcd: the news of the loss is a watch message, which the adversary may
+    hold back up to ``profile.watch_long`` on the way there and again on the
+    way back. SQL: the check is bounded by
+    ``check_timeout`` whatever the adversary does, and a closed session is
+    seen at once.
+    """
+    options = OPTIONS[backend]
+    if backend == "etcd":
+        # A revoked lease or deleted key reaches the leader by its watch, at the latest by its next keep-alive.
+        return options["ttl"] / 3 + 2 * profile.watch_long + OVERLAP_SLACK
+    return options["check_interval"] + options["check_timeout"] + OVERLAP_SLACK  # docs/guarantees.md
+
+
+@dataclass(frozen=True)
+class Loss:
+    """A leadership of ``who`` (started at ``start``) lost at ``at`` for ``reason``."""
+
+    who: str
+    token: int | None
+    start: int
+    at: int
+    reason: str
+
+
+@dataclass
+class Outcome:
+    """What one run recorded and the verdict on it."""
+
+    backend: str
+    seed: int
+    verdict: Verdict
+    faults: list[Fault]
+    losses: list[Loss]
+    counts: dict[str, int] = field(default_factory=dict)
+    #: (monotonic ns, who, what): elector events, the operator's actions, the network's notable faults.
+    trace: list[tuple[int, str, str]] = field(default_factory=list)
+    #: The exchanges this seed made slow.
+    slow: tuple[str, ...] = ()
+
+    @property
+    def violations(self) -> list[Violation]:
+        """Everything the run found, except leaderless time (electors here step aside on purpose)."""
+        return [v for v in self.verdict.violations if v.kind != "gap"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+#: What a SQL backend says when the server ended the lock session or the lock is no longer the session's.
+_SESSION_ENDED = (
+    "the server closed the lock connection",
+    "lock is no longer held by our session",
+    "lock connection closed (session terminated",
+    "advisory lock is no longer held by our session",
+)
+
+
+def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Violation]:
+    """SQL leaders whose session ended with no operator action to explain it.
+
+    A session ended: the server closed it, the lock is no longer its, or a
+    check failed with the driver's error (not one the adversary raised).
+    An action explains a loss at ``t`` of a leadership that started at ``s``
+    if it happened at most ``window`` seconds before ``t`` and: it ended the
+    holder's session and ``s`` was before it; it ended another session just
+    as that one became the holder (``s`` within a second before it); or it
+    was a restart in progress when the leadership existed.
+    """
+    found = []
+    w = int(window * _NS)
+    for loss in losses:
+        # A session ended under a check in flight fails the check with the driver's error instead.
+        failed = loss.reason.startswith("lock connection failed") and "adversary" not in loss.reason
+        if not (loss.reason.startswith(_SESSION_ENDED) or failed):
+            continue
+        explained = False
+        for fault in faults:
+            t, s = loss.at, loss.start
+            if fault.kind == "kill-holder":
+                explained |= s <= fault.start + _NS // 2 and fault.start <= t <= fault.start + w
+            elif fault.kind == "kill-session":
+                explained |= fault.start - _NS <= s <= fault.start + _NS // 2 and fault.start <= t <= fault.start + w
+            elif fault.kind == "restart":
+                explained |= s <= fault.heal and fault.start <= t <= fault.heal + w
+        if not explained:
+            found.append(
+                Violation(
+                    "deposed",
+                    f"{loss.who}'s leadership (token {loss.token}) ended: {loss.reason}; no operator action ended "
+                    "its session",
+                    loss.at,
+                )
+            )
+    return found
+
+
+def tokens(leaderships: list[Term], margin: float) -> list[Violation]:
+    """Leaderships whose token is not larger than that of one that started more than ``margin`` s before.
+
+    A leadership granted before another but seen late (its news held back)
+    starts acting after it: within the margin that is the overlap the
+    margin allows, beyond it the order of tokens is broken.
+    """
+    found = []
+    m = int(margin * _NS)
+    for i, later in enumerate(leaderships):
+        for earlier in leaderships[:i]:
+            if later.start - earlier.start <= m or earlier.token is None or later.token is None:
+                continue
+            if later.token <= earlier.token:
+                found.append(
+                    Violation(
+                        "token",
+                        f"{later.who}'s leadership (token {later.token}) started "
+                        f"{(later.start - earlier.start) / _NS:.2f} s after {earlier.who}'s (token {earlier.token}) "
+                        "but its token is not larger",
+                        later.start,
+                    )
+                )
+    return found
+
+
+class _Candidate:
+    """One elector and the loop that campaigns, leads and releases."""
+
+    def __init__(self, who: str, elector: aioelect.Elector, network: Network, rng: random.Random) -> None:
+        self.who = who
+        self.elector = elector
+        self.network = network
+        self.rng = rng
+        self.acts: list[Act] = []
+        self.losses: list[Loss] = []
+        self.counts: dict[str, int] = {}
+        #: Set while the elector pauses between campaigns, holding its kept session: the operator may end the pause.
+        self.pausing: anyio.Event | None = None
+
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    async def loop(self, until: float) -> None:
+        rng = self.rng
+        while time.monotonic() < until:
+            timeout = rng.uniform(0.1, 1.5) if rng.random() < 0.5 else None
+            try:
+                lead = await self.elector.acquire(timeout=timeout)
+            except TimeoutError:
+                self._count("campaign timeout")
+                continue
+            self._count("leadership")
+            start = time.monotonic_ns()
+            # Short leaderships make handovers; long ones outlast the margin, so that two leaders show.
+            hold = rng.uniform(0.05, 0.5) if rng.random() < 0.45 else rng.uniform(3.0, 8.0)
+            stop = min(time.monotonic() + hold, until)
+            while time.monotonic() < stop:
+                t0 = time.monotonic_ns()
+                if not lead.held:
+                    break
+                self.acts.append(Act(self.who, lead.token, t0, time.monotonic_ns(), True))
+                await anyio.sleep(rng.uniform(0.02, 0.05))
+            if lead.lost:
+                self.losses.append(Loss(self.who, lead.token, start, time.monotonic_ns(), lead.lost_reason or ""))
+            await lead.release()
+            # Mostly back at once; sometimes a pause with the kept session, which the operator may end (after a
+            # restart...) by a re-campaign on that session.
+            if rng.random() < 0.6:
+                await anyio.sleep(rng.uniform(0.0, 0.1))
+                continue
+            self.pausing = anyio.Event()
+            with anyio.move_on_after(rng.uniform(1.0, 6.0)):
+                await self.pausing.wait()
+            self.pausing = None
+
+    def recampaign(self) -> bool:
+        """End the pause, if pausing: the next campaign runs on the kept session now."""
+        if self.pausing is None:
+            return False
+        self.pausing.set()
+        return True
+
+
+class _Trace:
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str, str]] = []
+
+    def sink(self, who: str) -> Any:
+        return lambda line: self.lines.append((time.monotonic_ns(), who, line))
+
+
+def _listen(elector: aioelect.Elector, say: Any) -> None:
+    def on_event(event: aioelect.Event) -> None:
+        if event.kind in ("acquired", "lost", "released", "campaigning"):
+            say(f"{event.kind} token={event.token}" + (f" ({event.reason})" if event.reason else ""))
+        elif event.kind == "error":
+            say(f"retrying: {event.reason}")
+
+    elector.add_listener(on_event)
+
+
+def _recampaign(candidates: list[_Candidate], rng: random.Random, *, every: bool = False) -> str:
+    """Make an elector that pauses between campaigns (``every``: each one) campaign again now, on its kept session."""
+    pausing = [c for c in candidates if c.pausing is not None]
+    if not pausing:
+        return "nobody pausing"
+    chosen = pausing if every else [rng.choice(pausing)]
+    for candidate in chosen:
+        candidate.recampaign()
+    return f"{', '.join(c.who for c in chosen)} campaign(s) again on the kept session"
+
+
+async def _operator(
+    target: Target,
+    candidates: list[_Candidate],
+    rng: random.Random,
+    until: float,
+    faults: list[Fault],
+    errors: list[str],
+    say: Any,
+) -> None:
+    """The operator's actions on the server, one every ``target.pace`` seconds or so, and re-campaigns.
+
+    After a restart, most often every elector pausing with its kept session
+    campaigns again soon after: their sessions outlived the server.
+    """
+    kinds = [*target.actions, "recampaign"]
+    weights = [*target.actions.values(), 2.0]
+    after_restart = False
+    while True:
+        # After a restart, the re-campaign waits until the others are back (the new server's sessions exist).
+        await anyio.sleep(rng.uniform(0.3, 3.0) if after_restart else rng.uniform(0.2, 2 * target.pace))
+        if time.monotonic() >= until:
+            return
+        kind = "recampaign" if after_restart else rng.choices(kinds, weights)[0]
+        every, after_restart = after_restart, kind == "restart" and rng.random() < 0.8
+        start = time.monotonic_ns()
+        if kind == "recampaign":
+            say(f"recampaign: {_recampaign(candidates, rng, every=every)}")
+            continue
+        try:
+            detail = await target.act(kind, rng)
+        except Exception as exc:
+            errors.append(f"{kind} failed: {exc!r}")
+            await anyio.to_thread.run_sync(target.server.start)  # a failed restart leaves it stopped
+            continue
+        heal = time.monotonic_ns()
+        say(f"{kind}: {detail}")
+        faults.append(Fault(kind, target.backend, start, heal, heal, detail))
+
+
+def _elector(target: Target, who: str) -> aioelect.Elector:
+    backend = target.backend
+    return aioelect.new(**{backend: target.target()}, name=target.name, identity=who, **OPTIONS[backend])
+
+
+def _attach(elector: aioelect.Elector, network: Network) -> None:
+    """Put ``network`` between the elector's backend and its server (the backends' interceptor seam)."""
+    backend: Any = elector._backend  # private: the adversary is the seam's one user
+    if hasattr(backend, "conn"):
+        backend.conn.interceptor = network  # etcd: the connection's requests and watches
+    else:
+        backend.interceptor = network  # SQL: every session the engine opens
+
+
+async def run_seed(
+    target: Target, seed: int, seconds: float, *, electors: int | None = None, profile: Profile | None = None
+) -> Outcome:
+    """Run ``electors`` electors against ``target`` for ``seconds`` under seed ``seed``; judge the history.
+
+    Without ``electors`` or ``profile``, the seed draws them (3 to 6 electors, :meth:`Profile.draw`).
+    """
+    master = random.Random(seed)
+    profile = profile or Profile.draw(master, target.kinds)
+    electors = electors or master.randint(3, 6)
+    trace = _Trace()
+    candidates = []
+    for i in range(electors):
+        who = f"e{i}"
+        network = Network(
+            random.Random(master.getrandbits(64)), profile, target.lost, target.cancelled, trace.sink(who)
+        )
+        elector = _elector(target, who)
+        _attach(elector, network)
+        _listen(elector, trace.sink(who))
+        candidates.append(_Candidate(who, elector, network, random.Random(master.getrandbits(64))))
+    operator_rng = random.Random(master.getrandbits(64))
+    victim = master.choice(candidates)
+    victim.network.victim = True
+    target.victim_leases = victim.network.leases
+    trace.sink(victim.who)("the seed's victim: slow " + (", ".join(profile.slow) or "-"))
+    faults: list[Fault] = []
+    errors: list[str] = []
+    begin = time.monotonic_ns()
+    until = time.monotonic() + seconds
+    try:
+        async with anyio.create_task_group() as tg:
+            for candidate in candidates:
+                await candidate.elector.__aenter__()
+                tg.start_soon(candidate.loop, until)
+            tg.start_soon(_operator, target, candidates, operator_rng, until, faults, errors, trace.sink("operator"))
+    finally:
+        for candidate in candidates:
+            candidate.network.active = False
+            with anyio.CancelScope(shield=True):
+                await candidate.elector.aclose()
+    end = time.monotonic_ns()
+    acts = [act for c in candidates for act in c.acts]
+    losses = [loss for c in candidates for loss in c.losses]
+    bound = margin(target.backend, profile)
+    history = History(
+        label=f"{target.backend} seed {seed}",
+        acts=acts,
+        writes=[],
+        faults=faults,
+        begin=begin,
+        end=end,
+        margin=bound,
+        base_gap=seconds,
+        errors=errors,
+    )
+    verdict = check(history)
+    verdict.violations = [v for v in verdict.violations if v.kind != "token"] + tokens(verdict.terms, bound)
+    if target.backend != "etcd":
+        verdict.violations += deposed(losses, faults, bound + 2.0)
+    counts: dict[str, int] = {}
+    for c in candidates:
+        for key, value in list(c.network.counts.items()) + list(c.counts.items()):
+            counts[key] = counts.get(key, 0) + value
+    for fault in faults:
+        counts[fault.kind] = counts.get(fault.kind, 0) + 1
+    return Outcome(target.backend, seed, verdict, faults, losses, counts, trace.lines, profile.slow)

@@ -1,0 +1,311 @@
+"""The message-level adversary (soak/adversary/): its pieces on constructed inputs, and fixed seeds on real servers.
+
+The seed runs start their own throwaway servers (the adversary restarts
+them) and fail unless the run found no violation: two leaderships acting
+at once beyond the margin, a token that does not grow, or a SQL leader
+whose session was ended by nobody who meant it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+import aioelect
+from soak.adversary.__main__ import describe
+from soak.adversary.network import Network, Profile
+from soak.adversary.run import OPTIONS, Loss, _attach, deposed, run_seed, tokens
+from soak.adversary.servers import SERVERS, EtcdTarget
+from soak.checker import Fault, Term
+from tests.harness import MariaDBServer, MissingBinaryError
+from tests.harness.plugin import server_unavailable, skip_if_external
+
+NS = 1_000_000_000
+#: The CI seeds, per backend, and each one's seconds: about 2 minutes in all with the servers' starts.
+SEEDS = {"etcd": [1, 2, 3], "mysql": [1, 2, 3], "postgres": [1]}
+SECONDS = 12.0
+
+
+def _term(who: str, token: int, start: float, end: float) -> Term:
+    return Term(who, token, int(start * NS), int(end * NS), 10)
+
+
+def test_tokens_accepts_an_old_leadership_seen_late_within_the_margin() -> None:
+    assert tokens([_term("a", 5, 0.0, 3.0), _term("b", 4, 0.5, 1.0)], margin=1.0) == []
+
+
+def test_tokens_reports_a_smaller_token_beyond_the_margin() -> None:
+    found = tokens([_term("a", 5, 0.0, 3.0), _term("b", 4, 2.0, 4.0)], margin=1.0)
+    assert [v.kind for v in found] == ["token"]
+    assert "b's leadership (token 4)" in found[0].message
+
+
+def _loss(start: float, at: float, reason: str = "the server closed the lock connection") -> Loss:
+    return Loss("a", 7, int(start * NS), int(at * NS), reason)
+
+
+def _fault(kind: str, start: float, heal: float | None = None) -> Fault:
+    end = int((heal if heal is not None else start) * NS)
+    return Fault(kind, "mysql", int(start * NS), end, end)
+
+
+def test_deposed_reports_a_session_ended_by_nobody() -> None:
+    found = deposed([_loss(1.0, 5.0)], [_fault("kill-holder", 0.5), _fault("restart", 2.0, 3.0)], window=1.0)
+    assert [v.kind for v in found] == ["deposed"]
+
+
+def test_deposed_accepts_a_session_ended_by_the_operator() -> None:
+    assert deposed([_loss(1.0, 2.5)], [_fault("kill-holder", 2.0)], window=1.0) == []
+    assert deposed([_loss(1.0, 2.5)], [_fault("restart", 2.0, 2.2)], window=1.0) == []
+    # A leadership that began after the restart was over is not ended by it.
+    assert len(deposed([_loss(3.0, 3.5)], [_fault("restart", 2.0, 2.2)], window=2.0)) == 1
+
+
+def test_deposed_ignores_losses_for_other_reasons() -> None:
+    assert deposed([_loss(1.0, 5.0, "lock check did not complete within 0.6s")], [], window=1.0) == []
+
+
+def _exchange(network: Network, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        return await network.exchange(what, send)
+
+    return anyio.run(main)
+
+
+def test_network_passes_replies_and_loses_some() -> None:
+    async def send() -> str:
+        return "reply"
+
+    lossy = Network(random.Random(1), Profile(short_p=0, long_p=0, lost_reply_p=1.0), ConnectionResetError)
+    with pytest.raises(ConnectionResetError):
+        _exchange(lossy, "read leader", send)
+    clean = Network(random.Random(1), Profile(short_p=0, long_p=0, lost_request_p=0, lost_reply_p=0), OSError)
+    assert _exchange(clean, "read leader", send) == "reply"
+    assert clean.counts == {}
+
+
+def test_network_cancels_a_watch_that_waits() -> None:
+    async def never() -> str:
+        await anyio.sleep(10)
+        return "message"
+
+    profile = Profile(short_p=0, long_p=0, cancel_watch_p=1.0, cancel_within=0.05)
+    network = Network(random.Random(1), profile, OSError, cancelled=lambda: "cancelled")
+    assert _exchange(network, "watch message", never) == "cancelled"
+    assert network.counts["cancelled watch"] == 1
+
+
+@pytest.mark.parametrize("backend", sorted(SEEDS))
+def test_adversary_seeds_find_no_violation(backend: str) -> None:
+    skip_if_external(backend)
+    target = SERVERS[backend](f"adversary-ci-{backend}")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+    try:
+        failures = []
+        for seed in SEEDS[backend]:
+            target.name = f"adversary-ci-{seed}"
+            outcome = anyio.run(lambda: run_seed(target, seed, SECONDS))  # noqa: B023 - run at once
+            if not outcome.ok:
+                failures.append(describe(outcome, trace=10.0))
+        assert not failures, "\n".join(failures)
+    finally:
+        target.cleanup()
+
+
+def test_deposed_counts_a_check_failed_by_the_server_not_one_failed_by_the_adversary() -> None:
+    server = "lock connection failed: (2013) Lost connection to server during query"
+    assert len(deposed([_loss(1.0, 5.0, server)], [], window=1.0)) == 1
+    ours = "lock connection failed: ConnectionResetError('adversary: connection reset during e1')"
+    assert deposed([_loss(1.0, 5.0, ours)], [], window=1.0) == []
+
+
+def test_adversary_script_kept_session_across_a_restart_ends_nobody_else() -> None:
+    """The operator's actions in a fixed order, judged by the adversary's checker: A leads and releases (its
+    session kept), the server restarts, B leads on the connection id A's session had, A campaigns again on
+    its kept session. Nobody may end B's session."""
+    skip_if_external("mysql")
+    target = SERVERS["mysql"]("adversary-script")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+    server = target.server
+    assert isinstance(server, MariaDBServer)
+
+    def connect() -> Any:
+        import pymysql
+
+        return pymysql.connect(host=server.host, port=server.port, user="root", password="")
+
+    async def main() -> list[Any]:
+        for _ in range(8):  # A's session gets an id that the restarted server hands out again below
+            await anyio.to_thread.run_sync(lambda: connect().close())
+        a, b = (aioelect.new(mysql=target.target(), name=target.name, identity=i, **OPTIONS["mysql"]) for i in "AB")
+        fillers: list[Any] = []
+        try:
+            async with a, b:
+                lead = await a.acquire()
+                kept = int(server.query("SELECT IS_USED_LOCK(%s)", (target.name,), database="")[0][0])
+                await lead.release()
+                restarted = time.monotonic_ns()
+                await anyio.to_thread.run_sync(server.restart)
+                healed = time.monotonic_ns()
+                while not fillers or fillers[-1].thread_id() < kept - 1:
+                    fillers.append(await anyio.to_thread.run_sync(connect))
+                other = await b.acquire()
+                started = time.monotonic_ns()
+                with anyio.move_on_after(3):
+                    await a.acquire()  # a campaign on the kept session, which did not survive the restart
+                await anyio.sleep(0.5)
+                losses = [Loss("B", other.token, started, time.monotonic_ns(), other.lost_reason or "")]
+                if not other.lost:
+                    losses = []
+                return deposed(losses, [Fault("restart", "mysql", restarted, healed, healed)], window=3.0)
+        finally:
+            for filler in fillers:
+                filler.close()
+
+    try:
+        assert anyio.run(main) == []
+    finally:
+        target.cleanup()
+
+
+class _Script:
+    """A scripted adversary for one etcd elector: cancel its watches, hold back its next read of the leader,
+    the campaign's next check until that read ran, and its next watch creation."""
+
+    def __init__(self) -> None:
+        self.cancels = 0
+        self._tick = anyio.Event()
+        self.hold_read = False
+        self.read_ran = anyio.Event()
+        self.deliver_read = anyio.Event()
+        self.hold_watch = False
+        self.create_watch = anyio.Event()
+
+    def cancel_watches(self) -> None:
+        """The server cancels every watch read now waiting."""
+        self.cancels += 1
+        tick, self._tick = self._tick, anyio.Event()
+        tick.set()
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        if what == "watch message":
+            start, result = self.cancels, []
+            async with anyio.create_task_group() as tg:
+
+                async def read() -> None:
+                    result.append(await send())
+                    tg.cancel_scope.cancel()
+
+                async def cancelled() -> None:
+                    while self.cancels == start:
+                        await self._tick.wait()
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(read)
+                tg.start_soon(cancelled)
+            return result[0] if result else EtcdTarget("-").cancelled()
+        if what == "watch created" and self.hold_watch:
+            self.hold_watch = False
+            await self.create_watch.wait()
+        if what == "check candidacy" and self.hold_read:
+            await self.read_ran.wait()
+        if what == "read leader" and self.hold_read:
+            self.hold_read = False
+            reply = await send()
+            self.read_ran.set()
+            await self.deliver_read.wait()
+            return reply
+        return await send()
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> bool:
+    with anyio.move_on_after(timeout):
+        while not condition():
+            await anyio.sleep(0.01)
+        return True
+    return False
+
+
+def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> None:
+    """The adversary's faults in a fixed order on etcd, at the seam of W only: W waits third (P leads, Q next);
+    W's leader watch is cancelled by the server and its read of the leader held back; P releases, Q leads, P
+    campaigns again on its kept session; W's key is deleted by hand and put again behind P's new key; the
+    held read lands, W's next watch request is late, and P gives up. W must not lead beside Q."""
+    skip_if_external("etcd")
+    target = SERVERS["etcd"]("adversary-late-read")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+    assert isinstance(target, EtcdTarget)
+
+    async def main() -> tuple[bool, bool]:
+        p, q, w = (aioelect.new(etcd=target.target(), name=target.name, identity=i, **OPTIONS["etcd"]) for i in "PQW")
+        script = _Script()
+        _attach(w, script)
+        leads: dict[str, Any] = {}
+
+        async def campaign(elector: aioelect.Elector, key: str, timeout: float | None = None) -> None:
+            with contextlib.suppress(TimeoutError):
+                leads[key] = await elector.acquire(timeout=timeout)
+                await anyio.sleep_forever()
+
+        async with p, q, w, anyio.create_task_group() as tg:
+            first = await p.acquire()
+            tg.start_soon(campaign, q, "Q")
+            await anyio.sleep(0.3)
+            tg.start_soon(campaign, w, "W")
+            backend: Any = w._backend
+            leader: Any = p._backend
+            p_key = target.name.encode() + b"/" + f"{leader.leases.current.lease_id:x}".encode()
+
+            def behind_q() -> bool:
+                view = backend.sight.current
+                return view is not None and view.leader == p_key and view.predecessor not in (None, p_key)
+
+            assert await _until(behind_q)
+            for _ in range(10):  # the campaign's own watch may break first and read anew: try again
+                script.hold_read = True
+                script.cancel_watches()
+                if await _until(script.read_ran.is_set, 1.0):
+                    break
+                await _until(behind_q)
+            assert script.read_ran.is_set()
+            await first.release()
+            assert await _until(lambda: "Q" in leads)
+            tg.start_soon(campaign, p, "P again", 3.0)
+            await anyio.sleep(0.3)
+            w_key = target.name + "/" + f"{backend.leases.current.lease_id:x}"
+            await target._etcdctl("del", w_key)
+            assert await _until(
+                lambda: backend.sight.current is not None and backend.sight.current.predecessor == p_key
+            )
+            await anyio.sleep(0.5)
+            script.hold_watch = True
+            script.deliver_read.set()
+            await _until(lambda: "W" in leads, 6.0)
+            both = "W" in leads and leads["Q"].held and leads["W"].held
+            script.create_watch.set()
+            tg.cancel_scope.cancel()
+            return "W" in leads, bool(both)
+
+    try:
+        _, both = anyio.run(main)
+        assert not both, "W led beside Q"
+    finally:
+        target.cleanup()
