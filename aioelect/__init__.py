@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 from ._api import leadership
 from ._elector import Elector, Leadership, current_leadership
 from ._electors import LocalElector
-from ._errors import BackendUnavailable, ElectionError, LeadershipLost
+from ._errors import (
+    BackendUnavailable,
+    ElectionError,
+    ElectorClosed,
+    LeadershipLost,
+    LossKind,
+    PermanentBackendError,
+    UsageError,
+)
 from ._events import Event
 from ._factory import from_env, new
 from ._shards import Shards
@@ -26,6 +34,7 @@ __all__ = [
     "BackendUnavailable",
     "ElectionError",
     "Elector",
+    "ElectorClosed",
     "EtcdElector",
     "EtcdSession",
     "Event",
@@ -33,12 +42,15 @@ __all__ = [
     "Leadership",
     "LeadershipLost",
     "LocalElector",
+    "LossKind",
     "MySQLElector",
     "MySQLSession",
+    "PermanentBackendError",
     "PostgresElector",
     "PostgresSession",
     "RedisElector",
     "Shards",
+    "UsageError",
     "current_leadership",
     "from_env",
     "leadership",

@@ -17,11 +17,11 @@ import abc
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import anyio
 
-from ._errors import BackendUnavailable
+from ._errors import BackendUnavailable, LossKind
 from ._log import ElectionLog
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Confirm",
     "Hold",
     "Interceptor",
+    "Loss",
     "Reporter",
     "monotonic",
     "until_recorded",
@@ -57,20 +58,26 @@ class Interceptor(Protocol):
         """Run ``send()`` (or fail as the server or network could) and return its reply; ``what`` names it."""
 
 
+class Loss(NamedTuple):
+    """Why a held leadership ended, as :meth:`Hold.monitor` says it: a kind for programs, a reason for people."""
+
+    kind: LossKind
+    reason: str
+
+
 class Hold(abc.ABC):
     """One leadership held on one backend."""
 
     #: Fencing token of this leadership, or None when the backend has none.
     token: int | None = None
-    #: Monotonic time from which the leadership is dated: when a statement
-    #: that proved it held was *sent* (the server ran it later). The renew
-    #: deadline starts here, so it must not be older than the grant by more
-    #: than the backend's timing allows (see LockTiming's ``dated_after_grant``).
+    #: Monotonic time from which the leadership is dated (the send time of a
+    #: request that proved it held: docs/concepts.md, "When a leadership is
+    #: dated from"); the renew deadline starts here.
     acquired_at: float = 0.0
 
     @abc.abstractmethod
-    async def monitor(self, confirm: Confirm) -> str:
-        """Run until leadership is lost and return why.
+    async def monitor(self, confirm: Confirm) -> Loss | str:
+        """Run until leadership is lost and return why: a :class:`Loss`, or a plain reason for a lost connection.
 
         Calls ``confirm`` after every successful confirmation. Never returns
         while leadership is held; is cancelled when it ends for other reasons.

@@ -15,17 +15,19 @@ import contextlib
 import contextvars
 import enum
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import anyio
 
-from ._backend import Backend, Hold, Reporter, monotonic
+from ._backend import Backend, Hold, Loss, Reporter, monotonic
 from ._config import default_identity, positive, validate_identity
-from ._errors import ElectionError, LeadershipLost
+from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
+from ._tasks import TaskSet, first_of
+from ._transitions import Transitions
 
 __all__ = [
     "Elector",
@@ -62,7 +64,7 @@ def current_leadership() -> Leadership:
     work can call ``current_leadership().check()`` or read its ``token``
     without the leadership being passed down.
 
-    Raises :class:`~aioelect.ElectionError` outside leader work: code that
+    Raises :class:`~aioelect.UsageError` outside leader work: code that
     may only run as leader learns at once that it is not. A plain
     :meth:`Elector.acquire` sets nothing (it has no body to scope); use the
     :class:`Leadership` it returns. Inside leader work that has ended (its
@@ -71,23 +73,13 @@ def current_leadership() -> Leadership:
     """
     lead = _CURRENT.get()
     if lead is None:
-        raise ElectionError(
+        raise UsageError(
             "current_leadership() called outside leader work: it is set only inside "
             "'async with aioelect.leadership(elector)', Elector.run(work) and the tasks they start"
         )
     return lead
 
 
-async def _first(*waits: Callable[[], Awaitable[object]]) -> None:
-    """Return as soon as one of ``waits`` returns; the others are cancelled."""
-    async with anyio.create_task_group() as tg:
-
-        async def one(wait: Callable[[], Awaitable[object]]) -> None:
-            await wait()
-            tg.cancel_scope.cancel()
-
-        for wait in waits:
-            tg.start_soon(one, wait)
 
 
 class _State(enum.Enum):
@@ -95,6 +87,44 @@ class _State(enum.Enum):
     CAMPAIGNING = "campaigning"
     LEADING = "leading"
     CLOSED = "closed"
+
+
+class _Lead(enum.Enum):
+    """The states of a :class:`Leadership`; the value is how its repr shows it."""
+
+    HELD = "held"
+    #: Our release was asked for: leader work stops, then the backend lets go.
+    RELEASING = "releasing"
+    #: Lost: leader work stops (for at most stop_timeout), then the backend is told to let go.
+    LOSING = "losing"
+    RELEASED = "released"
+    LOST = "lost"
+
+
+class _Step(enum.Enum):
+    """What moves a :class:`Leadership` from one state to the next."""
+
+    RELEASE = "release asked"
+    LOSS = "loss found"
+    LET_GO = "backend let go"
+
+
+#: Every transition of a :class:`Leadership`. A step not listed for a state changes nothing: a loss after
+#: the backend let go, a second release. A keeper stopped from outside while held lets go as a release.
+LEADERSHIP_TRANSITIONS: Transitions[_Lead, _Step] = Transitions(
+    start=_Lead.HELD,
+    final=frozenset({_Lead.RELEASED, _Lead.LOST}),
+    table={
+        (_Lead.HELD, _Step.RELEASE): _Lead.RELEASING,
+        (_Lead.HELD, _Step.LOSS): _Lead.LOSING,
+        # A loss while leader work stops ends the leadership as a loss.
+        (_Lead.RELEASING, _Step.LOSS): _Lead.LOSING,
+        (_Lead.RELEASING, _Step.LET_GO): _Lead.RELEASED,
+        (_Lead.LOSING, _Step.LET_GO): _Lead.LOST,
+    },
+)
+_ENDING = frozenset(LEADERSHIP_TRANSITIONS.final | {_Lead.RELEASING, _Lead.LOSING})
+_LOSS = frozenset({_Lead.LOSING, _Lead.LOST})
 
 
 @dataclass(eq=False)
@@ -131,9 +161,13 @@ class Leadership:
       logged as an ERROR and stays cancelled.
     * A task that ends as soon as :meth:`Elector.acquire` returns (one made by
       ``asyncio.wait_for()`` on Python 3.10 and 3.11, or by
-      ``create_task(elector.acquire())``) cannot hold leadership for anyone:
-      the leadership is lost at once, with an ERROR and a ``lost_reason`` that
+      ``create_task(elector.acquire())``) cannot hold leadership: the
+      leadership is lost at once, with an ERROR and a ``lost_reason`` that
       name the cause and the fix. Never a silent release.
+
+    Its life is the state machine :data:`LEADERSHIP_TRANSITIONS` (drawn in
+    the concepts page): every property reads the state, and the only other
+    input is the clock of the renew deadline while it is held.
     """
 
     def __init__(self, elector: Elector, hold: Hold, log: ElectionLog) -> None:
@@ -142,51 +176,48 @@ class Leadership:
         self._log = log
         self._deadline = elector._backend.renew_deadline
         self._confirmed_at = hold.acquired_at or monotonic()
-        self._lost_reason: str | None = None
-        self._lost = anyio.Event()
-        self._release_requested = anyio.Event()
-        # Set on a release request or a loss: the keeper stops the work, then lets go.
-        self._ending = anyio.Event()
-        self._released = False
-        self._done = anyio.Event()
+        self._state = LEADERSHIP_TRANSITIONS.start
+        #: Set, and replaced, at every transition: what waiters for a state wait on.
+        self._changed = anyio.Event()
+        #: Why it was lost: set with the move to LOSING.
+        self._loss: Loss | None = None
         self._work: list[_Work] = []
         self._keeper: asyncio.Task[None] | None = None
         self._owner: asyncio.Task[Any] | None = None
-        self._releaser: asyncio.Task[Any] | None = None
+        #: Tasks that called release(): one may do so from inside its own work, and cannot wait for itself.
+        self._releasers: set[asyncio.Task[Any]] = set()
         self.identity: str = elector.identity
         self.token: int | None = hold.token
 
     def __repr__(self) -> str:
-        state = "held" if self.held else ("lost" if self.lost else "released")
         return (
             f"<Leadership {self._elector.backend}:{self._elector.name} "
-            f"identity={self.identity!r} token={self.token} {state}>"
+            f"identity={self.identity!r} token={self.token} {'lost' if self.lost else self._state.value}>"
         )
 
     @property
     def lost(self) -> bool:
         """True once leadership ended for a reason other than our own release."""
-        if self._lost_reason is not None:
-            return True
-        releasing = self._released or self._release_requested.is_set()
-        return not releasing and self._deadline_passed()
+        return self._state in _LOSS or (self._state is _Lead.HELD and self._deadline_passed())
 
     @property
     def lost_reason(self) -> str | None:
         """Why leadership was lost, or None."""
-        if self._lost_reason is None and self.lost:
-            return "renew deadline exceeded"
-        return self._lost_reason
+        if self._state in _LOSS and self._loss is not None:
+            return self._loss.reason
+        return "renew deadline exceeded" if self.lost else None
+
+    @property
+    def lost_kind(self) -> LossKind | None:
+        """Why leadership was lost, as a :class:`~aioelect.LossKind` a program can branch on; None unless lost."""
+        if self._state in _LOSS and self._loss is not None:
+            return self._loss.kind
+        return LossKind.SELF_FENCED if self.lost else None
 
     @property
     def held(self) -> bool:
         """True while we may act as leader: neither lost, released (or releasing), nor past the renew deadline."""
-        return (
-            not self._released
-            and not self._release_requested.is_set()
-            and self._lost_reason is None
-            and not self._deadline_passed()
-        )
+        return self._state is _Lead.HELD and not self._deadline_passed()
 
     def check(self) -> None:
         """Raise :class:`LeadershipLost` unless leadership is :attr:`held`.
@@ -194,11 +225,11 @@ class Leadership:
         Call it right before an action only the leader may take.
         """
         if not self.held:
-            raise LeadershipLost(self.lost_reason or "released")
+            raise LeadershipLost(self.lost_reason or "released", self.lost_kind)
 
     async def wait_lost(self) -> None:
         """Return when leadership is lost (never returns after a plain release)."""
-        await self._lost.wait()
+        await self._until(_LOSS)
 
     async def release(self) -> None:
         """Stop registered leader work, then release leadership. Idempotent.
@@ -210,12 +241,35 @@ class Leadership:
         (logged as an ERROR). Cancelling the caller does not interrupt the
         release.
         """
-        if not self._release_requested.is_set():
-            self._releaser = asyncio.current_task()
-            self._release_requested.set()
-            self._ending.set()
+        task = asyncio.current_task()
+        if task is not None and self._state not in LEADERSHIP_TRANSITIONS.final:
+            self._releasers.add(task)
+        self._step(_Step.RELEASE)
         with anyio.CancelScope(shield=True):
-            await self._done.wait()
+            await self._finished()
+
+    async def _finished(self) -> None:
+        """Return once the backend has let go (or the keeper gave up on it) and the keeper has ended."""
+        await self._until(LEADERSHIP_TRANSITIONS.final)
+        keeper = self._keeper
+        if keeper is not None and keeper is not asyncio.current_task():
+            # The keeper ends right after it finishes the leadership: no task outlives what it kept.
+            with anyio.CancelScope(shield=True):
+                await asyncio.wait([keeper])
+
+    def _step(self, step: _Step) -> bool:
+        """Take ``step`` if the table allows it from the current state; whether the state changed."""
+        target = LEADERSHIP_TRANSITIONS.next(self._state, step)
+        if target is None:
+            return False
+        self._state = target
+        self._changed.set()
+        self._changed = anyio.Event()
+        return True
+
+    async def _until(self, states: frozenset[_Lead]) -> None:
+        while self._state not in states:
+            await self._changed.wait()
 
     def _deadline_passed(self) -> bool:
         return self._deadline is not None and monotonic() - self._confirmed_at >= self._deadline
@@ -233,13 +287,13 @@ class Leadership:
         self._owner = owner
         if owner is not None:
             owner.add_done_callback(self._owner_done)
-        self._keeper = asyncio.get_running_loop().create_task(self._keep(), name=f"aioelect-keeper-{self.identity}")
-        self._keeper.add_done_callback(self._keeper_done)
+        self._keeper = self._elector._tasks.start(
+            self._keep(), name=f"aioelect-keeper-{self.identity}", on_done=self._keeper_done
+        )
 
     def _owner_done(self, task: asyncio.Task[Any]) -> None:
         if (
-            not self._release_requested.is_set()
-            and self._lost_reason is None
+            self._state is _Lead.HELD
             and not task.cancelled()
             and task.exception() is None
             and task.result() is self
@@ -252,25 +306,35 @@ class Leadership:
                 "that leads instead: acquire(timeout=...), asyncio.timeout() or anyio.fail_after()"
             )
             self._log.error("%s", reason)
-            self._mark_lost(reason)
-        self._release_requested.set()
-        self._ending.set()
+            self._mark_lost(Loss(LossKind.SELF_FENCED, reason))
+        self._step(_Step.RELEASE)
 
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self._log.error("leadership keeper failed", exc_info=task.exception())
         # Whatever happened, nobody may wait forever on a finished keeper.
-        self._released = True
+        self._finish()
+
+    def _finish(self) -> None:
+        """The one way a leadership ends: the backend let go (or the keeper gave up on it)."""
+        self._step(_Step.RELEASE)  # from HELD only: a keeper stopped from outside lets go as a release
+        self._step(_Step.LET_GO)
         self._elector._ended(self)
-        self._done.set()
 
     def _descriptors(self) -> tuple[int, ...]:
         """The descriptors whose last close ends this leadership (:meth:`Hold.descriptors`); empty once it ended."""
-        return () if self._lost.is_set() or self._released else self._hold.descriptors()
+        return self._hold.descriptors() if self._state in (_Lead.HELD, _Lead.RELEASING) else ()
 
     @contextlib.contextmanager
-    def _guard(self) -> Any:
-        """Run the body as leader work: cancelled on loss, awaited before release."""
+    def guard(self) -> Iterator[anyio.CancelScope]:
+        """Run the body as this leadership's leader work: cancelled on loss, awaited before release.
+
+        ``with lead.guard():`` is what :func:`aioelect.leadership` and
+        :meth:`Elector.run` wrap their body in, for a caller that holds a
+        leadership from :meth:`Elector.acquire` and runs its work elsewhere
+        (the command line's child process). Cancelled at once when the
+        leadership is no longer :attr:`held`.
+        """
         work = _Work(anyio.CancelScope(), asyncio.current_task())
         self._work.append(work)
         try:
@@ -284,12 +348,12 @@ class Leadership:
 
     # --- the keeper --------------------------------------------------------------
 
-    def _mark_lost(self, reason: str) -> None:
-        if self._lost_reason is not None or self._released:
+    def _mark_lost(self, loss: Loss) -> None:
+        if LEADERSHIP_TRANSITIONS.next(self._state, _Step.LOSS) is None:
             return
-        self._lost_reason = reason
-        self._lost.set()
-        self._ending.set()
+        self._loss = loss
+        self._step(_Step.LOSS)
+        reason = loss.reason
         self._log.warning("leadership lost (%s); token=%s", reason, self.token)
         self._elector._emit("lost", token=self.token, reason=reason)
 
@@ -299,7 +363,7 @@ class Leadership:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._until_lost)
                 tg.start_soon(self._until_deadline)
-                await self._ending.wait()
+                await self._until(_ENDING)
                 await self._stop_work()
                 tg.cancel_scope.cancel()
         finally:
@@ -308,10 +372,10 @@ class Leadership:
 
     async def _until_lost(self) -> None:
         try:
-            reason = await self._hold.monitor(self._confirm)
+            found = await self._hold.monitor(self._confirm)
         except Exception as exc:  # a backend fault is a loss, never a crash
-            reason = f"monitor failed: {exc!r}"
-        self._mark_lost(reason)
+            found = f"monitor failed: {exc!r}"
+        self._mark_lost(found if isinstance(found, Loss) else Loss(LossKind.CONNECTION_LOST, found))
 
     async def _until_deadline(self) -> None:
         if self._deadline is None:
@@ -319,15 +383,20 @@ class Leadership:
         # Confirmations move the deadline, so sleep to it again until it holds.
         while (left := self._confirmed_at + self._deadline - monotonic()) > 0:  # noqa: ASYNC110
             await anyio.sleep(left)
-        self._mark_lost(f"renew deadline of {self._deadline:g}s exceeded without confirmation")
+        self._mark_lost(
+            Loss(LossKind.SELF_FENCED, f"renew deadline of {self._deadline:g}s exceeded without confirmation")
+        )
 
     async def _stop_work(self) -> None:
         # A task that called release() from inside its own work cannot wait for itself.
-        pending = [w for w in self._work if w.task is not self._releaser]
+        pending = [w for w in self._work if w.task not in self._releasers]
         for work in pending:
             work.scope.cancel()
         if not pending:
             return
+
+        def running() -> bool:
+            return not all(w.done.is_set() for w in pending)
 
         async def all_stopped() -> None:
             for work in pending:
@@ -337,33 +406,34 @@ class Leadership:
         timeout = self._elector._stop_timeout
         with anyio.move_on_after(timeout):
             await all_stopped()
-        if self._lost_reason is None and not all(w.done.is_set() for w in pending):
+        if self._state is _Lead.RELEASING and running():
             # A voluntary release: the lock is still ours, so keep it rather than let a new leader
             # start beside work that is still running.
             self._log.error(
                 "leader work ignored cancellation for %gs (stop_timeout); keeping the lock until it stops",
                 timeout,
             )
-            while self._lost_reason is None and not all(w.done.is_set() for w in pending):
+            while self._state is _Lead.RELEASING and running():
                 with anyio.move_on_after(STILL_RUNNING_LOG_INTERVAL):
-                    await _first(all_stopped, self._lost.wait)
-                if self._lost_reason is None and not all(w.done.is_set() for w in pending):
+                    await first_of(all_stopped, self.wait_lost)
+                if self._state is _Lead.RELEASING and running():
                     self._log.error(
                         "leader work still running %.1fs after it was cancelled; keeping the lock until it stops",
                         monotonic() - cancelled_at,
                     )
-            if self._lost_reason is None:
+            if self._state is _Lead.RELEASING:
                 self._log.warning("leader work stopped %.1fs after it was cancelled", monotonic() - cancelled_at)
                 return
-        if not all(w.done.is_set() for w in pending):
+        if running():
             self._log.error(
                 "leader work still running %.1fs after it was cancelled, and leadership is lost (%s): releasing; "
                 "that work goes on without leadership until it stops (it stays cancelled)",
                 monotonic() - cancelled_at,
-                self._lost_reason,
+                self.lost_reason,
             )
 
     async def _release_backend(self) -> None:
+        self._step(_Step.RELEASE)  # from HELD only: the keeper was stopped from outside
         if self._owner is not None:
             self._owner.remove_done_callback(self._owner_done)
         with anyio.move_on_after(RELEASE_TIMEOUT) as scope:
@@ -373,12 +443,10 @@ class Leadership:
                 self._log.warning("release failed (%r); the server drops the lock with the connection", exc)
         if scope.cancelled_caught:
             self._log.warning("release timed out after %gs", RELEASE_TIMEOUT)
-        self._released = True
-        if self._lost_reason is None:
+        if self._state is _Lead.RELEASING:
             self._log.info("leadership released; token=%s", self.token)
             self._elector._emit("released", token=self.token)
-        self._elector._ended(self)
-        self._done.set()
+        self._finish()
 
 
 class Elector:
@@ -413,6 +481,8 @@ class Elector:
         self._state = _State.IDLE
         self._leadership: Leadership | None = None
         self._campaign_scope: anyio.CancelScope | None = None
+        #: The keeper of each leadership and the leader watch of each campaign: cancelled and awaited by aclose().
+        self._tasks = TaskSet()
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
         backend.attach(
             Reporter(self._log, lambda reason: self._emit("error", reason=reason), on_leader=self._saw_leader)
@@ -422,6 +492,17 @@ class Elector:
         self._timing_logged = False
         self._listeners: list[Listener] = []
         self._last_leader: str | None = None
+
+    def lock_timing(self) -> tuple[float, float, float] | None:
+        """``(margin, lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was
+        cut off (``lease``), how long the leader goes without a confirmation before it fences itself, and the
+        margin between the two (the one the backend checks its server-side bounds against) that a leader cut
+        off has to stop its work in; None for a backend whose leadership cannot be taken away while this
+        process lives (file, local)."""
+        margin, deadline = self._backend.margin, self._backend.renew_deadline
+        if margin is None or deadline is None:
+            return None
+        return margin, margin + deadline, deadline
 
     def __repr__(self) -> str:
         return (
@@ -447,7 +528,7 @@ class Elector:
     @identity.setter
     def identity(self, value: str) -> None:
         if self._state is not _State.IDLE:
-            raise ElectionError("identity can only change while the elector is idle")
+            raise UsageError("identity can only change while the elector is idle")
         self._identity = validate_identity(value)
         self._log.rebind(identity=value)
 
@@ -495,9 +576,12 @@ class Elector:
         3.10 and 3.11 it keeps the leadership bound to the caller, as
         ``asyncio.timeout()`` and ``anyio.fail_after()`` do.
 
-        Raises :class:`ElectionError` if this elector is already campaigning,
-        leading or closed, or for a permanent backend error. Transient server
-        errors are retried with backoff while campaigning.
+        Raises :class:`~aioelect.UsageError` if this elector is already
+        campaigning or leading, :class:`~aioelect.ElectorClosed` if it is
+        closed (or is closed while campaigning), and
+        :class:`~aioelect.PermanentBackendError` for a permanent backend
+        error. Transient server errors are retried with backoff while
+        campaigning.
         """
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
@@ -569,10 +653,12 @@ class Elector:
     async def _campaign(self, once: bool = False) -> Hold | None:
         # The previous leadership may still be letting go: the lock is ours until it has.
         while (previous := self._leadership) is not None and self._state is _State.LEADING and not previous.held:
-            await previous._done.wait()
+            await previous._finished()
             self._ended(previous)  # a no-op once the keeper has let go: never a loop on a finished keeper
+        if self._state is _State.CLOSED:
+            raise ElectorClosed("acquire() on an elector that is closed")
         if self._state is not _State.IDLE:
-            raise ElectionError(f"acquire() on an elector that is {self._state.value}")
+            raise UsageError(f"acquire() on an elector that is {self._state.value}")
         if not self._timing_logged:
             self._timing_logged = True
             self._log.info("campaigning; %s", self._backend.describe_timing())
@@ -587,12 +673,12 @@ class Elector:
                 if once:
                     hold = await self._backend.try_campaign(self._identity)
                 else:
-                    watcher = asyncio.get_running_loop().create_task(
+                    watcher = self._tasks.start(
                         self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
                     )
                     hold = await self._backend.campaign(self._identity)
             if scope.cancelled_caught:
-                raise ElectionError("elector closed while campaigning")
+                raise ElectorClosed("elector closed while campaigning")
         except BaseException:
             if self._state is _State.CAMPAIGNING:
                 self._state = _State.IDLE
@@ -603,9 +689,10 @@ class Elector:
                 stopped.set()
                 watcher.cancel()
                 try:
-                    # Usually done at once; one still opening a connection finishes (and closes it) on its own.
+                    # Usually done at once; one still opening a connection finishes (and closes it) on its own,
+                    # still owned by this elector: aclose() waits for it.
                     with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
-                        await asyncio.gather(watcher, return_exceptions=True)
+                        await asyncio.wait([watcher])
                 except BaseException:
                     # A cancel from outside anyio's scopes (task.cancel()) reaches even a shielded wait: the
                     # campaign is given up, and a lock it won is given back rather than held by nobody.
@@ -618,7 +705,7 @@ class Elector:
         if self._state is _State.CLOSED:  # closed as the campaign won: give it back
             with anyio.CancelScope(shield=True):
                 await hold.release()
-            raise ElectionError("elector closed while campaigning")
+            raise ElectorClosed("elector closed while campaigning")
         return hold
 
     async def _abandon(self, hold: Hold | None) -> None:
@@ -738,6 +825,7 @@ class Elector:
             self._campaign_scope.cancel()
         if self._leadership is not None:
             await self._leadership.release()
+        await self._tasks.aclose()
         with anyio.CancelScope(shield=True):
             await self._backend.aclose()
 
@@ -777,10 +865,10 @@ async def _scope(lead: Leadership) -> AsyncIterator[Leadership]:
     """Run the body as ``lead``'s leader work (see :func:`leading`), then release."""
     current = _CURRENT.set(lead)
     try:
-        with lead._guard():
+        with lead.guard():
             yield lead
         if lead.lost:
-            raise LeadershipLost(lead.lost_reason or "lost")
+            raise LeadershipLost(lead.lost_reason or "lost", lead.lost_kind)
     finally:
         with contextlib.suppress(ValueError):  # a generator finalized in another context: nothing to undo here
             _CURRENT.reset(current)

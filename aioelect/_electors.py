@@ -50,8 +50,8 @@ class MySQLElector(Elector):
     * a follower takes over within milliseconds of a release or of the
       leader's connection closing, and polls at most once per ``poll_interval``
       and at most once a second (each request waits on the server);
-    * a new leadership starts with its whole ``renew_deadline`` ahead: it is
-      dated from a statement sent after the lock was granted;
+    * a new leadership starts with its whole ``renew_deadline`` ahead (see
+      "When a leadership is dated from" in the concepts);
     * a leader whose connection is closed stops at once, one whose lock is
       gone within ``check_interval`` plus twice ``check_timeout``; one that
       cannot confirm for ``renew_deadline`` seconds fences itself; the server

@@ -1,28 +1,73 @@
-"""The exceptions aioelect raises."""
+"""The exceptions aioelect raises, and the kinds of loss a program can branch on."""
 
 from __future__ import annotations
 
-__all__ = ["BackendUnavailable", "ElectionError", "LeadershipLost"]
+import enum
+
+__all__ = [
+    "BackendUnavailable",
+    "ElectionError",
+    "ElectorClosed",
+    "LeadershipLost",
+    "LossKind",
+    "PermanentBackendError",
+    "UsageError",
+]
 
 
 class ElectionError(Exception):
     """Base class of every aioelect error.
 
-    Raised as such for misuse (``acquire()`` on an elector that is already
-    campaigning, leading or closed) and for permanent backend errors that no
-    retry can fix (wrong password, unknown database, unsafe topology).
+    Catch a subclass to tell causes apart: :class:`UsageError` (a call this
+    elector cannot take now), :class:`ElectorClosed`,
+    :class:`PermanentBackendError` (no retry can fix it),
+    :class:`BackendUnavailable` (transient), :class:`LeadershipLost`.
     """
+
+
+class UsageError(ElectionError):
+    """A call the elector cannot take in its state: ``acquire()`` while campaigning or leading,
+    ``current_leadership()`` outside leader work, changing ``identity`` while not idle."""
+
+
+class ElectorClosed(ElectionError):
+    """The elector (or the shared session it uses) is closed: it campaigns no more."""
+
+
+class PermanentBackendError(ElectionError):
+    """The backend refused for a reason no retry can fix: wrong password, unknown database, unsafe topology,
+    missing privilege, an unreadable certificate. Raised at once, never retried."""
+
+
+class LossKind(enum.Enum):
+    """Why a leadership was lost, for a program to branch on (:attr:`LeadershipLost.kind`)."""
+
+    #: Someone else took the lock or removed our key.
+    DEPOSED = "deposed"
+    #: The server's lease or time-to-live ran out.
+    EXPIRED = "expired"
+    #: The connection or session the leadership lived on is gone.
+    CONNECTION_LOST = "connection lost"
+    #: The server ended the leadership itself (it took the election back).
+    RELEASED_BY_SERVER = "released by the server"
+    #: We stopped leading on our own: the renew deadline passed without a confirmation, or nobody held the
+    #: leadership any more.
+    SELF_FENCED = "self-fenced"
 
 
 class LeadershipLost(ElectionError):
     """Leadership ended for a reason other than our own release.
 
-    ``reason`` says why (lock gone, connection lost, renew deadline passed...).
+    ``reason`` says why, for a person (lock gone, connection lost, renew
+    deadline passed...); ``kind`` says it as a :class:`LossKind`, for a
+    program; None when :meth:`~aioelect.Leadership.check` found it ended by
+    our own release, not lost.
     """
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, kind: LossKind | None = None) -> None:
         super().__init__(f"leadership lost: {reason}")
         self.reason = reason
+        self.kind = kind
 
 
 class BackendUnavailable(ElectionError):

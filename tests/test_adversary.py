@@ -272,10 +272,10 @@ def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> No
             tg.start_soon(campaign, w, "W")
             backend: Any = w._backend
             leader: Any = p._backend
-            p_key = target.name.encode() + b"/" + f"{leader.session.lease_id:x}".encode()
+            p_key = target.name.encode() + b"/" + f"{leader.leases.current.lease_id:x}".encode()
 
             def behind_q() -> bool:
-                view = backend.view
+                view = backend.sight.current
                 return view is not None and view.leader == p_key and view.predecessor not in (None, p_key)
 
             assert await _until(behind_q)
@@ -290,9 +290,11 @@ def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> No
             assert await _until(lambda: "Q" in leads)
             tg.start_soon(campaign, p, "P again", 3.0)
             await anyio.sleep(0.3)
-            w_key = target.name + "/" + f"{backend.session.lease_id:x}"
+            w_key = target.name + "/" + f"{backend.leases.current.lease_id:x}"
             await target._etcdctl("del", w_key)
-            assert await _until(lambda: backend.view is not None and backend.view.predecessor == p_key)
+            assert await _until(
+                lambda: backend.sight.current is not None and backend.sight.current.predecessor == p_key
+            )
             await anyio.sleep(0.5)
             script.hold_watch = True
             script.deliver_read.set()

@@ -586,3 +586,22 @@ def test_the_documented_bound_for_a_deposed_leader_is_the_one_the_code_uses() ->
     margin = TIMINGS["mariadb"][1].margin
     assert margin == confirmation_gap(_CHECK_INTERVAL, _CHECK_TIMEOUT) + OVERLAP_SLACK
     assert f"plus 0.5 s of scheduling: {margin:g} s and" in pages["soak.md"]
+
+
+def _state_diagrams() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("state_diagrams", ROOT / "scripts" / "state_diagrams.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_state_diagrams_are_drawn_from_the_transition_tables() -> None:
+    """Each state diagram in the docs is what its table draws now (`python scripts/state_diagrams.py` redraws)."""
+    diagrams = _state_diagrams()
+    for name in diagrams.DIAGRAMS:  # type: ignore[attr-defined]
+        assert diagrams.committed(name) == diagrams.drawn(name), (  # type: ignore[attr-defined]
+            f"the {name} state diagram differs from its transition table: run python scripts/state_diagrams.py"
+        )

@@ -567,3 +567,10 @@ def test_aioelect_backend_names_one_of_several_backends_for_the_command_too() ->
     assert "backend_kind='postgres'" in repr(chosen)
     # The command line never leads locally: local names no server, so the command finds none configured.
     assert Settings.from_environ({"AIOELECT_BACKEND": "local"}).backend() is None
+
+
+def test_lock_timing_names_the_lease_and_the_renew_deadline() -> None:
+    assert LocalElector().lock_timing() is None
+    etcd = aioelect.EtcdElector("127.0.0.1:2379", name="timing", ttl=6)  # connects to nothing yet
+    margin, lease, deadline = etcd.lock_timing() or (0.0, 0.0, 0.0)
+    assert lease == 6 and 0 < deadline < lease and margin == lease - deadline

@@ -26,6 +26,7 @@ import pytest
 import aioelect
 from aioelect import BackendUnavailable, ElectionError, Elector, EtcdElector
 from aioelect.backends.etcd import EtcdBackend, parse_endpoints
+from aioelect.backends.etcd._election import Turn
 from aioelect.backends.etcd._session import Session
 
 from .backends import Follower
@@ -205,7 +206,7 @@ async def test_etcd_refusing_a_lease_ttl_as_too_large_is_a_permanent_error(etcd:
     assert isinstance(backend, EtcdBackend)
     try:
         start = time.monotonic()
-        with pytest.raises(ElectionError, match=r"too large lease TTL.*9000000000") as raised:
+        with pytest.raises(aioelect.PermanentBackendError, match=r"too large lease TTL.*9000000000") as raised:
             await Session.grant(backend.conn, 10**10, interval=1, keepalive_timeout=1, request_timeout=2)
         assert not isinstance(raised.value, BackendUnavailable)
         assert time.monotonic() - start < 2
@@ -571,9 +572,11 @@ async def test_a_predecessor_gone_before_its_watch_starts_is_read_again_not_wait
     assert kv is not None and bytes(kv.key).decode() == predecessor
     await ctl(etcd, "del", predecessor)  # gone between our read and our watch
     with anyio.fail_after(2):
-        assert await backend._wait_deleted(predecessor.encode(), read_at, shortcut=True) is False
+        waited = await backend._wait_turn(predecessor.encode(), read_at, shortcut=True)
+        assert waited.turn is Turn.SKIPPED and waited.watch is None
         # Not twice in a row: the next wait sees the deletion through the watch itself (it is never missed).
-        assert await backend._wait_deleted(predecessor.encode(), read_at, shortcut=False) is True
+        waited = await backend._wait_turn(predecessor.encode(), read_at, shortcut=False)
+        assert waited.turn is Turn.READ_AGAIN and waited.watch is None
 
 
 async def test_lease_revoked_between_campaigns_campaigns_with_a_new_one(
@@ -812,6 +815,7 @@ async def test_a_degraded_leadership_ends_as_soon_as_etcd_answers(
                 await degraded.wait_lost()
             took = time.monotonic() - healed
             assert "etcd answered" in (degraded.lost_reason or ""), degraded.lost_reason
+            assert degraded.lost_kind is aioelect.LossKind.RELEASED_BY_SERVER
             assert took < 3.0, f"the degraded leadership outlived etcd's answer by {took:.2f}s"
             await degraded.release()
             with anyio.fail_after(5):
@@ -863,7 +867,7 @@ async def _check_credentials(server: EtcdServer) -> None:
             server.endpoints, name=name, username="root", password="wrong-pw", degrade_to_local=degrade
         ) as elector:
             started = time.monotonic()
-            with pytest.raises(ElectionError, match="rejected the credentials") as info:
+            with pytest.raises(aioelect.PermanentBackendError, match="rejected the credentials") as info:
                 await elector.acquire()
             assert time.monotonic() - started < 2.0
             assert "wrong-pw" not in str(info.value)

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 import anyio
 import pytest
 
-from aioelect import EtcdElector
+from aioelect import EtcdElector, LossKind
 
 from .backends import Follower
 from .faults import Candidates, check_invariants
@@ -107,6 +107,7 @@ async def test_lease_revoked_from_outside_is_lost_at_once(etcd: EtcdServer, clos
     log.warning("etcd loss detection after lease revoke: %.3fs", took)
     assert took < 1.0
     assert not lead.held and "revoked or expired" in (lead.lost_reason or "")
+    assert lead.lost_kind is LossKind.EXPIRED
     await lead.release()
     assert await keys(etcd, name) == []
 
@@ -122,6 +123,7 @@ async def test_key_deleted_from_outside_is_lost_at_once(etcd: EtcdServer, closin
         await lead.wait_lost()
     assert time.monotonic() - deleted < 1.0
     assert "leader key deleted" in (lead.lost_reason or "")
+    assert lead.lost_kind is LossKind.DEPOSED
     await lead.release()
     assert kv["lease"] not in await leases(etcd), "the lease of a lost leadership is revoked"
     # The elector campaigns again afterwards.

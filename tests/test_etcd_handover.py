@@ -15,8 +15,8 @@ from aetcd import rpc
 
 from aioelect import EtcdElector, Leadership
 from aioelect.backends.etcd import EtcdBackend
-from aioelect.backends.etcd._election import View
-from aioelect.backends.etcd._failures import Transient
+from aioelect.backends.etcd._election import Sight, View
+from aioelect.backends.etcd._failures import Failure, Transient
 
 from .harness import EtcdServer
 from .test_etcd import TTL, delta, eventually, grpc_counts, keys, leases, unique
@@ -198,7 +198,7 @@ class _LateLeaderReads:
             leader_watch = not options.get("no_delete") if ranged else not options.get("no_put")
             if leader_watch and not self._cancelled:
                 self._cancelled = True
-                raise Transient("etcd cancelled the watch", answered=True)
+                raise Transient("etcd cancelled the watch", Failure.REFUSED)
             async with watch(key, **options) as stream:
                 yield stream
 
@@ -284,5 +284,34 @@ def test_only_a_read_taken_while_our_key_stood_proves_a_handover() -> None:
         (replace(read, revision=10), False),  # read at the deletion: proves nothing before it
         (replace(read, leader=b"/t/q"), False),
     ]:
-        backend.view = view
+        backend.sight.end()
+        backend.sight.read(view)
         assert backend._led_before(b"/t/p", b"/t/w", 8, 10) is proves, view
+
+
+def test_the_sight_is_replaced_only_by_a_read_that_is_not_older() -> None:
+    """The election's view has one owner: a late reply for an earlier view, or an older read, never replaces it."""
+    reported: list[str | None] = []
+    sight = Sight(reported.append)
+    first = View(leader=b"/t/p", identity="p", ours=b"/t/w", predecessor=b"/t/p", revision=9, created=8)
+    sight.read(first)
+    assert sight.current is first and reported == ["p"]
+    sight.read(replace(first, revision=7, leader=b"/t/x", identity="x"))  # older, same incarnation: dropped
+    assert sight.current is first
+    newer = replace(first, revision=12)
+    sight.read(newer)
+    assert sight.current is newer
+
+    class Kv:
+        key, value = b"/t/q", b"q"
+
+    sight.read_later(first, Kv(), 20)  # taken for a view that is gone: dropped
+    sight.read_later(newer, Kv(), 11)  # read before the view: dropped
+    assert sight.current is newer
+    sight.read_later(newer, Kv(), 13)
+    assert sight.current is not None and sight.current.leader == b"/t/q" and sight.current.revision == 13
+    again = replace(first, created=15, revision=15)  # our key put again: a new incarnation replaces any view
+    sight.read(again)
+    assert sight.current is again
+    sight.end()
+    assert sight.current is None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .._errors import ElectionError
+from .._errors import PermanentBackendError
 
 __all__ = [
     "FENCING_TABLE",
@@ -106,27 +106,29 @@ async def table_usable(conn: Queries, schema: str, timeout: float) -> bool:
     table = f"{schema}.{FENCING_TABLE}"
     avoid = "or set schema=None (fencing tokens need no table)"
     if info is None:
-        raise ElectionError("cannot find the connecting role in pg_roles")
+        raise PermanentBackendError("cannot find the connecting role in pg_roles")
     me = info["me"]
     if not info["schema_exists"]:
-        raise ElectionError(f'schema "{schema}" does not exist (option schema): create it, owned by {me}, {avoid}')
+        raise PermanentBackendError(
+            f'schema "{schema}" does not exist (option schema): create it, owned by {me}, {avoid}'
+        )
     if not info["schema_trusted"]:
-        raise ElectionError(
+        raise PermanentBackendError(
             f"schema {schema} is owned by {info['schema_owner']}, not by {me} or a superuser: its owner could "
             f"replace {table} with a table of their own at any time; use a schema owned by {me}, {avoid}"
         )
     if not info["can_use"]:
-        raise ElectionError(f"role {me} lacks USAGE on schema {schema}: grant it, {avoid}")
+        raise PermanentBackendError(f"role {me} lacks USAGE on schema {schema}: grant it, {avoid}")
     if info["relkind"] is None:
         return False
     if not info["table_mine"]:
-        raise ElectionError(
+        raise PermanentBackendError(
             f"table {table} is owned by {info['table_owner']}, not by {me}: aioelect only uses a leaders table "
             f"its own role owns (another owner's triggers, rules or policies would run as {me}); drop it, "
             f"use another schema, {avoid}"
         )
     if info["relkind"] != "r":
-        raise ElectionError(f"{table} is not an ordinary table (relkind {info['relkind']!r}); drop it, {avoid}")
+        raise PermanentBackendError(f"{table} is not an ordinary table (relkind {info['relkind']!r}); drop it, {avoid}")
     return True
 
 
@@ -136,7 +138,7 @@ async def ensure_table(conn: Queries, schema: str, timeout: float) -> None:
         return
     info = await conn.fetchrow(_TABLE_INFO, schema, timeout=timeout)
     if not info["can_create"]:
-        raise ElectionError(
+        raise PermanentBackendError(
             f"table {schema}.{FENCING_TABLE} does not exist and role {info['me']} lacks CREATE on schema "
             f"{schema}: grant it (GRANT CREATE ON SCHEMA {_ident(schema)} TO {_ident(info['me'])}), create the "
             f"table as {info['me']}, or set schema=None (fencing tokens need no table)"
@@ -147,4 +149,4 @@ async def ensure_table(conn: Queries, schema: str, timeout: float) -> None:
         if getattr(exc, "sqlstate", None) not in _CREATED_BY_ANOTHER:  # another candidate created it meanwhile
             raise
     if not await table_usable(conn, schema, timeout):  # checked again: someone else may have won the race
-        raise ElectionError(f"table {schema}.{FENCING_TABLE} vanished right after it was created")
+        raise PermanentBackendError(f"table {schema}.{FENCING_TABLE} vanished right after it was created")

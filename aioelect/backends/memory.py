@@ -32,9 +32,9 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, monotonic
+from .._backend import Backend, Backoff, Confirm, Hold, Loss, monotonic
 from .._config import positive, validate_name
-from .._errors import BackendUnavailable
+from .._errors import BackendUnavailable, LossKind
 
 __all__ = ["MemoryBackend", "MemoryElection", "election_of"]
 
@@ -60,13 +60,13 @@ class _MemoryHold(Hold):
             self.lost_reason = reason
             self._lost.set()
 
-    async def monitor(self, confirm: Confirm) -> str:
+    async def monitor(self, confirm: Confirm) -> Loss:
         while self.lost_reason is None:
             if not self.stalled and self._election.failure is None:
                 confirm(monotonic())
             with anyio.move_on_after(self._check_interval):
                 await self._lost.wait()
-        return self.lost_reason
+        return Loss(LossKind.DEPOSED, self.lost_reason)  # only depose() takes it away
 
     async def release(self) -> None:
         await anyio.lowlevel.checkpoint()

@@ -40,8 +40,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._config import session_bounds, tls_from_query, transport_warning, validate_name
+from .._config import session_bounds, transport_warning, validate_name
 from .._errors import ElectionError
+from ._mysql_tls import tls_from_query
 from ._session_lock import (
     Dialect,
     LockConnection,

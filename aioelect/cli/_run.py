@@ -46,12 +46,7 @@ log = logging.getLogger("aioelect.cli")
 def _safety_margin(elector: Elector) -> tuple[float, float, float] | None:
     """``(margin, lease, renew_deadline)``: how long before a cut-off leader's lock can pass on it knows of
     its loss; None for a backend whose leadership cannot be taken away while this process lives."""
-    backend = elector._backend
-    # The margin the backend checks its server-side bounds against (a session's timeouts, etcd's granted TTL).
-    margin, deadline = backend.margin, backend.renew_deadline
-    if margin is None or deadline is None:
-        return None
-    return margin, margin + deadline, deadline
+    return elector.lock_timing()
 
 
 def choose_grace(given: float | None, elector: Elector, kind: str) -> float:
@@ -254,7 +249,7 @@ class Runner:
         lost = asyncio.ensure_future(lead.wait_lost())
         # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
         # lock only once CMD's whole tree is gone (the finally below).
-        with lead._guard():
+        with lead.guard():
             try:
                 either: set[asyncio.Future[Any]] = {group.exited, lost}
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)

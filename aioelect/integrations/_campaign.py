@@ -22,6 +22,7 @@ from .._api import leadership
 from .._config import redact_dsn
 from .._elector import Elector, Leadership
 from .._errors import BackendUnavailable, ElectionError, LeadershipLost
+from .._tasks import TaskSet, consume
 
 __all__ = ["Campaign", "LeaderWork", "Role", "Status"]
 
@@ -111,6 +112,7 @@ class Campaign:
         self.restart_delay = float(restart_delay)
         self.leader_timeout = float(leader_timeout)
         self._task: asyncio.Task[None] | None = None
+        self._tasks = TaskSet()  # owns the campaign's task: stop() cancels and awaits it
         self._lead: Leadership | None = None
         self._error: str | None = None
         self._stopped = False
@@ -183,17 +185,13 @@ class Campaign:
         """Start campaigning in a background task of the running event loop (returns at once)."""
         if self._task is not None:
             raise RuntimeError("Campaign.start() called twice")
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"aioelect campaign {self.elector.name}")
+        self._task = self._tasks.start(self._run(), name=f"aioelect campaign {self.elector.name}", on_done=consume)
 
     async def stop(self, *, close: bool = True) -> None:
         """Stop campaigning or leading, release any leadership, and (``close``) close the elector. Idempotent."""
         self._stopped = True
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            # Shielded: a caller cancelled now must not leave the release half done.
-            with anyio.CancelScope(shield=True):
-                await asyncio.gather(task, return_exceptions=True)
+        # Never interrupted: a caller cancelled now must not leave the release half done.
+        await self._tasks.aclose()
         if close:
             with anyio.CancelScope(shield=True):
                 await self.elector.aclose()

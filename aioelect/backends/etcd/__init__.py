@@ -7,6 +7,7 @@ those listed after it:
 
 * ``_backend``: the backend: campaigns with sessions;
 * ``_hold``: the held leadership, watched and released;
+* ``_leases``: whose lease a campaign runs under (its own, or a shared session's);
 * ``_shared``: one session shared by several electors (:class:`EtcdSession`);
 * ``_degraded``: local leadership while etcd has never answered (opt-in);
 * ``_election``: the Go-compatible keys, ``leader()`` and ``observe()``;
@@ -18,8 +19,9 @@ those listed after it:
 * ``_options``: the options, validated;
 * ``_probe``: why a connection failed (a TLS handshake of our own);
 * ``_tls``: TLS files and credentials;
+* ``_candidacy``: the states of a campaign and the table of its steps;
 * ``_calls``, ``_failures``, ``_endpoints``: awaiting gRPC under anyio,
-  how a request failed, where etcd is.
+  how a request failed (classified once into a ``Failure``), where etcd is.
 
 aetcd is used only for the etcd API it ships generated (:mod:`aetcd.rpc`)
 and :func:`aetcd.utils.prefix_range_end`; no private name of aetcd is used.

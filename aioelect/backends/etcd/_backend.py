@@ -17,7 +17,8 @@ the elector closes, or at once when the session cannot be trusted any more
 
 Guarantees: a campaign that does not return a leadership (cancellation
 included) leaves no key and no lease behind; a leadership is dated from
-the last acknowledged keep-alive, which its lease outlives by ``ttl``;
+the last acknowledged keep-alive (docs/concepts.md, "When a leadership is
+dated from");
 local leadership without etcd happens only when ``degrade_to_local=True``
 and etcd has never answered this elector.
 """
@@ -31,15 +32,17 @@ from typing import TYPE_CHECKING
 import anyio
 from aetcd import rpc
 
-from ..._backend import Backoff, Hold, monotonic
+from ..._backend import Backoff, Hold
 from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
-from ._calls import first_of
+from ..._tasks import first_of
+from ._candidacy import Move, Tracker
 from ._degraded import DegradedHold
-from ._election import RANGE_WAIT_MAX, Election, KeyLost
+from ._election import RANGE_WAIT_MAX, Election, KeyLost, Turn
 from ._failures import SessionEnded, Transient
 from ._hold import EtcdHold
-from ._options import EtcdOptions, EtcdSettings, _Named
+from ._leases import LeaseMode, OwnLeases, SharedLease
+from ._options import EtcdOptions, EtcdSettings, _EtcdElectionName
 from ._session import Session, connect
 from ._shared import EtcdSession
 
@@ -73,13 +76,17 @@ class EtcdBackend(Election):
         else:
             if endpoints is not None:
                 raise TypeError("EtcdElector(session=...) takes its endpoints from the session: pass one or the other")
-            check_options("EtcdElector", options, _Named)  # the rest are the session's options
+            check_options("EtcdElector", options, _EtcdElectionName)  # the rest are the session's options
             settings = replace(session.settings, name=validate_name(options["name"], max_length=1024))
             conn = session.conn
         super().__init__(settings.name, conn, request_timeout=settings.connect_timeout)
         self.settings = settings
-        #: The shared session this elector campaigns on, or None: sessions of its own.
-        self.shared = session
+        #: Whose lease this elector campaigns under: its own, or a shared session's.
+        self.leases: LeaseMode = (
+            OwnLeases(conn, settings)
+            if session is None
+            else SharedLease(session, lambda: session.leave(settings.name, self))
+        )
         self.ttl = settings.ttl
         self.keepalive_interval = settings.keepalive_interval
         self._renew_deadline = settings.renew_deadline
@@ -87,10 +94,11 @@ class EtcdBackend(Election):
         self.connect_timeout = settings.connect_timeout
         self.release_timeout = settings.release_timeout
         self.degrade_to_local = settings.degrade_to_local
-        #: Every session of its own not yet stopped; ``session`` is the one the next campaign uses, if still alive.
-        self.sessions: set[Session] = set()
-        self.session: Session | None = None
         self.degraded: DegradedHold | None = None
+        #: Where the current campaign stands (its steps: CANDIDACY_TRANSITIONS).
+        self.candidacy = Tracker()
+        #: How the campaign's last _try won: FIRST (a read found no older key) or HANDED (the watch proved it).
+        self._winning = Move.FIRST
 
     @property
     def renew_deadline(self) -> float:
@@ -106,13 +114,8 @@ class EtcdBackend(Election):
             if self.degrade_to_local
             else "waits for etcd if it cannot be reached"
         )
-        shared = (
-            " on a shared EtcdSession (its lease's end ends every elector's leadership on it)"
-            if self.shared is not None
-            else ""
-        )
         return (
-            f"ttl={self.ttl}s{shared} keep-alive every {self.keepalive_interval:.3g}s "
+            f"ttl={self.ttl}s{self.leases.describe} keep-alive every {self.keepalive_interval:.3g}s "
             f"(timeout {self.session_keepalive_timeout:.3g}s) renew_deadline={self._renew_deadline:.3g}s "
             f"connect_timeout={self.connect_timeout:g}s endpoints={self.conn.describe()}: "
             f"a resigning leader is replaced at once, a crashed or cut-off one after about {self.ttl}s "
@@ -122,96 +125,54 @@ class EtcdBackend(Election):
 
     # --- campaign ------------------------------------------------------------------
 
-    def reusable(self, session: Session) -> bool:
-        """True if ``session`` may serve the next campaign: current, alive, and renewed within ``renew_deadline``.
-
-        A shared session serves on while it is alive: its lease is not ours to revoke.
-        """
-        if self.shared is not None:
-            return not session.done.is_set() and not self.conn.closed
-        return (
-            session is self.session
-            and not session.done.is_set()
-            and not self.conn.closed
-            and monotonic() - session.confirmed_at < self._renew_deadline
-        )
-
-    async def drop(self, session: Session) -> None:
-        """Stop ``session``'s keep-alives and forget it (its lease is revoked or left to expire by the caller)."""
-        await session.stop()
-        self.sessions.discard(session)
-        if self.session is session:
-            self.session = None
-
     def keeps(self, session: Session, *, lost: bool) -> bool:
-        """After a successful resign: whether ``session`` serves the next campaign (else its lease is revoked).
-
-        A shared session always does: the next campaign on it replaces it if its lease has ended.
-        """
-        return self.shared is not None or (not lost and self.reusable(session))
+        """After a successful resign: whether ``session`` serves the next campaign (else its lease is revoked)."""
+        return self.leases.keeps(session, lost=lost)
 
     async def end_session(self, session: Session, why: str) -> None:
-        """Revoke ``session``'s lease; the caller bounds it (then calls :meth:`forget`).
-
-        On a shared session this ends the lease of every elector on it: done
-        only when a key of ours could otherwise outlive its release.
-        """
-        if self.shared is not None:
-            await self.shared.end(session, why)
-        else:
-            await session.close()
+        """Revoke ``session``'s lease; the caller bounds it (then calls :meth:`forget`)."""
+        await self.leases.end(session, why)
 
     async def forget(self, session: Session, why: str) -> None:
-        """Stop ``session``'s keep-alives and forget it, after :meth:`end_session` or instead of it. Never interrupted.
+        """Stop ``session``'s keep-alives and forget it, after :meth:`end_session` or instead of it."""
+        await self.leases.forget(session, why)
 
-        A shared session whose lease could not be revoked is stopped, so that it expires within ``ttl``.
-        """
-        if self.shared is not None:
-            await self.shared.end(session, why, revoke=False)
-        else:
-            await self.drop(session)
+    def _move(self, step: Move) -> None:
+        if not self.candidacy.move(step):
+            # Never expected: the campaign goes on as it would, and the log says where the table is wrong.
+            self.log.error("etcd campaign: step %r is not in the table from %s", step.value, self.candidacy.state.name)
 
     async def campaign(self, identity: str) -> Hold:
+        self.candidacy.begin()
         try:
             return await self._campaign(identity)
+        except BaseException:
+            self._move(Move.GIVE_UP)
+            raise
         finally:
-            self.end_view()
-
-    async def _live_session(self) -> Session:
-        """The session to campaign with: the current one while it lives, else a new one (Transient if etcd fails)."""
-        if self.shared is not None:
-            return await self.shared.current()
-        session = self.session
-        if session is not None and session.done.is_set():
-            # Ended between two campaigns (revoked, expired, keep-alives failing): revoke what may be left.
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.release_timeout):
-                await session.close()
-            await self.drop(session)
-            session = None
-        if session is None:
-            session = await Session.start(self.conn, self.settings)
-            self.session = session
-            self.sessions.add(session)
-        return session
+            self.sight.end()
 
     async def _campaign(self, identity: str) -> Hold:
         value = identity.encode()
         backoff = Backoff(first=0.1, maximum=2.0)
         while True:
             try:
-                session = await self._live_session()
+                session = await self.leases.live()
             except Transient as exc:
                 # Only an etcd that never answered this elector: after any contact, another
                 # candidate may lead on etcd, and leading locally would be a second leader.
                 if self.degrade_to_local and not self.conn.ever_answered:
+                    self._move(Move.NEVER_ANSWERED)
                     return self._degrade(identity, exc)
                 delay = backoff.next_delay()
                 self.report_error(f"cannot start an etcd session ({exc})", delay)
                 await anyio.sleep(delay)
                 continue
+            self._move(Move.SESSION)
             try:
                 return await self._campaign_in(session, value, backoff)
             except SessionEnded as exc:
+                self._move(Move.SESSION_ENDED)
                 self.log.info("session ended while campaigning (%s); campaigning again with a new session", exc)
 
     async def try_campaign(self, identity: str) -> Hold | None:
@@ -221,10 +182,13 @@ class EtcdBackend(Election):
         :class:`~aioelect.BackendUnavailable`.
         """
         value = identity.encode()
+        self.candidacy.begin()
         try:
-            session = await self._live_session()
+            session = await self.leases.live()
         except Transient as exc:
+            self._move(Move.GIVE_UP)
             raise BackendUnavailable(f"cannot start an etcd session ({exc})") from None
+        self._move(Move.SESSION)
         key = self.prefix + f"{session.lease_id:x}".encode()
         won = False
         try:
@@ -233,12 +197,15 @@ class EtcdBackend(Election):
             except (Transient, KeyLost, SessionEnded) as exc:
                 raise BackendUnavailable(f"etcd campaign interrupted ({exc or type(exc).__name__})") from None
             if predecessor is not None:
+                self._move(Move.PREDECESSOR)
                 return None
             won = True
+            self._move(Move.FIRST)
             return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
         finally:
-            self.end_view()
+            self.sight.end()
             if not won:
+                self._move(Move.GIVE_UP)
                 await self._withdraw(session, key)
 
     async def _campaign_in(self, session: Session, value: bytes, backoff: Backoff) -> Hold:
@@ -256,12 +223,14 @@ class EtcdBackend(Election):
                     # The hold first: when both end in one step, it is closed here rather than dropped.
                     which, hold = await first_of(lambda: self._try(session, key, value), session.wait_ended)
                 except KeyLost:
+                    self._move(Move.KEY_LOST)
                     self.log.warning("our candidate key was deleted while our lease lives; campaigning again")
                     continue
                 except Transient as exc:
                     if exc.lease_gone:
                         session.expire("etcd reports the lease gone")
                         raise SessionEnded(str(exc)) from None
+                    self._move(Move.RETRY)
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({exc})", delay)
                     with anyio.move_on_after(delay):
@@ -275,6 +244,7 @@ class EtcdBackend(Election):
                     raise SessionEnded(await session.wait_ended())
                 backoff.reset()
                 won = True
+                self._move(self._winning)
                 return hold
         finally:
             if not won:
@@ -285,17 +255,22 @@ class EtcdBackend(Election):
         self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
         shortcut = True
         while predecessor is not None:
+            self._move(Move.PREDECESSOR)
             # In a small election, the watch's own revisions tell whether the predecessor's deletion makes us
             # leader, our key standing under our lease; otherwise, or if anything else happened, read.
             small = self.crowd is not None and self.crowd <= RANGE_WAIT_MAX
             ours = (key, revision, session.lease_id) if small else None
-            shortcut, won = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
-            if won is not None:
+            waited = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
+            shortcut = waited.turn is not Turn.SKIPPED
+            if waited.turn is Turn.LEADING and (won := waited.watch) is not None:
+                self._winning = Move.HANDED
                 return EtcdHold(
                     self, session, key, revision, session.confirmed_at, watch_from=won.revision + 1, watching=won
                 )
+            self._move(Move.MAY_BE_GONE)
             # One read: our key still stands under our lease (it would be gone with the lease), any older key left?
             predecessor, read_at = await self._check(session, key, revision)
+        self._winning = Move.FIRST
         # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.
         return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
 
@@ -316,10 +291,10 @@ class EtcdBackend(Election):
                             withdrawn = True
                         except (Transient, ElectionError) as exc:
                             self.log.debug("deleting our candidate key failed (%s); the lease's end removes it", exc)
-                    if not (withdrawn and self.shared is not None):
+                    if not self.leases.kept_after_withdraw(withdrawn):
                         await self.end_session(session, "a candidate key could not be withdrawn")
             finally:
-                if not (withdrawn and self.shared is not None):
+                if not self.leases.kept_after_withdraw(withdrawn):
                     await self.forget(session, "a candidate key could not be withdrawn")
 
     def _degrade(self, identity: str, exc: Transient) -> Hold:
@@ -344,17 +319,6 @@ class EtcdBackend(Election):
         return self.degraded.identity if self.degraded is not None else None
 
     async def aclose(self) -> None:
-        """Revoke every lease (the kept session's included), then close the connection.
-
-        On a shared session: leave it (its lease and connection are the session's).
-        """
-        if self.shared is not None:
-            self.shared.leave(self.name, self)
-            return
-        for session in list(self.sessions):
-            with anyio.move_on_after(self.release_timeout):
-                await session.close()
-            await self.drop(session)
-        self.sessions.clear()
-        self.session = None
-        await self.conn.aclose()
+        """Free what the lease mode owns: every lease of our own and the connection, or our place on a shared
+        session (its lease and connection are the session's)."""
+        await self.leases.aclose()

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import anyio
 import grpc
 
 from ..._backend import Interceptor, monotonic
 from ..._config import is_loopback, transport_warning
-from ..._errors import ElectionError
+from ..._errors import ElectionError, ElectorClosed, PermanentBackendError
 from ..._log import ElectionLog
 from ._calls import settle
 from ._channel import Channel
@@ -29,12 +30,20 @@ from ._probe import diagnose_tls
 from ._tls import EtcdTLS
 from ._watch import WatchStream, check_response, create_request
 
-__all__ = ["DRAIN_TIMEOUT", "Connection"]
+__all__ = ["DRAIN_TIMEOUT", "Connection", "SelfBounded"]
 
 T = TypeVar("T")
 
 #: How long :meth:`Connection.aclose` lets requests in flight finish before closing under them.
 DRAIN_TIMEOUT = 1.0
+
+
+@dataclass(frozen=True)
+class SelfBounded(Generic[T]):
+    """A request that awaits no gRPC call itself (only futures of ours) and bounds itself by the call's timeout
+    (raising TimeoutError): :meth:`Connection.call` runs it as it is."""
+
+    run: Callable[[Channel], Awaitable[T]]
 
 
 class Connection:
@@ -138,7 +147,7 @@ class Connection:
             return current  # the common case, without taking the lock (a checkpoint per request)
         async with self._connecting:
             if self.closed:
-                raise ElectionError("the elector is closed")
+                raise ElectorClosed("the elector is closed")
             current = self._current
             if current is not None and not current.retired.is_set():
                 return current
@@ -194,7 +203,7 @@ class Connection:
         if verdict is None:
             return failure
         self.log.debug("%s (gRPC said: %s)", verdict, failure)
-        return ElectionError(verdict)
+        return PermanentBackendError(verdict)
 
     def _rotate(self) -> None:
         self._index = (self._index + 1) % len(self.endpoints)
@@ -256,20 +265,18 @@ class Connection:
     async def call(
         self,
         what: str,
-        request: Callable[[Channel], Awaitable[T]],
+        request: Callable[[Channel], Awaitable[T]] | SelfBounded[T],
         *,
         timeout: float,  # noqa: ASYNC109 - a per-attempt bound, not the caller's deadline
         attempts: int | None = None,
-        direct: bool = False,
     ) -> T:
         """Run ``request`` on the current channel, at most ``timeout`` seconds per attempt.
 
         On a transient failure the next endpoint is tried, each at most once
         (``attempts`` bounds it further); the last failure is raised as
         :class:`Transient`. Permanent failures raise :class:`ElectionError`.
-        ``direct``: ``request`` awaits no gRPC call itself (only futures of
-        ours) and bounds itself by ``timeout`` (raising TimeoutError), so it
-        needs neither a :func:`settle` task nor a cancel scope.
+        A :class:`SelfBounded` request is awaited as it is: it needs neither
+        a :func:`settle` task nor a cancel scope.
         """
         tries = min(attempts or len(self.endpoints), len(self.endpoints))
         last: Transient | None = None
@@ -279,8 +286,8 @@ class Connection:
             try:
                 async with self.channel() as channel:
                     try:
-                        if direct:
-                            reply = await self._sent(what, request, channel)
+                        if isinstance(request, SelfBounded):
+                            reply = await self._sent(what, request.run, channel)
                         else:
                             with anyio.fail_after(timeout):
                                 reply = await settle(self._sent(what, request, channel))

@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from ..._backend import Confirm, Hold, monotonic
-from ..._errors import ElectionError
-from ._calls import first_of
+from ..._backend import Confirm, Hold, Loss, monotonic
+from ..._errors import ElectionError, LossKind
+from ..._tasks import first_of
 from ._connection import Connection
 from ._failures import Transient
 
@@ -48,9 +48,10 @@ class DegradedHold(Hold):
         self._on_release = on_release
         self.acquired_at = monotonic()
 
-    async def monitor(self, confirm: Confirm) -> str:
+    async def monitor(self, confirm: Confirm) -> Loss:
+        # etcd, reachable again, takes the election back from the local leadership.
         _, reason = await first_of(lambda: self._confirm_on_time(confirm), self._until_etcd_answers)
-        return str(reason)
+        return Loss(LossKind.RELEASED_BY_SERVER, str(reason))
 
     async def _confirm_on_time(self, confirm: Confirm) -> None:
         # Nothing to renew: confirm on time so that the keeper's renew deadline does not fence us.

@@ -23,7 +23,8 @@ first, when the predecessor went.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import enum
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -32,13 +33,13 @@ from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from ..._backend import Backend, Backoff
-from ..._errors import BackendUnavailable, ElectionError
+from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
 from ._connection import Connection
 from ._failures import Compacted, Retired, Transient
 from ._session import Session
 from ._watch import WatchStream
 
-__all__ = ["DELETE", "RANGE_WAIT_MAX", "Election", "KeyLost", "OpenWatch"]
+__all__ = ["DELETE", "RANGE_WAIT_MAX", "Election", "KeyLost", "OpenWatch", "Sight", "Turn", "View", "Waited"]
 
 DELETE = rpc.Event.DELETE
 #: Up to this many candidates, a waiting candidate watches the keys from its predecessor's to its own (see
@@ -54,10 +55,7 @@ def _identity(value: bytes) -> str:
 class View:
     """What a campaign last read of the election: who led at ``revision``, for one incarnation of our key.
 
-    A view is a value with one owner, the campaign: :class:`Election`
-    replaces it with the campaign's own reads, and with a read of the leader
-    watch only if that read was taken for the view still current, and after
-    it (:meth:`Election._saw_later`). A late reply for an earlier view is dropped.
+    A value: only :class:`Sight` holds the current one, and replaces it.
     """
 
     #: The leader's key and identity (None: nobody), our key, and the key we wait for.
@@ -68,6 +66,66 @@ class View:
     revision: int
     #: Our key's create revision: the same key bytes put again (after a delete by hand) are another candidate.
     created: int
+
+
+class Sight:
+    """The election as the current campaign last read it: the one owner of the current :class:`View`.
+
+    Guarantees: the view is replaced only by a read that cannot be older
+    than it. The campaign's own reads (:meth:`read`) replace a view of an
+    earlier incarnation of our key, or of the same one read at a revision
+    not below it; a read of the leader watch (:meth:`read_later`) replaces
+    only the view it was taken for, while that view is still current, and
+    only if it was read after it. A late reply for an earlier view is
+    dropped, so a read from before our key was put again can never stand
+    for the key now.
+    """
+
+    def __init__(self, report: Callable[[str | None], None]) -> None:
+        self._report = report
+        self._view: View | None = None
+        self._changed = anyio.Event()
+
+    @property
+    def current(self) -> View | None:
+        """The current view; None outside a campaign."""
+        return self._view
+
+    @property
+    def changed(self) -> anyio.Event:
+        """Set when :attr:`current` is replaced (take it together with :attr:`current`)."""
+        return self._changed
+
+    def read(self, view: View) -> None:
+        """A campaign's own read: made current unless the current view is of this incarnation and newer."""
+        now = self._view
+        if now is not None and (now.ours, now.created) == (view.ours, view.created) and view.revision < now.revision:
+            return
+        self._replace(view)
+
+    def read_later(self, base: View, kv: Any, revision: int) -> None:
+        """The leader watch's read for ``base``: current only if ``base`` still is, and the read is after it."""
+        if self._view is not base or revision <= base.revision:
+            return
+        leader = None if kv is None else bytes(kv.key)
+        identity = None if kv is None else _identity(kv.value)
+        self._replace(replace(base, leader=leader, identity=identity, revision=revision))
+
+    def end(self) -> None:
+        """The campaign ended: nothing to watch for it any more."""
+        self._view = None
+        self._wake()
+
+    def _replace(self, view: View) -> None:
+        """Make ``view`` current, wake the leader watch, and report the leader unless it is us (we won)."""
+        self._view = view
+        self._wake()
+        if view.leader != view.ours:
+            self._report(view.identity)
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
 
 
 def _changed(event: Any, key: bytes, revision: int, lease: int) -> bool:
@@ -98,6 +156,26 @@ class OpenWatch:
             await self._stack.aclose()
 
 
+class Turn(enum.Enum):
+    """What a wait for the predecessor's deletion found (:meth:`Election._wait_turn`)."""
+
+    #: The store had moved past the read before the watch began: read again now (not twice in a row).
+    SKIPPED = "skipped"
+    #: The predecessor may be gone, or our key changed, or the watch broke: read again.
+    READ_AGAIN = "read again"
+    #: The predecessor went while our key stood first under our lease: we lead (see :class:`Waited`).
+    LEADING = "leading"
+
+
+@dataclass(frozen=True)
+class Waited:
+    """A :class:`Turn`, and for :attr:`Turn.LEADING` the watch that proved it, open on our key from its
+    :attr:`OpenWatch.revision` (the leadership goes on watching with it)."""
+
+    turn: Turn
+    watch: OpenWatch | None = None
+
+
 class KeyLost(Exception):
     """Our candidate key vanished while our lease lives (deleted by hand): put it again."""
 
@@ -119,9 +197,8 @@ class Election(Backend):
         self._prefix_end = prefix_range_end(self.prefix)
         #: How many candidates the last campaign transaction saw (None: unknown).
         self.crowd: int | None = None
-        #: The election as the current campaign last read it; None outside a campaign.
-        self.view: View | None = None
-        self._view_changed = anyio.Event()
+        #: The election as the current campaign last read it.
+        self.sight = Sight(lambda identity: self._reporter.leader(identity))
 
     def local_leader(self) -> str | None:
         """The identity leading without etcd (see :mod:`._degraded`), or None."""
@@ -141,7 +218,7 @@ class Election(Backend):
             key = bytes(kv.key)
             if b"/" in key[len(self.prefix) :]:
                 other = key[: key.rindex(b"/")].decode(errors="replace")
-                raise ElectionError(
+                raise PermanentBackendError(
                     f"etcd election {self.name!r} contains the keys of election {other!r} (key "
                     f"{key.decode(errors='replace')!r}): a name followed by '/' must not begin another election's "
                     f"name, since candidates of {self.name!r} would wait for those of {other!r}; rename one of them"
@@ -168,7 +245,7 @@ class Election(Backend):
         )
 
     def _saw(self, kvs: Any, ours: bytes, created: int, predecessor: bytes | None, revision: int) -> None:
-        """Record the leader a campaign transaction read (:meth:`_see`).
+        """Record the leader a campaign transaction read (:meth:`Sight.read`).
 
         ``created`` is our key's create revision, ``revision`` the one the
         transaction read at (not below ``created``).
@@ -176,34 +253,7 @@ class Election(Backend):
         kv = kvs[0] if kvs else None
         leader = None if kv is None else bytes(kv.key)
         identity = None if kv is None else _identity(kv.value)
-        self._see(View(leader, identity, ours, predecessor, revision, created))
-
-    def _saw_later(self, view: View, kv: Any, revision: int) -> None:
-        """Record the leader the leader watch read for ``view``, only if ``view`` is still current and older.
-
-        The read may come back late: meanwhile the campaign may have read the
-        election again, or put its key again. Such a reply describes a view
-        that is gone and is dropped.
-        """
-        if self.view is not view or revision <= view.revision:
-            return
-        leader = None if kv is None else bytes(kv.key)
-        identity = None if kv is None else _identity(kv.value)
-        self._see(replace(view, leader=leader, identity=identity, revision=revision))
-
-    def _see(self, view: View) -> None:
-        """Make ``view`` current, wake the leader watch, and report the leader unless it is us (we won)."""
-        self.view = view
-        self._view_changed.set()
-        self._view_changed = anyio.Event()
-        if view.leader != view.ours:
-            self._reporter.leader(view.identity)
-
-    def end_view(self) -> None:
-        """The campaign ended: nothing to watch for it any more."""
-        self.view = None
-        self._view_changed.set()
-        self._view_changed = anyio.Event()
+        self.sight.read(View(leader, identity, ours, predecessor, revision, created))
 
     async def watch(self) -> AsyncIterator[str | None]:
         """Leaders for a campaign's watch, at no cost while the leader is the key the campaign waits for.
@@ -216,7 +266,7 @@ class Election(Backend):
         """
         backoff = Backoff(first=0.1, maximum=2.0)
         while True:
-            view, changed = self.view, self._view_changed
+            view, changed = self.sight.current, self.sight.changed
             if view is None or view.leader is None or view.leader in (view.ours, view.predecessor):
                 await changed.wait()
                 continue
@@ -229,7 +279,7 @@ class Election(Backend):
                     return
                 self.log.debug("leader watch interrupted (%s); reading again", exc)
                 await anyio.sleep(backoff.next_delay())
-            if self.view is view:
+            if self.sight.current is view:
                 await changed.wait()  # followed as far as it goes: the campaign reads what comes next
 
     async def _follow(self, view: View) -> AsyncIterator[str | None]:
@@ -238,7 +288,7 @@ class Election(Backend):
         Only those candidates can lead before us, and only a delete or a put
         can change them (a key created later is never ahead of ours): the
         next leader is the oldest of them still standing, known without a
-        read. Each change is recorded in the view (:meth:`_saw_later`); a put
+        read. Each change is recorded in the view (:meth:`Sight.read_later`); a put
         of the leader's value is yielded. Returns when the campaign has read
         the election anew, or when the leader is the key we wait for (or
         nobody ahead is left): the campaign's own reads take it from there.
@@ -259,15 +309,15 @@ class Election(Backend):
             first = min(ahead.values(), key=lambda kv: int(kv.create_revision), default=None)
             if first is None:
                 return False  # nobody ahead: our campaign leads next, and says so
-            if self.view is current and bytes(first.key) != current.leader:
-                self._saw_later(current, first, revision)
-                current = self.view or current
-            return self.view is current and bytes(first.key) != current.predecessor
+            if self.sight.current is current and bytes(first.key) != current.leader:
+                self.sight.read_later(current, first, revision)
+                current = self.sight.current or current
+            return self.sight.current is current and bytes(first.key) != current.predecessor
 
         if not next_leader():
             return
         async with self.conn.watch(self.prefix, range_end=self._prefix_end, start_revision=revision + 1) as stream:
-            while self.view is current:
+            while self.sight.current is current:
                 response = await stream.next()
                 self._own([event.kv for event in response.events])
                 # The last event's revision, not the header's: events up to it have all arrived, later ones may not.
@@ -397,26 +447,21 @@ class Election(Backend):
         self._saw(leader, key, revision, predecessor, int(reply.header.revision))
         return predecessor, int(reply.header.revision)
 
-    async def _wait_deleted(self, predecessor: bytes, read_at: int, *, shortcut: bool) -> bool:
-        """Return once ``predecessor`` may be gone (key.go ``waitDelete``); the caller reads again.
+    async def _wait_turn(
+        self, predecessor: bytes, read_at: int, *, shortcut: bool, ours: tuple[bytes, int, int] | None = None
+    ) -> Waited:
+        """Return once ``predecessor`` may be gone (key.go ``waitDelete``), saying what the wait found.
 
         The watch starts at ``read_at + 1``: a watch starting at or below the
         store's current revision is served on etcd's slow path (its events
         come from a background loop, up to 100 ms late). If the store has
         moved past ``read_at`` by the time etcd creates the watch, and
-        ``shortcut`` allows, return at once instead: reading again is faster.
-        Returns whether the next wait may take that shortcut again (not twice
-        in a row, so that a busy prefix cannot keep us reading).
-        """
-        shortcut, _ = await self._wait_turn(predecessor, read_at, shortcut=shortcut)
-        return shortcut
+        ``shortcut`` allows, return :attr:`Turn.SKIPPED` at once instead:
+        reading again is faster (the caller does not allow it twice in a
+        row, so that a busy prefix cannot keep us reading).
 
-    async def _wait_turn(
-        self, predecessor: bytes, read_at: int, *, shortcut: bool, ours: tuple[bytes, int, int] | None = None
-    ) -> tuple[bool, OpenWatch | None]:
-        """:meth:`_wait_deleted`; with ``ours``, also tell when the deletion makes us the leader, without a read.
-
-        ``ours`` is (our key, its create revision, our lease): one watch then
+        With ``ours``, also tell when the deletion makes us the leader,
+        without a read (:attr:`Turn.LEADING`). ``ours`` is (our key, its create revision, our lease): one watch then
         covers both keys (from the lower to the higher), so that etcd
         delivers their events in revision order. If ``predecessor`` led in a
         read before its deletion at revision R (the campaign's, or the
@@ -424,10 +469,9 @@ class Election(Backend):
         no key older than ours but it existed then, and none can be created
         later; so its deletion at R with our key untouched up to R (no
         delete, no other create revision or lease) means that at R our key
-        stood first, under our lease. The watch is then returned open
+        stood first, under our lease. The watch is then handed over open
         (:attr:`OpenWatch.revision` is R): it goes on watching our key for
-        the leadership. Any other outcome returns None there and the caller
-        reads again.
+        the leadership. Any other outcome is :attr:`Turn.READ_AGAIN`.
         """
         key, range_end = predecessor, None
         if ours is not None:
@@ -439,18 +483,18 @@ class Election(Backend):
                 self.conn, key, range_end=range_end, start_revision=read_at + 1, no_put=ours is None
             )
             if shortcut and watching.stream.created_revision > read_at:
-                return False, None
+                return Waited(Turn.SKIPPED)
             while True:
                 events = (await watching.stream.next()).events
                 if ours is not None and any(_changed(event, *ours) for event in events):
-                    return True, None
+                    return Waited(Turn.READ_AGAIN)
                 gone = [int(e.kv.mod_revision) for e in events if e.type == DELETE and bytes(e.kv.key) == predecessor]
                 if gone and ours is not None and self._led_before(predecessor, ours[0], ours[1], gone[0]):
                     watching.revision = gone[0]
                     handed, watching = watching, None
-                    return True, handed
+                    return Waited(Turn.LEADING, handed)
                 if gone:
-                    return True, None
+                    return Waited(Turn.READ_AGAIN)
         except (Retired, Compacted):
             pass  # look again
         except Transient as exc:
@@ -460,7 +504,7 @@ class Election(Backend):
         finally:
             if watching is not None:
                 await watching.close()
-        return True, None
+        return Waited(Turn.READ_AGAIN)
 
     def _led_before(self, predecessor: bytes, ours: bytes, created: int, revision: int) -> bool:
         """Whether a read of this campaign, before ``revision``, found ``predecessor`` leading beside our key.
@@ -469,7 +513,7 @@ class Election(Backend):
         proves it: a read from before (of an earlier key with the same bytes)
         says nothing about the keys created before this one.
         """
-        view = self.view
+        view = self.sight.current
         return (
             view is not None
             and view.ours == ours

@@ -10,14 +10,25 @@ left to propagate. Messages name the endpoint and the user, never a password.
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
 import grpc
 
-from ..._errors import ElectionError
+from ..._errors import ElectionError, PermanentBackendError
 from ._endpoints import Endpoint
 
-__all__ = ["MAX_TTL", "Compacted", "Retired", "SessionEnded", "Transient", "classify", "rpc_error"]
+__all__ = [
+    "MAX_TTL",
+    "Compacted",
+    "Failure",
+    "Retired",
+    "SessionEnded",
+    "Transient",
+    "answered",
+    "classify",
+    "rpc_error",
+]
 
 #: etcd refuses a lease longer than this ("too large lease TTL"; ``MaxLeaseTTL`` in etcd's lease package).
 MAX_TTL = 9_000_000_000
@@ -29,40 +40,98 @@ _RETRYABLE_DETAILS = ("invalid auth token", "auth store is old", "not leader", "
 _HANDSHAKE_HINTS = ("handshake", "tsi_", "ssl", "tls", "socket closed", "unwrap", "http1.x")
 
 
-class Transient(Exception):
-    """An etcd request failed in a way that a retry can fix.
+class Failure(enum.Enum):
+    """How a request that a retry can fix failed: decided once, where the error is caught.
 
-    ``answered`` is True when an etcd member did answer (no quorum, lease not
-    found...): etcd is reachable. ``rotate`` is True when the next request
-    should go to another endpoint.
+    Each says whether an etcd member answered (etcd is reachable) and
+    whether the next request should go to another endpoint.
     """
 
-    def __init__(self, message: str, *, answered: bool = False, rotate: bool = True, timed_out: bool = False) -> None:
+    #: No member answered (connection refused or reset, stream closed by the peer).
+    UNREACHABLE = "unreachable"
+    #: No member answered, in a way a TLS problem can explain: worth a diagnosis.
+    HANDSHAKE = "handshake failed"
+    #: No answer came in time: the request may have been applied.
+    TIMED_OUT = "timed out"
+    #: A member answered with an error that a retry, or another member, can fix (no quorum, not leader...).
+    REFUSED = "refused"
+    #: Our auth token expired: a new client (a new token) fixes it at once.
+    REAUTH = "auth token expired"
+    #: etcd says the lease the request used does not exist (any more): the same on every member.
+    LEASE_GONE = "lease gone"
+    #: A member answered with what every member would (a compacted revision): no failing over.
+    SAME_EVERYWHERE = "same on every member"
+    #: We closed or replaced the channel or stream: not the endpoint's fault.
+    STREAM_ENDED = "stream ended"
+
+    @property
+    def answered(self) -> bool:
+        return self in (Failure.REFUSED, Failure.REAUTH, Failure.LEASE_GONE, Failure.SAME_EVERYWHERE)
+
+    @property
+    def rotate(self) -> bool:
+        return self not in (Failure.LEASE_GONE, Failure.SAME_EVERYWHERE, Failure.STREAM_ENDED)
+
+
+def answered(details: str, *, rotate: bool = True) -> Failure:
+    """The failure of a request a member answered with ``details`` (its error text, read where it was caught)."""
+    if "requested lease not found" in details:
+        return Failure.LEASE_GONE
+    if "invalid auth token" in details or "auth store is old" in details:
+        return Failure.REAUTH
+    return Failure.REFUSED if rotate else Failure.SAME_EVERYWHERE
+
+
+class Transient(Exception):
+    """An etcd request failed in a way that a retry can fix; ``failure`` says how (:class:`Failure`)."""
+
+    def __init__(self, message: str, failure: Failure = Failure.UNREACHABLE) -> None:
         super().__init__(message)
-        self.answered = answered
-        self.rotate = rotate
-        #: The request may have been applied: no answer came in time.
-        self.timed_out = timed_out
-        #: etcd says the lease the request used does not exist (any more).
-        self.lease_gone = "requested lease not found" in message
-        #: Our auth token expired: a new client (a new token) fixes it at once.
-        self.reauth = "invalid auth token" in message or "auth store is old" in message
-        #: gRPC could not set up the connection in a way a TLS problem can explain: worth a diagnosis.
-        self.handshake = False
+        self.failure = failure
+
+    @property
+    def answered(self) -> bool:
+        """An etcd member did answer (no quorum, lease not found...): etcd is reachable."""
+        return self.failure.answered
+
+    @property
+    def rotate(self) -> bool:
+        """The next request should go to another endpoint."""
+        return self.failure.rotate
+
+    @property
+    def timed_out(self) -> bool:
+        """The request may have been applied: no answer came in time."""
+        return self.failure is Failure.TIMED_OUT
+
+    @property
+    def lease_gone(self) -> bool:
+        """etcd says the lease the request used does not exist (any more)."""
+        return self.failure is Failure.LEASE_GONE
+
+    @property
+    def reauth(self) -> bool:
+        """Our auth token expired: a new client (a new token) fixes it at once."""
+        return self.failure is Failure.REAUTH
+
+    @property
+    def handshake(self) -> bool:
+        """gRPC could not set up the connection in a way a TLS problem can explain: worth a diagnosis."""
+        return self.failure is Failure.HANDSHAKE
 
 
 class Retired(Transient):
     """The channel a watch was using has been replaced: watch again on the new one."""
 
     def __init__(self) -> None:
-        super().__init__("the etcd channel was replaced", rotate=False)
+        super().__init__("the etcd channel was replaced", Failure.STREAM_ENDED)
 
 
 class Compacted(Transient):
     """The revision a watch or read started from has been compacted away."""
 
     def __init__(self, revision: int) -> None:
-        super().__init__(f"revision compacted (compact revision {revision})", answered=True, rotate=False)
+        super().__init__(f"revision compacted (compact revision {revision})", Failure.SAME_EVERYWHERE)
 
 
 class SessionEnded(Exception):
@@ -86,7 +155,7 @@ def classify(exc: BaseException, what: str, endpoint: Endpoint, username: str | 
     if isinstance(exc, (Transient, ElectionError)):
         return exc
     if isinstance(exc, TimeoutError):
-        return Transient(f"{what} on {endpoint} timed out", timed_out=True)
+        return Transient(f"{what} on {endpoint} timed out", Failure.TIMED_OUT)
     error = rpc_error(exc)
     if error is None:
         if isinstance(exc, OSError):
@@ -96,26 +165,28 @@ def classify(exc: BaseException, what: str, endpoint: Endpoint, username: str | 
     details = str(error.details() or code.name)
     etcd_said = details.removeprefix("etcdserver: ")
     if "authentication failed" in details:
-        return ElectionError(f"etcd at {endpoint} rejected the credentials of user {username!r}: {etcd_said}")
+        return PermanentBackendError(f"etcd at {endpoint} rejected the credentials of user {username!r}: {etcd_said}")
     if "too large lease TTL" in details:
-        return ElectionError(
+        return PermanentBackendError(
             f"etcd at {endpoint} refused {what}: {etcd_said} (etcd grants leases of at most {MAX_TTL} seconds)"
         )
     if "user name is empty" in details:
-        return ElectionError(f"etcd at {endpoint} has authentication enabled: pass username and password")
+        return PermanentBackendError(f"etcd at {endpoint} has authentication enabled: pass username and password")
     permanent = code in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED) or (
         code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.FAILED_PRECONDITION)
         and not any(text in details for text in _RETRYABLE_DETAILS)
     )
     if permanent:
-        return ElectionError(f"etcd at {endpoint} refused {what}: {etcd_said}")
-    answered = details.startswith("etcdserver:") or code in (
+        return PermanentBackendError(f"etcd at {endpoint} refused {what}: {etcd_said}")
+    message = f"{what} on {endpoint}: {code.name}: {details}"
+    if details.startswith("etcdserver:") or code in (
         grpc.StatusCode.NOT_FOUND,
         grpc.StatusCode.OUT_OF_RANGE,
         grpc.StatusCode.RESOURCE_EXHAUSTED,
-    )
-    # A lease that is gone or a compacted revision is the same on every member.
-    rotate = code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE)
-    failure = Transient(f"{what} on {endpoint}: {code.name}: {details}", answered=answered, rotate=rotate)
-    failure.handshake = code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _HANDSHAKE_HINTS)
-    return failure
+    ):
+        # A lease that is gone or a compacted revision is the same on every member.
+        rotate = code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.OUT_OF_RANGE)
+        return Transient(message, answered(details, rotate=rotate))
+    if code == grpc.StatusCode.UNAVAILABLE and any(h in details.lower() for h in _HANDSHAKE_HINTS):
+        return Transient(message, Failure.HANDSHAKE)
+    return Transient(message, Failure.UNREACHABLE)

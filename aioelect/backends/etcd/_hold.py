@@ -14,10 +14,10 @@ from typing import Any, Protocol
 import anyio
 from aetcd import rpc
 
-from ..._backend import Backoff, Confirm, Hold
-from ..._errors import ElectionError
+from ..._backend import Backoff, Confirm, Hold, Loss
+from ..._errors import ElectionError, LossKind
 from ..._log import ElectionLog
-from ._calls import first_of
+from ..._tasks import first_of
 from ._connection import Connection
 from ._election import DELETE, OpenWatch
 from ._failures import Retired, Transient
@@ -73,22 +73,24 @@ class EtcdHold(Hold):
         self._released = False
         self._lost = False
 
-    async def monitor(self, confirm: Confirm) -> str:
+    async def monitor(self, confirm: Confirm) -> Loss:
         session = self._session
         session.listeners.add(confirm)
         if session.confirmed_at > self.acquired_at:
             confirm(session.confirmed_at)
         try:
-            _, reason = await first_of(self._session_ended, self._key_deleted)
+            _, loss = await first_of(self._session_ended, self._key_deleted)
             self._lost = True
-            return str(reason)
+            assert isinstance(loss, Loss)
+            return loss
         finally:
             session.listeners.discard(confirm)
 
-    async def _session_ended(self) -> str:
-        return f"session ended: {await self._session.wait_ended()}"
+    async def _session_ended(self) -> Loss:
+        reason = await self._session.wait_ended()
+        return Loss(self._session.kind, f"session ended: {reason}")
 
-    async def _key_deleted(self) -> str:
+    async def _key_deleted(self) -> Loss:
         """Return once our key is gone; resynchronise by reading it whenever the watch breaks."""
         b = self._backend
         start = self._watch_from
@@ -128,7 +130,7 @@ class EtcdHold(Hold):
         if watching is not None:
             await watching.close()
 
-    async def _why_deleted(self) -> str:
+    async def _why_deleted(self) -> Loss:
         b = self._backend
         try:
             reply = await b.conn.call(
@@ -140,10 +142,10 @@ class EtcdHold(Hold):
                 attempts=1,
             )
             if reply.TTL < 0:
-                return "leader key deleted: our lease was revoked or expired"
+                return Loss(LossKind.EXPIRED, "leader key deleted: our lease was revoked or expired")
         except (Transient, ElectionError):
             pass
-        return "leader key deleted (resigned elsewhere or removed by hand)"
+        return Loss(LossKind.DEPOSED, "leader key deleted (resigned elsewhere or removed by hand)")
 
     async def release(self) -> None:
         """Resign as election.go does (delete our key if it is still ours); the next candidate leads at once.

@@ -12,15 +12,14 @@ import collections
 import copy
 from typing import Any
 
-import anyio
 import grpc
 from aetcd import rpc
 
 from ..._errors import ElectionError
-from ._calls import consume
+from ..._tasks import TaskSet, consume
 from ._channel import Channel
 from ._connection import Connection
-from ._failures import Transient
+from ._failures import Failure, Transient
 
 __all__ = ["KeepAliveStream", "keepalives"]
 
@@ -62,17 +61,17 @@ class KeepAliveStream:
         self._waiting: dict[int, collections.deque[asyncio.Future[int]]] = {}
         self._outbox: asyncio.Queue[int] = asyncio.Queue()
         self.failure: Exception | None = None
-        loop = asyncio.get_running_loop()
         name = f"aioelect-etcd-keepalive-{channel.endpoint}"
-        self._tasks = (loop.create_task(self._write(), name=name), loop.create_task(self._read(), name=name))
-        for task in self._tasks:
-            task.add_done_callback(consume)
+        #: The stream's writer and reader: owned by the stream, cancelled by its failure, awaited by close().
+        self._tasks = TaskSet()
+        self._tasks.start(self._write(), name=name, on_done=consume)
+        self._tasks.start(self._read(), name=name, on_done=consume)
 
     @property
     def usable(self) -> bool:
         return self.failure is None
 
-    async def renew(self, lease_id: int, timeout: float) -> int:  # noqa: ASYNC109 - a timer, not a cancel scope
+    async def renew(self, lease_id: int, timeout: float) -> int:
         """Send one keep-alive for ``lease_id`` and return the TTL etcd answered (<= 0: the lease is gone).
 
         Raises TimeoutError if no reply came within ``timeout`` seconds (a
@@ -135,12 +134,9 @@ class KeepAliveStream:
                 if not future.done():
                     future.set_exception(copy.copy(failure))
         self._waiting.clear()
-        for task in self._tasks:
-            if task is not asyncio.current_task():
-                task.cancel()
+        self._tasks.cancel()
 
     async def close(self) -> None:
         """Cancel the stream; waiting renewals raise :class:`Transient`. Never interrupted."""
-        self._fail(Transient(f"the keep-alive stream to {self._channel.endpoint} was closed", rotate=False))
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait(self._tasks)
+        self._fail(Transient(f"the keep-alive stream to {self._channel.endpoint} was closed", Failure.STREAM_ENDED))
+        await self._tasks.wait()

@@ -43,12 +43,12 @@ class EtcdSessionOptions(TypedDict, total=False):
     key_file: str | None
 
 
-class _Named(TypedDict):
+class _EtcdElectionName(TypedDict):
     #: The election's name: candidates' keys live under ``{name}/`` (at most 1024 characters).
     name: str
 
 
-class EtcdOptions(_Named, EtcdSessionOptions, total=False):
+class EtcdOptions(_EtcdElectionName, EtcdSessionOptions, total=False):
     """The options of an etcd election; :meth:`EtcdSettings.parse` validates them."""
 
     #: Lead locally, WITHOUT mutual exclusion, while etcd has never answered (default False).

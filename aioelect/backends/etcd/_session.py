@@ -20,10 +20,11 @@ import anyio
 from aetcd import rpc
 
 from ..._backend import Backoff, Confirm, monotonic
-from ..._errors import ElectionError
+from ..._errors import ElectionError, LossKind, PermanentBackendError
 from ..._log import ElectionLog
-from ._connection import Connection
-from ._failures import SessionEnded, Transient
+from ..._tasks import TaskSet
+from ._connection import Connection, SelfBounded
+from ._failures import SessionEnded, Transient, answered
 from ._keepalive import keepalives
 from ._options import EtcdSettings, grant_problem
 
@@ -67,8 +68,11 @@ class Session:
         self.request_timeout = request_timeout
         self.done = anyio.Event()
         self.reason: str | None = None
+        #: What kind of loss the end of this session is for a leadership on it (set with ``reason``).
+        self.kind = LossKind.CONNECTION_LOST
         self.listeners: set[Confirm] = set()
-        self._task: asyncio.Task[None] | None = None
+        #: The keep-alive loop: owned by the session, stopped and awaited by stop().
+        self._tasks = TaskSet()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -110,12 +114,12 @@ class Session:
                     await _revoke(conn, lease_id, bound)
             raise
         if reply.error:
-            raise Transient(f"etcd refused the lease: {reply.error}", answered=True)
+            raise Transient(f"etcd refused the lease: {reply.error}", answered(str(reply.error)))
         problem = grant_problem(ttl, int(reply.TTL))
         if problem is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(request_timeout):
                 await _revoke(conn, lease_id, request_timeout)
-            raise ElectionError(problem)
+            raise PermanentBackendError(problem)
         if ttl != reply.TTL:
             conn.log.debug("etcd granted a %ss lease for the %ss asked (its minimum TTL)", reply.TTL, ttl)
         session = cls(
@@ -127,9 +131,9 @@ class Session:
             keepalive_timeout=keepalive_timeout,
             request_timeout=request_timeout,
         )
-        task = asyncio.get_running_loop().create_task(session._keep_alive(), name=f"aioelect-etcd-lease-{lease_id:x}")
-        task.add_done_callback(session._keeper_done)
-        session._task = task
+        session._tasks.start(
+            session._keep_alive(), name=f"aioelect-etcd-lease-{lease_id:x}", on_done=session._keeper_done
+        )
         return session
 
     @classmethod
@@ -146,15 +150,16 @@ class Session:
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.conn.log.error("keep-alive of lease %x failed", self.lease_id, exc_info=task.exception())
-            self._end(f"keep-alive failed: {task.exception()!r}")
+            self._end(f"keep-alive failed: {task.exception()!r}", LossKind.CONNECTION_LOST)
 
     def expire(self, reason: str) -> None:
         """End the session because etcd says its lease is gone."""
-        self._end(reason)
+        self._end(reason, LossKind.EXPIRED)
 
-    def _end(self, reason: str) -> None:
+    def _end(self, reason: str, kind: LossKind) -> None:
         if self.reason is None:
             self.reason = reason
+            self.kind = kind
             self.conn.log.debug("session %x ended: %s", self.lease_id, reason)
         self.done.set()
 
@@ -175,12 +180,11 @@ class Session:
         sent = monotonic()
         ttl = await self.conn.call(
             "lease keep-alive",
-            lambda ch: keepalives(self.conn, ch).renew(self.lease_id, self.keepalive_timeout),
+            SelfBounded(lambda ch: keepalives(self.conn, ch).renew(self.lease_id, self.keepalive_timeout)),
             timeout=self.keepalive_timeout,
-            direct=True,
         )
         if ttl <= 0:
-            self._end("etcd reports the lease expired or revoked")
+            self._end("etcd reports the lease expired or revoked", LossKind.EXPIRED)
             raise SessionEnded(self.reason or "lease gone")
         self._confirmed(sent)
         return sent
@@ -192,7 +196,7 @@ class Session:
             await anyio.sleep(max(0.0, next_at - monotonic()))
             left = self.confirmed_at + self.ttl - monotonic()
             if left <= 0:
-                self._end(f"no keep-alive succeeded for {self.ttl}s: the lease may have expired")
+                self._end(f"no keep-alive succeeded for {self.ttl}s: the lease may have expired", LossKind.EXPIRED)
                 return
             try:
                 with anyio.fail_after(left):
@@ -200,7 +204,7 @@ class Session:
             except SessionEnded:
                 return
             except ElectionError as exc:
-                self._end(f"keep-alive refused: {exc}")
+                self._end(f"keep-alive refused: {exc}", LossKind.RELEASED_BY_SERVER)
                 return
             except (Transient, TimeoutError) as exc:
                 delay = backoff.next_delay()
@@ -226,12 +230,8 @@ class Session:
     async def stop(self) -> None:
         """Stop the keep-alives and wait until they have stopped. Idempotent; never interrupted."""
         self.listeners.clear()
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait([task])
-        self._end("session closed")
+        await self._tasks.aclose()
+        self._end("session closed", LossKind.CONNECTION_LOST)
 
     async def close(self) -> None:
         """Stop the keep-alives, then revoke the lease (at most ``request_timeout``). Idempotent.

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ..._config import check_options
-from ..._errors import BackendUnavailable, ElectionError
+from ..._errors import BackendUnavailable, ElectorClosed, UsageError
 from ..._log import ElectionLog
 from ._failures import Transient
 from ._options import EtcdOptions, EtcdSessionOptions, EtcdSettings
@@ -130,9 +130,9 @@ class EtcdSession:
     async def current(self) -> Session:
         """The live shared session; a new lease if the last one ended (:class:`Transient` if etcd fails)."""
         if self._closed:
-            raise ElectionError("the EtcdSession is closed")
+            raise ElectorClosed("the EtcdSession is closed")
         if not self._entered:
-            raise ElectionError("enter the EtcdSession (async with) before its electors campaign")
+            raise UsageError("enter the EtcdSession (async with) before its electors campaign")
         session = self._session
         if session is not None and not session.done.is_set():
             return session

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ..._errors import ElectionError
+from ..._errors import PermanentBackendError
 
 __all__ = ["EtcdTLS"]
 
@@ -102,4 +102,4 @@ def _read(path: str, what: str) -> bytes:
         with open(path, "rb") as fh:
             return fh.read()
     except OSError as exc:
-        raise ElectionError(f"cannot read {what} {path!r}: {exc.strerror}") from None
+        raise PermanentBackendError(f"cannot read {what} {path!r}: {exc.strerror}") from None

@@ -18,10 +18,10 @@ import grpc
 from aetcd import rpc
 
 from ..._backend import Interceptor
-from ..._errors import ElectionError
-from ._calls import consume
+from ..._errors import PermanentBackendError
+from ..._tasks import consume
 from ._channel import Channel
-from ._failures import Compacted, Retired, Transient
+from ._failures import Compacted, Retired, Transient, answered
 
 __all__ = ["WatchStream", "check_response", "create_request"]
 
@@ -55,8 +55,8 @@ def check_response(response: Any, channel: Channel, what: str, retire: Callable[
     if response.canceled:
         reason = str(response.cancel_reason) or "no reason given"
         if "permission denied" in reason:
-            raise ElectionError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
-        raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered=True)
+            raise PermanentBackendError(f"etcd at {channel.endpoint} refused the {what}: {reason}")
+        raise Transient(f"etcd at {channel.endpoint} cancelled the {what}: {reason}", answered(reason))
     return response
 
 

@@ -66,8 +66,8 @@ import anyio.to_thread
 
 from ..._backend import Backend, Backoff, Hold, monotonic, until_recorded
 from ..._config import DEFAULT_NAME, check_options, positive, validate_name
-from ..._errors import BackendUnavailable, ElectionError
-from ._inotify import Channel, Watcher, Watching
+from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
+from ._inotify import LockFileSignals, Watcher, Watching
 from ._lock import FileHold, LockFile
 from ._paths import MODES, PERMANENT_ERRNOS, directory_problem, open_checked, resolve
 from ._waiters import Attempt, announce, rejoin
@@ -187,7 +187,7 @@ class FileBackend(Backend):
         """
         problem = directory_problem(self.directory, self.mode)
         if problem is not None:
-            raise ElectionError(problem)
+            raise PermanentBackendError(problem)
         attempt.lock_fd = open_checked(self.path, "lock file", self.mode, create=True, write=True, log=self.log)
         lock_wd = watcher.add(self.path)
         attempt.waiting_fd = open_checked(self.waiting, "queue file", self.mode, create=True, write=False, log=self.log)
@@ -200,7 +200,7 @@ class FileBackend(Backend):
         descriptor already open) never block, and run on the loop.
         """
         watcher = self._watching.get()
-        channel: Channel = watcher.channel(self.path)
+        channel: LockFileSignals = watcher.channel(self.path)
         lock_wd, waiting_wd = await anyio.to_thread.run_sync(self._prepare, attempt, watcher)
         events = watcher.register(lock_wd, channel.closed)
         if not events and not self._polling_logged:
@@ -260,7 +260,7 @@ class FileBackend(Backend):
                 raise
             except OSError as exc:
                 if exc.errno in PERMANENT_ERRNOS:
-                    raise ElectionError(f"lock file {self.path}: {exc.strerror}") from None
+                    raise PermanentBackendError(f"lock file {self.path}: {exc.strerror}") from None
                 delay = backoff.next_delay()
                 self.report_error(f"campaign interrupted ({exc!r})", delay)
                 attempt.close()
@@ -272,7 +272,7 @@ class FileBackend(Backend):
         """Open the lock file into ``attempt`` (worker threads only)."""
         problem = directory_problem(self.directory, self.mode)
         if problem is not None:
-            raise ElectionError(problem)
+            raise PermanentBackendError(problem)
         attempt.lock_fd = open_checked(self.path, "lock file", self.mode, create=True, write=True, log=self.log)
 
     async def try_campaign(self, identity: str) -> Hold | None:
@@ -293,7 +293,7 @@ class FileBackend(Backend):
                 return FileHold(self._lockfile, self.check_interval, self.log, attempt.take_lock_fd(), token, sent)
             except OSError as exc:
                 if exc.errno in PERMANENT_ERRNOS:
-                    raise ElectionError(f"lock file {self.path}: {exc.strerror}") from None
+                    raise PermanentBackendError(f"lock file {self.path}: {exc.strerror}") from None
                 raise BackendUnavailable(f"lock file {self.path}: {exc.strerror or exc!r}") from None
             finally:
                 attempt.close()

@@ -32,7 +32,7 @@ import anyio.to_thread
 
 from . import _fork
 
-__all__ = ["Channel", "Signal", "Watcher", "Watching", "libc", "watchers"]
+__all__ = ["LockFileSignals", "Signal", "Watcher", "Watching", "libc", "watchers"]
 
 _IN_CLOSE_WRITE = 0x00000008
 _IN_CLOSE_NOWRITE = 0x00000010
@@ -103,7 +103,7 @@ class Signal:
         event.set()
 
 
-class Channel:
+class LockFileSignals:
     """The signals of one lock file: ``closed`` when anyone closed it (a release, a crash, a
     cancelled campaign), ``left`` when a waiter closed its ``.waiting`` descriptor (it won, or gave up)."""
 
@@ -128,7 +128,7 @@ class Watcher:
         self.users: weakref.WeakSet[Watching] = weakref.WeakSet()
         self.fd = -1
         self.error: str | None = None
-        self._channels: dict[str, Channel] = {}
+        self._channels: dict[str, LockFileSignals] = {}
         self._signals: dict[int, Signal] = {}
         if libc is None:
             self.error = "inotify is not available on this platform"
@@ -149,10 +149,10 @@ class Watcher:
     def live(self) -> bool:
         return self.fd >= 0
 
-    def channel(self, path: str) -> Channel:
+    def channel(self, path: str) -> LockFileSignals:
         channel = self._channels.get(path)
         if channel is None:
-            channel = self._channels[path] = Channel()
+            channel = self._channels[path] = LockFileSignals()
         return channel
 
     def add(self, path: str) -> int:

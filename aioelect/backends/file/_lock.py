@@ -37,8 +37,8 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..._backend import Confirm, Hold, monotonic
-from ..._errors import BackendUnavailable, ElectionError
+from ..._backend import Confirm, Hold, Loss, monotonic
+from ..._errors import BackendUnavailable, LossKind, PermanentBackendError
 from ..._log import ElectionLog
 from . import _fork
 from ._paths import at_path, close_fd, open_checked, read_bounded, same, same_file
@@ -77,7 +77,7 @@ class LockFile:
         finally:
             os.close(fd)
         if raw is None:
-            raise ElectionError(
+            raise PermanentBackendError(
                 f"sidecar {self.sidecar} is larger than {SIDECAR_LIMIT} bytes: not an aioelect leader file; "
                 "move it away"
             )
@@ -86,7 +86,7 @@ class LockFile:
             if not isinstance(data, dict) or not isinstance(data.get("token"), int):
                 raise ValueError("no token")
         except ValueError:
-            raise ElectionError(f"{self.sidecar} is not an aioelect leader file; move it away") from None
+            raise PermanentBackendError(f"{self.sidecar} is not an aioelect leader file; move it away") from None
         return data
 
     def stored_token(self, fd: int) -> int:
@@ -96,7 +96,7 @@ class LockFile:
             return 0
         match = _TOKEN_PATTERN.fullmatch(raw)
         if match is None:
-            raise ElectionError(
+            raise PermanentBackendError(
                 f"lock file {self.path} is not an aioelect lock file ({len(raw)} bytes of something else): "
                 "aioelect keeps its token there and never overwrites another file; choose a path of its own"
             )
@@ -223,7 +223,7 @@ class FileHold(Hold):
         self.acquired_at = acquired_at
         _fork.track(self)
 
-    async def monitor(self, confirm: Confirm) -> str:
+    async def monitor(self, confirm: Confirm) -> Loss:
         """Lost only if the lock file is deleted or replaced: the kernel never takes a live process's lock."""
         path = self._lock.path
         while True:
@@ -232,12 +232,12 @@ class FileHold(Hold):
             try:
                 found = await anyio.to_thread.run_sync(at_path, path)  # a path lookup: off the loop
                 if self._fd < 0:
-                    return "lock file descriptor was closed"
+                    return Loss(LossKind.CONNECTION_LOST, "lock file descriptor was closed")
                 mine = os.fstat(self._fd)  # on the loop: the descriptor is closed only here, by release()
             except OSError as exc:
-                return f"lock file check failed: {exc!r}"
+                return Loss(LossKind.CONNECTION_LOST, f"lock file check failed: {exc!r}")
             if found is None or not same(found, mine):
-                return f"lock file {path} was deleted or replaced"
+                return Loss(LossKind.DEPOSED, f"lock file {path} was deleted or replaced")
             confirm(sent)
 
     def descriptors(self) -> tuple[int, ...]:

@@ -29,7 +29,7 @@ import os
 import pwd
 import stat
 
-from ..._errors import ElectionError
+from ..._errors import ElectionError, PermanentBackendError
 from ..._log import ElectionLog
 
 __all__ = [
@@ -183,7 +183,7 @@ def open_checked(path: str, what: str, mode: int, *, create: bool, write: bool, 
         fd = os.open(path, flags, mode)
     except FileNotFoundError:
         if create:  # the directory is gone
-            raise ElectionError(f"cannot open {what} {path}: {os.strerror(errno.ENOENT)}") from None
+            raise PermanentBackendError(f"cannot open {what} {path}: {os.strerror(errno.ENOENT)}") from None
         raise
     except OSError as exc:
         raise _open_error(path, what, exc) from None
@@ -217,38 +217,38 @@ def _check(st: os.stat_result, path: str, what: str, mode: int) -> None:
             if stat.S_ISLNK(st.st_mode)
             else "not a regular file"
         )
-        raise ElectionError(f"{what} {path} is {_kind(st.st_mode)}, {hint}: remove it, or choose another path")
+        raise PermanentBackendError(f"{what} {path} is {_kind(st.st_mode)}, {hint}: remove it, or choose another path")
     me = os.geteuid()
     if st.st_uid == me:
         return
     bits = stat.S_IMODE(st.st_mode)
     owner = f"{what} {path} is owned by {_user(st.st_uid)}, not by this process's user {_user(me)}"
     if not mode & 0o070:
-        raise ElectionError(
+        raise PermanentBackendError(
             f"{owner}: another user may have planted it. Remove it if it is not yours; for an election shared "
             "by the users of a group, give every candidate mode=0o660 and a directory of that group"
         )
     if st.st_gid not in {os.getegid(), *os.getgroups()}:
-        raise ElectionError(f"{owner}, and its group (gid {st.st_gid}) is not one of this process's groups")
+        raise PermanentBackendError(f"{owner}, and its group (gid {st.st_gid}) is not one of this process's groups")
     if bits & ~mode:
-        raise ElectionError(f"{owner}, with mode {oct(bits)}: wider than mode={oct(mode)}")
+        raise PermanentBackendError(f"{owner}, with mode {oct(bits)}: wider than mode={oct(mode)}")
 
 
 def _open_error(path: str, what: str, exc: OSError) -> OSError | ElectionError:
     """The error to raise for a failed open: ElectionError if no retry can fix it."""
     if exc.errno == errno.ELOOP:
-        return ElectionError(
+        return PermanentBackendError(
             f"{what} {path} is a symbolic link, and aioelect never follows one there (it could point "
             "anywhere): remove it, or choose another path"
         )
     if exc.errno in (errno.EISDIR, errno.ENXIO, errno.ENODEV):
-        return ElectionError(f"{what} {path} is not a regular file ({exc.strerror}): remove it")
+        return PermanentBackendError(f"{what} {path} is not a regular file ({exc.strerror}): remove it")
     if exc.errno in (errno.EACCES, errno.EPERM):
         found = at_path(path)
         who = f" (owned by {_user(found.st_uid)}, mode {oct(stat.S_IMODE(found.st_mode))})" if found is not None else ""
-        return ElectionError(f"cannot open {what} {path}: {exc.strerror}{who}")
+        return PermanentBackendError(f"cannot open {what} {path}: {exc.strerror}{who}")
     if exc.errno in PERMANENT_ERRNOS:
-        return ElectionError(f"cannot open {what} {path}: {exc.strerror}")
+        return PermanentBackendError(f"cannot open {what} {path}: {exc.strerror}")
     return exc
 
 

@@ -22,7 +22,7 @@ import asyncio
 import fcntl
 
 from . import _fork
-from ._inotify import Channel, Watcher
+from ._inotify import LockFileSignals, Watcher
 from ._paths import close_fd
 
 __all__ = ["Attempt", "announce", "rejoin"]
@@ -64,7 +64,7 @@ class Attempt:
         self.announced = False
 
 
-def announce(attempt: Attempt, watcher: Watcher, channel: Channel, wd: int) -> asyncio.Event | None:
+def announce(attempt: Attempt, watcher: Watcher, channel: LockFileSignals, wd: int) -> asyncio.Event | None:
     """Join the ``.waiting`` queue on ``attempt.waiting_fd`` (watched as ``wd``); if other candidates were
     waiting already, return the event that fires when one of them leaves it (None: nobody waits)."""
     # Registered and read before looking, so that a waiter leaving after our look is not missed.

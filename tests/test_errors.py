@@ -1,0 +1,93 @@
+"""Errors a caller can tell apart: the subclasses of ElectionError, and the kind of a loss (memory backend)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import anyio
+import pytest
+
+import aioelect
+from aioelect import (
+    ElectionError,
+    ElectorClosed,
+    LeadershipLost,
+    LossKind,
+    PermanentBackendError,
+    UsageError,
+    current_leadership,
+    leadership,
+)
+from aioelect.testing import MemoryElector
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_every_error_is_an_election_error() -> None:
+    for error in (UsageError, ElectorClosed, PermanentBackendError, LeadershipLost, aioelect.BackendUnavailable):
+        assert issubclass(error, ElectionError)
+    assert not issubclass(UsageError, ElectorClosed) and not issubclass(ElectorClosed, UsageError)
+    lost = LeadershipLost("gone", LossKind.EXPIRED)
+    assert lost.reason == "gone" and lost.kind is LossKind.EXPIRED and str(lost) == "leadership lost: gone"
+
+
+async def test_misuse_and_a_closed_elector_raise_their_own_errors() -> None:
+    with pytest.raises(UsageError, match="outside leader work"):
+        current_leadership()
+    elector = MemoryElector(name="errors-misuse")
+    lead = await elector.acquire()
+    with pytest.raises(UsageError, match="leading"):
+        await elector.acquire()
+    with pytest.raises(UsageError, match="idle"):
+        elector.identity = "other"
+    await lead.release()
+    await elector.aclose()
+    with pytest.raises(ElectorClosed, match="closed"):
+        await elector.acquire()
+
+
+async def test_closing_while_campaigning_raises_elector_closed() -> None:
+    async with MemoryElector(name="errors-closing") as leader:
+        lead = await leader.acquire()
+        waiter = MemoryElector(name="errors-closing")
+        task = asyncio.get_running_loop().create_task(waiter.acquire())
+        await asyncio.sleep(0.05)
+        await waiter.aclose()
+        with anyio.fail_after(5), pytest.raises(ElectorClosed, match="while campaigning"):
+            await task
+        await lead.release()
+
+
+async def test_a_deposed_leader_loses_with_kind_deposed() -> None:
+    async with MemoryElector(name="errors-deposed") as elector:
+        with pytest.raises(LeadershipLost) as info:
+            async with leadership(elector) as lead:
+                elector.depose("taken by the test")
+                await asyncio.sleep(5)
+        assert info.value.kind is LossKind.DEPOSED and info.value.reason == "taken by the test"
+        assert lead.lost_kind is LossKind.DEPOSED
+
+
+async def test_a_stalled_leader_fences_itself_with_kind_self_fenced() -> None:
+    async with MemoryElector(name="errors-stalled", renew_deadline=0.3) as elector:
+        lead = await elector.acquire()
+        assert lead.lost_kind is None
+        elector.stall()
+        await anyio.sleep(0.35)
+        assert lead.lost_kind is LossKind.SELF_FENCED
+        with pytest.raises(LeadershipLost) as info:
+            lead.check()
+        assert info.value.kind is LossKind.SELF_FENCED
+        with anyio.fail_after(5):
+            await lead.wait_lost()
+        assert lead.lost_kind is LossKind.SELF_FENCED and "renew deadline" in (lead.lost_reason or "")
+        await lead.release()
+
+
+async def test_check_after_our_own_release_has_no_kind() -> None:
+    async with MemoryElector(name="errors-released") as elector:
+        lead = await elector.acquire()
+        await lead.release()
+        with pytest.raises(LeadershipLost) as info:
+            lead.check()
+        assert info.value.kind is None and lead.lost_kind is None
