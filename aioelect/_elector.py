@@ -80,8 +80,6 @@ def current_leadership() -> Leadership:
     return lead
 
 
-
-
 class _State(enum.Enum):
     IDLE = "idle"
     CAMPAIGNING = "campaigning"
@@ -292,12 +290,7 @@ class Leadership:
         )
 
     def _owner_done(self, task: asyncio.Task[Any]) -> None:
-        if (
-            self._state is _Lead.HELD
-            and not task.cancelled()
-            and task.exception() is None
-            and task.result() is self
-        ):
+        if self._state is _Lead.HELD and not task.cancelled() and task.exception() is None and task.result() is self:
             # The task existed only to run acquire(): nobody is left to hold the leadership for.
             reason = (
                 f"the task that acquired this leadership ({task.get_name()}) ended as soon as acquire() returned, "

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from aioelect._elector import LEADERSHIP_TRANSITIONS
-from aioelect.backends.etcd._candidacy import CANDIDACY_TRANSITIONS
 from aioelect._transitions import Transitions
+from aioelect.backends.etcd._candidacy import CANDIDACY_TRANSITIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 
