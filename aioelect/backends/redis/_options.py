@@ -103,7 +103,7 @@ class RedisSettings:
         timing = LockTiming.checked(
             poll_interval=options.get("poll_interval", 1.0),
             check_interval=options.get("check_interval", 1.0),
-            check_timeout=options.get("check_timeout", 2.0),
+            check_timeout=options.get("check_timeout"),  # None: derived to fit renew_deadline
             connect_timeout=options.get("connect_timeout", 5.0),
             lease=lease,
             renew_deadline=options.get("renew_deadline"),
