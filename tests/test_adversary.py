@@ -182,9 +182,13 @@ def test_adversary_script_kept_session_across_a_restart_ends_nobody_else() -> No
         target.cleanup()
 
 
+#: The reads a waiter's leader watch makes: of the leader's key, or of the candidates ahead of its own key.
+LEADER_READS = ("read leader", "read candidates ahead")
+
+
 class _Script:
-    """A scripted adversary for one etcd elector: cancel its watches, hold back its next read of the leader,
-    the campaign's next check until that read ran, and its next watch creation."""
+    """A scripted adversary for one etcd elector: cancel its watches, hold back its next read for the leader
+    watch (:data:`LEADER_READS`), the campaign's next check until that read ran, and its next watch creation."""
 
     def __init__(self) -> None:
         self.cancels = 0
@@ -192,6 +196,7 @@ class _Script:
         self.hold_read = False
         self.read_ran = anyio.Event()
         self.deliver_read = anyio.Event()
+        self.held = ""
         self.hold_watch = False
         self.create_watch = anyio.Event()
 
@@ -223,8 +228,9 @@ class _Script:
             await self.create_watch.wait()
         if what == "check candidacy" and self.hold_read:
             await self.read_ran.wait()
-        if what == "read leader" and self.hold_read:
+        if what in LEADER_READS and self.hold_read:
             self.hold_read = False
+            self.held = what
             reply = await send()
             self.read_ran.set()
             await self.deliver_read.wait()
@@ -269,6 +275,9 @@ def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> No
             first = await p.acquire()
             tg.start_soon(campaign, q, "Q")
             await anyio.sleep(0.3)
+            # W's leader watch may read as soon as W waits behind Q (it follows P from a read), or only when
+            # its watch of P's key breaks: the first read it makes, either way, is the one held back.
+            script.hold_read = True
             tg.start_soon(campaign, w, "W")
             backend: Any = w._backend
             leader: Any = p._backend
@@ -280,10 +289,10 @@ def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> No
 
             assert await _until(behind_q)
             for _ in range(10):  # the campaign's own watch may break first and read anew: try again
+                if await _until(script.read_ran.is_set, 0.5):
+                    break
                 script.hold_read = True
                 script.cancel_watches()
-                if await _until(script.read_ran.is_set, 1.0):
-                    break
                 await _until(behind_q)
             assert script.read_ran.is_set()
             await first.release()
