@@ -67,6 +67,18 @@ def test_deposed_accepts_a_session_ended_by_the_operator() -> None:
     assert len(deposed([_loss(3.0, 3.5)], [_fault("restart", 2.0, 2.2)], window=2.0)) == 1
 
 
+def test_deposed_accepts_a_leadership_seen_after_the_kill_that_ended_it() -> None:
+    # The server granted the lock before the KILL; the replies saying so were held back past it.
+    assert deposed([_loss(2.8, 3.0)], [_fault("kill-holder", 2.0, 2.1)], window=3.5) == []
+
+
+def test_deposed_lets_one_kill_explain_one_loss() -> None:
+    found = deposed([_loss(1.0, 2.5), _loss(1.2, 2.6)], [_fault("kill-holder", 2.0)], window=1.0)
+    assert [v.at for v in found] == [int(2.6 * NS)]
+    nobody = Fault("kill-holder", "mysql", int(2.0 * NS), int(2.0 * NS), int(2.0 * NS), "no holder")
+    assert len(deposed([_loss(1.0, 2.5)], [nobody], window=1.0)) == 1
+
+
 def test_deposed_ignores_losses_for_other_reasons() -> None:
     assert deposed([_loss(1.0, 5.0, "lock check did not complete within 0.6s")], [], window=1.0) == []
 
