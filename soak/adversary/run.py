@@ -303,7 +303,7 @@ async def _operator(
             await anyio.to_thread.run_sync(target.server.start)  # a failed restart leaves it stopped
             continue
         heal = time.monotonic_ns()
-        say(f"{kind}: {detail}")
+        say(f"{kind}: {detail} (began {(heal - start) / 1e9:.2f}s before)")  # the checker judges from its start
         faults.append(Fault(kind, target.backend, start, heal, heal, detail))
 
 
