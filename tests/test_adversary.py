@@ -67,6 +67,18 @@ def test_deposed_accepts_a_session_ended_by_the_operator() -> None:
     assert len(deposed([_loss(3.0, 3.5)], [_fault("restart", 2.0, 2.2)], window=2.0)) == 1
 
 
+def test_deposed_accepts_a_leadership_seen_after_the_kill_that_ended_it() -> None:
+    # The server granted the lock before the KILL; the replies saying so were held back past it.
+    assert deposed([_loss(2.8, 3.0)], [_fault("kill-holder", 2.0, 2.1)], window=3.5) == []
+
+
+def test_deposed_lets_one_kill_explain_one_loss() -> None:
+    found = deposed([_loss(1.0, 2.5), _loss(1.2, 2.6)], [_fault("kill-holder", 2.0)], window=1.0)
+    assert [v.at for v in found] == [int(2.6 * NS)]
+    nobody = Fault("kill-holder", "mysql", int(2.0 * NS), int(2.0 * NS), int(2.0 * NS), "no holder")
+    assert len(deposed([_loss(1.0, 2.5)], [nobody], window=1.0)) == 1
+
+
 def test_deposed_ignores_losses_for_other_reasons() -> None:
     assert deposed([_loss(1.0, 5.0, "lock check did not complete within 0.6s")], [], window=1.0) == []
 
@@ -182,9 +194,13 @@ def test_adversary_script_kept_session_across_a_restart_ends_nobody_else() -> No
         target.cleanup()
 
 
+#: The reads a waiter's leader watch makes: of the leader's key, or of the candidates ahead of its own key.
+LEADER_READS = ("read leader", "read candidates ahead")
+
+
 class _Script:
-    """A scripted adversary for one etcd elector: cancel its watches, hold back its next read of the leader,
-    the campaign's next check until that read ran, and its next watch creation."""
+    """A scripted adversary for one etcd elector: cancel its watches, hold back its next read for the leader
+    watch (:data:`LEADER_READS`), the campaign's next check until that read ran, and its next watch creation."""
 
     def __init__(self) -> None:
         self.cancels = 0
@@ -192,6 +208,7 @@ class _Script:
         self.hold_read = False
         self.read_ran = anyio.Event()
         self.deliver_read = anyio.Event()
+        self.held = ""
         self.hold_watch = False
         self.create_watch = anyio.Event()
 
@@ -223,8 +240,9 @@ class _Script:
             await self.create_watch.wait()
         if what == "check candidacy" and self.hold_read:
             await self.read_ran.wait()
-        if what == "read leader" and self.hold_read:
+        if what in LEADER_READS and self.hold_read:
             self.hold_read = False
+            self.held = what
             reply = await send()
             self.read_ran.set()
             await self.deliver_read.wait()
@@ -269,6 +287,9 @@ def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> No
             first = await p.acquire()
             tg.start_soon(campaign, q, "Q")
             await anyio.sleep(0.3)
+            # W's leader watch may read as soon as W waits behind Q (it follows P from a read), or only when
+            # its watch of P's key breaks: the first read it makes, either way, is the one held back.
+            script.hold_read = True
             tg.start_soon(campaign, w, "W")
             backend: Any = w._backend
             leader: Any = p._backend
@@ -280,10 +301,10 @@ def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> No
 
             assert await _until(behind_q)
             for _ in range(10):  # the campaign's own watch may break first and read anew: try again
+                if await _until(script.read_ran.is_set, 0.5):
+                    break
                 script.hold_read = True
                 script.cancel_watches()
-                if await _until(script.read_ran.is_set, 1.0):
-                    break
                 await _until(behind_q)
             assert script.read_ran.is_set()
             await first.release()

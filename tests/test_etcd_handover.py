@@ -315,3 +315,60 @@ def test_the_sight_is_replaced_only_by_a_read_that_is_not_older() -> None:
     assert sight.current is again
     sight.end()
     assert sight.current is None
+
+
+class _CancelFollowOnce:
+    """At a waiter's seam: etcd cancels the watch by which its leader watch follows the leader, once."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def exchange(self, what: str, send: Any) -> Any:
+        # Called as the watch read starts: the leader watch's if _follow is on the stack then.
+        following = any(frame.f_code.co_name == "_follow" for frame in _frames())
+        cancel = what == "watch message" and following and not self.cancelled
+        self.cancelled |= cancel
+        return self._reply(send, cancel)
+
+    async def _reply(self, send: Any, cancel: bool) -> Any:
+        if cancel:
+            return rpc.WatchResponse(canceled=True, cancel_reason="cancelled by the server")
+        return await send()
+
+
+def _frames() -> Any:
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+async def _hold(elector: EtcdElector) -> None:
+    await elector.acquire()
+    await asyncio.sleep(60)
+
+
+async def test_a_waiter_follows_the_leader_again_after_etcd_cancels_its_watch(etcd: EtcdServer) -> None:
+    name = unique()
+    p, q, w = (EtcdElector(etcd.endpoints, name=name, identity=i, ttl=TTL) for i in "PQW")
+    cancel = _CancelFollowOnce()
+    w._backend.conn.interceptor = cancel  # type: ignore[attr-defined]
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        lead = await p.acquire()
+        for elector in (q, w):  # in order: Q is next, W behind it follows P
+            tasks.append(asyncio.create_task(_hold(elector)))
+            await eventually(lambda e=elector: e.last_leader == "P", 5.0, f"{elector} to see P lead")  # type: ignore[misc]
+        await eventually(lambda: cancel.cancelled, 5.0, "the leader watch's watch cancelled")
+        await asyncio.sleep(0.3)  # the leader watch has handled the cancel
+        await lead.release()
+        await eventually(lambda: q.leading, 5.0, "Q to lead")
+        await eventually(lambda: w.last_leader == "Q", 5.0, "W to see Q lead")
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for elector in (p, q, w):
+            await elector.aclose()

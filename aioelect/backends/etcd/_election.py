@@ -279,6 +279,7 @@ class Election(Backend):
                     return
                 self.log.debug("leader watch interrupted (%s); reading again", exc)
                 await anyio.sleep(backoff.next_delay())
+                continue  # the leader may have changed meanwhile: read again for the view then current
             if self.sight.current is view:
                 await changed.wait()  # followed as far as it goes: the campaign reads what comes next
 
