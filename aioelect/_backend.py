@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import anyio
@@ -250,6 +250,21 @@ class Backend(abc.ABC):
 def monotonic() -> float:
     """The clock every deadline in aioelect is measured on."""
     return time.monotonic()
+
+
+#: The electors of a session shared by many (a lease, a connection), by name: what each is, and how to close it.
+Members = dict[str, tuple[object, Callable[[], Coroutine[Any, Any, None]]]]
+
+
+async def close_members(members: Members, log: ElectionLog) -> None:
+    """Close every elector still on a shared session, side by side, and forget them (the caller shields this)."""
+    closing = list(members.values())
+    if closing:
+        log.info("closing the %d electors still on the shared session", len(closing))
+        async with anyio.create_task_group() as tg:
+            for _, close in closing:
+                tg.start_soon(close)
+    members.clear()
 
 
 _R = TypeVar("_R")

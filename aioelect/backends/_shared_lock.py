@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._backend import Backoff, Confirm, Hold, monotonic
+from .._backend import Backoff, Confirm, Hold, Members, close_members, monotonic
 from .._config import check_options, default_identity, validate_identity
 from .._errors import BackendUnavailable, ElectionError
 from .._log import ElectionLog
@@ -260,7 +260,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
         self._wait_rounds = anyio.Lock()
         self._last_wait: _Holders | None = None
         #: The electors on the session, by election name: (their backend, how to close their elector).
-        self._members: dict[str, tuple[object, Callable[[], Coroutine[Any, Any, None]]]] = {}
+        self._members: Members = {}
         self._entered = False
         self._closed = False
 
@@ -564,13 +564,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            members = list(self._members.values())
-            if members:
-                self.log.info("closing the %d electors still on the shared session", len(members))
-                async with anyio.create_task_group() as tg:
-                    for _, close in members:
-                        tg.start_soon(close)
-            self._members.clear()
+            await close_members(self._members, self.log)
             async with self._statements:
                 conn, self._conn = self._conn, None
                 if conn is not None:

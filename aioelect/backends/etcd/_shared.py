@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ..._backend import Members, close_members
 from ..._config import check_options
 from ..._errors import BackendUnavailable, ElectorClosed, UsageError
 from ..._log import ElectionLog
@@ -83,7 +84,7 @@ class EtcdSession:
         self._session: Session | None = None
         self._granting = anyio.Lock()
         #: The electors on the session, by election name: (their backend, how to close their elector).
-        self._members: dict[str, tuple[object, Callable[[], Coroutine[Any, Any, None]]]] = {}
+        self._members: Members = {}
         self._entered = False
         self._closed = False
 
@@ -201,13 +202,7 @@ class EtcdSession:
             return
         self._closed = True
         with anyio.CancelScope(shield=True):
-            members = list(self._members.values())
-            if members:
-                self.log.info("closing the %d electors still on the shared session", len(members))
-                async with anyio.create_task_group() as tg:
-                    for _, close in members:
-                        tg.start_soon(close)
-            self._members.clear()
+            await close_members(self._members, self.log)
             if self._session is not None:
                 await self._revoke(self._session)
                 self._session = None
