@@ -141,7 +141,7 @@ def setup_backend(kind: str, stack: contextlib.ExitStack, workdir: str) -> Backe
         env["AIOELECT_REDIS_URL"] = url
         parts = urlsplit(url)
         # A short lease so the takeover after a SIGKILL is quick.
-        options = ["lease=3", "check_interval=0.3", "check_timeout=1", "poll_interval=0.5"]
+        options = ["lease=3", "check_interval=0.3", "poll_interval=0.5"]
         return Backend("redis", env, options, f"redis at {parts.hostname}:{parts.port}", takeover_bound=10.0)
     dsn = given or server.dsn
     env[ENV_VARS[kind]] = dsn
