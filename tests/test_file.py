@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
@@ -1167,3 +1168,22 @@ def test_intervals_below_the_floor_are_refused(tmp_path: Path, option: str, valu
     with pytest.raises(ValueError, match=rf"{option} must be at least 0\.01 seconds"):
         FileElector(tmp_path / "x.lock", **{option: value})
     FileElector(tmp_path / "x.lock", **{option: 0.01})
+
+
+def test_a_descriptor_opened_for_a_campaign_already_ended_is_closed(tmp_path: Path) -> None:
+    """A task.cancel() can end a campaign while its worker thread still opens the lock file: what the thread
+    opens after the campaign closed its attempt is closed at once, never left open by nobody."""
+    from aioelect.backends.file._waiters import Attempt
+
+    attempt = Attempt()
+    kept = os.open(tmp_path / "kept", os.O_CREAT | os.O_RDWR, 0o600)
+    attempt.adopt("lock_fd", kept)
+    attempt.close()
+    assert attempt.lock_fd == -1 and not os.path.exists(f"/proc/self/fd/{kept}")  # closed with the attempt
+    late = os.open(tmp_path / "late", os.O_CREAT | os.O_RDWR, 0o600)
+    with pytest.raises(OSError) as raised:
+        attempt.adopt("waiting_fd", late)
+    assert raised.value.errno == errno.ECANCELED
+    assert attempt.waiting_fd == -1
+    with pytest.raises(OSError):
+        os.fstat(late)  # closed by adopt()

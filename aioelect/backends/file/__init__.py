@@ -183,14 +183,16 @@ class FileBackend(Backend):
         """Open the lock file and ``.waiting`` for a campaign and watch both; their watch descriptors.
 
         Runs in a worker thread; the descriptors go into ``attempt`` as soon as they
-        exist, so that a campaign cancelled meanwhile still closes them.
+        exist, so that a campaign cancelled meanwhile still closes them (or, once
+        it has closed ``attempt``, :meth:`Attempt.adopt` does).
         """
         problem = directory_problem(self.directory, self.mode)
         if problem is not None:
             raise PermanentBackendError(problem)
-        attempt.lock_fd = open_checked(self.path, "lock file", self.mode, create=True, write=True, log=self.log)
+        attempt.adopt("lock_fd", open_checked(self.path, "lock file", self.mode, create=True, write=True, log=self.log))
         lock_wd = watcher.add(self.path)
-        attempt.waiting_fd = open_checked(self.waiting, "queue file", self.mode, create=True, write=False, log=self.log)
+        waiting = open_checked(self.waiting, "queue file", self.mode, create=True, write=False, log=self.log)
+        attempt.adopt("waiting_fd", waiting)
         return lock_wd, watcher.add(self.waiting)
 
     async def _lock(self, attempt: Attempt) -> float:
@@ -273,7 +275,7 @@ class FileBackend(Backend):
         problem = directory_problem(self.directory, self.mode)
         if problem is not None:
             raise PermanentBackendError(problem)
-        attempt.lock_fd = open_checked(self.path, "lock file", self.mode, create=True, write=True, log=self.log)
+        attempt.adopt("lock_fd", open_checked(self.path, "lock file", self.mode, create=True, write=True, log=self.log))
 
     async def try_campaign(self, identity: str) -> Hold | None:
         """One ``flock`` with ``LOCK_NB``: the hold, or None (the descriptor closed) if another process holds it."""

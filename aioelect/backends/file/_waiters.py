@@ -11,15 +11,18 @@ descriptor at once, which inotify reports) or, at most, the backend's
 ``handover`` bound (a frozen or very slow waiter), then tries.
 
 Guarantees: a campaign's descriptors live in one :class:`Attempt`, closed by
-:meth:`Attempt.close` however the campaign ends (a forked child closes its
-copies, unlocking nothing); a waiter stays announced while it waits, and
+:meth:`Attempt.close` however the campaign ends, even one a worker thread
+opens after the campaign was cancelled (a forked child closes its copies,
+unlocking nothing); a waiter stays announced while it waits, and
 leaves the queue the moment it wins.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import fcntl
+import threading
 
 from . import _fork
 from ._inotify import LockFileSignals, Watcher
@@ -35,7 +38,20 @@ class Attempt:
         self.lock_fd = -1
         self.waiting_fd = -1
         self.announced = False
+        self._closed = False
+        self._guard = threading.Lock()
         _fork.track(self)
+
+    def adopt(self, which: str, fd: int) -> None:
+        """Keep ``fd`` as ``lock_fd`` or ``waiting_fd`` (worker threads). A descriptor opened after
+        :meth:`close` is closed at once: a ``task.cancel()`` can end the campaign while its worker thread
+        still opens files, and nothing else would close what the thread opens then."""
+        with self._guard:
+            if not self._closed:
+                setattr(self, which, fd)
+                return
+        close_fd(fd)
+        raise OSError(errno.ECANCELED, "the campaign ended while its lock file was being opened")
 
     def take_lock_fd(self) -> int:
         fd, self.lock_fd = self.lock_fd, -1
@@ -49,6 +65,8 @@ class Attempt:
             close_fd(fd)
 
     def close(self) -> None:
+        with self._guard:
+            self._closed = True
         _fork.untrack(self)
         self.leave_queue()
         fd = self.take_lock_fd()
