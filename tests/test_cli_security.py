@@ -15,6 +15,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
@@ -361,19 +362,27 @@ def test_no_part_of_a_dsn_password_is_ever_printed(kind: str, silent_port: int) 
         f"{scheme}://127.0.0.1:{silent_port}#Bravo2@Charlie3?Delta4/Echo5@127.0.0.1:{free_port()}/db",
     ]
     variable = {"mysql": "AIOELECT_MYSQL_DSN", "postgres": "AIOELECT_POSTGRES_DSN", "redis": "AIOELECT_REDIS_URL"}[kind]
-    outputs = []
-    for dsn in dsns:
-        for command in (["leader"], ["observe"], ["run", "--", "true"]):
-            head, tail = command[:1], command[1:]
-            given = {"env": {variable: dsn}} if head == ["observe"] else {"args": [f"--{kind}", dsn]}
-            result = cli(*head, *given.get("args", []), "--name", "n", "--timeout", "2", "-v", *tail, timeout=30,
-                         **given.get("env", {}))  # fmt: skip
-            assert result.returncode in (2, 3), result.stderr
-            assert "Traceback" not in result.stderr
-            outputs.append(result.stdout + result.stderr)
-        misspelt = cli("leader", f"--{kind}-dsn", dsn, "--name", "n")  # argparse's own error quotes the arguments
-        assert misspelt.returncode == 2 and "unrecognized arguments" in misspelt.stderr, misspelt.stderr
-        outputs.append(misspelt.stdout + misspelt.stderr)
+
+    def failing(dsn: str, command: list[str]) -> str:
+        head, tail = command[:1], command[1:]
+        given = {"env": {variable: dsn}} if head == ["observe"] else {"args": [f"--{kind}", dsn]}
+        result = cli(*head, *given.get("args", []), "--name", "n", "--timeout", "2", "-v", *tail, timeout=30,
+                     **given.get("env", {}))  # fmt: skip
+        assert result.returncode in (2, 3), result.stderr
+        assert "Traceback" not in result.stderr
+        return result.stdout + result.stderr
+
+    def misspelt(dsn: str) -> str:
+        result = cli("leader", f"--{kind}-dsn", dsn, "--name", "n")  # argparse's own error quotes the arguments
+        assert result.returncode == 2 and "unrecognized arguments" in result.stderr, result.stderr
+        return result.stdout + result.stderr
+
+    # The commands are independent and mostly wait out their timeouts: run them side by side.
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        commands = (["leader"], ["observe"], ["run", "--", "true"])
+        runs = [pool.submit(failing, dsn, command) for dsn in dsns for command in commands]
+        runs += [pool.submit(misspelt, dsn) for dsn in dsns]
+        outputs = [run.result() for run in runs]
     text = "\n".join(outputs)
     shown = [part for part in PASSWORD_PARTS if part in text]
     assert shown == [], f"parts of the password were printed: {shown}\n{text}"
