@@ -230,3 +230,28 @@ def shell_quote(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
+
+
+def test_make_demo_runs_the_demo_as_tests_test_demo_does() -> None:
+    """Each `make demo [BACKEND=...]` the pages show (not run here: it builds a venv) runs examples/demo.py with
+    the backend that tests/test_demo.py runs it with (`make -n` prints the commands without running them)."""
+    demo_tests = (ROOT / "tests" / "test_demo.py").read_text()
+    shown = {
+        command.split("#")[0].strip()
+        for page in PAGES
+        for _, body in shell_blocks(page)
+        for command in commands(body)
+        if command.startswith("make demo")
+    }
+    assert shown, "no page shows make demo"
+    for command in sorted(shown):
+        planned = subprocess.run(
+            ["make", "-n", *command.split()[1:]], cwd=ROOT, capture_output=True, text=True, timeout=30
+        )
+        assert planned.returncode == 0, planned.stderr
+        last = planned.stdout.strip().splitlines()[-1].split()
+        assert last[:2] == [".venv/bin/python", "examples/demo.py"], (command, planned.stdout)
+        if len(last) > 2:
+            assert last[2] == "--backend" and f'"--backend", "{last[3]}"' in demo_tests, (command, last)
+        else:
+            assert "def test_make_demo_without_arguments_runs_to_the_end" in demo_tests
