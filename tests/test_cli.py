@@ -348,6 +348,23 @@ def test_observe_prints_one_line_per_change(target: Target, spawner: Spawner, tm
         (["run", "--mysql", "mysql://root@127.0.0.1:1/db", "--grace", "nope", "--", "true"], "not a number"),
         (["leader", "--file", "/tmp/x", "--check-interval", "0"], "finite number > 0"),
         (
+            [
+                "run",
+                "--mysql",
+                "mysql://root@127.0.0.1:1/db",
+                "--name",
+                "t",
+                "--renew-deadline",
+                "9",
+                "--grace",
+                "1",
+                "--",
+                "true",
+            ],
+            "lease 10s less renew deadline 9s), 0.5s of which are kept for SIGKILL; give --grace 0.5 or less, a longer "
+            "--lease or a shorter --renew-deadline",
+        ),
+        (
             ["leader", "--mysql", "mysql://root@127.0.0.1:1/db", "--name", "t", "--renew-deadline", "12"],
             "renew_deadline (12s) must be shorter than lease (10s)",
         ),
