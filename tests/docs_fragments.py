@@ -82,15 +82,15 @@ def _acquire_timeout(block: str, ctx: dict[str, str]) -> str:
 
 
 def _fencing_write(block: str, ctx: dict[str, str]) -> str:
-    """``db`` is the application's MariaDB database with a ``jobs`` row; afterwards the row shows the token, and a
-    write under an older token matches no row."""
+    """``db`` is the application's MariaDB database (``APP_DATABASE``) with a ``jobs`` row; afterwards the row shows
+    the token, and a write under an older token matches no row."""
     setup = """\
 import random
 from urllib.parse import unquote, urlsplit
 
 import aiomysql
 
-parts = urlsplit(os.environ["AIOELECT_MYSQL_DSN"])
+parts = urlsplit(os.environ["APP_DATABASE"])  # the application's own MariaDB, whatever backend elects
 link = await aiomysql.connect(
     host=parts.hostname, port=parts.port, user=unquote(parts.username or ""),
     password=unquote(parts.password or ""), db=parts.path.lstrip("/"), autocommit=True,
@@ -247,7 +247,7 @@ HARNESSES: dict[str, Harness] = {
     "acquire-timeout": Harness(_acquire_timeout, ("file", "postgres"), (_LEADS,), python=(3, 11)),
     "fencing-write": Harness(
         _fencing_write,
-        ("mysql",),
+        ("file", "mysql"),
         (r"^job \d+: dispatched with fence (\d+), token \1$", r"^a write under token \d+ matched 0 rows$"),
     ),
     "shards-from-env": Harness(

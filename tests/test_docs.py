@@ -413,6 +413,8 @@ def run_fragments(
         directory = tmp_path / f"{index}-{name}-{where}"
         directory.mkdir()
         env, context = fragment_case(where, request, directory)
+        if name == "fencing-write":  # the application's database the block writes to
+            env["APP_DATABASE"] = request.getfixturevalue("mysql_dsn")
         for printed, used in harness.replace.items():
             assert printed in source, f"{document}: the {name} block no longer names {printed}"
             source = source.replace(printed, used)
