@@ -255,3 +255,29 @@ def test_make_demo_runs_the_demo_as_tests_test_demo_does() -> None:
             assert last[2] == "--backend" and f'"--backend", "{last[3]}"' in demo_tests, (command, last)
         else:
             assert "def test_make_demo_without_arguments_runs_to_the_end" in demo_tests
+
+
+def test_the_long_runs_the_pages_show_take_their_options() -> None:
+    """`make soak`, `make adversary` and `python -m soak...` as the pages show them (not run here: they run for
+    minutes): each command, or the command make plans for it (`make -n`), is accepted by its program's own parser
+    (`--help` appended: it parses every option before it, then exits 0 without running)."""
+    planned: dict[str, list[str]] = {}
+    for page in PAGES:
+        for _, body in shell_blocks(page):
+            for command in commands(body):
+                words = command.split("#")[0].split()
+                if words[:2] in (["make", "soak"], ["make", "adversary"]):
+                    plan = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
+                    assert plan.returncode == 0, plan.stderr
+                    words = plan.stdout.strip().splitlines()[-1].split()
+                if words[:3] in ([".venv/bin/python", "-m", "soak"], [".venv/bin/python", "-m", "soak.adversary"]):
+                    planned[command] = [sys.executable, *words[1:], "--help"]
+    assert len(planned) >= 5, planned  # make soak twice, make adversary twice, python -m soak and soak.adversary
+    parsing = {
+        command: subprocess.Popen(argv, cwd=ROOT, env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True)
+        for command, argv in planned.items()
+    }  # fmt: skip
+    for command, proc in parsing.items():
+        _, errors = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"{command}: {errors}"
