@@ -5,7 +5,7 @@ includes as it is (mkdocs snippets). Two instances of it start the way the
 page says (``uvicorn module:app``, ``python web_aiohttp.py`` with
 ``web.run_app``, ``python scheduler_apscheduler.py``), configured only
 through ``AIOELECT_*`` variables, on a lock file and on the harness's
-MariaDB (and PostgreSQL for one web and one job recipe). The test watches
+MariaDB (and PostgreSQL for the leader-only jobs). The test watches
 them for a few seconds: exactly one leads, with one fencing token, the
 whole time; then the leader is stopped with SIGTERM and the other leads
 with a larger token.
@@ -49,7 +49,7 @@ def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str
     return mysql_case(request.getfixturevalue("mysql_dsn"))[0]
 
 
-def handovers(cases: list[str], on_postgres: str) -> list[Any]:
+def handovers(cases: list[str], on_postgres: str | None = None) -> list[Any]:
     """Each case on a lock file and MariaDB, and ``on_postgres`` on PostgreSQL too (a few seconds more)."""
     return [
         pytest.param(backend, case, id=f"{backend}-{case}")
@@ -154,7 +154,7 @@ def stopped(program: Program) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize(("backend_env", "framework"), handovers(list(WEB), "starlette"), indirect=["backend_env"])
+@pytest.mark.parametrize(("backend_env", "framework"), handovers(list(WEB)), indirect=["backend_env"])
 def test_web_recipe_keeps_one_leader_and_hands_over(
     framework: str,
     backend_env: dict[str, str],
