@@ -6,7 +6,9 @@ around the block as printed: it defines the names the prose introduces (an
 ``elector``, a database ``db``, the ``tenants``...), puts the servers of the
 test harness where the block names a server or a file, runs it on a real
 backend and prints what the block did, which tests/test_docs.py checks.
-Nothing of the block is left out or rewritten but those addresses.
+Nothing of the block is left out or rewritten but those addresses, a port
+the page names (a free one instead), and a ``...`` that stands for the
+user's code (code that shows the block's effect instead).
 """
 
 from __future__ import annotations
@@ -233,7 +235,7 @@ class Harness:
     expect: tuple[str, ...]
     #: Whether the program ends by itself (exit 0); else it is stopped once it has shown everything.
     ends: bool = True
-    #: Replacements of a server address the block prints literally, by backend.
+    #: Replacements of a server address the block prints literally (the printed text must still be there).
     replace: dict[str, str] = field(default_factory=dict)
     #: The lowest Python the block runs on, as the page says.
     python: tuple[int, int] = (3, 10)
