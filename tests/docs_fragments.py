@@ -199,15 +199,30 @@ server.close()
 
 
 def _tls(block: str, ctx: dict[str, str]) -> str:
-    """The certificate files of the test CA where the block names /etc/aioelect/...: the constructor checks them
-    (they exist, parse, the key matches its certificate), and the password stays out of the elector's repr."""
+    """A certificate and key of the test's where the block names /etc/aioelect/...: the constructor checks them
+    (they exist, parse, the key matches its certificate), and the password stays out of the elector's repr. The
+    server is the test's, which speaks no TLS: the elector refuses it, as the page says, rather than go on in
+    plaintext."""
     for name, path in ctx.items():
         block = block.replace(f"/etc/aioelect/{name}", path)
     after = """
 assert os.environ["AIOELECT_PASSWORD"] not in repr(elector)
 print(f"{type(elector).__name__} {elector.name} built, its TLS files checked", flush=True)
+
+
+async def campaign() -> None:
+    try:
+        await elector.acquire(timeout=30)
+    except aioelect.ElectionError as exc:
+        assert os.environ["AIOELECT_PASSWORD"] not in str(exc)
+        print(f"refused: {exc}", flush=True)
+    finally:
+        await elector.aclose()
+
+
+asyncio.run(campaign())
 """
-    return "import os\n\nimport aioelect\n\n" + block + "\n" + after
+    return "import asyncio\nimport os\n\nimport aioelect\n\n" + block + "\n" + after
 
 
 def _shared_session(block: str, ctx: dict[str, str]) -> str:
@@ -287,9 +302,24 @@ HARNESSES: dict[str, Harness] = {
         elects="billing/sync",
     ),
     "prometheus": Harness(_prometheus, ("file", "postgres"), (r"^aioelect_is_leader\{.*\} 1\.0$",)),
-    "etcd-tls": Harness(_tls, ("tls",), (r"^EtcdElector /jobs/report built, its TLS files checked$",)),
-    "mysql-tls": Harness(_tls, ("tls",), (r"^MySQLElector report built, its TLS files checked$",)),
-    "postgres-tls": Harness(_tls, ("tls",), (r"^PostgresElector report built, its TLS files checked$",)),
+    "etcd-tls": Harness(
+        _tls,
+        ("tls",),
+        (r"^EtcdElector /jobs/report built, its TLS files checked$", r"^refused: .*does not speak TLS"),
+        replace={"https://etcd-1:2379,https://etcd-2:2379,https://etcd-3:2379": "https://{etcd}"},
+    ),
+    "mysql-tls": Harness(
+        _tls,
+        ("tls",),
+        (r"^MySQLElector report built, its TLS files checked$", r"^refused: .*does not offer TLS"),
+        replace={"@db:3306/app": "@{mysql}"},
+    ),
+    "postgres-tls": Harness(
+        _tls,
+        ("tls",),
+        (r"^PostgresElector report built, its TLS files checked$", r"^refused: .*does not support TLS"),
+        replace={"@db:5432/app": "@{postgres}"},
+    ),
     "etcd-session": Harness(
         _shared_session, ("etcd",), (r"^jobs leads with token [1-9]\d*, mail with token [1-9]\d*, on one session$",)
     ),

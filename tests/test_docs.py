@@ -373,6 +373,16 @@ def fragment_case(where: str, request: pytest.FixtureRequest, tmp_path: Path) ->
     return {**base_env(), "AIOELECT_PASSWORD": f"pw-{uuid.uuid4().hex}"}, tls_files(tmp_path)
 
 
+def servers(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Where the test servers are, for the addresses harnesses put in place of the page's: ``host:port`` of etcd,
+    ``host:port/database`` of MariaDB and PostgreSQL."""
+    found = {"etcd": request.getfixturevalue("etcd_endpoints")[0]}
+    for kind, fixture in (("mysql", "mysql_dsn"), ("postgres", "postgres_dsn")):
+        parts = urlsplit(request.getfixturevalue(fixture))
+        found[kind] = f"{parts.hostname}:{parts.port}{parts.path}"
+    return found
+
+
 @pytest.mark.timeout(180)
 def test_every_fragment_runs_with_the_names_of_its_page(
     request: pytest.FixtureRequest, programs: list[Program], tmp_path: Path
@@ -417,7 +427,7 @@ def run_fragments(
             env["APP_DATABASE"] = request.getfixturevalue("mysql_dsn")
         for printed, used in harness.replace.items():
             assert printed in source, f"{document}: the {name} block no longer names {printed}"
-            source = source.replace(printed, used)
+            source = source.replace(printed, used.format(**servers(request)))
         program = Program(harness.program(source, context), env, directory)
         programs.append(program)
         started.append((document, name, where, program))
