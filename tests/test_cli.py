@@ -346,6 +346,44 @@ def test_observe_prints_one_line_per_change(target: Target, spawner: Spawner, tm
         (["leader", "--mysql", "mysql://root@127.0.0.1:1/db"], "needs an election name"),
         (["leader", "--etcd", "127.0.0.1:1"], "--name"),
         (["run", "--mysql", "mysql://root@127.0.0.1:1/db", "--grace", "nope", "--", "true"], "not a number"),
+        (["leader", "--file", "/tmp/x", "--check-interval", "0"], "finite number > 0"),
+        (
+            [
+                "run",
+                "--mysql",
+                "mysql://root@127.0.0.1:1/db",
+                "--name",
+                "t",
+                "--renew-deadline",
+                "9",
+                "--grace",
+                "1",
+                "--",
+                "true",
+            ],
+            "lease 10s less renew deadline 9s), 0.5s of which are kept for SIGKILL; give --grace 0.5 or less, a longer "
+            "--lease or a shorter --renew-deadline",
+        ),
+        (
+            ["leader", "--mysql", "mysql://root@127.0.0.1:1/db", "--name", "t", "--renew-deadline", "12"],
+            "renew_deadline (12s) must be shorter than lease (10s)",
+        ),
+        (
+            [
+                "run",
+                "--postgres",
+                "postgresql://u@127.0.0.1:1/db",
+                "--name",
+                "t",
+                "--check-interval",
+                "3",
+                "--check-timeout",
+                "2.5",
+                "--",
+                "true",
+            ],
+            "must not exceed renew_deadline",
+        ),
     ],
 )
 def test_bad_usage_exits_2_with_a_message(args: list[str], message: str) -> None:
@@ -355,12 +393,66 @@ def test_bad_usage_exits_2_with_a_message(args: list[str], message: str) -> None
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "environ", "timing"),
+    [
+        (
+            ["--mysql", "mysql://app@127.0.0.1:1/app", "--renew-deadline", "5", "--check-interval", "0.5"],
+            {},
+            "check_interval=0.5s check_timeout=2s renew_deadline=5s lease=10s",
+        ),
+        (
+            ["--postgres", "postgresql://app@127.0.0.1:1/app", "--lease", "20", "--check-timeout", "1"],
+            {"AIOELECT_RENEW_DEADLINE": "9", "AIOELECT_CHECK_INTERVAL": "2"},
+            "check_interval=2s check_timeout=1s renew_deadline=9s lease=20s",
+        ),
+        (
+            ["--mysql", "mysql://app@127.0.0.1:1/app", "--renew-deadline", "6"],
+            {"AIOELECT_RENEW_DEADLINE": "4"},
+            "renew_deadline=6s lease=10s",
+        ),
+        (["--etcd", "127.0.0.1:1", "--ttl", "6", "--renew-deadline", "3.5"], {}, "renew_deadline=3.5s"),
+        (
+            ["--redis", "redis://127.0.0.1:1/0", "--renew-deadline", "4", "--check-interval", "0.25"],
+            {},
+            "renew_deadline=4",
+        ),
+    ],
+    ids=["mysql-flags", "postgres-flags-over-variables", "flag-over-variable", "etcd", "redis"],
+)
+def test_the_timing_flags_reach_the_backend(args: list[str], environ: dict[str, str], timing: str) -> None:
+    """--renew-deadline, --check-interval and --check-timeout set the library's options, over the variables."""
+    from aioelect._settings import Settings
+    from aioelect.cli._args import build_parser
+    from aioelect.cli._configure import configure
+
+    parsed = build_parser().main.parse_args(["leader", "--name", "cli/timing", *args])
+    elector = configure(parsed, Settings.from_environ(environ)).build()
+    assert timing in elector._backend.describe_timing(), elector._backend.describe_timing()
+
+
+def test_a_timing_flag_the_backend_has_not_is_ignored_at_warning(tmp_path: Path) -> None:
+    """On the file backend --renew-deadline means nothing: said once at WARNING (shown under -q), as the library
+    says it; CMD runs."""
+    marker = tmp_path / "ran"
+    lock = ["--file", str(tmp_path / "leader.lock")]
+    timing = ["--renew-deadline", "2", "--check-timeout", "1", "--check-interval", "0.25"]
+    result = cli("run", *lock, *timing, "-q", "--", sys.executable, "-c", f"open({str(marker)!r}, 'w')")
+    assert result.returncode == 0, result.stderr
+    assert marker.exists()
+    lines = result.stderr.splitlines()
+    for option in ("renew_deadline=2.0", "check_timeout=1.0"):
+        assert sum(f"{option} means nothing to the file backend, ignored" in line for line in lines) == 1, lines
+    assert len(lines) == 2, lines
+
+
 def test_help_explains_options_environment_and_exit_codes() -> None:
     result = cli("run", "--help")
     assert result.returncode == 0
     for text in ("--etcd", "--mysql", "--postgres", "--file", "--name", "--ttl", "--identity", "--password-file",
                  "--grace", "--forever", "AIOELECT_MYSQL_DSN", "AIOELECT_ETCD_ENDPOINTS", "AIOELECT_PASSWORD",
-                 "exit status", "SIGKILL", "SIGHUP", "setsid", "84 ms", "Not covered"):  # fmt: skip
+                 "exit status", "SIGKILL", "SIGHUP", "setsid", "84 ms", "Not covered", "--renew-deadline",
+                 "--check-interval", "--check-timeout", "AIOELECT_CHECK_INTERVAL"):  # fmt: skip
         assert text in result.stdout, text
 
 

@@ -9,8 +9,10 @@ marker that says how it is run, so that no block goes unrun:
   lead and show a fencing token; when its lock is taken away from outside it
   must report the loss, campaign again and lead with a larger token.
 * ``<!-- docs-test: pytest -->``: a test module, run by tests/test_testing.py.
-* ``<!-- docs-test: fragment -->``: lines around names the page introduces in
-  prose (an ``elector``, a database ``db``): it must compile.
+* ``<!-- docs-test: fragment NAME -->``: lines around names the page
+  introduces in prose (an ``elector``, a database ``db``): the harness NAME
+  of tests/docs_fragments.py defines those names, runs the block as printed
+  on a real backend and checks what it did.
 
 The recipe pages (docs/recipes/) show only whole files of examples/recipes/,
 which tests/test_recipes.py starts as users do.
@@ -41,6 +43,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
+from .docs_fragments import HARNESSES
+
 if TYPE_CHECKING:
     from aioelect._config import LockTiming
     from aioelect.backends._session_lock import SessionLockBackend
@@ -48,7 +52,7 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parent.parent
 #: Every page with code blocks; the recipe pages include files of examples/recipes/ that tests/test_recipes.py runs.
 DOCUMENTS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
-MARKER = re.compile(r"<!-- docs-test: ([a-z-]+) -->\n```python\n(.*?)\n```", re.S)
+MARKER = re.compile(r"<!-- docs-test: ([a-z-]+)(?: ([a-z0-9-]+))? -->\n```python\n(.*?)\n```", re.S)
 KINDS = ("runs", "leader-loop", "pytest", "fragment")
 #: The kinds test_block_runs starts as programs, on every backend.
 PROGRAMS = ("runs", "leader-loop")
@@ -61,13 +65,19 @@ def python_blocks(document: str) -> list[tuple[str, str]]:
     """(kind, source) of each marked ```python block; fails on a block without a marker."""
     text = (ROOT / document).read_text()
     total = len(re.findall(r"^```python\n", text, re.M))
-    marked = [(kind, source + "\n") for kind, source in MARKER.findall(text)]
-    assert len(marked) == total, (
-        f"{document}: {total - len(marked)} ```python block(s) without a <!-- docs-test: KIND --> marker right above"
+    found = MARKER.findall(text)
+    assert len(found) == total, (
+        f"{document}: {total - len(found)} ```python block(s) without a <!-- docs-test: KIND --> marker right above"
     )
-    for kind, _ in marked:
+    for kind, harness, _ in found:
         assert kind in KINDS, f"{document}: unknown docs-test kind {kind!r} (known: {', '.join(KINDS)})"
-    return marked
+        assert bool(harness) == (kind == "fragment"), f"{document}: only a fragment names its harness: {kind} {harness}"
+    return [(kind, source + "\n") for kind, _, source in found]
+
+
+def fragments(document: str) -> list[tuple[str, str]]:
+    """(harness name, source) of each fragment of ``document``."""
+    return [(harness, source) for kind, harness, source in MARKER.findall((ROOT / document).read_text()) if harness]
 
 
 def all_blocks() -> list[tuple[str, int, str, str]]:
@@ -306,16 +316,140 @@ def test_block_runs(
     assert program.proc.poll() is None, "the leader loop must keep running"
 
 
-def test_fragments_compile_and_pytest_blocks_are_run() -> None:
-    """A fragment (code around names a page introduces in prose) compiles; a pytest block is tests/test_testing.py's."""
-    import ast
-
-    for document, index, kind, source in all_blocks():
-        if kind == "fragment":
-            compile(source, f"{document}#{index}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-        elif kind == "pytest":
+def test_every_fragment_has_its_harness_and_pytest_blocks_are_run() -> None:
+    """Each fragment names a harness of tests/docs_fragments.py, each harness runs one fragment; a pytest block is
+    tests/test_testing.py's."""
+    named = [name for document in DOCUMENTS for name, _ in fragments(document)]
+    assert sorted(named) == sorted(HARNESSES), f"fragments {sorted(named)}, harnesses {sorted(HARNESSES)}"
+    for document, _, kind, _ in all_blocks():
+        if kind == "pytest":
             text = (ROOT / document).read_text()
             assert "<!-- test: example run by tests/test_testing.py -->\n<!-- docs-test: pytest -->" in text
+
+
+#: Each fragment with each backend its harness runs it on.
+FRAGMENT_CASES = [
+    (document, name, source, where)
+    for document in DOCUMENTS
+    for name, source in fragments(document)
+    for where in HARNESSES[name].backends
+]
+
+
+def tls_files(directory: Path) -> dict[str, str]:
+    """A certificate and its key (EC, made in milliseconds), under each name the security page gives a file of
+    /etc/aioelect/: every constructor checks that they exist, parse, and that the key matches its certificate."""
+    openssl = shutil.which("openssl")
+    assert openssl is not None, "openssl is needed for the TLS fragments"
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-days", "2", "-subj", "/CN=aioelect-docs", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    return {
+        f"{prefix}-{name}": str(path)
+        for prefix in ("etcd", "db", "pg")
+        for name, path in (("ca.pem", cert), ("client.pem", cert), ("client-key.pem", key))
+    }
+
+
+def fragment_case(where: str, request: pytest.FixtureRequest, tmp_path: Path) -> tuple[dict[str, str], dict[str, str]]:
+    """The environment a fragment's program runs in, and what its harness puts in place of the page's addresses."""
+    from .harness import free_port
+
+    if where == "file":
+        return file_case(tmp_path)[0], {"port": str(free_port())}
+    if where == "mysql":
+        return mysql_case(request.getfixturevalue("mysql_dsn"))[0], {}
+    if where == "postgres":
+        # Followers and observers poll: every 0.2 s rather than 2, through the variable the docs name.
+        env = {**postgres_case(request.getfixturevalue("postgres_dsn"))[0], "AIOELECT_POLL_INTERVAL": "0.2"}
+        return env, {"port": str(free_port())}
+    if where == "etcd":
+        endpoints = ",".join(request.getfixturevalue("etcd_endpoints"))
+        return {**base_env(), "AIOELECT_ETCD_ENDPOINTS": endpoints}, {}
+    assert where == "tls"
+    return {**base_env(), "AIOELECT_PASSWORD": f"pw-{uuid.uuid4().hex}"}, tls_files(tmp_path)
+
+
+def servers(request: pytest.FixtureRequest) -> dict[str, str]:
+    """Where the test servers are, for the addresses harnesses put in place of the page's: ``host:port`` of etcd,
+    ``host:port/database`` of MariaDB and PostgreSQL."""
+    found = {"etcd": request.getfixturevalue("etcd_endpoints")[0]}
+    for kind, fixture in (("mysql", "mysql_dsn"), ("postgres", "postgres_dsn")):
+        parts = urlsplit(request.getfixturevalue(fixture))
+        found[kind] = f"{parts.hostname}:{parts.port}{parts.path}"
+    return found
+
+
+@pytest.mark.timeout(180)
+def test_every_fragment_runs_with_the_names_of_its_page(
+    request: pytest.FixtureRequest, programs: list[Program], tmp_path: Path
+) -> None:
+    """Each fragment as printed, in the program its harness builds, on real backends: it shows what its page says.
+
+    The programs run at once (each waits on its backend more than it computes), but for blocks that elect under
+    the same names on the same server, which run in successive waves; each program is checked in turn.
+    """
+    waves: list[list[tuple[int, str, str, str, str]]] = []
+    for index, (document, name, source, where) in enumerate(FRAGMENT_CASES):
+        harness = HARNESSES[name]
+        if sys.version_info < harness.python:  # the page names the version it needs
+            continue
+        elects = (where, harness.elects) if harness.elects and where not in ("file", "tls") else None
+        wave = next((w for w in waves if elects is None or elects not in {elected(case) for case in w}), None)
+        if wave is None:
+            wave = []
+            waves.append(wave)
+        wave.append((index, document, name, source, where))
+    for wave in waves:
+        run_fragments(wave, request, programs, tmp_path)
+
+
+def elected(case: tuple[int, str, str, str, str]) -> tuple[str, str]:
+    """The server and the election names of a case."""
+    _, _, name, _, where = case
+    return where, HARNESSES[name].elects
+
+
+def run_fragments(
+    cases: list[tuple[int, str, str, str, str]], request: pytest.FixtureRequest, programs: list[Program], tmp_path: Path
+) -> None:
+    """Start every case at once, then check each."""
+    started: list[tuple[str, str, str, Program]] = []
+    for index, document, name, source, where in cases:
+        harness = HARNESSES[name]
+        directory = tmp_path / f"{index}-{name}-{where}"
+        directory.mkdir()
+        env, context = fragment_case(where, request, directory)
+        if name == "fencing-write":  # the application's database the block writes to
+            env["APP_DATABASE"] = request.getfixturevalue("mysql_dsn")
+        for printed, used in harness.replace.items():
+            assert printed in source, f"{document}: the {name} block no longer names {printed}"
+            source = source.replace(printed, used.format(**servers(request)))
+        program = Program(harness.program(source, context), env, directory)
+        programs.append(program)
+        started.append((document, name, where, program))
+    failures: list[str] = []
+    for document, name, where, program in started:
+        harness = HARNESSES[name]
+        missing = list(harness.expect)
+        try:
+            if harness.ends:
+                code = program.wait(timeout=60)
+                assert code == 0, f"exited {code}"
+                missing = [p for p in missing if not any(re.search(p, line) for line in program.output)]
+            else:
+                while missing:
+                    line = program.expect("", timeout=WAIT).string
+                    missing = [p for p in missing if not re.search(p, line)]
+                assert program.proc.poll() is None, "it must keep running"
+            assert not missing, f"it showed none of {missing}"
+        except (AssertionError, subprocess.TimeoutExpired) as exc:
+            failures.append(f"{document}: the {name} block on {where}: {exc}\n{program.text()}")
+        program.stop()  # its names are free for the next wave
+    assert not failures, "\n\n".join(failures)
 
 
 def test_every_document_has_its_blocks() -> None:

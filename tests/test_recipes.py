@@ -5,9 +5,10 @@ includes as it is (mkdocs snippets). Two instances of it start the way the
 page says (``uvicorn module:app``, ``python web_aiohttp.py`` with
 ``web.run_app``, ``python scheduler_apscheduler.py``), configured only
 through ``AIOELECT_*`` variables, on a lock file and on the harness's
-MariaDB. The test watches them for a few seconds: exactly one leads, with
-one fencing token, the whole time; then the leader is stopped with SIGTERM
-and the other leads with a larger token.
+MariaDB (and PostgreSQL for the leader-only jobs). The test watches
+them for a few seconds: exactly one leads, with one fencing token, the
+whole time; then the leader is stopped with SIGTERM and the other leads
+with a larger token.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.test_docs import ROOT, WAIT, Program, file_case, mysql_case, programs  # noqa: F401 (fixture)
+from tests.test_docs import ROOT, WAIT, Program, file_case, mysql_case, postgres_case, programs  # noqa: F401 (fixture)
 
 RECIPES = ROOT / "examples" / "recipes"
 #: How long the two instances are watched keeping one leader, before and after the handover.
@@ -43,7 +44,18 @@ WEB = {
 def backend_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]:
     if request.param == "file":
         return file_case(tmp_path)[0]
+    if request.param == "postgres":
+        return postgres_case(request.getfixturevalue("postgres_dsn"))[0]
     return mysql_case(request.getfixturevalue("mysql_dsn"))[0]
+
+
+def handovers(cases: list[str], on_postgres: str | None = None) -> list[Any]:
+    """Each case on a lock file and MariaDB, and ``on_postgres`` on PostgreSQL too (a few seconds more)."""
+    return [
+        pytest.param(backend, case, id=f"{backend}-{case}")
+        for case in cases
+        for backend in ("file", "mysql", *(("postgres",) if case == on_postgres else ()))
+    ]
 
 
 def free_port() -> int:
@@ -142,7 +154,7 @@ def stopped(program: Program) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("framework", list(WEB))
+@pytest.mark.parametrize(("backend_env", "framework"), handovers(list(WEB)), indirect=["backend_env"])
 def test_web_recipe_keeps_one_leader_and_hands_over(
     framework: str,
     backend_env: dict[str, str],
@@ -208,7 +220,9 @@ def one_runner_then_another(instances: list[Program], run_line: re.Pattern[str])
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("recipe", list(JOBS))
+@pytest.mark.parametrize(
+    ("backend_env", "recipe"), handovers(list(JOBS), "leader_only_jobs.py"), indirect=["backend_env"]
+)
 def test_job_recipe_keeps_one_leader_and_hands_over(
     recipe: str,
     backend_env: dict[str, str],

@@ -59,10 +59,11 @@ environment:
   {ENV_ETCD_CERT:<24} etcd: client certificate (PEM), with {ENV_ETCD_KEY}
   {ENV_ETCD_KEY:<24} etcd: the client certificate's unencrypted key (PEM)
   {ENV_LEASE:<24} seconds a silent leader keeps the election (--lease, etcd --ttl)
-  {ENV_RENEW_DEADLINE:<24} seconds a leader may go unconfirmed before it fences itself
+  {ENV_RENEW_DEADLINE:<24} seconds a leader may go unconfirmed before it fences itself (--renew-deadline)
   {ENV_POLL_INTERVAL:<24} seconds between a follower's tries (--poll-interval)
-  {ENV_CHECK_INTERVAL:<24} seconds between a leader's confirmations
-  (a timing variable that means nothing to the chosen backend is logged and ignored)
+  {ENV_CHECK_INTERVAL:<24} seconds between a leader's confirmations (--check-interval)
+  (--renew-deadline, --check-interval, --check-timeout or a timing variable that
+  means nothing to the chosen backend is logged at WARNING and ignored)
 
 TLS:
   etcd        https:// endpoints, or --etcd-ca/--etcd-cert/--etcd-key (which
@@ -209,6 +210,25 @@ def _backend_options() -> _Parser:
     )
     g.add_argument(
         "--poll-interval", type=_positive, metavar="SECONDS", help="how often followers and `observe` poll (SQL)"
+    )
+    g.add_argument(
+        "--renew-deadline",
+        type=_positive,
+        metavar="SECONDS",
+        help="how long a leader may go unconfirmed before it stops CMD and lets go; shorter than the lease "
+        f"[{ENV_RENEW_DEADLINE}]",
+    )
+    g.add_argument(
+        "--check-interval",
+        type=_positive,
+        metavar="SECONDS",
+        help=f"how often a leader confirms it still holds the lock [{ENV_CHECK_INTERVAL}]",
+    )
+    g.add_argument(
+        "--check-timeout",
+        type=_positive,
+        metavar="SECONDS",
+        help="how long one confirmation may take before it counts as failed",
     )
     g.add_argument(
         "--password-file",

@@ -144,7 +144,12 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
         if kind == "etcd":  # a flag is explicit: refused where it means nothing (a variable is only logged)
             raise UsageError("--poll-interval does not apply to the etcd backend: etcd watches the election")
         options["poll_interval"] = args.poll_interval
-    # The portable timing variables (AIOELECT_LEASE...) under the flags; the factory says which mean nothing here.
+    # The portable timing options, flags over variables (AIOELECT_LEASE...): as in the library, the factory uses
+    # those the backend has and logs each other one at WARNING.
+    for option in ("renew_deadline", "check_interval", "check_timeout"):
+        seconds = getattr(args, option, None)
+        if seconds is not None:
+            options[option] = seconds
     for option, seconds in settings.timing.items():
         if not (option == "lease" and ("ttl" in options or "lease" in options)):
             options.setdefault(option, seconds)

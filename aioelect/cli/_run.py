@@ -62,12 +62,12 @@ def choose_grace(given: float | None, elector: Elector, kind: str) -> float:
             f"--grace {given:g} is too long for the {kind} backend: CMD must be dead before the lock can pass to "
             f"another candidate, and a cut-off leader learns of its loss only {margin:.3g}s before that (the "
             f"safety margin: lease {lease:g}s less renew deadline {deadline:.3g}s), {KILL_RESERVE:g}s of which "
-            f"are kept for SIGKILL; give --grace {limit:.3g} or less, or a longer {longer}"
+            f"are kept for SIGKILL; give --grace {limit:.3g} or less, a longer {longer} or a shorter --renew-deadline"
         )
     if limit == 0:
         log.warning(
             "the %s backend's safety margin (%.3gs) leaves no time for SIGTERM: after a loss CMD gets SIGKILL at "
-            "once, and may still run briefly after the lock can pass on; use a longer %s",
+            "once, and may still run briefly after the lock can pass on; use a longer %s or a shorter --renew-deadline",
             kind,
             margin,
             "--ttl" if kind == "etcd" else "--lease",

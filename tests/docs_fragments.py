@@ -1,0 +1,331 @@
+"""The harnesses that run the docs' fragments: lines around names a page introduces in prose.
+
+A fragment is marked ``<!-- docs-test: fragment NAME -->``; :data:`HARNESSES`
+has a :class:`Harness` of that name. The harness builds a whole program
+around the block as printed: it defines the names the prose introduces (an
+``elector``, a database ``db``, the ``tenants``...), puts the servers of the
+test harness where the block names a server or a file, runs it on a real
+backend and prints what the block did, which tests/test_docs.py checks.
+Nothing of the block is left out or rewritten but those addresses, a port
+the page names (a free one instead), and a ``...`` that stands for the
+user's code (code that shows the block's effect instead).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+__all__ = ["HARNESSES", "Harness"]
+
+_ASYNC_MAIN = """\
+import asyncio
+import os
+import sys
+
+import anyio
+
+import aioelect
+
+
+async def main() -> None:
+{body}
+
+
+asyncio.run(main())
+"""
+
+#: The work a sharded block runs in its harness: it shows each owned name with its token, and keeps it.
+_SHARD_WORK = """\
+import anyio
+
+import aioelect
+
+tenants = ["acme", "globex", "initech"]
+
+
+async def sync_tenant(name: str) -> None:  # the harness's work: shows each name this instance owns
+    print(f"synced {{name}} with token {{aioelect.current_leadership().token}}", flush=True)
+    await anyio.sleep_forever()
+
+
+async def main() -> None:
+{body}
+
+
+anyio.run(main)
+"""
+
+
+def _indent(source: str, depth: int = 1) -> str:
+    return textwrap.indent(source, "    " * depth)
+
+
+def _statements(block: str) -> list[str]:
+    """The block's top-level statements, each with its indented lines."""
+    statements: list[str] = []
+    for line in block.splitlines():
+        if line[:1].isspace() and statements:
+            statements[-1] += "\n" + line
+        elif line.strip():
+            statements.append(line)
+    return statements
+
+
+def _acquire_timeout(block: str, ctx: dict[str, str]) -> str:
+    """Each of the three ways in turn on one elector: each must lead within its 30 s, then the harness releases."""
+    steps = [
+        f'{statement}\nprint(f"way {way}: leading with token {{lead.token}}", flush=True)\nawait lead.release()'
+        for way, statement in enumerate(_statements(block), 1)
+    ]
+    body = "async with aioelect.from_env() as elector:\n" + _indent("\n".join(steps))
+    return _ASYNC_MAIN.format(body=_indent(body))
+
+
+def _fencing_write(block: str, ctx: dict[str, str]) -> str:
+    """``db`` is the application's MariaDB database (``APP_DATABASE``) with a ``jobs`` row; afterwards the row shows
+    the token, and a write under an older token matches no row."""
+    setup = """\
+import random
+import warnings
+from urllib.parse import unquote, urlsplit
+
+import aiomysql
+
+warnings.filterwarnings("ignore", message=".*already exists")  # the jobs table of an earlier run
+
+parts = urlsplit(os.environ["APP_DATABASE"])  # the application's own MariaDB, whatever backend elects
+link = await aiomysql.connect(
+    host=parts.hostname, port=parts.port, user=unquote(parts.username or ""),
+    password=unquote(parts.password or ""), db=parts.path.lstrip("/"), autocommit=True,
+)
+
+
+class Database:  # the application's database: execute() returns the rows written
+    async def execute(self, sql: str, params: tuple[object, ...]) -> int:
+        async with link.cursor() as cursor:
+            return int(await cursor.execute(sql, params))
+
+
+db = Database()
+await db.execute(
+    "CREATE TABLE IF NOT EXISTS jobs (id BIGINT PRIMARY KEY, state VARCHAR(20), fence BIGINT NOT NULL)", ()
+)
+job_id = random.randrange(1, 2**62)
+await db.execute("INSERT INTO jobs (id, state, fence) VALUES (%s, 'queued', 0)", (job_id,))
+elector = aioelect.from_env()
+"""
+    after = """\
+async with link.cursor() as cursor:
+    await cursor.execute("SELECT state, fence FROM jobs WHERE id = %s", (job_id,))
+    state, fence = await cursor.fetchone()
+print(f"job {job_id}: {state} with fence {fence}, token {lead.token}", flush=True)
+late = await db.execute(
+    "UPDATE jobs SET state = 'dispatched', fence = %s WHERE id = %s AND fence <= %s",
+    (lead.token - 1, job_id, lead.token - 1),
+)
+print(f"a write under token {lead.token - 1} matched {late} rows", flush=True)
+await elector.aclose()
+link.close()
+"""
+    return _ASYNC_MAIN.format(body=_indent(setup + block + "\n" + after))
+
+
+def _shards_from_env(block: str, ctx: dict[str, str]) -> str:
+    """The block is a whole program but for ``sync``, the user's: the harness's shows each name and token."""
+    work = """\
+async def sync(name: str, fencing_token: int | None) -> None:  # the harness's: shows each owned name
+    print(f"synced {name} with token {fencing_token}", flush=True)
+
+
+"""
+    return work + block + "\n"
+
+
+def _shards_session(block: str, ctx: dict[str, str]) -> str:
+    """``tenants`` and ``sync_tenant`` defined; the session on the harness's server."""
+    setup = 'dsn = os.environ["AIOELECT_POSTGRES_DSN"]\n' if "dsn" in block else ""
+    return "import os\n\n" + _SHARD_WORK.format(body=_indent(setup + block))
+
+
+def _sharded_scheduler(block: str, ctx: dict[str, str]) -> str:
+    """``tenants``, ``do_sync`` and ``stop_requested`` defined: stopping is requested once every job ran here
+    (the harness makes each job due at once, rather than in a minute, once this instance owns its id)."""
+    setup = """\
+global scheduler, shards
+from datetime import datetime, timezone
+
+tenants = ["acme", "globex"]
+synced: set[str] = set()
+
+
+async def do_sync(tenant: str, fencing_token: int | None) -> None:  # the harness's: shows each run
+    print(f"synced {tenant} with token {fencing_token}", flush=True)
+    synced.add(tenant)
+
+
+class StopRequested:  # the harness's: set once each job has run on this instance
+    async def wait(self) -> None:
+        with anyio.fail_after(30):
+            while synced != set(tenants):
+                for job in scheduler.get_jobs():
+                    if job.id in shards.owned and job.args[0] not in synced:
+                        job.modify(next_run_time=datetime.now(timezone.utc))
+                await anyio.sleep(0.1)
+
+
+stop_requested = StopRequested()
+"""
+    return _ASYNC_MAIN.format(body=_indent(setup + block))
+
+
+def _prometheus(block: str, ctx: dict[str, str]) -> str:
+    """``elector`` defined; the page is read while it leads (on a free port rather than 9464)."""
+    block = block.replace("9464", ctx["port"])
+    after = f"""\
+async with aioelect.leadership(elector):
+    import urllib.request
+
+    url = "http://127.0.0.1:{ctx["port"]}/metrics"
+    page = await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    for line in page.splitlines():
+        if line.startswith("aioelect_is_leader{{"):
+            print(line, flush=True)
+server.close()
+"""
+    body = "async with aioelect.from_env() as elector:\n" + _indent(block + "\n" + after)
+    return _ASYNC_MAIN.format(body=_indent(body))
+
+
+def _tls(block: str, ctx: dict[str, str]) -> str:
+    """A certificate and key of the test's where the block names /etc/aioelect/...: the constructor checks them
+    (they exist, parse, the key matches its certificate), and the password stays out of the elector's repr. The
+    server is the test's, which speaks no TLS: the elector refuses it, as the page says, rather than go on in
+    plaintext."""
+    for name, path in ctx.items():
+        block = block.replace(f"/etc/aioelect/{name}", path)
+    after = """
+assert os.environ["AIOELECT_PASSWORD"] not in repr(elector)
+print(f"{type(elector).__name__} {elector.name} built, its TLS files checked", flush=True)
+
+
+async def campaign() -> None:
+    try:
+        await elector.acquire(timeout=30)
+    except aioelect.ElectionError as exc:
+        assert os.environ["AIOELECT_PASSWORD"] not in str(exc)
+        print(f"refused: {exc}", flush=True)
+    finally:
+        await elector.aclose()
+
+
+asyncio.run(campaign())
+"""
+    return "import asyncio\nimport os\n\nimport aioelect\n\n" + block + "\n" + after
+
+
+def _shared_session(block: str, ctx: dict[str, str]) -> str:
+    """``endpoints`` or ``dsn`` are the harness's server; in place of ``...`` both electors lead at once."""
+    work = """\
+async with aioelect.leadership(jobs) as first, aioelect.leadership(mail) as second:
+    print(f"jobs leads with token {first.token}, mail with token {second.token}, on one session", flush=True)"""
+    lines = [
+        textwrap.indent(work, line[: len(line) - len(line.lstrip())]) if line.strip() == "..." else line
+        for line in block.splitlines()
+    ]
+    setup = (
+        'endpoints = os.environ["AIOELECT_ETCD_ENDPOINTS"]\n'
+        if "endpoints" in block
+        else 'dsn = os.environ["AIOELECT_POSTGRES_DSN"]\n'
+    )
+    return _ASYNC_MAIN.format(body=_indent(setup + "\n".join(lines)))
+
+
+@dataclass(frozen=True)
+class Harness:
+    """How one fragment is run: the program around it, the backends, and what it must print."""
+
+    program: Callable[[str, dict[str, str]], str]
+    #: The backends it runs on (the cases of tests/test_docs.py).
+    backends: tuple[str, ...]
+    #: Regular expressions every one of which some output line must match.
+    expect: tuple[str, ...]
+    #: Whether the program ends by itself (exit 0); else it is stopped once it has shown everything.
+    ends: bool = True
+    #: Replacements of a server address the block prints literally (the printed text must still be there).
+    replace: dict[str, str] = field(default_factory=dict)
+    #: The lowest Python the block runs on, as the page says.
+    python: tuple[int, int] = (3, 10)
+    #: The election names the block prints: blocks that share one do not run at once on one server.
+    elects: str = ""
+
+
+HARNESSES: dict[str, Harness] = {
+    "acquire-timeout": Harness(
+        _acquire_timeout,
+        ("file", "postgres"),
+        tuple(rf"^way {way}: leading with token [1-9]\d*$" for way in (1, 2, 3)),
+        python=(3, 11),
+    ),
+    "fencing-write": Harness(
+        _fencing_write,
+        ("file", "mysql"),
+        (r"^job \d+: dispatched with fence (\d+), token \1$", r"^a write under token \d+ matched 0 rows$"),
+    ),
+    "shards-from-env": Harness(
+        _shards_from_env,
+        ("file", "postgres"),
+        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech", "umbrella")),
+        ends=False,
+        elects="billing/sync",
+    ),
+    "shards-etcd-session": Harness(
+        _shards_session,
+        ("etcd",),
+        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech")),
+        ends=False,
+        replace={'"127.0.0.1:2379"': 'os.environ["AIOELECT_ETCD_ENDPOINTS"]'},
+        elects="billing/sync",
+    ),
+    "shards-postgres-session": Harness(
+        _shards_session,
+        ("postgres",),
+        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech")),
+        ends=False,
+        elects="billing/sync",
+    ),
+    "sharded-scheduler": Harness(
+        _sharded_scheduler,
+        ("file", "postgres"),
+        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex")),
+        elects="billing/sync",
+    ),
+    "prometheus": Harness(_prometheus, ("file", "postgres"), (r"^aioelect_is_leader\{.*\} 1\.0$",)),
+    "etcd-tls": Harness(
+        _tls,
+        ("tls",),
+        (r"^EtcdElector /jobs/report built, its TLS files checked$", r"^refused: .*does not speak TLS"),
+        replace={"https://etcd-1:2379,https://etcd-2:2379,https://etcd-3:2379": "https://{etcd}"},
+    ),
+    "mysql-tls": Harness(
+        _tls,
+        ("tls",),
+        (r"^MySQLElector report built, its TLS files checked$", r"^refused: .*does not offer TLS"),
+        replace={"@db:3306/app": "@{mysql}"},
+    ),
+    "postgres-tls": Harness(
+        _tls,
+        ("tls",),
+        (r"^PostgresElector report built, its TLS files checked$", r"^refused: .*does not support TLS"),
+        replace={"@db:5432/app": "@{postgres}"},
+    ),
+    "etcd-session": Harness(
+        _shared_session, ("etcd",), (r"^jobs leads with token [1-9]\d*, mail with token [1-9]\d*, on one session$",)
+    ),
+    "sql-session": Harness(
+        _shared_session,
+        ("postgres",),
+        (r"^jobs leads with token [1-9]\d*, mail with token [1-9]\d*, on one session$",),
+    ),
+}
