@@ -272,7 +272,6 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
         server_timeout=dialect.server_timeout,
         min_lease=dialect.min_lease,
         whole_lease=dialect.whole_lease,
-        dated_after_grant=True,
     )
     return CommonOptions(
         host,
