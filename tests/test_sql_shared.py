@@ -15,7 +15,17 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelect import ElectionError, Elector, Leadership, MySQLElector, MySQLSession, PostgresElector, PostgresSession
+from aioelect import (
+    ElectionError,
+    Elector,
+    Leadership,
+    LossKind,
+    MySQLElector,
+    MySQLSession,
+    PostgresElector,
+    PostgresSession,
+    UsageError,
+)
 
 from .backends import Follower, unique_name
 from .test_sql_sessions import mysql_sessions, postgres_sessions
@@ -138,6 +148,7 @@ async def test_one_lost_connection_loses_every_leadership_on_it(sql: Sql, caplog
             with anyio.fail_after(10):  # fate sharing: all of them, not only one
                 while not all(lead.lost for lead in leads.values()):
                     await asyncio.sleep(0.05)
+            assert all(lead.lost_kind is LossKind.CONNECTION_LOST for lead in leads.values())
             assert "every leadership on it (20) is lost" in caplog.text
         finally:
             await stop(tasks)
@@ -226,7 +237,7 @@ async def test_electors_on_a_session_take_only_a_name(sql: Sql) -> None:
     with pytest.raises(TypeError, match="unexpected keyword argument 'name'"):
         sql.session(name="x")
     unentered = sql.session()
-    with pytest.raises(ElectionError, match="enter the"):
+    with pytest.raises(UsageError, match="enter the"):
         await sql.elector(unentered, "z").acquire()
     await unentered.aclose()
 
