@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._backend import Backoff, Confirm, Hold, Loss, Members, close_members, monotonic
+from .._backend import Backoff, Confirm, Hold, Loss, SharedSession, monotonic
 from .._config import check_options, default_identity, validate_identity
-from .._errors import ElectorClosed, LossKind, UsageError
+from .._errors import LossKind
 from .._log import ElectionLog
 from ._session_lock import _UNSEEN, ErrorKind, LockConnection, SessionLockBackend
 
@@ -207,7 +207,7 @@ class SharedHold(Hold, Generic[_C]):
         await self._session.release(self)
 
 
-class SharedLockSession(Generic[_C], abc.ABC):
+class SharedLockSession(SharedSession, Generic[_C]):
     """One lock connection shared by the electors of a process (see the module's guarantees).
 
     A dialect subclass names its options and backends (:attr:`options_spec`,
@@ -217,7 +217,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
     """
 
     #: The public class name, in errors.
-    who: str = "SharedLockSession"
+    who = "SharedLockSession"
     #: The TypedDict of the session's options (the dialect's options but ``name``).
     options_spec: Any
     #: The dialect's backend, and the backend of an elector on the session; both built as ``cls(dsn, name=...,
@@ -226,6 +226,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
     shared_class: Any
 
     def __init__(self, dsn: str | None, identity: str | None, options: Mapping[str, Any]) -> None:
+        super().__init__()
         check_options(self.who, options, self.options_spec)
         self._dsn = dsn
         self._options = dict(options)
@@ -246,10 +247,6 @@ class SharedLockSession(Generic[_C], abc.ABC):
         self._waits: dict[str, SharedLocks[_C]] = {}
         self._wait_rounds = anyio.Lock()
         self._last_wait: _Holders | None = None
-        #: The electors on the session, by election name: (their backend, how to close their elector).
-        self._members: Members = {}
-        self._entered = False
-        self._closed = False
 
     def __repr__(self) -> str:
         host, port = self.template._address
@@ -260,14 +257,6 @@ class SharedLockSession(Generic[_C], abc.ABC):
             f"<{type(self).__name__} {host}:{port} session={session} electors={len(self._members)} "
             f"held={len(self._holds)} {state}>"
         )
-
-    def __len__(self) -> int:
-        """The number of electors on the session."""
-        return len(self._members)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def held(self) -> int:
@@ -312,9 +301,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
 
     def leave(self, name: str, backend: object) -> None:
         """Forget ``backend``'s elector (its own ``aclose()``); the connection stays for the others."""
-        member = self._members.get(name)
-        if member is not None and member[0] is backend:
-            del self._members[name]
+        super().leave(name, backend)
         self._notices.pop(name, None)
 
     def wait(self, backend: SharedLocks[_C]) -> None:
@@ -374,10 +361,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
 
     async def _connection(self) -> _C:
         """The live shared connection, a new one if there is none (call with the statement lock held)."""
-        if self._closed:
-            raise ElectorClosed(f"the {self.who} is closed")
-        if not self._entered:
-            raise UsageError(f"enter the {self.who} (async with) before its electors campaign")
+        self._check_open()
         conn = self._conn
         if conn is not None and not conn.broken:
             return conn
@@ -518,14 +502,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
     # --- lifetime ---------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        if self._entered:
-            raise RuntimeError(f"a {self.who} is entered once")
-        self._entered = True
-        self.log.warning(
-            "electors on this shared %s session hold their locks on one connection (fate sharing): when it is "
-            "lost, EVERY elector on it loses its leadership at once; use separate electors for independent elections",
-            self.template.dialect.product,
-        )
+        self._enter(f"{self.template.dialect.product} session hold their locks on one connection", "it is lost")
         try:
             await self.run(lambda conn: anyio.lowlevel.checkpoint())
         except Exception as exc:
@@ -536,21 +513,13 @@ class SharedLockSession(Generic[_C], abc.ABC):
             raise
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close every elector still on the session, then the connection (which frees any lock). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            await close_members(self._members, self.log)
-            async with self._statements:
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    await conn.aclose(self.template.check_timeout)
-            await self.template.aclose()
+    async def _close_own(self) -> None:
+        """Close the connection (which frees any lock), then the backend it was opened through."""
+        async with self._statements:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await conn.aclose(self.template.check_timeout)
+        await self.template.aclose()
 
 
 def held_names(backends: list[Any], answers: list[Hashable]) -> frozenset[str]:
