@@ -13,57 +13,29 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelect import (
-    BackendUnavailable,
-    Elector,
-    LossKind,
-    MySQLSession,
-    PermanentBackendError,
-    PostgresSession,
-)
-from aioelect.backends._session_lock import Pending, SessionLockBackend
-from aioelect.backends.mysql import MySQLBackend
-from aioelect.backends.postgres import PostgresBackend
+from aioelect import BackendUnavailable, Elector, LossKind, PermanentBackendError
+from aioelect.backends._session_lock import Pending
 
 from .backends import unique_name, with_database
 from .harness import free_port
 from .session_locks import releasing_its_lock_while_held
+from .test_sql_shared import Sql, sql_fixture  # noqa: F401 - the fixture sql, for both dialects
 
 pytestmark = pytest.mark.timeout(60)
 
 FAST: dict[str, Any] = {"check_interval": 0.2, "check_timeout": 1.0, "lease": 4, "poll_interval": 0.5}
 
 
-class Sql:
-    """One SQL dialect under test: its backend class, a DSN, and how the server ends a session."""
-
-    def __init__(self, kind: str, dsn: str, server: Any) -> None:
-        self.kind = kind
-        self.dsn = dsn
-        self.server = server
-        self.backend: type[SessionLockBackend[Any]] = MySQLBackend if kind == "mysql" else PostgresBackend
-        self.session: type[MySQLSession | PostgresSession] = MySQLSession if kind == "mysql" else PostgresSession
-        #: What the server says of an unknown database.
-        self.unknown_database = "Unknown database" if kind == "mysql" else "3D000"
-
-    def kill(self, session_id: int) -> None:
-        if self.kind == "mysql":
-            self.server.query("KILL %s", (session_id,), database="")
-        else:
-            self.server.query("SELECT pg_terminate_backend($1)", (session_id,))
-
-    def invalid_sql(self, conn: Any) -> Any:
-        """A statement the server refuses with a plain SQL error, run on ``conn`` as a lock request."""
-        if self.kind == "mysql":
-            return conn.scalar("SELEC 1", timeout=2, pending=Pending.LOCK_REQUEST)
-        return conn.fetchval("SELEC 1", timeout=2, pending=Pending.LOCK_REQUEST)
+def unknown_database(sql: Sql) -> str:
+    """What the server says of an unknown database."""
+    return "Unknown database" if sql.kind == "mysql" else "3D000"
 
 
-@pytest.fixture(params=["mysql", "postgres"])
-def sql(request: pytest.FixtureRequest) -> Sql:
-    if request.param == "mysql":
-        return Sql("mysql", request.getfixturevalue("mysql_dsn"), request.getfixturevalue("mariadb"))
-    return Sql("postgres", request.getfixturevalue("postgres_dsn"), request.getfixturevalue("postgres"))
+def invalid_sql(sql: Sql, conn: Any) -> Any:
+    """A statement the server refuses with a plain SQL error, run on ``conn`` as a lock request."""
+    if sql.kind == "mysql":
+        return conn.scalar("SELEC 1", timeout=2, pending=Pending.LOCK_REQUEST)
+    return conn.fetchval("SELEC 1", timeout=2, pending=Pending.LOCK_REQUEST)
 
 
 # --- errors --------------------------------------------------------------------------
@@ -76,7 +48,7 @@ async def test_a_refusal_is_a_permanent_backend_error_at_once_on_every_path(sql:
         started = time.monotonic()
         with (
             anyio.fail_after(10),
-            pytest.raises(PermanentBackendError, match=f"refused the campaign.*{sql.unknown_database}"),
+            pytest.raises(PermanentBackendError, match=f"refused the campaign.*{unknown_database(sql)}"),
         ):
             await elector.acquire()
         with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="refused the campaign"):
@@ -85,7 +57,7 @@ async def test_a_refusal_is_a_permanent_backend_error_at_once_on_every_path(sql:
             await elector.leader()
         assert time.monotonic() - started < 5, "a permanent error must not be retried"
     with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="refused the shared session"):
-        async with sql.session(dsn, **FAST):
+        async with Sql(sql.kind, dsn, sql.server).session():
             pass
 
 
@@ -113,7 +85,7 @@ async def test_a_lock_request_is_pending_until_its_answer_is_read(sql: Sql) -> N
         assert await holder._try_request(held) and held.pending is Pending.NOTHING
         assert not await waiter._try_request(waiting) and waiting.pending is Pending.NOTHING
         with pytest.raises(Exception, match=r"(?i)syntax"):
-            await sql.invalid_sql(waiting)
+            await invalid_sql(sql, waiting)
         assert waiting.pending is Pending.NOTHING and not waiting.broken, "the server answered: nothing is pending"
         with anyio.move_on_after(0.3):
             await waiter._request(waiting)  # waits on the server for the held lock: cut off

@@ -26,6 +26,8 @@ from aioelect import (
     PostgresSession,
     UsageError,
 )
+from aioelect.backends.mysql import MySQLBackend
+from aioelect.backends.postgres import PostgresBackend
 
 from .backends import Follower, unique_name
 from .test_sql_sessions import mysql_sessions, postgres_sessions
@@ -60,9 +62,14 @@ class Sql:
         else:
             self.server.query("SELECT pg_terminate_backend($1)", (session_id,))
 
+    @property
+    def backend(self) -> type[MySQLBackend] | type[PostgresBackend]:
+        """The dialect's backend class, for an elector of its own."""
+        return MySQLBackend if self.kind == "mysql" else PostgresBackend
 
-@pytest.fixture(params=["mysql", "postgres"])
-def sql(request: pytest.FixtureRequest) -> Sql:
+
+@pytest.fixture(params=["mysql", "postgres"], name="sql")
+def sql_fixture(request: pytest.FixtureRequest) -> Sql:
     if request.param == "mysql":
         return Sql("mysql", request.getfixturevalue("mysql_dsn"), request.getfixturevalue("mariadb"))
     return Sql("postgres", request.getfixturevalue("postgres_dsn"), request.getfixturevalue("postgres"))

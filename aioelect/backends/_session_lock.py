@@ -80,6 +80,7 @@ __all__ = [
     "SessionLockBackend",
     "SessionLockOptions",
     "SessionLost",
+    "TlsRequired",
     "read_options",
     "tls_error",
 ]
@@ -91,6 +92,15 @@ _UNSEEN: Any = object()
 
 class SessionLost(ConnectionError):
     """The lock's session is gone or was never the holder: transient, the campaign starts over."""
+
+
+class TlsRequired(Exception):
+    """The TLS settings require TLS but the connection is not encrypted: a TLS refusal, no retry can fix it.
+
+    The server does not offer TLS, or someone on the path stripped it. Not an
+    OSError, so a driver passes it on as it is instead of as a transient
+    "cannot connect".
+    """
 
 
 # An SSLError of these kinds means the connection was cut mid-handshake (network, restart): worth retrying.
@@ -127,7 +137,8 @@ class ErrorKind(enum.Enum):
     #: The dialect's refusal (credentials, a privilege, an unknown database, SQL): raised as
     #: :class:`~aioelect.PermanentBackendError`, never retried.
     PERMANENT = "permanent"
-    #: A refused certificate or TLS handshake: configuration, raised as :class:`~aioelect.PermanentBackendError`.
+    #: A refused certificate or TLS handshake, or no TLS where it is required (:class:`TlsRequired`):
+    #: configuration, raised as :class:`~aioelect.PermanentBackendError`.
     TLS_REFUSAL = "TLS refusal"
     #: An :class:`~aioelect.ElectionError` the engine or dialect raised with its own words (a
     #: :class:`~aioelect.PermanentBackendError` naming a server-side bound, a topology...): raised as it is.
@@ -528,7 +539,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         """What ``exc``, caught in the engine, is: the one classification every path of the engine uses."""
         if self._refused(exc):
             return ErrorKind.PERMANENT
-        if _tls_refusal(exc) is not None:
+        if isinstance(exc, TlsRequired) or _tls_refusal(exc) is not None:
             return ErrorKind.TLS_REFUSAL
         if isinstance(exc, ElectionError):
             return ErrorKind.REFUSED
@@ -557,7 +568,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         if tls is not None:
             detail = getattr(tls, "verify_message", None) or tls.reason or tls
             return f"TLS handshake failed: {detail}"
-        if isinstance(exc, SessionLost):
+        if isinstance(exc, (SessionLost, TlsRequired)):
             return str(exc)
         return self._describe_driver_error(exc) or repr(exc)
 

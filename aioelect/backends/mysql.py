@@ -50,6 +50,7 @@ from ._session_lock import (
     SessionLockBackend,
     SessionLockOptions,
     SessionLost,
+    TlsRequired,
     read_options,
     socket_fd,
 )
@@ -169,16 +170,8 @@ def server_bounds(variables: dict[str, float]) -> dict[str, float | None]:
     )
 
 
-class NoTls(Exception):
-    """The DSN asks for TLS but the connection is not encrypted: no retry can fix it.
-
-    Not an OSError, so aiomysql passes it on as it is instead of as a
-    transient "cannot connect".
-    """
-
-
-def _tls_required(host: str) -> NoTls:
-    return NoTls(
+def _tls_required(host: str) -> TlsRequired:
+    return TlsRequired(
         f"the server at {host} does not offer TLS, but the TLS settings require it: refused rather than connecting "
         "in plaintext (someone on the path may have stripped TLS from the server's greeting)"
     )
@@ -392,12 +385,10 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
 
     def _refused(self, exc: BaseException) -> bool:
         return _code(exc) in _PERMANENT or isinstance(
-            exc, (NoTls, pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
+            exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
         )
 
     def _describe_driver_error(self, exc: BaseException) -> str | None:
-        if isinstance(exc, NoTls):
-            return str(exc)
         code = _code(exc)
         if code is not None and len(exc.args) > 1:
             return f"({code}) {exc.args[1]}"
@@ -406,7 +397,7 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
     # --- connections -------------------------------------------------------------
 
     async def _open(self, purpose: str = "") -> _MySQLConnection:
-        """A new connection; with TLS asked for, refused (:class:`NoTls`) unless its transport really is TLS."""
+        """A new connection; with TLS asked for, refused (:class:`TlsRequired`) unless its transport really is TLS."""
         tls = "ssl" in self._connect_args
         try:
             with anyio.fail_after(self.connect_timeout + 1):

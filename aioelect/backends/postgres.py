@@ -63,7 +63,7 @@ import anyio
 from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
 from .._errors import PermanentBackendError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
-from ._postgres_tls import TLS_FILES, NoTls, Tls, no_tls, resolve_tls, transport_fix
+from ._postgres_tls import TLS_FILES, Tls, no_tls, resolve_tls, transport_fix
 from ._session_lock import (
     Dialect,
     LockConnection,
@@ -71,6 +71,7 @@ from ._session_lock import (
     SessionLockBackend,
     SessionLockOptions,
     SessionLost,
+    TlsRequired,
     read_options,
     socket_fd,
     tls_error,
@@ -176,7 +177,7 @@ def _try_next(plan: Tls, attempt: _ssl.SSLContext | bool, exc: BaseException) ->
     """
     if isinstance(exc, asyncpg.PostgresError):
         return True
-    return attempt is not False and (isinstance(exc, NoTls) or tls_error(exc) is not None)
+    return attempt is not False and (isinstance(exc, TlsRequired) or tls_error(exc) is not None)
 
 
 #: The settings after which the server may end a session it no longer hears from (those it has).
@@ -433,11 +434,9 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
     # --- errors ----------------------------------------------------------------------
 
     def _refused(self, exc: BaseException) -> bool:
-        return isinstance(exc, (*_PERMANENT, NoTls))
+        return isinstance(exc, _PERMANENT)
 
     def _describe_driver_error(self, exc: BaseException) -> str | None:
-        if isinstance(exc, NoTls):
-            return str(exc)
         if isinstance(exc, asyncpg.PostgresError):
             return f"({exc.sqlstate}) {exc}"
         return None
@@ -480,13 +479,15 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
             raise ConnectionError(f"connect timed out after {self.connect_timeout:g}s") from None
         except ConnectionError as exc:
             if no_tls(exc):
-                raise NoTls(f"the server does not support TLS, but sslmode={self._tls.mode} requires it") from None
+                raise TlsRequired(
+                    f"the server does not support TLS, but sslmode={self._tls.mode} requires it"
+                ) from None
             raise
         transport = getattr(raw, "_transport", None)
         if ssl is not False and (transport is None or transport.get_extra_info("ssl_object") is None):
             # A TLS attempt must end on a TLS transport, whatever the driver did with the server's answer.
             raw.terminate()
-            raise NoTls(f"the connection is not encrypted, but sslmode={self._tls.mode} requires it")
+            raise TlsRequired(f"the connection is not encrypted, but sslmode={self._tls.mode} requires it")
         return _PostgresConnection(raw)
 
     def _lock_settings(self, version: int | None) -> dict[str, str]:
