@@ -21,7 +21,7 @@ from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
 
 import anyio
 
-from ._errors import BackendUnavailable, LossKind
+from ._errors import BackendUnavailable, ElectorClosed, LossKind, UsageError
 from ._log import ElectionLog
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "Interceptor",
     "Loss",
     "Reporter",
+    "SharedSession",
     "monotonic",
     "until_recorded",
 ]
@@ -256,15 +257,83 @@ def monotonic() -> float:
 Members = dict[str, tuple[object, Callable[[], Coroutine[Any, Any, None]]]]
 
 
-async def close_members(members: Members, log: ElectionLog) -> None:
-    """Close every elector still on a shared session, side by side, and forget them (the caller shields this)."""
-    closing = list(members.values())
-    if closing:
-        log.info("closing the %d electors still on the shared session", len(closing))
-        async with anyio.create_task_group() as tg:
-            for _, close in closing:
-                tg.start_soon(close)
-    members.clear()
+class SharedSession(abc.ABC):
+    """The lifetime of a session shared by the electors of one process (etcd's lease, a SQL connection).
+
+    * it keeps the electors on it by election name, with how to close each;
+    * it is entered once, and logs at WARNING then what its electors share
+      (fate sharing); its electors campaign only while it is entered and
+      open (:meth:`_check_open`);
+    * leaving the ``async with`` (or :meth:`aclose`) closes every elector
+      still on it, side by side, then what the session holds itself
+      (:meth:`_close_own`): idempotent, never interrupted by cancellation.
+    """
+
+    #: The public class name, in messages.
+    who: ClassVar[str]
+    log: ElectionLog
+
+    def __init__(self) -> None:
+        #: The electors on the session, by election name: (their backend, how to close their elector).
+        self._members: Members = {}
+        self._entered = False
+        self._closed = False
+
+    def __len__(self) -> int:
+        """The number of electors on the session."""
+        return len(self._members)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def leave(self, name: str, backend: object) -> None:
+        """Forget ``backend``'s elector (its own ``aclose()``); the session stays for the others."""
+        member = self._members.get(name)
+        if member is not None and member[0] is backend:
+            del self._members[name]
+
+    def _check_open(self) -> None:
+        """ElectorClosed once the session is closed, UsageError before it is entered."""
+        if self._closed:
+            raise ElectorClosed(f"the {self.who} is closed")
+        if not self._entered:
+            raise UsageError(f"enter the {self.who} (async with) before its electors campaign")
+
+    def _enter(self, share: str, lost: str) -> None:
+        """Mark the session entered (RuntimeError the second time); log that its electors ``share`` one thing and
+        all lose their leadership when it is ``lost``."""
+        if self._entered:
+            raise RuntimeError(f"{self.who} is entered once")
+        self._entered = True
+        self.log.warning(
+            "electors on this shared %s (fate sharing): when %s, EVERY elector on it loses its leadership at once; "
+            "use separate electors for independent elections",
+            share,
+            lost,
+        )
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every elector still on the session, then what the session holds. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            closing = list(self._members.values())
+            if closing:
+                self.log.info("closing the %d electors still on the shared session", len(closing))
+                async with anyio.create_task_group() as tg:
+                    for _, close in closing:
+                        tg.start_soon(close)
+            self._members.clear()
+            await self._close_own()
+
+    @abc.abstractmethod
+    async def _close_own(self) -> None:
+        """Close what the session holds itself, once its electors are closed (called shielded)."""
 
 
 _R = TypeVar("_R")

@@ -300,11 +300,10 @@ class LockTiming:
     from its send; the check before it may take up to ``check_timeout``,
     then ``check_interval`` passes, then this one takes up to
     ``check_timeout`` again), and a silent one stops before the server can
-    drop its session and hand the lock on. For a backend that dates a new
-    leadership from its lock request (which waits on the server for up to
-    ``poll_interval`` before the grant), also ``poll_interval +
-    check_interval + 2 * check_timeout <= renew_deadline``: a candidate that
-    waited long must not win and lose at once.
+    drop its session and hand the lock on. ``poll_interval`` is not bound by
+    the renew deadline: every backend that uses it dates a new leadership from
+    a statement sent after the grant, never from a lock request that may have
+    waited on the server.
 
     ``lease`` is the earliest moment the server may end a session it no
     longer hears from only if every other server-side bound is at least as
@@ -332,7 +331,6 @@ class LockTiming:
         server_timeout: str,
         min_lease: float,
         whole_lease: bool,
-        dated_after_grant: bool = False,
     ) -> LockTiming:
         """Validate the options (ValueError saying why); ``renew_deadline`` defaults to 0.7 * lease.
 
@@ -342,10 +340,6 @@ class LockTiming:
         :data:`MIN_DERIVED_CHECK_TIMEOUT` (0.5 s).
 
         ``server_timeout`` names the server setting ``lease`` becomes.
-        ``dated_after_grant`` says the backend dates a new leadership from a
-        statement sent after the lock was granted; otherwise it is dated from
-        the lock request, and ``poll_interval`` must leave room for the first
-        confirmation before the renew deadline.
         """
         if isinstance(lease, bool):
             raise ValueError(f"lease must be a number of seconds, not {lease!r}")
@@ -373,17 +367,8 @@ class LockTiming:
                 "within check_timeout, check_interval, then the next one answered just within check_timeout), "
                 "so a healthy leader would fence itself"
             )
-        poll_interval = positive("poll_interval", poll_interval, maximum=3600)
-        first_check = poll_interval + gap
-        if not dated_after_grant and first_check > deadline:
-            raise ValueError(
-                f"poll_interval + check_interval + 2 * check_timeout ({first_check:g}s) must not exceed renew_deadline "
-                f"({deadline:g}s): a leadership is dated from its lock request, which can wait up to poll_interval "
-                "before it is granted, so a candidate that waited that long would win and lose at once; "
-                "lower poll_interval or raise lease"
-            )
         return cls(
-            poll_interval=poll_interval,
+            poll_interval=positive("poll_interval", poll_interval, maximum=3600),
             check_interval=check_interval,
             check_timeout=check_timeout,
             connect_timeout=positive("connect_timeout", connect_timeout),

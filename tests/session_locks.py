@@ -40,3 +40,19 @@ def unconfirmed_release(base: type[B]) -> type[B]:
             return bool(await super()._unlock(conn))
 
     return UnconfirmedRelease
+
+
+def releasing_its_lock_while_held(base: type[B]) -> type[B]:
+    """A subclass of ``base`` whose first lock check while leading releases the lock on its own session first:
+    the check then finds the lock no longer held by that session, as if another had taken it."""
+
+    class ReleasesItsLock(base):  # type: ignore[valid-type,misc]
+        released = False
+
+        async def _held(self, conn: Any) -> bool:
+            if not self.released:
+                self.released = True
+                await self._unlock(conn)
+            return bool(await super()._held(conn))
+
+    return ReleasesItsLock

@@ -623,7 +623,6 @@ def bounds_table() -> str:
             server_timeout=dialect.server_timeout,
             min_lease=dialect.min_lease,
             whole_lease=dialect.whole_lease,
-            dated_after_grant=True,
         )
         assert timing.server_problem(bounds, product=product) is None
         for setting, seconds in bounds.items():

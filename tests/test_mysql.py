@@ -13,7 +13,15 @@ import anyio
 import pymysql
 import pytest
 
-from aioelect import BackendUnavailable, ElectionError, Elector, LeadershipLost, MySQLElector, leadership
+from aioelect import (
+    BackendUnavailable,
+    Elector,
+    LeadershipLost,
+    LossKind,
+    MySQLElector,
+    PermanentBackendError,
+    leadership,
+)
 from aioelect.backends.mysql import MySQLBackend
 
 from .backends import Follower, unique_name, with_database
@@ -78,17 +86,17 @@ async def test_wrong_password_raises_at_once(mariadb: MariaDBServer, caplog: pyt
     dsn = mariadb.create_user("elect_user", "right-password")
     bad = dsn.replace("right-password", "wrong-password")
     async with MySQLElector(bad, name=unique_name()) as elector:
-        with anyio.fail_after(5), pytest.raises(ElectionError, match="Access denied"):
+        with anyio.fail_after(5), pytest.raises(PermanentBackendError, match="Access denied"):
             await elector.acquire()
         assert "wrong-password" not in caplog.text
-        with pytest.raises(ElectionError, match="Access denied"):
+        with pytest.raises(PermanentBackendError, match="Access denied"):
             await elector.leader()
 
 
 async def test_unknown_database_raises_at_once(mariadb: MariaDBServer) -> None:
     dsn = f"mysql://root@127.0.0.1:{mariadb.port}/no_such_db"
     async with MySQLElector(dsn, name=unique_name()) as elector:
-        with anyio.fail_after(5), pytest.raises(ElectionError, match="Unknown database"):
+        with anyio.fail_after(5), pytest.raises(PermanentBackendError, match="Unknown database"):
             await elector.acquire()
 
 
@@ -407,7 +415,7 @@ async def test_galera_node_is_refused_unless_allowed(caplog: pytest.LogCaptureFi
     try:
         await anyio.to_thread.run_sync(server.start)
         async with MySQLElector(server.dsn, name=unique_name()) as elector:
-            with anyio.fail_after(10), pytest.raises(ElectionError, match="Galera"):
+            with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="Galera"):
                 await elector.acquire()
         async with MySQLElector(server.dsn, name=unique_name(), allow_unsafe_topology=True) as elector:
             lead = await elector.acquire()
@@ -479,7 +487,7 @@ async def test_a_role_without_create_gets_the_privilege_naming_error(mariadb: Ma
         name = unique_name()
         async with MySQLElector(dsn, name=name, connect_timeout=2) as elector:
             started = time.monotonic()
-            with anyio.fail_after(10), pytest.raises(ElectionError) as info:
+            with anyio.fail_after(10), pytest.raises(PermanentBackendError) as info:
                 await elector.acquire()
             assert time.monotonic() - started < 3, "a missing privilege is permanent: never retried"
             message = str(info.value)
@@ -648,6 +656,7 @@ async def test_killed_session_is_noticed_at_once(mariadb: MariaDBServer, reused:
         took = time.monotonic() - killed
         print(f"mysql loss ({reused=}) noticed {took * 1000:.1f} ms after KILL")
         assert lead.lost and not lead.held, f"loss not seen {took:.2f}s after KILL (check due at 5s)"
+        assert lead.lost_kind is LossKind.CONNECTION_LOST
         await lead.release()
 
 
@@ -671,7 +680,7 @@ async def test_server_keepalives_shorter_than_the_lease_are_refused_at_connect(m
             with (
                 anyio.fail_after(10),
                 pytest.raises(
-                    ElectionError,
+                    PermanentBackendError,
                     match=r"5s after .*\(tcp_keepalive_time \+ tcp_keepalive_interval \* tcp_keepalive_probes\)",
                 ),
             ):
@@ -699,7 +708,9 @@ async def test_tokens_that_may_not_survive_a_crash_are_refused_when_asked_for_an
         async with MySQLElector(mariadb.dsn, name=unique_name(), fencing=True) as elector:
             with (
                 anyio.fail_after(10),
-                pytest.raises(ElectionError, match=r"innodb_flush_log_at_trx_commit=2.*allow_volatile_tokens=True"),
+                pytest.raises(
+                    PermanentBackendError, match=r"innodb_flush_log_at_trx_commit=2.*allow_volatile_tokens=True"
+                ),
             ):
                 await elector.acquire()
         assert "innodb_flush_log_at_trx_commit" not in caplog.text

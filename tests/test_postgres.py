@@ -26,7 +26,17 @@ import anyio
 import asyncpg
 import pytest
 
-from aioelect import BackendUnavailable, ElectionError, Elector, Leadership, LeadershipLost, PostgresElector, leadership
+from aioelect import (
+    BackendUnavailable,
+    ElectionError,
+    Elector,
+    Leadership,
+    LeadershipLost,
+    LossKind,
+    PermanentBackendError,
+    PostgresElector,
+    leadership,
+)
 from aioelect.backends.postgres import KEY_SQL, PostgresBackend, advisory_key, application_name, lock_ids
 
 from .backends import Follower, handover_delays, unique_name, with_database
@@ -265,10 +275,10 @@ async def test_unknown_database_is_permanent(postgres_dsn: str) -> None:
     dsn = with_database(postgres_dsn, "no_such_db_" + unique_name("x").replace("-", "_"))
     async with make(dsn, unique_name("pg")) as elector:
         started = time.monotonic()
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="3D000"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="3D000"):
             await elector.acquire()
         assert time.monotonic() - started < 3, "a permanent error must not be retried"
-        with pytest.raises(ElectionError, match="3D000"):
+        with pytest.raises(PermanentBackendError, match="3D000"):
             await elector.leader()
 
 
@@ -309,7 +319,7 @@ async def test_wrong_password_is_permanent(postgres: PostgresServer, password_ro
     name = unique_name("pg")
     async with PostgresElector(**common, password="wrong-Pass-2", name=name, **FAST) as elector:
         started = time.monotonic()
-        with anyio.fail_after(10), pytest.raises(ElectionError) as info:
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError) as info:
             await elector.acquire()
         assert time.monotonic() - started < 3, "a permanent error must not be retried"
         assert "28P01" in str(info.value) and "wrong-Pass" not in str(info.value)
@@ -324,7 +334,7 @@ async def test_wrong_password_is_permanent(postgres: PostgresServer, password_ro
         await lead.release()
     async with PostgresElector(**common, password=password, name=name, schema="public", **FAST) as elector:
         started = time.monotonic()
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="schema=None"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="schema=None"):
             await elector.acquire()
         assert time.monotonic() - started < 3, "a permanent error must not be retried"
 
@@ -384,7 +394,7 @@ async def test_tls_verify_full_elects_and_a_wrong_ca_is_permanent(
         await lead.release()
     async with make(f"{base}?sslrootcert={certs.other_ca}", unique_name("pg")) as e:
         started = time.monotonic()
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="TLS handshake failed"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="TLS handshake failed"):
             await e.acquire()
         assert time.monotonic() - started < 3, "a refused certificate must not be retried"
 
@@ -484,7 +494,7 @@ async def test_terminated_session_is_noticed_at_once(
         took = time.monotonic() - terminated
         print(f"postgres loss ({reused=}) noticed {took * 1000:.1f} ms after pg_terminate_backend")
         assert lead.lost and not lead.held, f"loss not seen {took:.2f}s after pg_terminate_backend (check due at 5s)"
-        assert "closed" in (lead.lost_reason or "")
+        assert "closed" in (lead.lost_reason or "") and lead.lost_kind is LossKind.CONNECTION_LOST
         await lead.release()
 
 
@@ -845,7 +855,10 @@ async def test_a_server_bound_shorter_than_the_lease_is_refused_at_connect(
     """
     async with make(postgres_dsn, unique_name("pg"), user=bounded_role, fencing=False) as elector:
         started = time.monotonic()
-        with anyio.fail_after(10), pytest.raises(ElectionError, match=r"2s after .*\(tcp_user_timeout\).*lease \(4s\)"):
+        with (
+            anyio.fail_after(10),
+            pytest.raises(PermanentBackendError, match=r"2s after .*\(tcp_user_timeout\).*lease \(4s\)"),
+        ):
             await elector.acquire()
         assert time.monotonic() - started < 3, "a bound that breaks the timing must not be retried"
     async with make(
@@ -904,7 +917,7 @@ async def test_a_pooler_that_lends_server_sessions_per_transaction_is_refused(
     pooler = await anyio.to_thread.run_sync(pgbouncer_factory, pool_mode)
     async with make(pooler.dsn, unique_name("pg"), "pooled") as elector:
         started = time.monotonic()
-        with anyio.fail_after(15), pytest.raises(ElectionError, match="pool_mode=session"):
+        with anyio.fail_after(15), pytest.raises(PermanentBackendError, match="pool_mode=session"):
             await elector.acquire()
         assert time.monotonic() - started < 5, "a pooler that breaks the lock must not be retried"
 

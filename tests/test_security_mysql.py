@@ -11,7 +11,7 @@ from urllib.parse import quote
 import anyio
 import pytest
 
-from aioelect import ElectionError, MySQLElector
+from aioelect import ElectionError, MySQLElector, PermanentBackendError
 
 from .backends import unique_name
 from .harness import Certificates, DowngradeProxy, MariaDBServer
@@ -54,19 +54,19 @@ async def test_right_ca_and_client_certificate_elect(tls_mariadb: MariaDBServer,
 async def test_wrong_ca_is_refused_clearly(tls_mariadb: MariaDBServer, certs: Certificates) -> None:
     target = dsn(tls_mariadb, **{"ssl-ca": certs.other_ca, "ssl-cert": certs.client_cert, "ssl-key": certs.client_key})
     async with MySQLElector(target, name=unique_name()) as elector:
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="TLS handshake failed"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="TLS handshake failed"):
             await elector.acquire()
 
 
 async def test_no_tls_is_refused_for_a_user_that_requires_it(tls_mariadb: MariaDBServer) -> None:
     async with MySQLElector(dsn(tls_mariadb), name=unique_name()) as elector:
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="Access denied"):
             await elector.acquire()
 
 
 async def test_missing_client_certificate_is_refused(tls_mariadb: MariaDBServer, certs: Certificates) -> None:
     async with MySQLElector(dsn(tls_mariadb, **{"ssl-ca": certs.ca}), name=unique_name()) as elector:
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="Access denied"):
             await elector.acquire()
 
 
@@ -99,7 +99,7 @@ async def test_verify_identity_in_underscore_spelling_refuses_an_untrusted_serve
 ) -> None:
     target = dsn(tls_mariadb, "ssl_user", ssl_mode="VERIFY_IDENTITY", ssl_ca=certs.other_ca)
     async with MySQLElector(target, name=unique_name()) as elector:
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="TLS handshake failed"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="TLS handshake failed"):
             await elector.acquire()
 
 
@@ -115,7 +115,7 @@ async def test_required_encrypts_without_verifying(tls_mariadb: MariaDBServer, c
 
 async def test_tls_user_is_refused_without_the_tls_keys(tls_mariadb: MariaDBServer) -> None:
     async with MySQLElector(dsn(tls_mariadb, "ssl_user"), name=unique_name()) as elector:
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="Access denied"):
             await elector.acquire()
 
 
@@ -274,7 +274,7 @@ async def test_a_dsn_that_asks_for_tls_never_connects_in_plaintext(
         for port in (mariadb.port, proxy.port):
             target = f"mysql://root@127.0.0.1:{port}/{mariadb.database}?{params}"
             async with MySQLElector(target, name=unique_name()) as elector:
-                with anyio.fail_after(10), pytest.raises(ElectionError, match="does not offer TLS") as raised:
+                with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="does not offer TLS") as raised:
                     await elector.acquire()
             assert "plaintext" in str(raised.value)
         assert proxy.downgraded >= 1
@@ -298,7 +298,7 @@ async def test_the_transport_is_checked_after_the_connect_too(
     monkeypatch.setattr(mysql._TlsOnlyConnection, "_request_authentication", unchecked)
     target = f"mysql://root@127.0.0.1:{mariadb.port}/{mariadb.database}?ssl_mode=REQUIRED"
     async with MySQLElector(target, name=unique_name()) as elector:
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="does not offer TLS"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="does not offer TLS"):
             await elector.acquire()
 
 
@@ -309,7 +309,7 @@ async def test_mysql_pwd_is_never_read(mariadb: MariaDBServer, monkeypatch: pyte
     monkeypatch.setenv("MYSQL_PWD", password)
     target = f"mysql://{user}@127.0.0.1:{mariadb.port}/{mariadb.database}"
     async with MySQLElector(target, name=unique_name()) as elector:
-        with anyio.fail_after(10), pytest.raises(ElectionError, match="Access denied"):
+        with anyio.fail_after(10), pytest.raises(PermanentBackendError, match="Access denied"):
             await elector.acquire()
     async with MySQLElector(target, name=unique_name(), password=password) as elector:
         with anyio.fail_after(10):

@@ -21,7 +21,7 @@ import anyio
 import asyncpg
 import pytest
 
-from aioelect import ElectionError, PostgresElector
+from aioelect import PermanentBackendError, PostgresElector
 
 from .backends import unique_name, with_database
 from .harness import Certificates, DowngradeProxy, MissingBinaryError, PostgresServer
@@ -101,7 +101,7 @@ def encrypted(server: PostgresServer, application_name: str) -> bool:
 async def refused_at_once(elector: PostgresElector, match: str) -> str:
     """The permanent error of ``elector.acquire()``: raised without retrying."""
     started = time.monotonic()
-    with anyio.fail_after(10), pytest.raises(ElectionError, match=match) as info:
+    with anyio.fail_after(10), pytest.raises(PermanentBackendError, match=match) as info:
         await elector.acquire()
     assert time.monotonic() - started < 3, "a permanent error must not be retried"
     return str(info.value)
@@ -477,7 +477,7 @@ async def test_a_planted_table_is_refused_and_its_trigger_never_runs(
         async with PostgresElector(victim, name=unique_name("pg"), schema="public", **options, **FAST) as elector:
             message = await refused_at_once(elector, f"owned by {intruder}")
             assert "public.aioelect_leaders" in message
-            with pytest.raises(ElectionError, match=f"owned by {intruder}"):
+            with pytest.raises(PermanentBackendError, match=f"owned by {intruder}"):
                 await elector.leader()
     assert intrusions() == [], "the intruder's trigger ran as aioelect's role"
 

@@ -15,7 +15,19 @@ from typing import Any
 import anyio
 import pytest
 
-from aioelect import ElectionError, Elector, Leadership, MySQLElector, MySQLSession, PostgresElector, PostgresSession
+from aioelect import (
+    ElectionError,
+    Elector,
+    Leadership,
+    LossKind,
+    MySQLElector,
+    MySQLSession,
+    PostgresElector,
+    PostgresSession,
+    UsageError,
+)
+from aioelect.backends.mysql import MySQLBackend
+from aioelect.backends.postgres import PostgresBackend
 
 from .backends import Follower, unique_name
 from .test_sql_sessions import mysql_sessions, postgres_sessions
@@ -50,9 +62,14 @@ class Sql:
         else:
             self.server.query("SELECT pg_terminate_backend($1)", (session_id,))
 
+    @property
+    def backend(self) -> type[MySQLBackend] | type[PostgresBackend]:
+        """The dialect's backend class, for an elector of its own."""
+        return MySQLBackend if self.kind == "mysql" else PostgresBackend
 
-@pytest.fixture(params=["mysql", "postgres"])
-def sql(request: pytest.FixtureRequest) -> Sql:
+
+@pytest.fixture(params=["mysql", "postgres"], name="sql")
+def sql_fixture(request: pytest.FixtureRequest) -> Sql:
     if request.param == "mysql":
         return Sql("mysql", request.getfixturevalue("mysql_dsn"), request.getfixturevalue("mariadb"))
     return Sql("postgres", request.getfixturevalue("postgres_dsn"), request.getfixturevalue("postgres"))
@@ -138,6 +155,7 @@ async def test_one_lost_connection_loses_every_leadership_on_it(sql: Sql, caplog
             with anyio.fail_after(10):  # fate sharing: all of them, not only one
                 while not all(lead.lost for lead in leads.values()):
                     await asyncio.sleep(0.05)
+            assert all(lead.lost_kind is LossKind.CONNECTION_LOST for lead in leads.values())
             assert "every leadership on it (20) is lost" in caplog.text
         finally:
             await stop(tasks)
@@ -226,7 +244,7 @@ async def test_electors_on_a_session_take_only_a_name(sql: Sql) -> None:
     with pytest.raises(TypeError, match="unexpected keyword argument 'name'"):
         sql.session(name="x")
     unentered = sql.session()
-    with pytest.raises(ElectionError, match="enter the"):
+    with pytest.raises(UsageError, match="enter the"):
         await sql.elector(unentered, "z").acquire()
     await unentered.aclose()
 

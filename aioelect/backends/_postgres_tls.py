@@ -13,15 +13,11 @@ import os
 import ssl as _ssl
 from dataclasses import dataclass
 
-__all__ = ["SSL_MODES", "TLS_FILES", "NoTls", "Tls", "no_tls", "resolve_tls", "transport_fix"]
+__all__ = ["SSL_MODES", "TLS_FILES", "Tls", "no_tls", "resolve_tls", "transport_fix"]
 
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 #: The DSN parameters naming certificate files.
 TLS_FILES = ("sslrootcert", "sslcert", "sslkey")
-
-
-class NoTls(ConnectionError):
-    """The server offers no TLS but the sslmode requires it: no retry can fix it."""
 
 
 @dataclass(frozen=True)

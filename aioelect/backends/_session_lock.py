@@ -12,11 +12,16 @@ engine guarantees, for every dialect:
   ``poll_interval`` at most (a request that returns early is followed by a
   pause, so a campaign is never a busy loop), on one dedicated connection
   that is never reconnected silently: a new session does not hold the lock;
-* transient errors are retried with backoff and reported; permanent ones
-  (see :meth:`SessionLockBackend.permanent`) raise
-  :class:`~aioelect.ElectionError` at once, never retried;
-* a session left waiting for the lock by a failed or cancelled request is
-  ended on the server before the campaign goes on or returns, but only once
+* every error it catches is classified in one place
+  (:meth:`SessionLockBackend.classify`): transient ones are retried with
+  backoff and reported; permanent ones (the dialect's refusals, a refused
+  certificate or TLS handshake) raise
+  :class:`~aioelect.PermanentBackendError` at once, never retried, and so
+  do the refusals the engine and the dialect word themselves (a server-side
+  bound, a topology), raised as they are;
+* a session left with a lock request pending (:attr:`LockConnection.pending`:
+  its answer never read, after a failure or a cancellation) is ended on the
+  server before the campaign goes on or returns, but only once
   the server shows it to be that very session (the dialect proves it: the
   same server incarnation and the same session, never a bare id that a
   restarted server may have given to someone else);
@@ -39,7 +44,7 @@ engine guarantees, for every dialect:
 * a new lock session is used only once every server-side bound on it
   (idle timeouts, TCP keepalives, TCP user timeout), read from the server,
   is at least ``lease``: otherwise the campaign raises
-  :class:`~aioelect.ElectionError` naming the bound, because the server
+  :class:`~aioelect.PermanentBackendError` naming the bound, because the server
   could hand the lock on while a cut-off leader, which stops only at its
   renew deadline, still leads;
 * a waiting campaign learns who leads on its own lock session, between two
@@ -54,6 +59,7 @@ engine guarantees, for every dialect:
 from __future__ import annotations
 
 import abc
+import enum
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
@@ -61,17 +67,20 @@ from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, Interceptor, monotonic, until_recorded
+from .._backend import Backend, Backoff, Confirm, Hold, Interceptor, Loss, monotonic, until_recorded
 from .._config import DSN, LockTiming, check_options, parse_dsn, server_address
-from .._errors import BackendUnavailable, ElectionError
+from .._errors import BackendUnavailable, ElectionError, LossKind, PermanentBackendError
 
 __all__ = [
     "CommonOptions",
     "Dialect",
+    "ErrorKind",
     "LockConnection",
+    "Pending",
     "SessionLockBackend",
     "SessionLockOptions",
     "SessionLost",
+    "TlsRequired",
     "read_options",
     "tls_error",
 ]
@@ -83,6 +92,15 @@ _UNSEEN: Any = object()
 
 class SessionLost(ConnectionError):
     """The lock's session is gone or was never the holder: transient, the campaign starts over."""
+
+
+class TlsRequired(Exception):
+    """The TLS settings require TLS but the connection is not encrypted: a TLS refusal, no retry can fix it.
+
+    The server does not offer TLS, or someone on the path stripped it. Not an
+    OSError, so a driver passes it on as it is instead of as a transient
+    "cannot connect".
+    """
 
 
 # An SSLError of these kinds means the connection was cut mid-handshake (network, restart): worth retrying.
@@ -113,6 +131,33 @@ def _tls_refusal(exc: BaseException) -> ssl.SSLError | None:
     return found
 
 
+class ErrorKind(enum.Enum):
+    """What an error caught in the engine is (:meth:`SessionLockBackend.classify`), and so what is done with it."""
+
+    #: The dialect's refusal (credentials, a privilege, an unknown database, SQL): raised as
+    #: :class:`~aioelect.PermanentBackendError`, never retried.
+    PERMANENT = "permanent"
+    #: A refused certificate or TLS handshake, or no TLS where it is required (:class:`TlsRequired`):
+    #: configuration, raised as :class:`~aioelect.PermanentBackendError`.
+    TLS_REFUSAL = "TLS refusal"
+    #: An :class:`~aioelect.ElectionError` the engine or dialect raised with its own words (a
+    #: :class:`~aioelect.PermanentBackendError` naming a server-side bound, a topology...): raised as it is.
+    REFUSED = "refused"
+    #: Anything else (a cut connection, a timeout, a restart): a campaign retries it, one attempt raises
+    #: :class:`~aioelect.BackendUnavailable`.
+    TRANSIENT = "transient"
+
+
+class Pending(enum.Enum):
+    """What a session may have outstanding on the server: set by the statement that sent it, cleared by its answer."""
+
+    #: Every statement sent on the session was answered (or none was sent).
+    NOTHING = "nothing"
+    #: A lock request was sent and its answer not read: the server may still be waiting for the lock on the
+    #: session's behalf, or have granted it to a session nobody reads.
+    LOCK_REQUEST = "a lock request"
+
+
 class LockConnection(abc.ABC):
     """One dedicated server session: never reconnected, never reused after a client-side failure.
 
@@ -123,9 +168,9 @@ class LockConnection(abc.ABC):
 
     #: The server's id of the session (MySQL ``CONNECTION_ID()``, PostgreSQL ``pg_backend_pid()``).
     session_id: int = 0
-    #: A lock request was sent on this session and its answer not read: the session may still be waiting for
-    #: the lock on the server, or have been granted it (see :meth:`SessionLockBackend._ask`).
-    lock_pending: bool = False
+    #: What the session has outstanding on the server (see :meth:`run`); a lock request left pending when the
+    #: connection is dropped makes the engine end the session on the server (:meth:`SessionLockBackend._drop`).
+    pending: Pending = Pending.NOTHING
     #: The identity a lock session was opened for (None: a plain connection), which names it on the server.
     identity: str | None = None
     #: Between this session and the server: every statement goes through it (None: nothing). Set by the backend.
@@ -156,20 +201,37 @@ class LockConnection(abc.ABC):
     def leaves_clean(self, exc: BaseException) -> bool:
         """Whether a call that raised ``exc`` left the session usable (a server-side SQL error)."""
 
-    async def run(self, call: Callable[[], Awaitable[_T]], timeout: float) -> _T:  # noqa: ASYNC109
-        """``await call()`` within ``timeout`` seconds, closing the connection unless a failure left it clean."""
+    async def run(
+        self,
+        call: Callable[[], Awaitable[_T]],
+        timeout: float,  # noqa: ASYNC109
+        pending: Pending = Pending.NOTHING,
+    ) -> _T:
+        """``await call()`` within ``timeout`` seconds, closing the connection unless a failure left it clean.
+
+        ``pending`` is what the statement leaves outstanding on the server
+        until its answer is read (a lock request): :attr:`pending` says so
+        from the send until an answer, a result or a server's error, is read.
+        A call cut off (a timeout, a cancellation, a failure below SQL)
+        closes the connection with it still set, for good.
+        """
         if self.broken:
             raise SessionLost("lock connection is closed")
+        self.pending = pending
         try:
             with anyio.fail_after(timeout):
                 if self.interceptor is None:
-                    return await call()
-                result: _T = await self.interceptor.exchange(self.identity or "", call)
-                return result
+                    result: _T = await call()
+                else:
+                    result = await self.interceptor.exchange(self.identity or "", call)
         except BaseException as exc:
             if not self.leaves_clean(exc):
                 self.close()
+                raise
+            self.pending = Pending.NOTHING  # the server answered, with an error
             raise
+        self.pending = Pending.NOTHING
+        return result
 
 
 _C = TypeVar("_C", bound=LockConnection)
@@ -272,7 +334,6 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
         server_timeout=dialect.server_timeout,
         min_lease=dialect.min_lease,
         whole_lease=dialect.whole_lease,
-        dated_after_grant=True,
     )
     return CommonOptions(
         host,
@@ -295,20 +356,20 @@ class SessionLockHold(Hold, Generic[_C]):
         self.token = token
         self.acquired_at = acquired_at
 
-    async def monitor(self, confirm: Confirm) -> str:
+    async def monitor(self, confirm: Confirm) -> Loss:
         b = self._backend
         while True:
             if await self._conn.closed_by_server(b.check_interval):
-                return b.lost_session
+                return Loss(LossKind.CONNECTION_LOST, b.lost_session)
             sent = monotonic()
             try:
                 mine = await b._held(self._conn)
             except TimeoutError:
-                return f"lock check did not complete within {b.check_timeout:g}s"
+                return Loss(LossKind.CONNECTION_LOST, f"lock check did not complete within {b.check_timeout:g}s")
             except Exception as exc:
-                return f"lock connection failed: {b.describe(exc)}"
+                return Loss(LossKind.CONNECTION_LOST, f"lock connection failed: {b.describe(exc)}")
             if not mine:
-                return b.lost_lock
+                return Loss(LossKind.DEPOSED, b.lost_lock)
             confirm(sent)
 
     def descriptors(self) -> tuple[int, ...]:
@@ -342,7 +403,8 @@ class SessionLockBackend(Backend, Generic[_C]):
     """
 
     dialect: ClassVar[Dialect]
-    #: Why a leadership ended when the server closed the lock session, or the check found the lock not ours.
+    #: Why a leadership ended when the server closed the lock session (a :attr:`~aioelect.LossKind.CONNECTION_LOST`),
+    #: or the check found the lock held by another session or none (a :attr:`~aioelect.LossKind.DEPOSED`).
     lost_session: ClassVar[str] = "the server closed the lock connection"
     lost_lock: ClassVar[str] = "lock is no longer held by our session"
     #: Why a campaign starts over when the check after a grant does not show the lock held by our session.
@@ -404,15 +466,21 @@ class SessionLockBackend(Backend, Generic[_C]):
 
     @abc.abstractmethod
     async def _open(self, purpose: str) -> _C:
-        """A new plain connection, for looking up the holder ("observer") or ending a session ("cleanup")."""
+        """A new plain connection, named for ``purpose`` where the server shows a name ("observer", "cleanup")."""
 
     @abc.abstractmethod
     async def _request(self, conn: _C) -> bool:
-        """Wait on the server for the lock, up to about ``poll_interval``: True once granted, False if still busy."""
+        """Wait on the server for the lock, up to about ``poll_interval``: True once granted, False if still busy.
+
+        The request runs with ``pending=Pending.LOCK_REQUEST`` (see :meth:`LockConnection.run`).
+        """
 
     @abc.abstractmethod
     async def _try_request(self, conn: _C) -> bool:
-        """Ask for the lock without waiting on the server: True if granted, False if another session holds it."""
+        """Ask for the lock without waiting on the server: True if granted, False if another session holds it.
+
+        The request runs with ``pending=Pending.LOCK_REQUEST``, as :meth:`_request`.
+        """
 
     @abc.abstractmethod
     async def _held(self, conn: _C) -> bool:
@@ -467,9 +535,30 @@ class SessionLockBackend(Backend, Generic[_C]):
 
     # --- errors -----------------------------------------------------------------------
 
-    def permanent(self, exc: BaseException) -> bool:
-        """Whether no retry can fix ``exc``: the dialect's refusals, and a TLS refusal (see :func:`_tls_refusal`)."""
-        return self._refused(exc) or _tls_refusal(exc) is not None
+    def classify(self, exc: BaseException) -> ErrorKind:
+        """What ``exc``, caught in the engine, is: the one classification every path of the engine uses."""
+        if self._refused(exc):
+            return ErrorKind.PERMANENT
+        if isinstance(exc, TlsRequired) or _tls_refusal(exc) is not None:
+            return ErrorKind.TLS_REFUSAL
+        if isinstance(exc, ElectionError):
+            return ErrorKind.REFUSED
+        return ErrorKind.TRANSIENT
+
+    def failure(self, exc: Exception, what: str) -> ElectionError:
+        """What to raise for ``exc``, caught while doing ``what`` ("the campaign"), once it is not retried.
+
+        :class:`~aioelect.PermanentBackendError` for a permanent error or a
+        TLS refusal, the error itself for a refusal already worded, else
+        :class:`~aioelect.BackendUnavailable`.
+        """
+        kind = self.classify(exc)
+        if kind is ErrorKind.PERMANENT or kind is ErrorKind.TLS_REFUSAL:
+            return PermanentBackendError(f"{self.dialect.product} refused {what}: {self.describe(exc)}")
+        if isinstance(exc, ElectionError):
+            return exc
+        host, port = self._address
+        return BackendUnavailable(f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}")
 
     def describe(self, exc: BaseException) -> str:
         """``exc`` in words for a log line or an error message (drivers never put the password in theirs)."""
@@ -479,7 +568,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         if tls is not None:
             detail = getattr(tls, "verify_message", None) or tls.reason or tls
             return f"TLS handshake failed: {detail}"
-        if isinstance(exc, SessionLost):
+        if isinstance(exc, (SessionLost, TlsRequired)):
             return str(exc)
         return self._describe_driver_error(exc) or repr(exc)
 
@@ -497,7 +586,7 @@ class SessionLockBackend(Backend, Generic[_C]):
                 request = self._try_request
                 while True:
                     sent = monotonic()
-                    granted = await self._ask(conn, request)
+                    granted = await request(conn)
                     if granted:
                         hold = await self._won(conn, identity)
                         conn = None
@@ -512,10 +601,8 @@ class SessionLockBackend(Backend, Generic[_C]):
                     request = self._request
                     self.log.debug("lock busy; waiting again")
             except Exception as exc:
-                if self.permanent(exc):
-                    raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
-                if isinstance(exc, ElectionError):
-                    raise
+                if self.classify(exc) is not ErrorKind.TRANSIENT:
+                    raise self.failure(exc, "the campaign") from None
                 delay = 0.0
                 if reused:  # the kept session was ended meanwhile (a restart, a KILL): a new one at once
                     self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
@@ -547,36 +634,28 @@ class SessionLockBackend(Backend, Generic[_C]):
     async def try_campaign(self, identity: str) -> Hold | None:
         """One lock request that does not wait: the hold, or None (connection closed) if another session holds it.
 
-        A kept session the server ended meanwhile is replaced once, at once.
+        A kept session the server ended meanwhile is replaced once, at once
+        (the kept one is taken by :meth:`_session`, so the next is new).
         """
-        for attempt in range(2):
+        while True:
             conn: _C | None = None
             reused = False
             try:
                 conn, reused = await self._session(identity)
-                granted = await self._ask(conn, self._try_request)
+                granted = await self._try_request(conn)
                 if not granted:
                     return None
                 hold = await self._won(conn, identity)
                 conn = None
                 return hold
             except Exception as exc:
-                if self.permanent(exc):
-                    raise ElectionError(f"{self.dialect.product} refused the campaign: {self.describe(exc)}") from None
-                if isinstance(exc, ElectionError):
-                    raise
-                if reused and not attempt:
-                    self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
-                    continue
-                host, port = self._address
-                raise BackendUnavailable(
-                    f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}"
-                ) from None
+                if not reused or self.classify(exc) is not ErrorKind.TRANSIENT:
+                    raise self.failure(exc, "the campaign") from None
+                self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
             finally:
                 if conn is not None:
                     # A request cut off in flight may have been granted: end its session rather than trust the close.
                     await self._drop(conn)
-        raise AssertionError("unreachable")
 
     async def _won(self, conn: _C, identity: str) -> SessionLockHold[_C]:
         """The hold of a lock just granted to ``conn``, dated from a check sent after the grant.
@@ -590,13 +669,6 @@ class SessionLockBackend(Backend, Generic[_C]):
         confirmed = monotonic()
         token = await self._granted(conn, identity)
         return SessionLockHold(self, conn, token, confirmed)
-
-    async def _ask(self, conn: _C, request: Callable[[_C], Awaitable[bool]]) -> bool:
-        """``request(conn)``, a lock request; until its answer is read the session is marked as having one pending."""
-        conn.lock_pending = True
-        granted = await request(conn)
-        conn.lock_pending = False
-        return granted
 
     async def _session(self, identity: str) -> tuple[_C, bool]:
         """A lock session for ``identity``: the kept one if still fresh and alive (True), else a new one (False).
@@ -630,7 +702,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         problem = self.timing.server_problem(bounds, product=self.dialect.product)
         if problem is not None:
             conn.close()
-            raise ElectionError(problem)
+            raise PermanentBackendError(problem)
         conn.identity = identity
         conn.interceptor = self.interceptor
         return conn
@@ -649,7 +721,7 @@ class SessionLockBackend(Backend, Generic[_C]):
             await conn.aclose(self.check_timeout)
 
     async def _drop(self, conn: _C) -> None:
-        """Close a campaign's connection; if its session may still wait for the lock, end it on the server.
+        """Close a campaign's connection; if its session has a lock request pending, end it on the server.
 
         Closing alone is not enough: the server notices a vanished client only
         when it next looks (or writes), and meanwhile may grant the lock to the
@@ -660,7 +732,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         session to be ours (see :meth:`_end_session`).
         """
         conn.close()
-        if not conn.lock_pending:
+        if conn.pending is not Pending.LOCK_REQUEST:
             return
         with anyio.move_on_after(self.connect_timeout + 2 * self.check_timeout + 1, shield=True):
             try:
@@ -692,31 +764,31 @@ class SessionLockBackend(Backend, Generic[_C]):
     async def _on_observer(self, look: Callable[[_C], Awaitable[_T]]) -> _T:
         """``look(conn)`` on the observer connection, opened (again) if needed; one retry on a new connection."""
         async with self._observer_lock:
-            for attempt in range(2):
+            retried = False
+            while True:
                 try:
-                    if self._observer is None or self._observer.broken:
-                        # Shielded (bounded by the connect timeout): a look cancelled mid-connect would leave
-                        # a session on the server until the half-open socket is collected.
-                        with anyio.CancelScope(shield=True):
-                            self._observer = await self._open("observer")
-                            self._observer.interceptor = self.interceptor
-                    observer = self._observer
-                    assert observer is not None
-                    return await look(observer)
+                    return await look(await self._observer_connection())
                 except Exception as exc:
-                    if self.permanent(exc):
-                        raise ElectionError(f"{self.dialect.product} refused the query: {self.describe(exc)}") from None
-                    if isinstance(exc, ElectionError):
-                        raise
-                    if self._observer is not None:
+                    transient = self.classify(exc) is ErrorKind.TRANSIENT
+                    if transient and self._observer is not None:
                         self._observer.close()
                         self._observer = None
-                    if attempt:
-                        host, port = self._address
-                        raise BackendUnavailable(
-                            f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}"
-                        ) from None
-        raise AssertionError("unreachable")
+                    if retried or not transient:
+                        raise self.failure(exc, "the query") from None
+                    retried = True
+
+    async def _observer_connection(self) -> _C:
+        """The observer connection, a new one if there is none (call with the observer lock held)."""
+        observer = self._observer
+        if observer is not None and not observer.broken:
+            return observer
+        # Shielded (bounded by the connect timeout): a look cancelled mid-connect would leave
+        # a session on the server until the half-open socket is collected.
+        with anyio.CancelScope(shield=True):
+            fresh = await self._open("observer")
+        fresh.interceptor = self.interceptor
+        self._observer = fresh
+        return fresh
 
     async def _leader_on(self, conn: _C) -> str | None:
         return (await self._identify(conn))[1]

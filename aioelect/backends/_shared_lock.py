@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._backend import Backoff, Confirm, Hold, Members, close_members, monotonic
+from .._backend import Backoff, Confirm, Hold, Loss, SharedSession, monotonic
 from .._config import check_options, default_identity, validate_identity
-from .._errors import BackendUnavailable, ElectionError
+from .._errors import LossKind
 from .._log import ElectionLog
-from ._session_lock import _UNSEEN, LockConnection, SessionLockBackend
+from ._session_lock import _UNSEEN, ErrorKind, LockConnection, SessionLockBackend
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -132,12 +132,8 @@ class SharedLocks(SessionLockBackend[_C]):
                     if not ask and holder != seen:
                         seen = await session.identify(self, holder)
                 except Exception as exc:
-                    if self.permanent(exc):
-                        raise ElectionError(
-                            f"{self.dialect.product} refused the campaign: {self.describe(exc)}"
-                        ) from None
-                    if isinstance(exc, ElectionError):
-                        raise
+                    if self.classify(exc) is not ErrorKind.TRANSIENT:
+                        raise self.failure(exc, "the campaign") from None
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
                     ask = True
@@ -149,7 +145,7 @@ class SharedLocks(SessionLockBackend[_C]):
         try:
             hold, _ = await self.shared.attempt(self, identity, _UNSEEN)
         except Exception as exc:
-            raise self._failure(exc, "the campaign") from None
+            raise self.failure(exc, "the campaign") from None
         return hold
 
     async def _on_observer(self, look: Callable[[_C], Awaitable[_T]]) -> _T:
@@ -157,16 +153,7 @@ class SharedLocks(SessionLockBackend[_C]):
         try:
             return await self.shared.run(look)
         except Exception as exc:
-            raise self._failure(exc, "the query") from None
-
-    def _failure(self, exc: Exception, what: str) -> Exception:
-        """What to raise for ``exc``: ElectionError for a refusal of ``what``, else BackendUnavailable."""
-        if self.permanent(exc):
-            return ElectionError(f"{self.dialect.product} refused {what}: {self.describe(exc)}")
-        if isinstance(exc, ElectionError):
-            return exc
-        host, port = self._address
-        return BackendUnavailable(f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}")
+            raise self.failure(exc, "the query") from None
 
     async def close_observer(self) -> None:
         """Nothing of its own to close: the session's connection is the session's."""
@@ -196,7 +183,7 @@ class SharedHold(Hold, Generic[_C]):
     def name(self) -> str:
         return self._backend.name
 
-    async def monitor(self, confirm: Confirm) -> str:
+    async def monitor(self, confirm: Confirm) -> Loss:
         b = self._backend
         interval = b.check_interval
         last = self.acquired_at
@@ -205,11 +192,11 @@ class SharedHold(Hold, Generic[_C]):
             # A round sent since half an interval after the last is recent enough: rounds are shared by every hold.
             done = await self._session.confirmation(after=last + interval / 2)
             if done.conn is not self.conn:
-                return b.lost_session
+                return Loss(LossKind.CONNECTION_LOST, b.lost_session)
             if done.failure is not None:
-                return done.failure
+                return Loss(LossKind.CONNECTION_LOST, done.failure)
             if self.name not in done.held:
-                return b.lost_lock
+                return Loss(LossKind.DEPOSED, b.lost_lock)
             confirm(done.sent)
             last = done.sent
 
@@ -220,7 +207,7 @@ class SharedHold(Hold, Generic[_C]):
         await self._session.release(self)
 
 
-class SharedLockSession(Generic[_C], abc.ABC):
+class SharedLockSession(SharedSession, Generic[_C]):
     """One lock connection shared by the electors of a process (see the module's guarantees).
 
     A dialect subclass names its options and backends (:attr:`options_spec`,
@@ -230,7 +217,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
     """
 
     #: The public class name, in errors.
-    who: str = "SharedLockSession"
+    who = "SharedLockSession"
     #: The TypedDict of the session's options (the dialect's options but ``name``).
     options_spec: Any
     #: The dialect's backend, and the backend of an elector on the session; both built as ``cls(dsn, name=...,
@@ -239,6 +226,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
     shared_class: Any
 
     def __init__(self, dsn: str | None, identity: str | None, options: Mapping[str, Any]) -> None:
+        super().__init__()
         check_options(self.who, options, self.options_spec)
         self._dsn = dsn
         self._options = dict(options)
@@ -259,10 +247,6 @@ class SharedLockSession(Generic[_C], abc.ABC):
         self._waits: dict[str, SharedLocks[_C]] = {}
         self._wait_rounds = anyio.Lock()
         self._last_wait: _Holders | None = None
-        #: The electors on the session, by election name: (their backend, how to close their elector).
-        self._members: Members = {}
-        self._entered = False
-        self._closed = False
 
     def __repr__(self) -> str:
         host, port = self.template._address
@@ -273,14 +257,6 @@ class SharedLockSession(Generic[_C], abc.ABC):
             f"<{type(self).__name__} {host}:{port} session={session} electors={len(self._members)} "
             f"held={len(self._holds)} {state}>"
         )
-
-    def __len__(self) -> int:
-        """The number of electors on the session."""
-        return len(self._members)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def held(self) -> int:
@@ -325,9 +301,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
 
     def leave(self, name: str, backend: object) -> None:
         """Forget ``backend``'s elector (its own ``aclose()``); the connection stays for the others."""
-        member = self._members.get(name)
-        if member is not None and member[0] is backend:
-            del self._members[name]
+        super().leave(name, backend)
         self._notices.pop(name, None)
 
     def wait(self, backend: SharedLocks[_C]) -> None:
@@ -387,10 +361,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
 
     async def _connection(self) -> _C:
         """The live shared connection, a new one if there is none (call with the statement lock held)."""
-        if self._closed:
-            raise ElectionError(f"the {self.who} is closed")
-        if not self._entered:
-            raise ElectionError(f"enter the {self.who} (async with) before its electors campaign")
+        self._check_open()
         conn = self._conn
         if conn is not None and not conn.broken:
             return conn
@@ -449,7 +420,7 @@ class SharedLockSession(Generic[_C], abc.ABC):
 
             async def step(conn: _C) -> Any:
                 nonlocal hold
-                if not await backend._ask(conn, backend._try_request):
+                if not await backend._try_request(conn):
                     return await backend._report_holder(conn, seen)
                 try:
                     confirmed = monotonic()
@@ -531,45 +502,24 @@ class SharedLockSession(Generic[_C], abc.ABC):
     # --- lifetime ---------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        if self._entered:
-            raise RuntimeError(f"a {self.who} is entered once")
-        self._entered = True
-        self.log.warning(
-            "electors on this shared %s session hold their locks on one connection (fate sharing): when it is "
-            "lost, EVERY elector on it loses its leadership at once; use separate electors for independent elections",
-            self.template.dialect.product,
-        )
+        self._enter(f"{self.template.dialect.product} session hold their locks on one connection", "it is lost")
         try:
             await self.run(lambda conn: anyio.lowlevel.checkpoint())
-        except BaseException as exc:
+        except Exception as exc:
             await self.aclose()
-            if isinstance(exc, Exception) and self.template.permanent(exc):
-                raise ElectionError(
-                    f"{self.template.dialect.product} refused the shared session: {self.template.describe(exc)}"
-                ) from None
-            if isinstance(exc, Exception) and not isinstance(exc, ElectionError):
-                host, port = self.template._address
-                raise BackendUnavailable(
-                    f"{self.template.dialect.product} at {host}:{port} is unreachable: {self.template.describe(exc)}"
-                ) from None
+            raise self.template.failure(exc, "the shared session") from None
+        except BaseException:
+            await self.aclose()
             raise
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close every elector still on the session, then the connection (which frees any lock). Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            await close_members(self._members, self.log)
-            async with self._statements:
-                conn, self._conn = self._conn, None
-                if conn is not None:
-                    await conn.aclose(self.template.check_timeout)
-            await self.template.aclose()
+    async def _close_own(self) -> None:
+        """Close the connection (which frees any lock), then the backend it was opened through."""
+        async with self._statements:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                await conn.aclose(self.template.check_timeout)
+        await self.template.aclose()
 
 
 def held_names(backends: list[Any], answers: list[Hashable]) -> frozenset[str]:

@@ -41,14 +41,16 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import anyio
 
 from .._config import session_bounds, transport_warning, validate_name
-from .._errors import ElectionError
+from .._errors import PermanentBackendError
 from ._mysql_tls import tls_from_query
 from ._session_lock import (
     Dialect,
     LockConnection,
+    Pending,
     SessionLockBackend,
     SessionLockOptions,
     SessionLost,
+    TlsRequired,
     read_options,
     socket_fd,
 )
@@ -168,16 +170,8 @@ def server_bounds(variables: dict[str, float]) -> dict[str, float | None]:
     )
 
 
-class NoTls(Exception):
-    """The DSN asks for TLS but the connection is not encrypted: no retry can fix it.
-
-    Not an OSError, so aiomysql passes it on as it is instead of as a
-    transient "cannot connect".
-    """
-
-
-def _tls_required(host: str) -> NoTls:
-    return NoTls(
+def _tls_required(host: str) -> TlsRequired:
+    return TlsRequired(
         f"the server at {host} does not offer TLS, but the TLS settings require it: refused rather than connecting "
         "in plaintext (someone on the path may have stripped TLS from the server's greeting)"
     )
@@ -214,7 +208,7 @@ def _code(exc: BaseException) -> int | None:
     return None
 
 
-class _Connection(LockConnection):
+class _MySQLConnection(LockConnection):
     """One aiomysql connection; :attr:`session_id` is its ``CONNECTION_ID()``.
 
     A lock connection also has :attr:`tag`, written into each of its lock
@@ -240,15 +234,22 @@ class _Connection(LockConnection):
         code = _code(exc)
         return code is not None and code < 2000  # 2000 and up: client-side errors
 
-    async def scalar(self, sql: str, args: Sequence[Any] = (), *, timeout: float) -> Any:  # noqa: ASYNC109
-        """The first value of ``sql``'s first row (None without a row)."""
+    async def scalar(
+        self,
+        sql: str,
+        args: Sequence[Any] = (),
+        *,
+        timeout: float,  # noqa: ASYNC109
+        pending: Pending = Pending.NOTHING,
+    ) -> Any:
+        """The first value of ``sql``'s first row (None without a row); ``pending`` as :meth:`LockConnection.run`."""
 
         async def call() -> Any:
             async with self.raw.cursor() as cursor:
                 await cursor.execute(sql, args)
                 return await cursor.fetchone()
 
-        row = await self.run(call, timeout)
+        row = await self.run(call, timeout, pending)
         return None if row is None else row[0]
 
     async def rows(self, sql: str, args: Sequence[Any] = (), *, timeout: float) -> list[tuple[Any, ...]]:  # noqa: ASYNC109
@@ -289,7 +290,9 @@ class _Connection(LockConnection):
         self.raw.close()
 
 
-class _Named(TypedDict):
+class _MySQLElectionName(TypedDict):
+    """The one option a MySQL election needs and a :class:`MySQLSession` does not take."""
+
     #: The election's name: the ``GET_LOCK`` name, at most 64 characters.
     name: str
 
@@ -307,7 +310,7 @@ class MySQLSessionOptions(SessionLockOptions, total=False):
     ssl: _ssl.SSLContext | None
 
 
-class MySQLOptions(_Named, MySQLSessionOptions, total=False):
+class MySQLOptions(_MySQLElectionName, MySQLSessionOptions, total=False):
     """The options of a MySQL/MariaDB election; :class:`MySQLBackend` validates them.
 
     ``poll_interval`` is the wait of one ``GET_LOCK`` request (at least a
@@ -317,11 +320,11 @@ class MySQLOptions(_Named, MySQLSessionOptions, total=False):
     survive a crash only with ``innodb_flush_log_at_trx_commit=1`` (and
     ``sync_binlog=1`` where the binary log is on): otherwise the first
     campaign logs a WARNING, or, with ``fencing=True`` given, refuses
-    (:class:`~aioelect.ElectionError`) unless ``allow_volatile_tokens=True``.
+    (:class:`~aioelect.PermanentBackendError`) unless ``allow_volatile_tokens=True``.
     """
 
 
-class MySQLBackend(SessionLockBackend[_Connection]):
+class MySQLBackend(SessionLockBackend[_MySQLConnection]):
     """``GET_LOCK`` elections on one MySQL/MariaDB server, built from a DSN and :class:`MySQLOptions`.
 
     The constructor validates every option (ValueError naming it, never the
@@ -382,12 +385,10 @@ class MySQLBackend(SessionLockBackend[_Connection]):
 
     def _refused(self, exc: BaseException) -> bool:
         return _code(exc) in _PERMANENT or isinstance(
-            exc, (NoTls, pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
+            exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
         )
 
     def _describe_driver_error(self, exc: BaseException) -> str | None:
-        if isinstance(exc, NoTls):
-            return str(exc)
         code = _code(exc)
         if code is not None and len(exc.args) > 1:
             return f"({code}) {exc.args[1]}"
@@ -395,8 +396,8 @@ class MySQLBackend(SessionLockBackend[_Connection]):
 
     # --- connections -------------------------------------------------------------
 
-    async def _open(self, purpose: str = "") -> _Connection:
-        """A new connection; with TLS asked for, refused (:class:`NoTls`) unless its transport really is TLS."""
+    async def _open(self, purpose: str = "") -> _MySQLConnection:
+        """A new connection; with TLS asked for, refused (:class:`TlsRequired`) unless its transport really is TLS."""
         tls = "ssl" in self._connect_args
         try:
             with anyio.fail_after(self.connect_timeout + 1):
@@ -411,9 +412,9 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         if tls and not _encrypted(raw):  # checked again on the transport, whatever the driver did
             raw.close()
             raise _tls_required(self._connect_args["host"])
-        return _Connection(raw)
+        return _MySQLConnection(raw)
 
-    async def _connect(self, identity: str = "") -> _Connection:
+    async def _connect(self, identity: str = "") -> _MySQLConnection:
         """A new dedicated connection with ``wait_timeout = lease``, topology checked."""
         conn = await self._open()
         try:
@@ -432,12 +433,12 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             raise
         return conn
 
-    async def _server_bounds(self, conn: _Connection) -> dict[str, float | None]:
+    async def _server_bounds(self, conn: _MySQLConnection) -> dict[str, float | None]:
         """The session's timeouts and MariaDB's TCP keepalives, as ``SHOW SESSION VARIABLES`` shows them."""
         rows = await conn.rows(_SHOW_BOUNDS, timeout=self.check_timeout)
         return server_bounds({str(name).lower(): float(value) for name, value in rows})
 
-    async def _check_durability(self, conn: _Connection) -> None:
+    async def _check_durability(self, conn: _MySQLConnection) -> None:
         """Refuse (``fencing=True`` given) or warn about a server on which a crash may lose the last token bumps."""
         flush, log_bin, sync_binlog = (await conn.rows(_DURABILITY, timeout=self.check_timeout))[0]
         problems = []
@@ -457,10 +458,10 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             "where the binary log is on)"
         )
         if self._durable_tokens_required:
-            raise ElectionError(f"{text}, or pass allow_volatile_tokens=True to accept it")
+            raise PermanentBackendError(f"{text}, or pass allow_volatile_tokens=True to accept it")
         self.log.warning("%s", text)
 
-    async def _check_topology(self, conn: _Connection) -> None:
+    async def _check_topology(self, conn: _MySQLConnection) -> None:
         """Refuse servers on which GET_LOCK is not cluster-wide, unless allowed."""
         problems = []
         try:
@@ -479,7 +480,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         except pymysql.err.MySQLError:
             pass  # no such table: not a Group Replication member
         if problems and not self.allow_unsafe_topology:
-            raise ElectionError(
+            raise PermanentBackendError(
                 "GET_LOCK is local to one server and not shared across cluster nodes: "
                 + "; ".join(problems)
                 + ". Point every candidate at the same single node, or pass allow_unsafe_topology=True."
@@ -487,12 +488,12 @@ class MySQLBackend(SessionLockBackend[_Connection]):
         if problems:
             self.log.warning("unsafe topology allowed: %s", "; ".join(problems))
 
-    async def _server_started(self, conn: _Connection) -> tuple[float, int]:
+    async def _server_started(self, conn: _MySQLConnection) -> tuple[float, int]:
         """When the server started (its clock, whole seconds; a restart changes it) and ``CONNECTION_ID()``."""
         row = (await conn.rows(_STARTED, timeout=self.check_timeout))[0]
         return float(row[0]), int(row[1])
 
-    async def _end_session(self, conn: _Connection, victim: _Connection) -> bool:
+    async def _end_session(self, conn: _MySQLConnection, victim: _MySQLConnection) -> bool:
         """KILL ``victim``'s session only if it is running one of its own tagged lock requests, or holds the lock
         on the server incarnation it was opened on; the check and the KILL run on one connection, and a server
         never reuses an id while it runs.
@@ -513,30 +514,36 @@ class MySQLBackend(SessionLockBackend[_Connection]):
 
     # --- the lock ----------------------------------------------------------------
 
-    async def _request(self, conn: _Connection) -> bool:
+    async def _request(self, conn: _MySQLConnection) -> bool:
         wait = math.ceil(max(self.poll_interval, _MIN_WAIT))
         got = await conn.scalar(
-            f"SELECT GET_LOCK(%s, %s) /* {_TAG_MARK}{conn.tag} */", (self.name, wait), timeout=wait + self.check_timeout
+            f"SELECT GET_LOCK(%s, %s) /* {_TAG_MARK}{conn.tag} */",
+            (self.name, wait),
+            timeout=wait + self.check_timeout,
+            pending=Pending.LOCK_REQUEST,
         )
         if got is None:
             raise SessionLost("GET_LOCK was interrupted")
         return bool(got == 1)
 
-    async def _try_request(self, conn: _Connection) -> bool:
+    async def _try_request(self, conn: _MySQLConnection) -> bool:
         got = await conn.scalar(
-            f"SELECT GET_LOCK(%s, 0) /* {_TAG_MARK}{conn.tag} */", (self.name,), timeout=self.check_timeout
+            f"SELECT GET_LOCK(%s, 0) /* {_TAG_MARK}{conn.tag} */",
+            (self.name,),
+            timeout=self.check_timeout,
+            pending=Pending.LOCK_REQUEST,
         )
         if got is None:
             raise SessionLost("GET_LOCK was interrupted")
         return bool(got == 1)
 
-    async def _held(self, conn: _Connection) -> bool:
+    async def _held(self, conn: _MySQLConnection) -> bool:
         return bool(await conn.scalar(_HELD_BY_ME, (self.name,), timeout=self.check_timeout) == 1)
 
-    async def _unlock(self, conn: _Connection) -> bool:
+    async def _unlock(self, conn: _MySQLConnection) -> bool:
         return bool(await conn.scalar("SELECT RELEASE_LOCK(%s)", (self.name,), timeout=self.check_timeout) == 1)
 
-    async def _granted(self, conn: _Connection, identity: str) -> int | None:
+    async def _granted(self, conn: _MySQLConnection, identity: str) -> int | None:
         """The check after the grant and, with fencing, the token bump in one statement."""
         if not self.fencing:
             if not await self._held(conn):
@@ -549,7 +556,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             if refusal is None:
                 raise
             database = self._connect_args.get("db")
-            raise ElectionError(
+            raise PermanentBackendError(
                 f"fencing tokens (on by default) need the SELECT, INSERT and UPDATE privileges on table "
                 f"{database}.{FENCING_TABLE}, and CREATE on database {database} unless the table exists already; "
                 f"the server refused {refusal}: grant them (GRANT CREATE, SELECT, INSERT, UPDATE "
@@ -557,7 +564,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
                 "tokens"
             ) from None
 
-    async def _bump_token(self, conn: _Connection, identity: str) -> int:
+    async def _bump_token(self, conn: _MySQLConnection, identity: str) -> int:
         if not self._fencing_ready:
             try:
                 with warnings.catch_warnings():  # "table already exists" is expected
@@ -581,7 +588,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             raise SessionLost(self.not_held)
         return token
 
-    async def _migrate_names(self, conn: _Connection) -> None:
+    async def _migrate_names(self, conn: _MySQLConnection) -> None:
         """Alter a table whose names ignore case to binary names, keeping the largest token as the floor."""
         self.log.warning(
             "table %s compares names without regard to case: altering its name column to VARBINARY(64)",
@@ -597,7 +604,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             if refusal is None:
                 raise
             table = f"{self._connect_args.get('db')}.{FENCING_TABLE}"
-            raise ElectionError(
+            raise PermanentBackendError(
                 f"table {table} compares names without regard to case, so names that differ only in case would "
                 f"share fencing tokens; aioelect alters it to binary names (keeping every token increasing) but the "
                 f"server refused {refusal}: grant ALTER and INSERT on {table} for one start"
@@ -609,7 +616,7 @@ class MySQLBackend(SessionLockBackend[_Connection]):
     def records_identity(self) -> bool:
         return self.fencing
 
-    async def _look(self, conn: _Connection) -> tuple[Any, str | None]:
+    async def _look(self, conn: _MySQLConnection) -> tuple[Any, str | None]:
         holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self.name,), timeout=self.check_timeout)
         if holder is None:
             return None, None
@@ -625,11 +632,11 @@ class MySQLBackend(SessionLockBackend[_Connection]):
             return holder, None
         return holder, identity
 
-    async def _holder(self, conn: _Connection) -> Hashable:
+    async def _holder(self, conn: _MySQLConnection) -> Hashable:
         holder: Hashable = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self.name,), timeout=self.check_timeout)
         return holder
 
-    async def _unrecorded(self, conn: _Connection, holder: Any) -> str:
+    async def _unrecorded(self, conn: _MySQLConnection, holder: Any) -> str:
         host = await conn.scalar(
             "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,), timeout=self.check_timeout
         )
@@ -640,10 +647,10 @@ class MySQLBackend(SessionLockBackend[_Connection]):
 _CHECK_BATCH = 1000
 
 
-class _SharedMySQLBackend(SharedLocks[_Connection], MySQLBackend):
+class _SharedMySQLBackend(SharedLocks[_MySQLConnection], MySQLBackend):
     """An election whose ``GET_LOCK`` lives on a :class:`MySQLSession`'s connection."""
 
-    async def _bump_token(self, conn: _Connection, identity: str) -> int:
+    async def _bump_token(self, conn: _MySQLConnection, identity: str) -> int:
         # The fencing table is set up once per session, not once per election.
         template = self.shared.template
         if isinstance(template, MySQLBackend) and template._fencing_ready:
@@ -654,7 +661,7 @@ class _SharedMySQLBackend(SharedLocks[_Connection], MySQLBackend):
         return token
 
 
-class MySQLSession(SharedLockSession[_Connection]):
+class MySQLSession(SharedLockSession[_MySQLConnection]):
     """One MySQL/MariaDB connection holding the ``GET_LOCK`` of every elector of a process on it.
 
     Opt-in, as :class:`~aioelect.EtcdSession` is for etcd::
@@ -697,7 +704,7 @@ class MySQLSession(SharedLockSession[_Connection]):
       still on the session first, then the connection; idempotent, bounded,
       never interrupted by cancellation;
     * entering opens the connection: :class:`~aioelect.BackendUnavailable`
-      if the server cannot be reached, :class:`~aioelect.ElectionError` for
+      if the server cannot be reached, :class:`~aioelect.PermanentBackendError` for
       a refusal (credentials, TLS, a server-side bound shorter than
       ``lease``).
     """
@@ -712,18 +719,20 @@ class MySQLSession(SharedLockSession[_Connection]):
     ) -> None:
         super().__init__(dsn, identity, options)
 
-    async def _held_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> frozenset[str]:
+    async def _held_many(self, conn: _MySQLConnection, backends: list[SharedLocks[_MySQLConnection]]) -> frozenset[str]:
         if not backends:
             await conn.scalar("SELECT 1", timeout=self.template.check_timeout)
             return frozenset()
         return held_names(backends, await self._per_name(conn, "IS_USED_LOCK(%s) = CONNECTION_ID()", backends))
 
-    async def _holders_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> dict[str, Hashable]:
+    async def _holders_many(
+        self, conn: _MySQLConnection, backends: list[SharedLocks[_MySQLConnection]]
+    ) -> dict[str, Hashable]:
         answers = await self._per_name(conn, "IS_USED_LOCK(%s)", backends)
         return {b.name: holder for b, holder in zip(backends, answers, strict=True)}
 
     async def _per_name(
-        self, conn: _Connection, expression: str, backends: list[SharedLocks[_Connection]]
+        self, conn: _MySQLConnection, expression: str, backends: list[SharedLocks[_MySQLConnection]]
     ) -> list[Any]:
         """``expression`` of each backend's name, up to :data:`_CHECK_BATCH` names per statement."""
         answers: list[Any] = []

@@ -61,15 +61,17 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import anyio
 
 from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
-from .._errors import ElectionError
+from .._errors import PermanentBackendError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
-from ._postgres_tls import TLS_FILES, NoTls, Tls, no_tls, resolve_tls, transport_fix
+from ._postgres_tls import TLS_FILES, Tls, no_tls, resolve_tls, transport_fix
 from ._session_lock import (
     Dialect,
     LockConnection,
+    Pending,
     SessionLockBackend,
     SessionLockOptions,
     SessionLost,
+    TlsRequired,
     read_options,
     socket_fd,
     tls_error,
@@ -175,7 +177,7 @@ def _try_next(plan: Tls, attempt: _ssl.SSLContext | bool, exc: BaseException) ->
     """
     if isinstance(exc, asyncpg.PostgresError):
         return True
-    return attempt is not False and (isinstance(exc, NoTls) or tls_error(exc) is not None)
+    return attempt is not False and (isinstance(exc, TlsRequired) or tls_error(exc) is not None)
 
 
 #: The settings after which the server may end a session it no longer hears from (those it has).
@@ -231,7 +233,7 @@ def _settings_14(lease_ms: str) -> dict[str, str]:
     }
 
 
-class _Connection(LockConnection):
+class _PostgresConnection(LockConnection):
     """One asyncpg connection; :attr:`session_id` is its ``pg_backend_pid()``.
 
     The lock connection runs nothing but :attr:`statements` while it holds the
@@ -246,6 +248,8 @@ class _Connection(LockConnection):
         self.server_version: int = raw.get_server_version().major
         #: Statements prepared before the lock is taken, by SQL text.
         self.statements: dict[str, Any] = {}
+        #: The leaders table was found usable on this session (checked on it once, before it is first read).
+        self.leaders_table_ok = False
         # Set as soon as asyncpg sees the connection end (server terminated it, network, our close).
         self.ended = anyio.Event()
         raw.add_termination_listener(self._on_end)
@@ -271,9 +275,18 @@ class _Connection(LockConnection):
             return True
         return False
 
-    async def fetchval(self, sql: str, *args: Any, timeout: float) -> Any:  # noqa: ASYNC109
-        """First value of ``sql``'s first row: its prepared statement if there is one, else ad hoc."""
-        return await self._fetch("fetchval", sql, args, timeout)
+    async def fetchval(
+        self,
+        sql: str,
+        *args: Any,
+        timeout: float,  # noqa: ASYNC109
+        pending: Pending = Pending.NOTHING,
+    ) -> Any:
+        """First value of ``sql``'s first row: its prepared statement if there is one, else ad hoc.
+
+        ``pending`` as :meth:`LockConnection.run`.
+        """
+        return await self._fetch("fetchval", sql, args, timeout, pending)
 
     async def fetch(self, sql: str, *args: Any, timeout: float) -> list[Any]:  # noqa: ASYNC109
         """All rows of ``sql``, prepared or ad hoc as :meth:`fetchval`."""
@@ -284,13 +297,20 @@ class _Connection(LockConnection):
         """``sql``'s first row (None without one), prepared or ad hoc as :meth:`fetchval`."""
         return await self._fetch("fetchrow", sql, args, timeout)
 
-    async def _fetch(self, method: str, sql: str, args: tuple[Any, ...], timeout: float) -> Any:  # noqa: ASYNC109
+    async def _fetch(
+        self,
+        method: str,
+        sql: str,
+        args: tuple[Any, ...],
+        timeout: float,  # noqa: ASYNC109
+        pending: Pending = Pending.NOTHING,
+    ) -> Any:
         statement = self.statements.get(sql)
         if statement is not None:
             call = functools.partial(getattr(statement, method), *args)
         else:
             call = functools.partial(getattr(self.raw, method), sql, *args)
-        return await self.run(call, timeout)
+        return await self.run(call, timeout, pending)
 
     async def execute(self, sql: str, *, timeout: float) -> None:  # noqa: ASYNC109
         """Run parameterless ``sql`` with the simple protocol (several statements allowed)."""
@@ -317,7 +337,9 @@ class _Connection(LockConnection):
             self.close()
 
 
-class _Named(TypedDict):
+class _PostgresElectionName(TypedDict):
+    """The one option a PostgreSQL election needs and a :class:`PostgresSession` does not take."""
+
     #: The election's name; the advisory lock's key is derived from it.
     name: str
 
@@ -333,14 +355,14 @@ class PostgresSessionOptions(SessionLockOptions, total=False):
     ssl: _ssl.SSLContext | str | None
 
 
-class PostgresOptions(_Named, PostgresSessionOptions, total=False):
+class PostgresOptions(_PostgresElectionName, PostgresSessionOptions, total=False):
     """The options of a PostgreSQL election; :class:`PostgresBackend` validates them.
 
     ``fencing=True`` gives each leadership a token, the server's transaction id.
     """
 
 
-class PostgresBackend(SessionLockBackend[_Connection]):
+class PostgresBackend(SessionLockBackend[_PostgresConnection]):
     """Advisory-lock elections on one PostgreSQL primary, built from a DSN and :class:`PostgresOptions`.
 
     The constructor validates every option (ValueError naming it, never the
@@ -399,7 +421,6 @@ class PostgresBackend(SessionLockBackend[_Connection]):
         #: The server's major version once a lock connection has shown it (its settings depend on it).
         self._server_version: int | None = None
         self._keepalive = keepalives(self.lease)
-        self._observer_table_ok = False
         # prefer: TLS whenever the server offers it, but an attacker can refuse TLS or present any
         # certificate and get plaintext, so it is never verified.
         encrypted, verified = (True, False) if plan.mode == "prefer" else (plan.encrypted, plan.verified)
@@ -413,42 +434,37 @@ class PostgresBackend(SessionLockBackend[_Connection]):
     # --- errors ----------------------------------------------------------------------
 
     def _refused(self, exc: BaseException) -> bool:
-        return isinstance(exc, (*_PERMANENT, NoTls))
+        return isinstance(exc, _PERMANENT)
 
     def _describe_driver_error(self, exc: BaseException) -> str | None:
-        if isinstance(exc, NoTls):
-            return str(exc)
         if isinstance(exc, asyncpg.PostgresError):
             return f"({exc.sqlstate}) {exc}"
         return None
 
     # --- connections -------------------------------------------------------------
 
-    async def _open(self, purpose: str) -> _Connection:
+    async def _open(self, purpose: str) -> _PostgresConnection:
         """A new connection named ``aioelect-<purpose>`` in ``pg_stat_activity``."""
-        if purpose == "observer":
-            self._observer_table_ok = False
         return await self._open_as(f"aioelect-{purpose}")
 
-    async def _open_as(self, app: str, settings: dict[str, str] | None = None) -> _Connection:
+    async def _open_as(self, app: str, settings: dict[str, str] | None = None) -> _PostgresConnection:
         """A new connection, ``settings`` in its startup packet, encrypted as the sslmode says (libpq's fallbacks)."""
-        attempts = self._tls.attempts
-        for index, attempt in enumerate(attempts):
+        *first, last = self._tls.attempts
+        for attempt, then in zip(first, self._tls.attempts[1:], strict=True):
             try:
                 return await self._open_once(app, attempt, settings or {})
             except Exception as exc:
-                if index + 1 < len(attempts) and _try_next(self._tls, attempt, exc):
-                    self.log.debug(
-                        "sslmode=%s: %s; trying again %s",
-                        self._tls.mode,
-                        self.describe(exc),
-                        "without TLS" if attempts[index + 1] is False else "with TLS",
-                    )
-                    continue
-                raise
-        raise AssertionError("unreachable")
+                if not _try_next(self._tls, attempt, exc):
+                    raise
+                self.log.debug(
+                    "sslmode=%s: %s; trying again %s",
+                    self._tls.mode,
+                    self.describe(exc),
+                    "without TLS" if then is False else "with TLS",
+                )
+        return await self._open_once(app, last, settings or {})
 
-    async def _open_once(self, app: str, ssl: _ssl.SSLContext | bool, settings: dict[str, str]) -> _Connection:
+    async def _open_once(self, app: str, ssl: _ssl.SSLContext | bool, settings: dict[str, str]) -> _PostgresConnection:
         try:
             with anyio.fail_after(self.connect_timeout + 1):
                 raw = await asyncpg.connect(
@@ -463,14 +479,16 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             raise ConnectionError(f"connect timed out after {self.connect_timeout:g}s") from None
         except ConnectionError as exc:
             if no_tls(exc):
-                raise NoTls(f"the server does not support TLS, but sslmode={self._tls.mode} requires it") from None
+                raise TlsRequired(
+                    f"the server does not support TLS, but sslmode={self._tls.mode} requires it"
+                ) from None
             raise
         transport = getattr(raw, "_transport", None)
         if ssl is not False and (transport is None or transport.get_extra_info("ssl_object") is None):
             # A TLS attempt must end on a TLS transport, whatever the driver did with the server's answer.
             raw.terminate()
-            raise NoTls(f"the connection is not encrypted, but sslmode={self._tls.mode} requires it")
-        return _Connection(raw)
+            raise TlsRequired(f"the connection is not encrypted, but sslmode={self._tls.mode} requires it")
+        return _PostgresConnection(raw)
 
     def _lock_settings(self, version: int | None) -> dict[str, str]:
         """The lock session's settings, sent in its startup packet; those of PostgreSQL 14+ once it is known."""
@@ -489,7 +507,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             settings.update(_settings_14(lease_ms))
         return settings
 
-    async def _connect(self, identity: str) -> _Connection:
+    async def _connect(self, identity: str) -> _PostgresConnection:
         """A new dedicated lock connection, its session timeouts set, on a primary."""
         known = self._server_version
         conn = await self._open_as(application_name(identity), self._lock_settings(known))
@@ -519,7 +537,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
                 await self._check_pooling(conn)
                 self._pooling_checked = True
             if ready["standby"]:
-                raise ElectionError(
+                raise PermanentBackendError(
                     "the server is a standby (pg_is_in_recovery() is true): advisory locks are local to one "
                     "server, so every candidate must connect to the same primary"
                 )
@@ -531,7 +549,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             statements = [_LOCK, _HELD_BY_ME, _UNLOCK]
             if self._tokens:
                 if not ready["can_token"]:
-                    raise ElectionError(
+                    raise PermanentBackendError(
                         f"fencing tokens need EXECUTE on function {_MESSAGE_FUNCTION} (granted to PUBLIC by "
                         "default; it makes each token durable before it is used): grant it, or set fencing=False "
                         "(and schema=None)"
@@ -539,6 +557,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
                 statements.append(self._token_sql(conn))
             if self.schema is not None:
                 await ensure_table(conn, self.schema, self.check_timeout)
+                conn.leaders_table_ok = True
                 statements.append(record_sql(self.schema))
             await conn.prepare(*statements, timeout=self.check_timeout)
         except BaseException:
@@ -546,7 +565,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             raise
         return conn
 
-    async def _check_pooling(self, conn: _Connection) -> None:
+    async def _check_pooling(self, conn: _PostgresConnection) -> None:
         """ElectionError if ``conn``'s statements are not all run by one server session (a pooler in transaction
         or statement mode), which breaks session advisory locks without a word.
 
@@ -574,7 +593,7 @@ class PostgresBackend(SessionLockBackend[_Connection]):
             await probe.aclose(self.check_timeout)
         if seen:
             host, port = self._address
-            raise ElectionError(
+            raise PermanentBackendError(
                 f"the connections to {host}:{port} do not each keep one server session: {seen}. That is a "
                 "connection pooler in transaction or statement mode (PgBouncer pool_mode=transaction or statement), "
                 "which breaks session advisory locks: a lock taken by one statement stays with a server session "
@@ -582,12 +601,12 @@ class PostgresBackend(SessionLockBackend[_Connection]):
                 "session mode (pool_mode=session)"
             )
 
-    async def _server_bounds(self, conn: _Connection) -> dict[str, float | None]:
+    async def _server_bounds(self, conn: _PostgresConnection) -> dict[str, float | None]:
         """The session's own values (startup packet, role, database, server), as ``pg_settings`` shows them."""
         rows = await conn.fetch(_BOUNDS, list(_BOUND_SETTINGS), timeout=self.check_timeout)
         return server_bounds({row["name"]: float(row["seconds"]) for row in rows})
 
-    async def _end_session(self, conn: _Connection, victim: _Connection) -> bool:
+    async def _end_session(self, conn: _PostgresConnection, victim: _PostgresConnection) -> bool:
         """Terminate ``victim``'s backend only if the server shows its pid with the ``backend_start`` recorded at
         connect (a pid is reused by another backend, on this server or after a restart, never with the same
         start). Returns once the backend is gone (PostgreSQL 14+) or signalled (older servers).
@@ -613,20 +632,22 @@ class PostgresBackend(SessionLockBackend[_Connection]):
 
     # --- the lock ----------------------------------------------------------------
 
-    async def _request(self, conn: _Connection) -> bool:
+    async def _request(self, conn: _PostgresConnection) -> bool:
         try:
-            await conn.fetchval(_LOCK, self.key, timeout=self.poll_interval + self.check_timeout)
+            await conn.fetchval(
+                _LOCK, self.key, timeout=self.poll_interval + self.check_timeout, pending=Pending.LOCK_REQUEST
+            )
         except asyncpg.LockNotAvailableError:  # lock_timeout: still busy
             return False
         return True
 
-    async def _try_request(self, conn: _Connection) -> bool:
-        return bool(await conn.fetchval(_TRY_LOCK, self.key, timeout=self.check_timeout))
+    async def _try_request(self, conn: _PostgresConnection) -> bool:
+        return bool(await conn.fetchval(_TRY_LOCK, self.key, timeout=self.check_timeout, pending=Pending.LOCK_REQUEST))
 
-    async def _held(self, conn: _Connection) -> bool:
+    async def _held(self, conn: _PostgresConnection) -> bool:
         return bool(await conn.fetchval(_HELD_BY_ME, self.classid, self.objid, timeout=self.check_timeout))
 
-    async def _unlock(self, conn: _Connection) -> bool:
+    async def _unlock(self, conn: _PostgresConnection) -> bool:
         return bool(await conn.fetchval(_UNLOCK, self.key, timeout=self.check_timeout))
 
     @property
@@ -635,10 +656,10 @@ class PostgresBackend(SessionLockBackend[_Connection]):
         return self.fencing or self.schema is not None
 
     @staticmethod
-    def _token_sql(conn: _Connection) -> str:
+    def _token_sql(conn: _PostgresConnection) -> str:
         return _TOKEN if conn.server_version >= 13 else _TOKEN_BEFORE_13
 
-    async def _granted(self, conn: _Connection, identity: str) -> int | None:
+    async def _granted(self, conn: _PostgresConnection, identity: str) -> int | None:
         """The check after the grant and this leadership's token (None without fencing) in one statement.
 
         The token is durable on the server, and taken in the statement that
@@ -664,23 +685,23 @@ class PostgresBackend(SessionLockBackend[_Connection]):
     def records_identity(self) -> bool:
         return self.schema is not None
 
-    async def _look(self, conn: _Connection) -> tuple[Any, str | None]:
+    async def _look(self, conn: _PostgresConnection) -> tuple[Any, str | None]:
         schema = self.schema
-        if schema is not None and not self._observer_table_ok:  # refused before it is ever read
-            self._observer_table_ok = await table_usable(conn, schema, self.check_timeout)
+        if schema is not None and not conn.leaders_table_ok:  # refused before it is ever read on this session
+            conn.leaders_table_ok = await table_usable(conn, schema, self.check_timeout)
         row = await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
-        if row is None or row["backend_start"] is None or schema is None or not self._observer_table_ok:
+        if row is None or row["backend_start"] is None or schema is None or not conn.leaders_table_ok:
             return row, None  # nobody leads, not ours to see, or no leaders table (yet)
         holder = await conn.fetchval(
             recorded_holder_sql(schema), self.name, row["pid"], row["backend_start"], timeout=self.check_timeout
         )
         return row, holder
 
-    async def _holder(self, conn: _Connection) -> Hashable:
+    async def _holder(self, conn: _PostgresConnection) -> Hashable:
         row = await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
         return None if row is None else (row["pid"], row["backend_start"])
 
-    async def _unrecorded(self, conn: _Connection, holder: Any) -> str:
+    async def _unrecorded(self, conn: _PostgresConnection, holder: Any) -> str:
         return str(holder["application_name"]) if holder["application_name"] else f"backend pid {holder['pid']}"
 
 
@@ -701,14 +722,14 @@ JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.database = {_CURRENT
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"""
 
 
-class _SharedPostgresBackend(SharedLocks[_Connection], PostgresBackend):
+class _SharedPostgresBackend(SharedLocks[_PostgresConnection], PostgresBackend):
     """An election whose advisory lock lives on a :class:`PostgresSession`'s connection."""
 
-    async def _notify_release(self, conn: _Connection) -> None:
+    async def _notify_release(self, conn: _PostgresConnection) -> None:
         await conn.fetchval(_NOTIFY, RELEASE_CHANNEL, self.name, timeout=self.check_timeout)
 
 
-class PostgresSession(SharedLockSession[_Connection]):
+class PostgresSession(SharedLockSession[_PostgresConnection]):
     """One PostgreSQL connection holding the advisory lock of every elector of a process on it.
 
     Opt-in, as :class:`~aioelect.EtcdSession` is for etcd::
@@ -764,7 +785,7 @@ class PostgresSession(SharedLockSession[_Connection]):
     ) -> None:
         super().__init__(dsn, identity, options)
 
-    async def _listen(self, conn: _Connection) -> None:
+    async def _listen(self, conn: _PostgresConnection) -> None:
         """Prepare what the session runs while it holds locks, and listen for release notices."""
         await conn.prepare(_TRY_LOCK, _HOLDER, _HELD_ALL, _HOLDERS, _NOTIFY, timeout=self.template.check_timeout)
 
@@ -773,12 +794,16 @@ class PostgresSession(SharedLockSession[_Connection]):
 
         await conn.run(lambda: conn.raw.add_listener(RELEASE_CHANNEL, notice), self.template.check_timeout)
 
-    async def _held_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> frozenset[str]:
+    async def _held_many(
+        self, conn: _PostgresConnection, backends: list[SharedLocks[_PostgresConnection]]
+    ) -> frozenset[str]:
         rows = await conn.fetch(_HELD_ALL, timeout=self.template.check_timeout)
         held = {(int(row[0]), int(row[1])) for row in rows}
         return frozenset(b.name for b in backends if isinstance(b, PostgresBackend) and (b.classid, b.objid) in held)
 
-    async def _holders_many(self, conn: _Connection, backends: list[SharedLocks[_Connection]]) -> dict[str, Hashable]:
+    async def _holders_many(
+        self, conn: _PostgresConnection, backends: list[SharedLocks[_PostgresConnection]]
+    ) -> dict[str, Hashable]:
         keyed = {(b.classid, b.objid): b.name for b in backends if isinstance(b, PostgresBackend)}
         holders: dict[str, Hashable] = dict.fromkeys(keyed.values())
         ids = list(keyed)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..._backend import Members, close_members
+from ..._backend import SharedSession
 from ..._config import check_options
-from ..._errors import BackendUnavailable, ElectorClosed, UsageError
+from ..._errors import BackendUnavailable
 from ..._log import ElectionLog
 from ._failures import Transient
 from ._options import EtcdOptions, EtcdSessionOptions, EtcdSettings
@@ -32,7 +32,7 @@ __all__ = ["EtcdSession"]
 _LOG_NAME = "<shared session>"
 
 
-class EtcdSession:
+class EtcdSession(SharedSession):
     """One etcd lease, kept alive by one keep-alive stream, shared by several :class:`~aioelect.EtcdElector` s.
 
     Opt-in, as Go's ``concurrency.Session`` shared by several ``Election`` s::
@@ -74,7 +74,10 @@ class EtcdSession:
       unclosed session (else :class:`~aioelect.ElectionError`).
     """
 
+    who = "EtcdSession"
+
     def __init__(self, endpoints: str | Sequence[str], **options: Unpack[EtcdSessionOptions]) -> None:
+        super().__init__()
         check_options("EtcdSession", options, EtcdSessionOptions)
         # No election of its own: the name only passes validation.
         named = EtcdOptions(name="shared-session", degrade_to_local=False, **options)
@@ -83,29 +86,17 @@ class EtcdSession:
         self.conn = connect(self.settings, lambda: self.log)
         self._session: Session | None = None
         self._granting = anyio.Lock()
-        #: The electors on the session, by election name: (their backend, how to close their elector).
-        self._members: Members = {}
-        self._entered = False
-        self._closed = False
 
     def __repr__(self) -> str:
         lease = "none" if self.lease_id is None else f"{self.lease_id:x}"
         state = "closed" if self._closed else "open"
         return f"<EtcdSession {self.conn.describe()} lease={lease} electors={len(self._members)} {state}>"
 
-    def __len__(self) -> int:
-        """The number of electors on the session."""
-        return len(self._members)
-
     @property
     def lease_id(self) -> int | None:
         """The current shared lease's ID, or None while there is none alive."""
         session = self._session
         return None if session is None or session.done.is_set() else session.lease_id
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     # --- electors ------------------------------------------------------------------
 
@@ -120,20 +111,11 @@ class EtcdSession:
             )
         self._members[name] = (backend, close)
 
-    def leave(self, name: str, backend: object) -> None:
-        """Forget ``backend``'s elector (its own ``aclose()``); the lease stays for the others."""
-        member = self._members.get(name)
-        if member is not None and member[0] is backend:
-            del self._members[name]
-
     # --- the lease -----------------------------------------------------------------
 
     async def current(self) -> Session:
         """The live shared session; a new lease if the last one ended (:class:`Transient` if etcd fails)."""
-        if self._closed:
-            raise ElectorClosed("the EtcdSession is closed")
-        if not self._entered:
-            raise UsageError("enter the EtcdSession (async with) before its electors campaign")
+        self._check_open()
         session = self._session
         if session is not None and not session.done.is_set():
             return session
@@ -177,13 +159,7 @@ class EtcdSession:
     # --- lifetime ------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        if self._entered:
-            raise RuntimeError("an EtcdSession is entered once")
-        self._entered = True
-        self.log.warning(
-            "electors on this shared etcd session share one lease (fate sharing): when it expires or is revoked, "
-            "EVERY elector on it loses its leadership at once; use separate electors for independent elections"
-        )
+        self._enter("etcd session share one lease", "it expires or is revoked")
         try:
             await self.current()
         except BaseException as exc:
@@ -193,17 +169,9 @@ class EtcdSession:
             raise
         return self
 
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close every elector still on the session, then revoke the lease and close the connection. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        with anyio.CancelScope(shield=True):
-            await close_members(self._members, self.log)
-            if self._session is not None:
-                await self._revoke(self._session)
-                self._session = None
-            await self.conn.aclose()
+    async def _close_own(self) -> None:
+        """Revoke the lease, then close the connection."""
+        if self._session is not None:
+            await self._revoke(self._session)
+            self._session = None
+        await self.conn.aclose()

@@ -18,12 +18,12 @@ _TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 KEEPALIVE_PROBES = 2
 
 
-class _Named(TypedDict):
+class _RedisElectionName(TypedDict):
     #: The election name: the keys are ``{key_prefix}{name}:lock`` and ``...:token`` (``{name}`` is the hash tag).
     name: str
 
 
-class RedisOptions(_Named, total=False):
+class RedisOptions(_RedisElectionName, total=False):
     """The options of a Redis election; :class:`~aioelect.backends.redis.RedisBackend` validates them."""
 
     #: Seconds of the lock key's expiry (``PX``), set again by every renew (default 10).
@@ -110,7 +110,6 @@ class RedisSettings:
             server_timeout="the lock key's PX expiry",
             min_lease=0.5,
             whole_lease=False,
-            dated_after_grant=True,  # dated from the send of the request that set the expiry: it never waits
         )
         # Requests are bounded by check_timeout; keep-alives find a silently dead subscription (a waiter's, an
         # observer's) within the lease, so a waiter never sleeps through the expiry of a crashed leader's key.
