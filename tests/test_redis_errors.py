@@ -4,7 +4,7 @@ Permanent (``PermanentBackendError`` at once, never retried): a wrong
 password, a command or key the ACL denies, a database number out of range,
 an election key of the wrong type, a setting that could let the key go before
 its expiry or keep renews from coming in time. Transient (retried while
-campaigning): a connection refused, a read-only replica.
+campaigning): a connection refused, a read-only replica, a server out of memory.
 """
 
 from __future__ import annotations
@@ -118,6 +118,19 @@ async def test_a_read_only_replica_is_retried_until_it_is_promoted(caplog: pytes
                 assert not leads
                 replica.command("REPLICAOF", "NO", "ONE")  # a failover promotes it
             assert leads == [1]
+
+
+async def test_a_server_out_of_memory_is_retried_until_memory_is_freed(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="aioelect")
+    with RedisServer() as server:
+        server.command("CONFIG", "SET", "maxmemory", "1")  # noeviction (the default): writes refused with OOM
+        async with make(server.url, unique_name()) as elector:
+            with pytest.raises(TimeoutError):
+                await elector.acquire(timeout=1.5)
+            assert "OutOfMemoryError" in caplog.text and "retrying" in caplog.text
+            server.command("CONFIG", "SET", "maxmemory", "0")
+            lead = await elector.acquire(timeout=5)
+            await lead.release()
 
 
 # --- server settings ------------------------------------------------------------------------------

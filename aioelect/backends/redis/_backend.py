@@ -71,6 +71,14 @@ _TRANSIENT_REPLIES = (
     "MISCONF",
     "OOM",
 )
+_TRANSIENT_CLASSES = (
+    rexc.ReadOnlyError,
+    rexc.BusyLoadingError,
+    rexc.TryAgainError,
+    rexc.MasterDownError,
+    rexc.OutOfMemoryError,
+    rexc.ClusterDownError,
+)
 
 
 def identity_of(value: str | None) -> str | None:
@@ -285,7 +293,9 @@ class RedisBackend(Backend):
             return True
         if _tls_verify_error(exc) is not None:
             return True
-        if isinstance(exc, (rexc.ReadOnlyError, rexc.BusyLoadingError, rexc.TryAgainError, rexc.MasterDownError)):
+        # redis-py strips these replies' codes (READONLY, LOADING, TRYAGAIN, MASTERDOWN, OOM, CLUSTERDOWN) from
+        # their messages: known by their classes.
+        if isinstance(exc, _TRANSIENT_CLASSES):
             return False
         if isinstance(exc, rexc.ResponseError):
             return not str(exc).startswith(_TRANSIENT_REPLIES)
