@@ -177,3 +177,16 @@ def test_the_least_timeout_covers_the_longest_idle_gap_of_a_connection() -> None
     assert config_problem({"maxmemory": "1000", "maxmemory-policy": "noeviction"}, t, server="s") is None
     evicting = config_problem({"maxmemory": "1000", "maxmemory-policy": "allkeys-lru"}, t, server="s")
     assert evicting is not None and "maxmemory-policy allkeys-lru" in evicting
+
+
+def test_the_safety_margin_bounds_run_grace() -> None:
+    """The key's expiry is the bound: ``aioelect run`` keeps CMD's grace inside lease - renew_deadline."""
+    from aioelect.cli._run import KILL_RESERVE, choose_grace
+    from aioelect.cli._status import UsageError
+
+    elector = RedisElector("redis://127.0.0.1:1/0", name="n")  # the defaults: lease 10, renew deadline 7
+    assert elector.lock_timing() == (3.0, 10.0, 7.0)
+    assert choose_grace(None, elector, "redis") == 1.5
+    with pytest.raises(UsageError, match="--grace 5 is too long for the redis backend"):
+        choose_grace(5.0, elector, "redis")
+    assert choose_grace(3.0 - KILL_RESERVE, elector, "redis") == 3.0 - KILL_RESERVE
