@@ -597,12 +597,15 @@ def default_timing() -> LockTiming:
 
 def test_the_documented_margins_are_the_computed_ones() -> None:
     """The 3 s (and its half, the default --grace) that concepts.md and operations.md state at the defaults."""
+    from aioelect.backends.redis import RedisBackend
+
     margin = default_timing().margin
+    assert RedisBackend("redis://127.0.0.1:6379/0", name="docs").margin == margin
     concepts = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
     operations = " ".join((ROOT / "docs" / "operations.md").read_text().split())
-    assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL and PostgreSQL" in concepts
-    assert f"lease less renew deadline: {margin:g} s on MySQL and PostgreSQL" in operations
-    assert f"half the margin ({margin / 2:g} s on MySQL and PostgreSQL" in operations
+    assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL, PostgreSQL and Redis" in concepts
+    assert f"lease less renew deadline: {margin:g} s on MySQL, PostgreSQL and Redis" in operations
+    assert f"half the margin ({margin / 2:g} s on MySQL, PostgreSQL and Redis" in operations
 
 
 def test_the_documented_bound_for_a_deposed_leader_is_the_one_the_code_uses() -> None:
