@@ -228,8 +228,11 @@ class RedisElector(Elector):
       across server crashes: a server that could lose the last token
       increment (no ``appendonly yes`` with ``appendfsync always``, no
       ``WAITAOF`` on 7.2+, or a user that may not run ``CONFIG GET``) is
-      refused with :class:`~aioelect.ElectionError` unless
-      ``volatile_tokens=True``, which logs a WARNING;
+      refused with :class:`~aioelect.PermanentBackendError` unless
+      ``volatile_tokens=True``, which logs a WARNING; so is a server that
+      could evict the lock key (a ``maxmemory-policy`` other than
+      ``noeviction``) or close a connection between two renews (a short
+      ``timeout``);
     * a release deletes the key only if it is ours and publishes it: a
       waiting candidate takes over within milliseconds; a crashed or cut-off
       leader's key expires after ``lease`` seconds;

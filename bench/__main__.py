@@ -1,7 +1,9 @@
 """``python -m bench``: run every implementation through every scenario, write RESULTS.md and the chart.
 
 Options: ``--quick`` (a smoke run of a couple of minutes), ``--only KEY,...``
-(implementations), ``--scenarios NAME,...``, ``--reps N``, ``--scale N,...`` (election counts),
+(implementations), ``--backend NAME,...`` (the implementations of these backends only: its
+report goes to ``bench/out/<backends>/RESULTS.md``, RESULTS.md is left as it is),
+``--scenarios NAME,...``, ``--reps N``, ``--scale N,...`` (election counts),
 ``--report-only`` (re-render from ``bench/out/results.json``).
 """
 
@@ -16,7 +18,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REQUIREMENTS = HERE / "requirements.txt"
 # Import names of what bench/requirements.txt installs.
-NEEDED = ("tooz", "etcd3gw", "psycopg2", "matplotlib", "psutil")
+NEEDED = ("tooz", "etcd3gw", "psycopg2", "matplotlib", "psutil", "redis", "redis_lock", "pottery")
 
 
 def ensure_requirements() -> None:
@@ -35,11 +37,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="smoke run: fewer repetitions, shorter windows")
     parser.add_argument("--only", default="", help="comma-separated implementation keys")
+    parser.add_argument(
+        "--backend",
+        default="",
+        help="comma-separated backends (mysql, etcd, postgres, redis, file): their implementations only, reported"
+        " in bench/out/<backends>/RESULTS.md",
+    )
     parser.add_argument("--scenarios", default="", help="comma-separated scenarios")
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--scale", default="", help="comma-separated election counts of the scale scenario")
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--budget", type=float, default=870.0, help="seconds before remaining scenarios are skipped")
+    parser.add_argument("--budget", type=float, default=1100.0, help="seconds before remaining scenarios are skipped")
     parser.add_argument("--no-install", action="store_true")
     args = parser.parse_args()
     if not args.no_install:

@@ -15,7 +15,7 @@ class Impl:
 
     key: str
     label: str
-    backend: str  # "mysql" | "etcd" | "postgres" | "file"
+    backend: str  # "mysql" | "etcd" | "postgres" | "redis" | "file"
     module: str  # bench/candidates/<module>.py
     ours: bool
     #: Modules that must import (``module:name``: and have ``name``), and binaries that must exist.
@@ -49,6 +49,14 @@ class Impl:
         if self.module in ("baseline_etcd", "etcdctl_elect"):
             return name + "/"
         return name
+
+    def redis_key(self, name: str) -> str:
+        """The key that holds this implementation's lock for election ``name`` in Redis."""
+        return {
+            "aioelect_redis": f"aioelect:{{{name}}}:lock",
+            "python_redis_lock": f"lock:{name}",
+            "pottery_redlock": f"redlock:{name}",
+        }.get(self.module, name)
 
     def missing(self) -> str | None:
         """Why this row cannot run here, or None."""
@@ -203,6 +211,66 @@ IMPLS: list[Impl] = [
         False,
         requires=("tooz.drivers.pgsql",),
         how="`get_lock(name).acquire(blocking=True)`: `pg_advisory_lock` waits in the server",
+    ),
+    Impl(
+        "aioelect-redis",
+        "aioelect Redis",
+        "redis",
+        "aioelect_redis",
+        True,
+        requires=("aioelect.backends.redis",),
+        lease_bound_crash=True,
+        scenarios=("rtt", "graceful", "crash", "frozen", "deposed", "idle", "handoff", "coldstart", "inproc"),
+        how="`RedisElector(lease=5)` (the peers' TTL), other options at their defaults: renew every 1 s (check"
+        " timeout 1.25 s, renew deadline 3.5 s), a waiter subscribed to the election's channel and trying again"
+        " at most every 1 s",
+    ),
+    Impl(
+        "redis-py-lock",
+        "redis-py asyncio Lock",
+        "redis",
+        "redis_py_lock",
+        False,
+        requires=("redis.asyncio.lock",),
+        lease_bound_crash=True,
+        how="`client.lock(name, timeout=5)`: `SET NX PX` polled every 0.1 s (its default); `reacquire()` every"
+        " TTL/3, stops when one fails",
+    ),
+    Impl(
+        "python-redis-lock",
+        "python-redis-lock",
+        "redis",
+        "python_redis_lock",
+        False,
+        requires=("redis_lock",),
+        lease_bound_crash=True,
+        how="`redis_lock.Lock(client, name, expire=5, auto_renewal=True)`: `SET NX EX`, a waiter blocks in `BLPOP`"
+        " on the signal list a release pushes to (timeout: the expiry); renewal thread every 2/3 of the expiry,"
+        " which ends silently when an extension fails; socket timeout expiry + 5 s (redis-py 8's default 5 s would"
+        " cut the `BLPOP` short)",
+    ),
+    Impl(
+        "pottery-redlock",
+        "pottery Redlock",
+        "redis",
+        "pottery_redlock",
+        False,
+        requires=("pottery:AIORedlock",),
+        lease_bound_crash=True,
+        how="`AIORedlock(masters={one}, auto_release_time=5, num_extensions=unlimited)`: `SET NX PX` tried with a"
+        " random 0-0.2 s sleep between tries; `extend()` every TTL/3, stops when one fails",
+    ),
+    Impl(
+        "redbeat-loop",
+        "redbeat-style lock loop",
+        "redis",
+        "redbeat_loop",
+        False,
+        requires=("redis.asyncio",),
+        lease_bound_crash=True,
+        how="celery-redbeat's beat lock, written from its docs: `SET NX PX` (TTL 5 s = 5 ticks) tried every tick"
+        " (1 s); each tick extends it by a Lua owner check (`PEXPIRE` while the key holds our token), stops when"
+        " one fails",
     ),
     Impl(
         "aioelect-file",

@@ -78,6 +78,8 @@ def requests(backend: str, rates: dict[str, float]) -> float:
         return sum(v for k, v in rates.items() if k.startswith("msgs:"))
     if backend == "postgres":
         return max(rates.get("statements", rates.get("transactions", 0.0)), 0.0)
+    if backend == "redis":
+        return rates.get("total_commands_processed", 0.0)
     return math.nan
 
 

@@ -174,6 +174,9 @@ def _per_handoff(backend: str, m: dict[str, Any]) -> str:
         return f"{total / n:.1f} (" + ", ".join(f"{name} {v:.1f}" for v, name in kinds) + ")"
     if backend == "mysql":
         return f"{total / n:.1f} ({req.get('Connections', 0) / n:.1f} new connections)"
+    if backend == "redis":
+        kinds = sorted(((v / n, k[4:]) for k, v in req.items() if k.startswith("cmd:") and v / n >= 0.05), reverse=True)
+        return f"{total / n:.1f} (" + ", ".join(f"{name.upper()} {v:.1f}" for v, name in kinds) + ")"
     return f"{total / n:.1f}"
 
 
@@ -254,7 +257,9 @@ def write_report(data: dict[str, Any], where: Path) -> None:
         "",
         f"One leader in its own process, then {small} and then {large} waiting candidates in **one** process;"
         " server counters are deltas over the window (MariaDB `SHOW GLOBAL STATUS`, etcd `/metrics`"
-        " `grpc_server_msg_received_total` by method, PostgreSQL `pg_stat_statements`), minus what the"
+        " `grpc_server_msg_received_total` by method, PostgreSQL `pg_stat_statements`, Redis `INFO`"
+        " `total_commands_processed` and `commandstats`, which count the commands a script runs besides the"
+        " script's own `EVALSHA`), minus what the"
         " leader alone sent; CPU and memory (PSS, the process and its children) are the waiting"
         " candidates' process.",
         "",
@@ -288,6 +293,16 @@ def write_report(data: dict[str, Any], where: Path) -> None:
                     f"transactions {max(per.get('transactions', 0), 0):.2f} (undercounted: PostgreSQL flushes these"
                     " counters at most once a second per session, later for a session that never idles),"
                     f" new sessions {rates.get('sessions', 0):.2f}/s in all"
+                )
+            elif be == "redis":
+                kinds = sorted(
+                    ((v, k[4:]) for k, v in per.items() if k.startswith("cmd:") and v >= 0.005), reverse=True
+                )
+                detail = (
+                    f"commands {max(per.get('total_commands_processed', 0), 0):.2f} ("
+                    + (", ".join(f"{name.upper()} {v:.2f}" for v, name in kinds) or "none")
+                    + f"); new connections {rates.get('total_connections_received', 0):.2f}/s in all;"
+                    f" {block.get('gauges', {}).get('connected_clients', 0):.0f} connections open"
                 )
             else:
                 detail = "no server"
@@ -382,7 +397,9 @@ METHOD = [
     " CLOCK_MONOTONIC is system-wide on Linux, so the driver compares the candidates' stamps with its own)."
     " A candidate *acts as leader* while the check its users would make says it leads, and then prints an"
     " `ACT` line every 20 ms: `Leadership.held` for aioelect (self-fencing included), `lock.acquired` for"
-    " tooz, a refresh that still finds the lease for aetcd's Lock, the process being alive for"
+    " tooz, a refresh that still finds the lease for aetcd's Lock and for the Redis locks kept by a refresh"
+    " loop (redis-py's Lock, pottery, the redbeat-style loop), acquired and not released for"
+    " python-redis-lock (its renewal thread ends silently), the process being alive for"
     " `etcdctl elect`, and for the baseline port: always, as it never checks again.",
     "",
     "1. **Graceful handover:** the leader is told to release; from its `RELEASING` stamp to the next"
@@ -396,7 +413,8 @@ METHOD = [
     " the server drops a silent leader after 5 s, as etcd does with TTL 5).",
     "4. **Deposed leader:** MariaDB: `KILL` of the connection that holds the `GET_LOCK` (found with"
     " `IS_USED_LOCK`); etcd: revoke the lease of the oldest leased key under the implementation's prefix;"
-    " PostgreSQL: `pg_terminate_backend` of the leader's session holding the advisory lock. Time from the"
+    " PostgreSQL: `pg_terminate_backend` of the leader's session holding the advisory lock; Redis: `DEL` of"
+    " the implementation's lock key (as an operator, a `FLUSHDB` or an eviction would). Time from the"
     " fault to the leader's `STOPPED` (it stopped acting).",
     "5. **Idle cost:** see the detail table above.",
     "6. **Handoff rate:** two candidates that release the moment they lead and campaign again at once.",

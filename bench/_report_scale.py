@@ -19,6 +19,8 @@ def rtt_of(data: dict[str, Any], backend: str) -> tuple[str, float]:
         m = data["results"].get(key, {}).get("rtt", {}).get("metrics", {})
         if backend == "etcd" and "Put" in m:
             return "Put", float(m["Put"]["median"])
+        if backend == "redis" and "PING" in m:
+            return "PING", float(m["PING"]["median"])
         if "SELECT 1" in m:
             return "SELECT 1", float(m["SELECT 1"]["median"])
     return "", math.nan
@@ -35,7 +37,7 @@ def _times(x: float, unit: float) -> str:
 def rtt_section(data: dict[str, Any]) -> list[str]:
     """Each latency as a multiple of its backend's round trip, measured in the same run."""
     units = []
-    for backend in ("mysql", "etcd", "postgres"):
+    for backend in ("mysql", "etcd", "postgres", "redis"):
         for key, meta in data["impls"].items():
             m = data["results"].get(key, {}).get("rtt", {}).get("metrics")
             if meta["backend"] == backend and meta["ours"] and m:
@@ -53,7 +55,9 @@ def rtt_section(data: dict[str, Any]) -> list[str]:
         " PostgreSQL runs with `synchronous_commit=on`, as a fencing token's commit does); on etcd a"
         " linearizable `Range` and a `Put` over grpc-aio with the API messages aioelect uses. SQL multiples"
         " are counted in `SELECT 1` round trips. A handover on etcd includes a write (the release's delete,"
-        " fsynced), so etcd's multiples are counted in `Put` round trips. *In one process*: two candidates in one"
+        " fsynced), so etcd's multiples are counted in `Put` round trips. On Redis a `PING` and a `SET` (fsynced"
+        " before its reply: `appendfsync always`) through redis-py's asyncio client; Redis multiples are counted in"
+        " `PING` round trips. *In one process*: two candidates in one"
         " process (`python -m bench.probes inproc`), the leader releases while the other waits: no process has to"
         " be woken, and both sides share one event loop, so their work adds up instead of overlapping; in"
         " brackets the leader's `release()` alone, from its call to its return.",

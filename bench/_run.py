@@ -46,7 +46,7 @@ PRECISE = ("rtt", "graceful", "crash", "handoff", "coldstart", "inproc")
 #: Only aioelect's rows: the round trip is the backend's (measured once), scale is aioelect's question.
 OURS_ONLY = ("rtt", "scale")
 #: ``--quick``: aioelect and the fastest peer of each backend at graceful handover.
-QUICK_IMPLS = ("tooz-mysql", "baseline-etcd", "tooz-postgres", "tooz-file")
+QUICK_IMPLS = ("tooz-mysql", "baseline-etcd", "tooz-postgres", "python-redis-lock", "tooz-file")
 QUICK_SCENARIOS = ("rtt", "graceful", "handoff", "inproc", "scale")
 SCALE_ORDER = ("aioelect-file", "aioelect-mysql", "aioelect-etcd-shared", "aioelect-etcd", "aioelect-postgres")
 _NOT_SETTINGS = ("servers", "log_dir", "scale_servers")
@@ -83,7 +83,19 @@ def _library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("aioelect", "aiomysql", "aetcd", "asyncpg", "tooz", "etcd3gw", "PyMySQL", "psycopg2-binary"):
+    for name in (
+        "aioelect",
+        "aiomysql",
+        "aetcd",
+        "asyncpg",
+        "redis",
+        "tooz",
+        "etcd3gw",
+        "PyMySQL",
+        "psycopg2-binary",
+        "python-redis-lock",
+        "pottery",
+    ):
         with contextlib.suppress(PackageNotFoundError):
             out[name] = version(name)
     return out
@@ -215,10 +227,14 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """Run the suite as the command line says; return the exit status."""
+    backends = sorted({b for b in args.backend.split(",") if b})
+    # A run of some backends only must not replace the report of the whole suite: it writes beside it.
+    where = OUT / "-".join(backends) if backends else HERE
+    results_json = where / "results.json" if backends else RESULTS_JSON
     if args.report_only:
-        data = json.loads(RESULTS_JSON.read_text())
-        write_report(data, HERE)
-        print(f"wrote {HERE / 'RESULTS.md'} and {HERE / 'takeover.png'}")
+        data = json.loads(results_json.read_text())
+        write_report(data, where)
+        print(f"wrote {where / 'RESULTS.md'} and {where / 'takeover.png'}")
         return 0
     only = {k for k in args.only.split(",") if k}
     if args.quick and not only:
@@ -229,7 +245,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if unknown:
         print(f"unknown scenario or implementation: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    chosen = [i for i in IMPLS if not only or i.key in only]
+    unknown_backends = [b for b in backends if b not in {i.backend for i in IMPLS}]
+    if unknown_backends:
+        print(f"unknown backend: {', '.join(unknown_backends)}", file=sys.stderr)
+        return 2
+    chosen = [i for i in IMPLS if (not only or i.key in only) and (not backends or i.backend in backends)]
     unavailable = {i.key: why for i in chosen if (why := i.missing()) is not None}
     impls = [i for i in chosen if i.key not in unavailable]
     for key, why in unavailable.items():
@@ -300,8 +320,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         "scenarios": scenarios,
         "results": {k: {s: _outcome_to_json(o) for s, o in v.items()} for k, v in runner.results.items()},
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    RESULTS_JSON.write_text(json.dumps(data, indent=1, default=str))
-    write_report(data, HERE)
-    print(f"bench: done in {data['duration_s']}s; wrote {HERE / 'RESULTS.md'} and {HERE / 'takeover.png'}")
+    where.mkdir(parents=True, exist_ok=True)
+    results_json.parent.mkdir(parents=True, exist_ok=True)
+    results_json.write_text(json.dumps(data, indent=1, default=str))
+    write_report(data, where)
+    print(f"bench: done in {data['duration_s']}s; wrote {where / 'RESULTS.md'} and {where / 'takeover.png'}")
     return 0

@@ -290,6 +290,11 @@ def _depose(impl: Impl, servers: Servers, group: Group, lead: Event) -> int:
         if servers.terminate_lock_holder_pg(lead.proc.target_pid(lead.slot)) is None:
             raise SetupError("no advisory lock holder to terminate")
         return t
+    if impl.backend == "redis":
+        t = now_ns()
+        if not servers.delete_redis_key(impl.redis_key(group.name)):
+            raise SetupError("no lock key to delete")
+        return t
     raise SetupError(f"cannot depose on {impl.backend}")
 
 
@@ -342,7 +347,7 @@ async def _snap(ctx: Ctx, backend: str, pid: int | None) -> _Snap:
 
 
 #: Gauges, not counters: reported as they stand at the end of a window.
-_GAUGES = ("Threads_connected", "connected")
+_GAUGES = ("Threads_connected", "connected", "connected_clients")
 
 
 def _rates(a: _Snap, b: _Snap, own: dict[str, float]) -> dict[str, float]:

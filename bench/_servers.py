@@ -13,7 +13,7 @@ from typing import Any
 
 import psutil
 
-from tests.harness import EtcdServer, MariaDBServer, PostgresServer
+from tests.harness import EtcdServer, MariaDBServer, PostgresServer, RedisServer
 
 __all__ = ["Servers", "process_usage"]
 
@@ -30,7 +30,7 @@ _ETCD_GAUGES = (
 
 
 class Servers:
-    """MariaDB, etcd and PostgreSQL on 127.0.0.1, started for this run only, plus a lock-file directory.
+    """MariaDB, etcd, PostgreSQL and Redis on 127.0.0.1, started for this run only, plus a lock-file directory.
 
     ``scale``: the servers of the scale scenario (thousands of connections): MariaDB
     and PostgreSQL accept far more connections, so that the limit met is the client's
@@ -46,6 +46,7 @@ class Servers:
         self.mariadb: MariaDBServer | None = None
         self.etcd: EtcdServer | None = None
         self.postgres: PostgresServer | None = None
+        self.redis: RedisServer | None = None
         self.file_dir = Path(tempfile.mkdtemp(prefix="aioelect-bench-files-"))
         self._mysql_admin: Any = None
         self._pg_admin: Any = None
@@ -67,6 +68,11 @@ class Servers:
             preload = ["-c", "shared_preload_libraries=pg_stat_statements"] if _has_pg_stat_statements() else []
             self.postgres = PostgresServer(extra_args=["-c", f"max_connections={limit}", *preload])
             self.postgres.start()
+        if "redis" in backends:
+            # appendfsync always: what aioelect needs to keep fencing tokens across a crash (Redis 7.0 has no
+            # WAITAOF); every implementation runs on this one server.
+            self.redis = RedisServer(appendfsync="always")
+            self.redis.start()
 
     def url(self, backend: str) -> str:
         """What candidates of ``backend`` get as ``--url``."""
@@ -79,10 +85,13 @@ class Servers:
         if backend == "postgres":
             assert self.postgres is not None
             return self.postgres.dsn
+        if backend == "redis":
+            assert self.redis is not None
+            return self.redis.url
         return str(self.file_dir)
 
     def server_pid(self, backend: str) -> int | None:
-        server = {"mysql": self.mariadb, "etcd": self.etcd, "postgres": self.postgres}.get(backend)
+        server = {"mysql": self.mariadb, "etcd": self.etcd, "postgres": self.postgres, "redis": self.redis}.get(backend)
         return server.pid if server is not None else None
 
     # --- faults -----------------------------------------------------------------------
@@ -133,6 +142,11 @@ class Servers:
             self.postgres.query("SELECT pg_terminate_backend($1)", [pid])
         return int(rows[0][0]) if rows else None
 
+    def delete_redis_key(self, key: str) -> bool:
+        """``DEL`` the lock key ``key`` (the leader's key gone, as an operator or an eviction would do)."""
+        assert self.redis is not None
+        return bool(self.redis.command("DEL", key))
+
     # --- counters ---------------------------------------------------------------------
 
     def counters(self, backend: str) -> dict[str, float]:
@@ -143,7 +157,23 @@ class Servers:
             return self._etcd_counters()
         if backend == "postgres":
             return self._pg_counters()
+        if backend == "redis":
+            return self._redis_counters()
         return {}
+
+    def _redis_counters(self) -> dict[str, float]:
+        assert self.redis is not None
+        text = str(self.redis.command("INFO", "all"))
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            name, _, value = line.strip().partition(":")
+            if name in ("total_commands_processed", "total_connections_received", "connected_clients"):
+                out[name] = float(value)
+            elif name.startswith("cmdstat_"):
+                # cmdstat_get:calls=3,usec=...: the calls of each command
+                calls = value.split(",", 1)[0].partition("=")[2]
+                out["cmd:" + name[len("cmdstat_") :]] = float(calls)
+        return out
 
     def _mysql_counters(self) -> dict[str, float]:
         assert self.mariadb is not None
@@ -208,6 +238,8 @@ class Servers:
             return {"connections": self._mysql_counters()["Threads_connected"]}
         if backend == "postgres":
             return {"connections": self._pg_counters()["connected"]}
+        if backend == "redis":
+            return {"connections": self._redis_counters()["connected_clients"]}
         if backend != "etcd":
             return {}
         assert self.etcd is not None
@@ -229,6 +261,9 @@ class Servers:
         if backend == "postgres":
             # The three statements of a snapshot and the pg_stat_statements query of the one before.
             return {"transactions": 3.0, "statements": 4.0}
+        if backend == "redis":
+            # One INFO on a new connection per snapshot.
+            return {"total_commands_processed": 1.0, "total_connections_received": 1.0, "cmd:info": 1.0}
         return {}
 
     # --- description ----------------------------------------------------------------------
@@ -245,6 +280,12 @@ class Servers:
         with contextlib.suppress(Exception):
             if self.postgres is not None:
                 out["PostgreSQL"] = str(self.postgres.query("SHOW server_version")[0][0])
+        with contextlib.suppress(Exception):
+            if self.redis is not None:
+                info = str(self.redis.command("INFO", "server"))
+                out["Redis"] = next(
+                    line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("redis_version:")
+                )
         return out
 
     def cleanup(self) -> None:
@@ -252,7 +293,7 @@ class Servers:
             with contextlib.suppress(Exception):
                 if conn is not None:
                     conn.close()
-        for server in (self.mariadb, self.etcd, self.postgres):
+        for server in (self.mariadb, self.etcd, self.postgres, self.redis):
             if server is not None:
                 with contextlib.suppress(Exception):
                     server.cleanup()

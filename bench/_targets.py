@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ._numbers import INF, fmt_s, idle_block, median, samples, versus
+from ._numbers import INF, fmt_s, idle_block, median, requests, samples, versus
 from ._report_scale import rtt_of
 
 __all__ = ["targets"]
@@ -33,6 +33,21 @@ def best_peer_rate(data: dict[str, Any], backend: str) -> tuple[str, float]:
         o = data["results"].get(key, {}).get("handoff")
         if o and o.get("values") and (math.isnan(best[1]) or o["values"][0] > best[1]):
             best = (meta["label"], o["values"][0])
+    return best
+
+
+def _best_idle_peer(data: dict[str, Any], backend: str, size: str) -> tuple[str, float]:
+    """The peer with the fewest server requests per waiting candidate in the idle scenario, and that rate."""
+    best = ("", math.nan)
+    for key, meta in data["impls"].items():
+        if meta["ours"] or meta["backend"] != backend:
+            continue
+        block = idle_block(data["results"].get(key, {}).get("idle"), size)
+        if block is None:
+            continue
+        rate = max(requests(backend, block["per_candidate"]), 0.0)
+        if math.isnan(best[1]) or rate < best[1]:
+            best = (meta["label"], rate)
     return best
 
 
@@ -102,12 +117,14 @@ def targets(data: dict[str, Any]) -> list[str]:
         # 2. crash
         if "crash" in r:
             med = median(samples(r["crash"]))
-            bound = {"mysql": 0.100, "etcd": 5.5}.get(be)
+            bound = {"mysql": 0.100, "etcd": 5.5, "redis": 5.5}.get(be)
             peer, pm = best_peer(data, be, "crash")
             ok = None if bound is None or math.isnan(med) else med <= bound
-            name = {"mysql": "crash takeover ≤ 100 ms median", "etcd": "crash takeover ≤ TTL + 0.5 s (5.5 s)"}.get(
-                be, "crash takeover (no target)"
-            )
+            name = {
+                "mysql": "crash takeover ≤ 100 ms median",
+                "etcd": "crash takeover ≤ TTL + 0.5 s (5.5 s)",
+                "redis": "crash takeover ≤ lease + 0.5 s (5.5 s)",
+            }.get(be, "crash takeover (no target)")
             add(
                 name,
                 label,
@@ -122,7 +139,7 @@ def targets(data: dict[str, Any]) -> list[str]:
             o = r["frozen"]
             xs = samples(o)
             mx = xs[-1] if xs else math.nan
-            bound = 6.0 if be in ("mysql", "etcd", "postgres") else None
+            bound = 6.0 if be in ("mysql", "etcd", "postgres", "redis") else None
             peer, pm = best_peer(data, be, "frozen")
             ok = None if bound is None or math.isnan(mx) else mx <= bound
             add(
@@ -182,6 +199,20 @@ def targets(data: dict[str, Any]) -> list[str]:
                         f"{q:.2f} queries/s per candidate, {conns:.2f} new connections/s",
                         # 2 % for where the windows' edges fall between two polls.
                         q <= 1.02 and conns < 0.05,
+                    )
+                elif be == "redis":
+                    cmds = per.get("total_commands_processed", 0.0)
+                    tries = per.get("cmd:evalsha", 0.0) + per.get("cmd:eval", 0.0)
+                    conns = block["rates"].get("total_connections_received", 0.0)
+                    peer_key, peer_rate = _best_idle_peer(data, be, size)
+                    add(
+                        f"idle x{size}: ≤ 1 try per poll interval (1.0/s) each, no new connections",
+                        label,
+                        f"{tries:.2f} tries/s ({cmds:.2f} commands/s) per candidate, {conns:.2f} new connections/s",
+                        # 2 % for where the windows' edges fall between two tries.
+                        tries <= 1.02 and conns < 0.05,
+                        f"{peer_key}: {peer_rate:.2f} commands/s" if peer_key else "",
+                        no_worse=None if not peer_key else cmds <= peer_rate,
                     )
                 if size == large:
                     add(

@@ -8,7 +8,9 @@
     ``synchronous_commit=on``, as a fencing token's commit); on etcd a linearizable ``Range``
     and a ``Put`` (a write: it is committed through raft and fsynced, as a
     campaign's or a release's write is), over grpc-aio with the etcd API
-    messages aioelect uses (``aetcd.rpc``).
+    messages aioelect uses (``aetcd.rpc``); on Redis a ``PING`` and a ``SET``
+    (on a server with ``appendfsync always``: fsynced before the reply, as a
+    grant's token is) through redis-py's asyncio client, the one aioelect uses.
 
 ``python -m bench.probes coldstart --module M --url U --name NAME [--reps N]``
     for candidate module ``bench.candidates.M``: the time from constructing a
@@ -128,9 +130,21 @@ async def _rtt_etcd(url: str, count: int) -> dict[str, Any]:
         await channel.close()
 
 
+async def _rtt_redis(url: str, count: int) -> dict[str, Any]:
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(url, single_connection_client=True)
+    try:
+        pings = await _timed(lambda: client.ping(), count)
+        sets = await _timed(lambda: client.set("bench:rtt", "x"), count)
+        return {"PING": _summary(pings), "SET": _summary(sets)}
+    finally:
+        await asyncio.wait_for(client.aclose(), 5)
+
+
 async def rtt(backend: str, url: str, count: int) -> dict[str, Any]:
     """Round trips of one trivial request per backend, on one open connection."""
-    probe = {"mysql": _rtt_mysql, "postgres": _rtt_postgres, "etcd": _rtt_etcd}[backend]
+    probe = {"mysql": _rtt_mysql, "postgres": _rtt_postgres, "etcd": _rtt_etcd, "redis": _rtt_redis}[backend]
     return await probe(url, count)
 
 
@@ -219,7 +233,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.probes", description=__doc__)
     sub = parser.add_subparsers(dest="what", required=True)
     p_rtt = sub.add_parser("rtt")
-    p_rtt.add_argument("--backend", required=True, choices=("mysql", "postgres", "etcd"))
+    p_rtt.add_argument("--backend", required=True, choices=("mysql", "postgres", "etcd", "redis"))
     p_rtt.add_argument("--url", required=True)
     p_rtt.add_argument("--count", type=int, default=200)
     for what in ("coldstart", "inproc"):

@@ -637,7 +637,43 @@ def bounds_table() -> str:
             f"margin **{margin:g} s** |"
         )
     rows += etcd_bounds_rows()
+    rows += redis_bounds_rows()
     return "\n".join(rows)
+
+
+def redis_bounds_rows() -> list[str]:
+    """Redis's rows, at its defaults, from the settings and the checks every campaign try runs on ``CONFIG GET``."""
+    from aioelect._config import release_bound
+    from aioelect.backends.redis import RedisBackend
+    from aioelect.backends.redis._bounds import config_problem, least_timeout, server_bounds
+
+    backend = RedisBackend("redis://127.0.0.1:6379/0", name="docs")
+    timing = backend.timing
+    bounds = server_bounds(timing)
+    # The server's defaults pass; each setting is refused where the docs say.
+    defaults = {"timeout": "0", "tcp-keepalive": "300", "maxmemory": "0", "maxmemory-policy": "noeviction"}
+    assert config_problem(defaults, timing, server="s") is None
+    least = least_timeout(timing)
+    assert config_problem({**defaults, "timeout": f"{least:g}"}, timing, server="s") is None
+    assert "(timeout)" in (config_problem({**defaults, "timeout": f"{least - 1:g}"}, timing, server="s") or "")
+    evicting = {**defaults, "maxmemory": "1gb", "maxmemory-policy": "volatile-ttl"}
+    assert "maxmemory-policy volatile-ttl" in (config_problem(evicting, timing, server="s") or "")
+    assert config_problem({**defaults, "tcp-keepalive": "1"}, timing, server="s") is None
+    earliest = release_bound(bounds)
+    assert earliest is not None and earliest[1] == timing.lease
+    margin = earliest[1] - timing.renew_deadline
+    assert margin == backend.margin  # the margin run --grace uses
+    return [
+        f"| Redis | {earliest[0]} | sets it to `lease` at every grant and renew | {earliest[1]:g} s |",
+        "| Redis | `maxmemory-policy` (with `maxmemory` set) | reads it; refuses any policy but `noeviction`: an"
+        " evicted key passes the lock on before its expiry (`PermanentBackendError`) | `noeviction` |",
+        "| Redis | `timeout` | reads it; refuses one below max(`check_interval`, `poll_interval`) + 1 s, which"
+        f" closes a connection between two renews (`PermanentBackendError`) | off; refused below {least:g} s |",
+        "| Redis | `tcp-keepalive` | reads it; not a bound: a connection the server closes releases nothing, the"
+        f" key keeps its expiry | {defaults['tcp-keepalive']} s |",
+        f"| Redis | earliest bound, and the safety margin | | {earliest[1]:g} s ({earliest[0]}); margin"
+        f" **{margin:g} s** |",
+    ]
 
 
 def etcd_bounds_rows() -> list[str]:
@@ -694,12 +730,15 @@ def default_timing() -> LockTiming:
 
 def test_the_documented_margins_are_the_computed_ones() -> None:
     """The 3 s (and its half, the default --grace) that concepts.md and operations.md state at the defaults."""
+    from aioelect.backends.redis import RedisBackend
+
     margin = default_timing().margin
+    assert RedisBackend("redis://127.0.0.1:6379/0", name="docs").margin == margin
     concepts = " ".join((ROOT / "docs" / "concepts.md").read_text().split())
     operations = " ".join((ROOT / "docs" / "operations.md").read_text().split())
-    assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL and PostgreSQL" in concepts
-    assert f"lease less renew deadline: {margin:g} s on MySQL and PostgreSQL" in operations
-    assert f"half the margin ({margin / 2:g} s on MySQL and PostgreSQL" in operations
+    assert f"`lease \u2212 renew_deadline`: {margin:g} s on MySQL, PostgreSQL and Redis" in concepts
+    assert f"lease less renew deadline: {margin:g} s on MySQL, PostgreSQL and Redis" in operations
+    assert f"half the margin ({margin / 2:g} s on MySQL, PostgreSQL and Redis" in operations
 
 
 def test_the_documented_bound_for_a_deposed_leader_is_the_one_the_code_uses() -> None:

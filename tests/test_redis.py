@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import anyio
 import pytest
 
-from aioelect import ElectionError, RedisElector, from_env, leadership, new
+from aioelect import PermanentBackendError, RedisElector, from_env, leadership, new
 from aioelect.backends.redis import RedisBackend
 
 from .backends import REDIS, unique_name
@@ -95,14 +95,14 @@ async def test_a_server_that_can_lose_a_token_is_refused_unless_volatile_tokens(
 ) -> None:
     name = unique_name()
     async with make(volatile_redis.url, name) as elector:
-        with pytest.raises(ElectionError, match=r"appendonly no.*volatile_tokens=True"):
+        with pytest.raises(PermanentBackendError, match=r"appendonly no.*volatile_tokens=True"):
             await elector.acquire(timeout=5)
-        with pytest.raises(ElectionError, match="appendonly no"):
+        with pytest.raises(PermanentBackendError, match="appendonly no"):
             await elector.try_acquire()
     assert volatile_redis.command("EXISTS", lock_key(name)) == 0
     with RedisServer(appendfsync="everysec") as everysec:
         async with make(everysec.url, name) as elector:
-            with pytest.raises(ElectionError, match="'everysec', not 'always'"):
+            with pytest.raises(PermanentBackendError, match="'everysec', not 'always'"):
                 await elector.acquire(timeout=5)
     caplog.clear()
     async with make(volatile_redis.url, name, volatile_tokens=True) as elector:
@@ -113,17 +113,19 @@ async def test_a_server_that_can_lose_a_token_is_refused_unless_volatile_tokens(
     assert any("volatile_tokens=True" in m and "may repeat" in m for m in warnings), warnings
 
 
-async def test_config_get_denied_by_acl_is_said_and_refused() -> None:
+async def test_config_get_denied_by_acl_is_said_and_refused(caplog: pytest.LogCaptureFixture) -> None:
     acl = ["elector on >pw ~aioelect:* &aioelect:* +@all -config"]
     with RedisServer(acl=acl) as server:
         url = f"redis://elector:pw@127.0.0.1:{server.port}/0"
         async with make(url, unique_name()) as elector:
-            with pytest.raises(ElectionError, match="CONFIG GET is denied"):
+            with pytest.raises(PermanentBackendError, match="CONFIG GET is denied"):
                 await elector.acquire(timeout=5)
         async with make(url, unique_name(), volatile_tokens=True) as elector:
             lead = await elector.acquire(timeout=5)
             assert lead.held
             await lead.release()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("maxmemory-policy and timeout cannot be checked" in m for m in warnings), warnings
 
 
 async def test_server_killed_right_after_a_grant_the_next_token_is_larger(fresh_redis: RedisServer) -> None:
@@ -226,7 +228,7 @@ async def test_tls_with_a_verified_certificate(tls_redis: RedisServer, certs: Ce
     wrong = f"rediss://127.0.0.1:{tls_redis.port}/0?ssl_ca_certs={certs.other_ca}"
     async with make(wrong, unique_name()) as elector:
         started = time.monotonic()
-        with pytest.raises(ElectionError, match="TLS handshake failed"):
+        with pytest.raises(PermanentBackendError, match="TLS handshake failed"):
             await elector.acquire(timeout=10)
         assert time.monotonic() - started < 5, "a refused certificate is permanent, never retried"
     plain = f"redis://127.0.0.1:{tls_redis.port}/0"
@@ -271,7 +273,7 @@ async def test_an_acl_user_limited_to_its_keys_campaigns_and_nothing_more() -> N
         outside = RedisElector(url, name="n", key_prefix="other:", **REDIS)  # type: ignore[arg-type]
         async with outside:
             started = time.monotonic()
-            with pytest.raises(ElectionError, match=r"refused the campaign.*(?i:permission|can.t access)"):
+            with pytest.raises(PermanentBackendError, match=r"refused the campaign.*(?i:permission|can.t access)"):
                 await outside.acquire(timeout=5)
             assert time.monotonic() - started < 3, "a denied key is permanent, never retried"
 

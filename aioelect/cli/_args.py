@@ -115,8 +115,9 @@ Campaign, and run CMD only while this process is the leader.
 * If leadership is lost, CMD's tree gets SIGTERM, then SIGKILL after
   --grace seconds, and the lock is released only once the tree is gone.
   --grace must end before the lock can pass to another candidate: at most
-  the backend's safety margin (lease less renew deadline: 3s on MySQL and
-  PostgreSQL with the default --lease, 1.67s on etcd with the default --ttl)
+  the backend's safety margin (lease less renew deadline: 3s on MySQL,
+  PostgreSQL and Redis with the default --lease, 1.67s on etcd with the
+  default --ttl)
   less {KILL_RESERVE:g}s; by default half the margin.
 * When CMD exits, processes of its tree still running are stopped the
   same way before the leadership is released.

@@ -17,6 +17,15 @@ Guarantees:
   (``appendonly``/``appendfsync``; ``WAITAOF`` on 7.2+) and a server that
   could lose the last ``INCR`` in a crash is refused unless
   ``volatile_tokens=True`` (logged at WARNING);
+* the same ``CONFIG GET`` reads the settings that could let the key go
+  before its expiry or keep renews from coming in time (an eviction
+  ``maxmemory-policy``, a short ``timeout``: see :mod:`._bounds`); a server
+  that has one is refused, naming it;
+* errors no retry can fix (credentials, ACL, a refused certificate, a wrong
+  database number, a key of the wrong type, a script error) raise
+  :class:`~aioelect.PermanentBackendError` at once; a server that is
+  loading, read-only (a replica, during a failover), without its master or
+  out of memory, and a connection refused, reset or timed out, are retried;
 * with ``min_replicas=N`` a grant stands only once ``WAIT`` says N replicas
   have it; otherwise the key is deleted again and the campaign retries;
 * a campaign that does not return a leadership (cancellation included)
@@ -38,7 +47,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from ..._backend import Backend, Backoff, Confirm, Hold, monotonic
-from ..._errors import BackendUnavailable, ElectionError
+from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
+from ._bounds import CONFIG_READ, config_problem, least_timeout
 from ._options import RedisOptions, RedisSettings
 from ._scripts import ACQUIRE, RELEASE, RENEW
 
@@ -48,7 +58,27 @@ if TYPE_CHECKING:
 __all__ = ["RedisBackend", "RedisHold", "identity_of"]
 
 _SHA = {script: hashlib.sha1(script.encode()).hexdigest() for script in (ACQUIRE, RELEASE, RENEW)}
-_TRANSIENT_REPLIES = ("LOADING", "MASTERDOWN", "NOREPLICAS", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "READONLY")
+#: Error replies a retry can outlive: a server loading its data, without its master or replicas, busy with a
+#: script, read-only (a replica, or a master being demoted in a failover), unable to persist or out of memory.
+_TRANSIENT_REPLIES = (
+    "LOADING",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "BUSY",
+    "TRYAGAIN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "MISCONF",
+    "OOM",
+)
+_TRANSIENT_CLASSES = (
+    rexc.ReadOnlyError,
+    rexc.BusyLoadingError,
+    rexc.TryAgainError,
+    rexc.MasterDownError,
+    rexc.OutOfMemoryError,
+    rexc.ClusterDownError,
+)
 
 
 def identity_of(value: str | None) -> str | None:
@@ -168,6 +198,7 @@ class RedisBackend(Backend):
         self._look: Redis | None = None
         self._version: tuple[int, ...] | None = None
         self._volatile_warned = False
+        self._unchecked_warned = False
         self._closed = False
         self._sentinels: dict[int, list[Redis]] = {}
 
@@ -177,6 +208,12 @@ class RedisBackend(Backend):
     @property
     def renew_deadline(self) -> float:
         return self.timing.renew_deadline
+
+    @property
+    def margin(self) -> float:
+        """``lease - renew_deadline``: the key's expiry is the only bound once :func:`._bounds.config_problem`
+        has found nothing that could delete it sooner."""
+        return self.timing.margin
 
     def describe_timing(self) -> str:
         t = self.timing
@@ -248,12 +285,17 @@ class RedisBackend(Backend):
     # --- errors -----------------------------------------------------------------------
 
     def permanent(self, exc: BaseException) -> bool:
-        """Whether no retry can fix ``exc``: credentials, ACL, a refused certificate, a script error."""
+        """Whether no retry can fix ``exc``: credentials (``WRONGPASS``), ACL (``NOPERM``), a refused certificate,
+        a database number out of range, ``WRONGTYPE`` on the election's keys, a script error, an unknown command;
+        and our own refusals (persistence, server settings). A connection refused, reset or timed out, and the
+        replies of :data:`_TRANSIENT_REPLIES`, are transient."""
         if isinstance(exc, (rexc.AuthenticationError, rexc.NoPermissionError)):
             return True
         if _tls_verify_error(exc) is not None:
             return True
-        if isinstance(exc, (rexc.ReadOnlyError, rexc.BusyLoadingError, rexc.TryAgainError, rexc.MasterDownError)):
+        # redis-py strips these replies' codes (READONLY, LOADING, TRYAGAIN, MASTERDOWN, OOM, CLUSTERDOWN) from
+        # their messages: known by their classes.
+        if isinstance(exc, _TRANSIENT_CLASSES):
             return False
         if isinstance(exc, rexc.ResponseError):
             return not str(exc).startswith(_TRANSIENT_REPLIES)
@@ -270,7 +312,9 @@ class RedisBackend(Backend):
         return f"{type(exc).__name__}: {text}" if isinstance(exc, rexc.RedisError) else text
 
     def _refused(self, what: str, exc: BaseException) -> ElectionError:
-        return ElectionError(f"Redis at {self.settings.url} refused {what}: {self.describe(exc)}")
+        if isinstance(exc, ElectionError):  # our own refusal (persistence, settings), or the elector closed
+            return exc
+        return PermanentBackendError(f"Redis at {self.settings.url} refused {what}: {self.describe(exc)}")
 
     def _unreachable(self, exc: BaseException) -> BackendUnavailable:
         return BackendUnavailable(f"Redis at {self.settings.url} is unreachable: {self.describe(exc)}")
@@ -278,7 +322,11 @@ class RedisBackend(Backend):
     # --- durability of the tokens -----------------------------------------------------
 
     async def _persistence(self, client: Redis) -> tuple[bool, str]:
-        """(whether ``WAITAOF`` must confirm each grant, why tokens are not durable or ""), read from the server."""
+        """(whether ``WAITAOF`` must confirm each grant, why tokens are not durable or ""), read from the server.
+
+        PermanentBackendError if a server setting could let the key go before its expiry, or keep a healthy
+        leader's renews from coming in time (:func:`._bounds.config_problem`).
+        """
         if self._version is None:
             try:
                 info = await _command(client, "INFO", "server")
@@ -287,12 +335,23 @@ class RedisBackend(Backend):
             except rexc.NoPermissionError:
                 self._version = ()
         try:
-            reply = await _command(client, "CONFIG", "GET", "appendonly", "appendfsync")
+            reply = await _command(client, "CONFIG", "GET", *CONFIG_READ)
         except rexc.NoPermissionError:
             config: dict[str, str] | None = None
+            if not self._unchecked_warned:
+                self._unchecked_warned = True
+                self.log.warning(
+                    "CONFIG GET is denied to this user: the server's maxmemory-policy and timeout cannot be checked; "
+                    "the lock key is safe only with maxmemory-policy noeviction (or no maxmemory), and renews come "
+                    "in time only with timeout 0 or at least %gs",
+                    least_timeout(self.timing),
+                )
         else:
             pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2], strict=False))
             config = {str(k): str(v) for k, v in pairs}
+            problem = config_problem(config, self.timing, server=self.settings.url)
+            if problem is not None:
+                raise PermanentBackendError(problem)
         waitaof = self._version >= (7, 2)
         if config is not None and config.get("appendonly") == "yes" and config.get("appendfsync") == "always":
             return False, ""
@@ -307,7 +366,8 @@ class RedisBackend(Backend):
         return False, why
 
     async def _durable(self, client: Redis) -> bool:
-        """Whether grants need ``WAITAOF``; ElectionError when tokens cannot be durable (unless volatile_tokens)."""
+        """Whether grants need ``WAITAOF``; PermanentBackendError when tokens cannot be durable (unless
+        volatile_tokens)."""
         waitaof, why = await self._persistence(client)
         if not why:
             return waitaof
@@ -317,7 +377,7 @@ class RedisBackend(Backend):
             "handed out"
         )
         if not self.settings.volatile_tokens:
-            raise ElectionError(
+            raise PermanentBackendError(
                 f"Redis at {self.settings.url} cannot keep fencing tokens across a crash: {what}. Set appendonly yes "
                 "and appendfsync always (or use Redis 7.2+, and grant CONFIG GET to this user so that it can be "
                 "checked), or pass volatile_tokens=True to accept tokens that may repeat"
