@@ -8,13 +8,16 @@ that link. While an instance owns a name its work records an act every
 
 Beside the message faults and the operator's actions on the server:
 
-* instances leave (their run cancelled: every name resigned) and join again;
+* instances leave (their run cancelled: every name resigned) and join
+  again; one leave in three is a crash (every exchange dropped as it goes,
+  so the server hears no resign);
 * an instance's link is partitioned: every exchange fails at once (drop) or
   hangs until the partition heals (stall), for 0.5 to 4 s.
 
 Each name is judged on its own by :func:`soak.checker.check` and
 :func:`~.run.tokens`: no two instances acting on one name at once beyond
-the margin, and each name's tokens growing.
+the margin, and each name's tokens growing. A process pause is not
+played: the instances share one event loop.
 """
 
 from __future__ import annotations
