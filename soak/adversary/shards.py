@@ -101,14 +101,14 @@ class _Instance:
         """After ``stay`` s, end the instance's run (``crash``: with every exchange dropped meanwhile)."""
         await anyio.sleep(stay)
         what = "crash" if crash else "leave"
-        self.trace.sink(self.who)(f"{what}s")
+        self.trace.sink(self.who)("crashes" if crash else "leaves")
         self.counts[what] = self.counts.get(what, 0) + 1
         if crash:
             self.link.cut = "drop"
         tg.cancel_scope.cancel()
 
     async def loop(self, until: float, group: str, names: list[str], slots: int) -> None:
-        """Join for 3-8 s, leave for 0.5-3 s, and again, until ``until``; the first join within a second.
+        """Join for 4-12 s, leave for 0.5-3 s, and again, until ``until``; the first join within a second.
 
         One leave in three is a crash: every exchange is dropped while the
         instance goes, so no release or revoke reaches the server (etcd's
@@ -119,7 +119,8 @@ class _Instance:
         while time.monotonic() < until:
             shards = aioelect.Shards(names, group=group, identity=self.who, electors=self._elector, max_instances=slots)
             crash = rng.random() < 1 / 3
-            stay = min(rng.uniform(3.0, 8.0), until - time.monotonic())
+            # Long enough to own names: joining takes a few seconds under the adversary (every member election seen).
+            stay = min(rng.uniform(4.0, 12.0), until - time.monotonic())
             say("joins")
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._leave, tg, stay, crash and stay < until - time.monotonic())

@@ -251,15 +251,17 @@ class RedisBackend(Backend):
 
     async def run_script(self, client: Redis, script: str, *args: str | int) -> Any:
         """Run ``script`` on the election's two keys (by its digest; sent whole when the server lacks it)."""
+        interceptor = self.interceptor
+        if interceptor is None:
+            return await self._script(client, script, args)
+        return await interceptor.exchange(_WHAT[script], lambda: self._script(client, script, args))
+
+    async def _script(self, client: Redis, script: str, args: tuple[str | int, ...]) -> Any:
         keys = (self.settings.lock_key, self.settings.token_key)
-
-        async def call() -> Any:
-            try:
-                return await client.evalsha(_SHA[script], 2, *keys, *args)
-            except rexc.NoScriptError:
-                return await client.eval(script, 2, *keys, *args)
-
-        return await self.send(_WHAT[script], call)
+        try:
+            return await client.evalsha(_SHA[script], 2, *keys, *args)
+        except rexc.NoScriptError:
+            return await client.eval(script, 2, *keys, *args)
 
     # --- errors -----------------------------------------------------------------------
 
