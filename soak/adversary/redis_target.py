@@ -186,6 +186,8 @@ class RedisTarget(Target):
                 continue
             client = backend._lock
             connection = getattr(client, "connection", None) if client is not None else None
+            if connection is not None and not hasattr(connection, "_writer"):
+                raise RuntimeError("redis-py's connection has no _writer: the holder's address cannot be found")
             writer = getattr(connection, "_writer", None)
             if writer is None:
                 return f"no holder connection ({holder} has none open)"
