@@ -96,10 +96,12 @@ soak: venv servers
 
 # The message-level adversary (soak/adversary/): seeded faults on every request, reply and watch message, an
 # operator on the server, several electors in one process. SEED is the first seed (seeds follow one another),
-# MINUTES how long each backend runs, BACKEND one of etcd, mysql, postgres (default: all three, one after another).
+# MINUTES how long each backend runs, BACKEND one of etcd, mysql, postgres, redis (default: all four, one after
+# another), SHARDS=1 Shards instances over 8 names instead of single electors.
 # (BACKEND is defined, empty, at the top for `make demo`: hence $(or ...), not ?=.)
 adversary: venv servers
-	$(BIN)/python -m soak.adversary --minutes $(MINUTES) --backend $(or $(BACKEND),all) $(if $(SEED),--seed $(SEED),)
+	$(BIN)/python -m soak.adversary --minutes $(MINUTES) --backend $(or $(BACKEND),all) $(if $(SEED),--seed $(SEED),) \
+		$(if $(SHARDS),--shards,)
 
 clean:
 	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache site

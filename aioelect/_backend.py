@@ -47,8 +47,9 @@ class Interceptor(Protocol):
 
     A backend with an interceptor hands it each exchange with the server
     instead of running it: an etcd request or watch message, a statement on a
-    SQL session. ``send()`` runs the exchange; the interceptor awaits it
-    (or not) and returns its reply, or raises. Whatever it returns or raises
+    SQL session, a Redis command, script or wait for a published message.
+    ``send()`` runs the exchange; the interceptor awaits it (or not) and
+    returns its reply, or raises. Whatever it returns or raises
     is what the backend sees from the server, so it must behave as a server
     or network could: delay the request or the reply, fail, or answer as the
     server may (etcd cancelling a watch). Used by the message-level adversary

@@ -18,17 +18,21 @@ import anyio
 import pytest
 
 import aioelect
+from soak.adversary import redis_target
 from soak.adversary.__main__ import describe
 from soak.adversary.network import Network, Profile
 from soak.adversary.run import OPTIONS, Loss, _attach, deposed, run_seed, tokens
 from soak.adversary.servers import SERVERS, EtcdTarget
-from soak.checker import Fault, Term
-from tests.harness import MariaDBServer, MissingBinaryError
+from soak.adversary.shards import judge, run_shards
+from soak.checker import Act, Fault, Term
+from tests.harness import MariaDBServer, MissingBinaryError, RedisServer
 from tests.harness.plugin import server_unavailable, skip_if_external
 
 NS = 1_000_000_000
 #: The CI seeds, per backend, and each one's seconds: about 2 minutes in all with the servers' starts.
-SEEDS = {"etcd": [1, 2, 3], "mysql": [1, 2, 3], "postgres": [1]}
+SEEDS = {"etcd": [1, 2, 3], "mysql": [1, 2, 3], "postgres": [1], "redis": [1, 2]}
+#: The CI seed of sharded leadership (Shards instances over 8 names), per backend.
+SHARD_SEEDS = {"etcd": [1]}
 SECONDS = 12.0
 
 
@@ -127,6 +131,30 @@ def test_adversary_seeds_find_no_violation(backend: str) -> None:
         for seed in SEEDS[backend]:
             target.name = f"adversary-ci-{seed}"
             outcome = anyio.run(lambda: run_seed(target, seed, SECONDS))  # noqa: B023 - run at once
+            if not outcome.ok:
+                failures.append(describe(outcome, trace=10.0))
+        assert not failures, "\n".join(failures)
+    finally:
+        target.cleanup()
+
+
+@pytest.mark.parametrize("backend", sorted(SHARD_SEEDS))
+def test_adversary_shards_seeds_find_no_name_owned_twice(backend: str) -> None:
+    """Shards instances over 8 names join, leave, crash and are partitioned under the adversary: per name, no
+    two owners acting at once beyond the margin, and tokens growing."""
+    skip_if_external(backend)
+    target = SERVERS[backend](f"adversary-ci-shards-{backend}")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+    try:
+        failures = []
+        for seed in SHARD_SEEDS[backend]:
+            target.name = f"adversary-ci-shards-{seed}"
+            outcome = anyio.run(lambda: run_shards(target, seed, SECONDS))  # noqa: B023 - run at once
+            assert outcome.counts.get("leadership", 0) >= 8, outcome.counts  # every name was owned
             if not outcome.ok:
                 failures.append(describe(outcome, trace=10.0))
         assert not failures, "\n".join(failures)
@@ -330,3 +358,94 @@ def test_adversary_script_late_read_of_the_leader_makes_no_second_leader() -> No
         assert not both, "W led beside Q"
     finally:
         target.cleanup()
+
+
+def _acts(who: str, token: int, start: float, end: float) -> list[Act]:
+    steps = int((end - start) / 0.05)
+    return [
+        Act(who, token, int((start + i * 0.05) * NS), int((start + i * 0.05) * NS) + 1000, True) for i in range(steps)
+    ]
+
+
+def test_shards_judge_checks_each_name_on_its_own() -> None:
+    # Two instances each own a name at once: fine. On one name, two owners beyond the margin, and a token
+    # that went back: both reported, for that name.
+    acts = {
+        "a": _acts("s0", 1, 0.0, 5.0) + _acts("s1", 2, 5.1, 8.0),
+        "b": _acts("s1", 1, 0.0, 5.0) + _acts("s0", 3, 3.0, 8.0) + _acts("s1", 2, 9.0, 9.5),
+    }
+    found, terms = judge(acts, [], 0, int(10 * NS), 1.0, [], "test")
+    assert sorted(v.kind for v in found) == ["overlap", "token"]
+    assert all(v.message.startswith("name b: ") for v in found)
+    assert len(terms) == 5
+
+
+def test_redis_margin_is_the_renew_deadline_of_the_adversary_timing() -> None:
+    assert redis_target.deposed_bound() == OPTIONS["redis"]["renew_deadline"]
+    assert redis_target.deposed([Loss("a", 3, 0, int(2 * NS), "the lock key no longer holds our value")], [], 2.0)
+    deleted = Fault("delete-key", "redis", int(1.5 * NS), int(1.5 * NS), int(1.5 * NS), "DEL k (held by a)")
+    loss = Loss("a", 3, 0, int(2 * NS), "the lock key no longer holds our value (deleted, expired or changed)")
+    assert redis_target.deposed([loss], [deleted], 2.0) == []
+    assert redis_target.deposed([loss, loss], [deleted], 2.0) != []  # one deletion explains one loss
+
+
+class _Renews:
+    """Records every exchange's kind; holds back the renews (past check_timeout) while ``stall`` is set."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.stall = False
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        self.seen.add(what)
+        if what == "renew" and self.stall:
+            await anyio.sleep(10)  # the backend gives up after check_timeout
+        return await send()
+
+
+def test_redis_leader_whose_key_is_deleted_while_its_renews_fail_stops_by_its_renew_deadline(
+    redis_server: RedisServer,
+) -> None:
+    """Every exchange of a Redis elector goes through its interceptor. A leader whose renews are held back
+    while an operator deletes its key cannot tell that the key is gone: it goes on, beside the waiter that
+    takes the key, until its renew deadline (not check_interval + 2 * check_timeout after the deletion), and
+    then fences itself. So the adversary's margin for Redis is the renew deadline."""
+    name = f"adversary-redis-script-{time.monotonic_ns()}"
+    options = OPTIONS["redis"]
+
+    async def main() -> tuple[float, str, set[str], set[str]]:
+        seam_a, seam_b = _Renews(), _Renews()
+        a = aioelect.new(redis=redis_server.url, name=name, identity="A", **options)
+        b = aioelect.new(redis=redis_server.url, name=name, identity="B", **options)
+        _attach(a, seam_a)  # type: ignore[arg-type]
+        _attach(b, seam_b)  # type: ignore[arg-type]
+        async with a, b, anyio.create_task_group() as tg:
+            lead = await a.acquire()
+            leads: list[aioelect.Leadership] = []
+            done = anyio.Event()
+
+            async def wait() -> None:  # a leadership lasts as long as the task that acquired it
+                leads.append(await b.acquire(timeout=5))
+                await done.wait()
+                await leads[0].release()
+
+            tg.start_soon(wait)
+            await anyio.sleep(options["check_interval"] * 2)  # a renew ran; B waits for a release message
+            assert await a.leader() == "A"
+            seam_a.stall = True
+            key = redis_target.RedisSettings.parse(redis_server.url, {"name": name, **options}).lock_key
+            await anyio.to_thread.run_sync(lambda: redis_server.command("DEL", key))
+            deleted = time.monotonic()
+            while lead.held:
+                await anyio.sleep(0.01)
+            stopped = time.monotonic() - deleted
+            assert leads and leads[0].held  # B took the key the operator freed, A acted beside it meanwhile
+            done.set()
+            await lead.release()
+        return stopped, lead.lost_reason or "", seam_a.seen, seam_b.seen
+
+    stopped, reason, seen_a, seen_b = anyio.run(main)
+    assert "renew deadline" in reason, reason
+    assert stopped <= options["renew_deadline"] + 0.5, stopped
+    assert {"acquire", "renew", "read leader", "subscribe", "read persistence"} <= seen_a, seen_a
+    assert {"acquire", "release", "release message"} <= seen_b, seen_b

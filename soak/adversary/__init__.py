@@ -9,3 +9,8 @@ sessions and restarts the server. Several electors run in one process
 against a real server, so every time is exact. :mod:`soak.checker` judges
 the history. See docs/adversary.md.
 """
+
+from .redis_target import RedisTarget
+from .servers import SERVERS
+
+SERVERS["redis"] = RedisTarget  # beside the others, in a module of its own

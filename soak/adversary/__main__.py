@@ -17,6 +17,7 @@ import anyio
 
 from .run import Outcome, run_seed
 from .servers import SERVERS, Target
+from .shards import run_shards
 
 _NS = 1_000_000_000
 
@@ -53,7 +54,10 @@ async def _main(args: argparse.Namespace) -> int:
             seed = first
             while time.monotonic() < deadline and (args.seeds is None or seed < first + args.seeds):
                 target.name = f"adversary-{seed}"
-                outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
+                if args.shards:
+                    outcome = await run_shards(target, seed, args.seconds, instances=args.electors)
+                else:
+                    outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
                 print(describe(outcome, args.trace, full=args.full_trace), flush=True)
                 failed += not outcome.ok
                 seed += 1
@@ -70,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=20.0, help="per backend")
     parser.add_argument("--seconds", type=float, default=20.0, help="each seed's run")
     parser.add_argument("--electors", type=int, default=None, help="default: 3 to 6, drawn by each seed")
+    parser.add_argument(
+        "--shards", action="store_true", help="Shards instances owning 8 names (soak/adversary/shards.py)"
+    )
     parser.add_argument("--trace", type=float, default=10.0, help="seconds of trace shown before a violation")
     parser.add_argument("--full-trace", action="store_true", help="the whole trace of every seed")
     parser.add_argument("-v", "--verbose", action="store_true")

@@ -29,6 +29,7 @@ from aioelect._config import confirmation_gap
 from soak.checker import Act, Fault, History, Term, Verdict, Violation, check
 from soak.timing import OVERLAP_SLACK
 
+from . import redis_target
 from .network import Network, Profile
 from .servers import Target
 
@@ -48,6 +49,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "renew_deadline": 2.0,
         "poll_interval": 1.0,
     },
+    "redis": redis_target.OPTIONS,
 }
 
 
@@ -62,6 +64,8 @@ def margin(backend: str, profile: Profile) -> float:
     session is seen at once.
     """
     options = OPTIONS[backend]
+    if backend == "redis":
+        return redis_target.margin()
     if backend == "etcd":
         # A revoked lease or deleted key reaches the leader by its watch, at the latest by its next keep-alive.
         return options["ttl"] / 3 + 2 * profile.watch_long + OVERLAP_SLACK
@@ -348,6 +352,7 @@ async def run_seed(
     victim = master.choice(candidates)
     victim.network.victim = True
     target.victim_leases = victim.network.leases
+    target.electors = [c.elector for c in candidates]
     trace.sink(victim.who)("the seed's victim: slow " + (", ".join(profile.slow) or "-"))
     faults: list[Fault] = []
     errors: list[str] = []
@@ -381,8 +386,10 @@ async def run_seed(
     )
     verdict = check(history)
     verdict.violations = [v for v in verdict.violations if v.kind != "token"] + tokens(verdict.terms, bound)
-    if target.backend != "etcd":
+    if target.backend in ("mysql", "postgres"):
         verdict.violations += deposed(losses, faults, bound + 2.0)
+    elif target.backend == "redis":
+        verdict.violations += redis_target.deposed(losses, faults, bound + 2.0)
     counts: dict[str, int] = {}
     for c in candidates:
         for key, value in list(c.network.counts.items()) + list(c.counts.items()):

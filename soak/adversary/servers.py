@@ -39,6 +39,8 @@ class Target:
     def __init__(self, name: str) -> None:
         self.name = name
         self.victim_leases = set()
+        #: The run's electors (the operator finds a holder's connection among them).
+        self.electors: list[Any] = []
 
     def start(self) -> None:
         self.server.start()

@@ -38,7 +38,7 @@ import asyncio
 import hashlib
 import secrets
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -46,7 +46,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from ..._backend import Backend, Backoff, Confirm, Hold, monotonic
+from ..._backend import Backend, Backoff, Confirm, Hold, Interceptor, monotonic
 from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
 from ._bounds import CONFIG_READ, config_problem, least_timeout
 from ._options import RedisOptions, RedisSettings
@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 __all__ = ["RedisBackend", "RedisHold", "identity_of"]
 
 _SHA = {script: hashlib.sha1(script.encode()).hexdigest() for script in (ACQUIRE, RELEASE, RENEW)}
+#: What each script's exchange is called for an interceptor.
+_WHAT = {ACQUIRE: "acquire", RELEASE: "release", RENEW: "renew"}
 #: Error replies a retry can outlive: a server loading its data, without its master or replicas, busy with a
 #: script, read-only (a replica, or a master being demoted in a failover), unable to persist or out of memory.
 _TRANSIENT_REPLIES = (
@@ -102,9 +104,9 @@ def _tls_verify_error(exc: BaseException) -> ssl.SSLError | None:
     return None
 
 
-async def _command(client: Redis, *args: str | int) -> Any:
+def _command(client: Redis, *args: str | int) -> Awaitable[Any]:
     """One command by name (redis-py does not type ``execute_command``)."""
-    return await client.execute_command(*args)  # type: ignore[no-untyped-call]
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
 def _cancel_if_swallowed() -> None:
@@ -201,6 +203,9 @@ class RedisBackend(Backend):
         self._unchecked_warned = False
         self._closed = False
         self._sentinels: dict[int, list[Redis]] = {}
+        #: Handed every exchange with the server (each script, command, subscription and wait for a published
+        #: message); None runs them directly.
+        self.interceptor: Interceptor | None = None
 
     def __repr__(self) -> str:
         return f"<RedisBackend {self.settings.url} name={self.name!r}>"
@@ -274,8 +279,21 @@ class RedisBackend(Backend):
         if client is not None:
             await self._close(client)
 
+    def send(self, what: str, call: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
+        """``call()``, through the :attr:`interceptor` if there is one (``what`` names the exchange)."""
+        interceptor = self.interceptor
+        if interceptor is None:
+            return call()
+        return interceptor.exchange(what, call)
+
     async def run_script(self, client: Redis, script: str, *args: str | int) -> Any:
         """Run ``script`` on the election's two keys (by its digest; sent whole when the server lacks it)."""
+        interceptor = self.interceptor
+        if interceptor is None:
+            return await self._script(client, script, args)
+        return await interceptor.exchange(_WHAT[script], lambda: self._script(client, script, args))
+
+    async def _script(self, client: Redis, script: str, args: tuple[str | int, ...]) -> Any:
         keys = (self.settings.lock_key, self.settings.token_key)
         try:
             return await client.evalsha(_SHA[script], 2, *keys, *args)
@@ -329,13 +347,13 @@ class RedisBackend(Backend):
         """
         if self._version is None:
             try:
-                info = await _command(client, "INFO", "server")
+                info = await self.send("read version", lambda: _command(client, "INFO", "server"))
                 version = str(info.get("redis_version", "0")) if isinstance(info, dict) else "0"
                 self._version = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
             except rexc.NoPermissionError:
                 self._version = ()
         try:
-            reply = await _command(client, "CONFIG", "GET", *CONFIG_READ)
+            reply = await self.send("read persistence", lambda: _command(client, "CONFIG", "GET", *CONFIG_READ))
         except rexc.NoPermissionError:
             config: dict[str, str] | None = None
             if not self._unchecked_warned:
@@ -391,12 +409,12 @@ class RedisBackend(Backend):
         """Raise :class:`_NotConfirmed` unless the grant is fsynced (``WAITAOF``) and on ``min_replicas`` replicas."""
         timeout_ms = max(1, round(self.timing.check_timeout * 500))
         if waitaof:
-            local, _ = await _command(client, "WAITAOF", 1, 0, timeout_ms)
+            local, _ = await self.send("waitaof", lambda: _command(client, "WAITAOF", 1, 0, timeout_ms))
             if int(local) < 1:
                 raise _NotConfirmed("the server did not confirm the token's fsync (WAITAOF) in time")
         wanted = self.settings.min_replicas
         if wanted:
-            got = int(await _command(client, "WAIT", wanted, timeout_ms))
+            got = int(await self.send("wait replicas", lambda: _command(client, "WAIT", wanted, timeout_ms)))
             if got < wanted:
                 raise _NotConfirmed(f"only {got} of min_replicas={wanted} replicas confirmed the grant (WAIT)")
 
@@ -440,8 +458,7 @@ class RedisBackend(Backend):
                     if pubsub is None:
                         # Subscribed before the first try: a release published after it wakes us.
                         pubsub = client.pubsub()
-                        with anyio.fail_after(self.timing.connect_timeout + self.timing.check_timeout):
-                            await pubsub.subscribe(self.settings.channel)
+                        await self._subscribe(pubsub)
                     uncertain = True
                     hold, value, pttl = await self._try(client, owner, identity)
                     uncertain = False
@@ -508,10 +525,19 @@ class RedisBackend(Backend):
             self._reporter.leader(identity_of(value))
         return hold
 
+    async def _subscribe(self, pubsub: PubSub) -> None:
+        """Subscribe ``pubsub`` to the election's channel, within connect_timeout + check_timeout."""
+        with anyio.fail_after(self.timing.connect_timeout + self.timing.check_timeout):
+            await self.send("subscribe", lambda: pubsub.subscribe(self.settings.channel))
+
     async def _wait_change(self, pubsub: PubSub, wait: float) -> None:
         """Until a message on the election's channel, or ``wait`` seconds."""
+
+        def read() -> Awaitable[Any]:
+            return pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
+
         with anyio.move_on_after(wait):
-            while await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait) is None:
+            while await self.send("release message", read) is None:
                 await anyio.lowlevel.checkpoint()  # a reply that was only a confirmation must not spin the loop
 
     async def _close_pubsub(self, pubsub: PubSub) -> None:
@@ -525,7 +551,8 @@ class RedisBackend(Backend):
 
     async def leader(self) -> str | None:
         try:
-            value = await self.look_client().get(self.settings.lock_key)
+            client = self.look_client()
+            value = await self.send("read leader", lambda: client.get(self.settings.lock_key))
             assert value is None or isinstance(value, str)  # decode_responses
         except Exception as exc:
             await self._drop_look()
@@ -544,8 +571,7 @@ class RedisBackend(Backend):
                 try:
                     if pubsub is None:
                         pubsub = self.look_client().pubsub()
-                        with anyio.fail_after(self.timing.connect_timeout + self.timing.check_timeout):
-                            await pubsub.subscribe(self.settings.channel)
+                        await self._subscribe(pubsub)
                     current = await self.leader()
                 except (BackendUnavailable, rexc.RedisError, OSError, TimeoutError) as exc:
                     if isinstance(exc, rexc.RedisError) and self.permanent(exc):
