@@ -160,7 +160,6 @@ def timing(**kw: float) -> LockTiming:
         server_timeout="the lock key's PX expiry",
         min_lease=0.5,
         whole_lease=False,
-        dated_after_grant=True,
         **options,  # type: ignore[arg-type]
     )
 
