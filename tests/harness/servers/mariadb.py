@@ -54,7 +54,12 @@ class MariaDBServer(OnePortServer):
         return f"mysql://root@{self.host}:{self._port}/{self.database}"
 
     def _common_args(self) -> list[str]:
+        # A private tmpdir: servers started at once must not share /tmp's temporary tables (mariadb-install-db
+        # failed with "Could not remove temporary table '/tmp/#sql-temptable-...'" when two ran side by side).
+        tmpdir = os.path.join(self._dir, "tmp")
+        os.makedirs(tmpdir, exist_ok=True)
         args = [
+            f"--tmpdir={tmpdir}",
             "--innodb-buffer-pool-size=16M",
             "--innodb-log-file-size=8M",
         ]
