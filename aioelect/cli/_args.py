@@ -212,25 +212,13 @@ def _backend_options() -> _Parser:
     g.add_argument(
         "--poll-interval", type=_positive, metavar="SECONDS", help="how often followers and `observe` poll (SQL)"
     )
-    g.add_argument(
-        "--renew-deadline",
-        type=_positive,
-        metavar="SECONDS",
-        help="how long a leader may go unconfirmed before it stops CMD and lets go; shorter than the lease "
-        f"[{ENV_RENEW_DEADLINE}]",
-    )
-    g.add_argument(
-        "--check-interval",
-        type=_positive,
-        metavar="SECONDS",
-        help=f"how often a leader confirms it still holds the lock [{ENV_CHECK_INTERVAL}]",
-    )
-    g.add_argument(
-        "--check-timeout",
-        type=_positive,
-        metavar="SECONDS",
-        help="how long one confirmation may take before it counts as failed",
-    )
+    for flag, help_text in (
+        ("--renew-deadline", f"how long a leader may go unconfirmed before it stops CMD and lets go; shorter than "
+                             f"the lease [{ENV_RENEW_DEADLINE}]"),
+        ("--check-interval", f"how often a leader confirms it still holds the lock [{ENV_CHECK_INTERVAL}]"),
+        ("--check-timeout", "how long one confirmation may take before it counts as failed"),
+    ):  # fmt: skip
+        g.add_argument(flag, type=_positive, metavar="SECONDS", help=help_text)
     g.add_argument(
         "--password-file",
         metavar="PATH",
