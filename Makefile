@@ -94,10 +94,12 @@ test-scale: venv servers
 
 # The nemesis soak (soak/): random faults against candidates writing to a fenced register, then the checker.
 # SEED replays a schedule; MINUTES is how long each backend runs (the backends run side by side).
+# SHARDS=1 runs the shards workload (aioelect.Shards over 12 names, a register row per name) on etcd and PostgreSQL.
 SEED ?=
 MINUTES ?= 20
+SHARDS ?=
 soak: venv servers
-	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),)
+	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),) $(if $(SHARDS),--shards,)
 
 # The message-level adversary (soak/adversary/): seeded faults on every request, reply and watch message, an
 # operator on the server, several electors in one process. SEED is the first seed (seeds follow one another),
