@@ -58,12 +58,13 @@ def run_backend(
     for old in directory.glob("c*.*"):
         old.unlink()
     target = make_target(label, name)
-    names = SHARD_NAMES if "join" in target.fault_kinds else ()
+    names = SHARD_NAMES if target.shards else ()
+    keys = [f"{label}/{n}" for n in names] or [label]  # the register rows: one per name, or the backend's
     pool: Pool | None = None
     errors: list[str] = []
     try:
         target.start()
-        for key in [f"{label}/{n}" for n in names] or [label]:
+        for key in keys:
             register.create(register_server, key)
         pool = Pool(
             backend=backend,
@@ -103,9 +104,7 @@ def run_backend(
         history = History(
             label=label,
             acts=pool.acts(),
-            writes=[
-                w for key in [f"{label}/{n}" for n in names] or [label] for w in register.history(register_server, key)
-            ],
+            writes=[w for key in keys for w in register.history(register_server, key)],
             faults=sorted(nemesis.faults, key=lambda f: f.start),
             begin=began_ns,
             end=end_ns,

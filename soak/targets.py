@@ -35,6 +35,8 @@ class Target:
     backend: ClassVar[str]
     #: The faults the nemesis may inject on this backend.
     fault_kinds: ClassVar[tuple[str, ...]] = ("kill", "pause", "depose", "partition", "restart", "slow")
+    #: The shards workload (``aioelect.Shards`` over :data:`~soak.timing.SHARD_NAMES`), not one election.
+    shards: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -271,6 +273,7 @@ class ShardsEtcdTarget(Etcd1Target):
     one candidate's shared lease (every name it owns goes at once); ``join`` starts a fresh candidate."""
 
     label = "shards-etcd"
+    shards = True
     fault_kinds = (*Etcd1Target.fault_kinds, "join")
 
 
@@ -279,6 +282,7 @@ class ShardsPostgresTarget(PostgresTarget):
     candidate's shared session: every name at once); ``join`` starts a fresh candidate."""
 
     label = "shards-postgres"
+    shards = True
     fault_kinds = (*PostgresTarget.fault_kinds, "join")
 
 
