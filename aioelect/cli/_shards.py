@@ -78,6 +78,12 @@ def _shared_etcd(config: Config, identity: str) -> tuple[Any, Callable[[str], El
     return session, lambda name: EtcdElector(session=session, name=name, identity=identity, stop_timeout=stop_timeout)
 
 
+async def _probe(elector: Elector, config: Config, timeout: float) -> None:  # noqa: ASYNC109
+    from ._commands import _probe as probe
+
+    await probe(elector, config, timeout)
+
+
 class ShardsRunner:
     """Runs :class:`~aioelect.Shards` over ``--names`` with one CMD per owned name."""
 
@@ -92,6 +98,7 @@ class ShardsRunner:
         self.restart_delay: float = args.restart_delay
         self.max_instances: int = args.max_instances
         self.given_grace: float | None = args.grace
+        self.timeout: float = args.timeout
         self.grace = 0.0
         self.identity: str = config.options.get("identity") or default_identity()
         group = config.options.get("name")
@@ -144,9 +151,15 @@ class ShardsRunner:
             shards = self._shards(session_out)
         except (TypeError, ValueError) as exc:
             raise UsageError(str(exc)) from None
-        probe = self.config.build()
+        # Not on the group's own name: on etcd the group's elections are under it (``group/shard/...``).
+        where = self.config
+        probe = Config(
+            where.kind, where.target, where.where, {**where.options, "name": f"{self.group_name}/probe"}
+        ).build()
         try:
             self.grace = choose_grace(self.given_grace, probe, self.config.kind)
+            # Fail fast (status 3) on a server that cannot be reached at all; later outages are retried.
+            await _probe(probe, self.config, self.timeout)
         finally:
             with anyio.CancelScope(shield=True):
                 await probe.aclose()
