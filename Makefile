@@ -11,7 +11,7 @@ ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_etcd_han
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
 NOX_ARGS ?= $(if $(CI_TRUE),--error-on-missing-interpreters,--no-error-on-missing-interpreters)
 
-.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak adversary servers venv \
+.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak adversary test-scale servers venv \
 	clean
 
 venv: $(VENV)/.installed
@@ -87,12 +87,19 @@ bench-shards: venv servers
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench.shards
 
+# Scale checks too long for `make test` (20-40 s per backend): 3 processes x 1,000 elections at the servers'
+# default max_connections, counting connections and leases on the servers.
+test-scale: venv servers
+	AIOELECT_TEST_SCALE=1 $(BIN)/python -m pytest tests/test_thousand_elections.py $(PYTEST_ARGS)
+
 # The nemesis soak (soak/): random faults against candidates writing to a fenced register, then the checker.
 # SEED replays a schedule; MINUTES is how long each backend runs (the backends run side by side).
+# SHARDS=1 runs the shards workload (aioelect.Shards over 12 names, a register row per name) on etcd and PostgreSQL.
 SEED ?=
 MINUTES ?= 20
+SHARDS ?=
 soak: venv servers
-	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),)
+	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),) $(if $(SHARDS),--shards,)
 
 # The message-level adversary (soak/adversary/): seeded faults on every request, reply and watch message, an
 # operator on the server, several electors in one process. SEED is the first seed (seeds follow one another),

@@ -104,6 +104,8 @@ TIMING_VARIABLES = (
 )
 #: Set by ``aioelect run`` in the environment of the command it runs: the fencing token of its leadership.
 ENV_TOKEN = "AIOELECT_TOKEN"
+#: Set by ``aioelect shards`` in the environment of each command it runs: the shard (name) it owns.
+ENV_SHARD = "AIOELECT_SHARD"
 
 #: The backends in the factory's priority order, each with the variable that configures it.
 BACKEND_VARIABLES = (

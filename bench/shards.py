@@ -1,18 +1,20 @@
 """``python -m bench.shards``: sharded leadership with 1,000 names over 5 instances, aioelect beside tooz.
 
-Each instance is its own OS process (bench/shards_members/) on one throwaway etcd, reporting every name it
-starts or stops owning with the system-wide monotonic clock. Measured, per implementation:
+Each instance is its own OS process (bench/shards_members/) on one throwaway server (etcd; MariaDB and
+PostgreSQL for aioelect's shared SQL sessions), reporting every name it starts or stops owning with the
+system-wide monotonic clock. Measured, per implementation:
 
 * settled balance with 5 instances (names per instance);
 * a 6th instance joins, then an instance leaves gracefully (SIGTERM), then one crashes (SIGKILL): names moved
   (and the minimum the new balance needs) and the time from the event to the last move;
-* steady state: CPU per instance (% of one core, over ``--steady`` seconds), etcd connections and leases per
-  instance;
+* steady state: CPU per instance (% of one core, over ``--steady`` seconds), server connections and (etcd)
+  leases per instance;
 * names owned twice at one instant (max) and for how long in all (name-seconds): the owners' own reports.
 
-aioelect owns a name only while it holds the name's election (one shared EtcdSession per instance, lease
-``--ttl``); tooz's Partitioner (etcd3gw driver, membership lease ``--ttl``) is a hash ring over the group's
-members, each member's own view with no lock behind it. Writes the table into bench/RESULTS.md (between the
+aioelect owns a name only while it holds the name's election (one shared session per instance: an EtcdSession
+with lease ``--ttl``, a MySQLSession or PostgresSession with ``lease=--ttl``); tooz's Partitioner (etcd3gw
+driver, membership lease ``--ttl``) is a hash ring over the group's members, each member's own view with no lock
+behind it. Writes the table into bench/RESULTS.md (between the
 ``<!-- shards -->`` markers) and bench/out/shards.json.
 """
 
@@ -36,12 +38,19 @@ from typing import Any
 
 import psutil
 
-from tests.harness import EtcdServer
+from tests.harness import EtcdServer, MariaDBServer, PostgresServer
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 MEMBERS = HERE / "shards_members"
 BEGIN, END = "<!-- shards -->", "<!-- /shards -->"
+#: The implementations: (member script, aioelect backend or None for tooz, server).
+KINDS = {
+    "aioelect": ("aioelect_member.py", "etcd", "etcd"),
+    "aioelect-mysql": ("aioelect_member.py", "mysql", "mariadb"),
+    "aioelect-postgres": ("aioelect_member.py", "postgres", "postgres"),
+    "tooz": ("tooz_member.py", None, "etcd"),
+}
 
 
 @dataclass
@@ -69,12 +78,14 @@ class Fleet:
         self.double_seconds = 0.0
         self._last_t: float | None = None
         self.owns: list[float] = []  # times of every "own" report
+        self.gone: set[str] = set()  # forgotten instances: their reports still in the pipe are stale
 
     def start(self, identity: str) -> Instance:
-        script = MEMBERS / ("aioelect_member.py" if self.kind == "aioelect" else "tooz_member.py")
+        script, backend, _ = KINDS[self.kind]
         argv = [
             sys.executable,
-            str(script),
+            str(MEMBERS / script),
+            *([f"--backend={backend}"] if backend else []),
             f"--endpoint={self.endpoint}",
             f"--group={self.group}",
             f"--identity={identity}",
@@ -98,6 +109,8 @@ class Fleet:
         return instance
 
     def apply(self, identity: str, event: dict[str, Any]) -> None:
+        if identity in self.gone:
+            return
         t = float(event["t"])
         if self._last_t is not None and t > self._last_t:
             self.double_seconds += self.doubled * (t - self._last_t)
@@ -122,20 +135,28 @@ class Fleet:
             self.max_doubled = max(self.max_doubled, self.doubled)
 
     def pump(self, seconds: float) -> None:
+        """Apply the reports that arrive within ``seconds``, in the order of their times: the instances' pipes
+        are read by threads of their own, so one instance's ``drop`` may arrive after another's ``own``."""
         deadline = time.monotonic() + seconds
         while (left := deadline - time.monotonic()) > 0:
             try:
-                identity, event = self.events.get(timeout=left)
+                batch = [self.events.get(timeout=left)]
             except queue.Empty:
                 return
-            self.apply(identity, event)
+            time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))  # what the other pipes sent meanwhile
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    batch.append(self.events.get_nowait())
+            for identity, event in sorted(batch, key=lambda item: float(item[1]["t"])):
+                self.apply(identity, event)
 
     def forget(self, identity: str) -> None:
         """A dead instance owns nothing any more (its reports stop; its names are ownerless until taken)."""
         for name in self.instances[identity].owned:
-            if len(self.owners[name]) >= 2:
+            if len(self.owners[name]) == 2 and identity in self.owners[name]:
                 self.doubled -= 1
             self.owners[name].discard(identity)
+        self.gone.add(identity)
         del self.instances[identity]
 
     def settled(self, balanced: bool) -> bool:
@@ -192,16 +213,26 @@ def leases(server: EtcdServer) -> int:
         return len(json.loads(reply.read().decode()).get("leases", []))
 
 
+def server_version(server: EtcdServer | MariaDBServer | PostgresServer) -> str:
+    """The version the running SQL server reports (its first word)."""
+    if isinstance(server, MariaDBServer):
+        return str(server.query("SELECT VERSION()", database="")[0][0]).split("-")[0]
+    if isinstance(server, PostgresServer):
+        return str(server.query("SHOW server_version")[0][0]).split()[0]
+    return server.binary_version
+
+
 def say(what: str) -> None:
     print(f"bench.shards: {what}", file=sys.stderr, flush=True)
 
 
-def run_one(kind: str, server: EtcdServer, args: argparse.Namespace) -> dict[str, Any]:
-    port = int(server.endpoint.rsplit(":", 1)[1])
-    fleet = Fleet(kind, server.endpoint, args.names, args.ttl)
-    balanced = kind == "aioelect"
+def run_one(kind: str, server: EtcdServer | MariaDBServer | PostgresServer, args: argparse.Namespace) -> dict[str, Any]:
+    etcd = server if isinstance(server, EtcdServer) else None
+    port = server.port if etcd is None else int(etcd.endpoint.rsplit(":", 1)[1])
+    fleet = Fleet(kind, server.dsn if etcd is None else etcd.endpoint, args.names, args.ttl)
+    balanced = kind != "tooz"
     result: dict[str, Any] = {"kind": kind}
-    leases_before = leases(server)
+    leases_before = leases(etcd) if etcd is not None else 0
     try:
         started = time.monotonic()
         for i in range(args.instances):
@@ -213,7 +244,8 @@ def run_one(kind: str, server: EtcdServer, args: argparse.Namespace) -> dict[str
         pids = [i.proc.pid for i in fleet.instances.values()]
         result["cpu_pct"] = usage(pids, args.steady, fleet)
         result["connections"] = [connections(p, port) for p in pids]
-        result["leases_per_instance"] = (leases(server) - leases_before) / len(pids)
+        if etcd is not None:
+            result["leases_per_instance"] = (leases(etcd) - leases_before) / len(pids)
 
         # A 6th instance joins.
         say(f"{kind} settled: {result['settled']}; a newcomer joins")
@@ -245,11 +277,15 @@ def depart(fleet: Fleet, sig: int, balanced: bool, args: argparse.Namespace) -> 
     """Send ``sig`` to the oldest instance; the names that moved, the fewest needed, and the time to settle."""
     leaver = next(iter(fleet.instances))
     needed = len(fleet.instances[leaver].owned)
+    proc = fleet.instances[leaver].proc
     since = time.monotonic()
     fleet.stop(leaver, sig)
-    fleet.instances[leaver].proc.wait(args.timeout)
-    fleet.pump(0.5)  # a graceful leaver's last reports
-    fleet.forget(leaver)
+    if sig == signal.SIGKILL:
+        fleet.forget(leaver)  # dead at once: it owns nothing from here on
+    proc.wait(args.timeout)
+    if sig != signal.SIGKILL:
+        fleet.pump(0.5)  # a graceful leaver's last reports
+        fleet.forget(leaver)
     took = fleet.wait_settled(since, balanced, timeout=args.timeout)
     return {
         "moved": fleet.moves_since(since),
@@ -266,6 +302,8 @@ def fmt_s(value: float | None, timeout: float) -> str:
 def table(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     label = {
         "aioelect": "**aioelect `Shards`**, one `EtcdSession` per instance",
+        "aioelect-mysql": "**aioelect `Shards`**, one `MySQLSession` per instance (MariaDB)",
+        "aioelect-postgres": "**aioelect `Shards`**, one `PostgresSession` per instance",
         "tooz": "tooz `Partitioner` (etcd3gw), `run_watchers()` every 0.2 s",
     }
     lines = [
@@ -290,15 +328,18 @@ def table(results: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     row(f"settled, {args.instances} instances: names per instance", lambda r: spread(r.get("settled", [])))
     row(f"a {args.instances + 1}th instance joins", step("join"))
     row("an instance leaves (SIGTERM)", step("leave"))
-    row(f"an instance crashes (SIGKILL; lease ttl {args.ttl} s)", step("crash"))
+    row(f"an instance crashes (SIGKILL; etcd lease ttl, SQL `lease` {args.ttl} s)", step("crash"))
     row("names owned by two instances at one instant (max)", lambda r: str(r["max_owned_twice"]))
     row("... in all (name-seconds)", lambda r: f"{r['owned_twice_name_s']:.2f}")
     row(
         f"steady CPU per instance (% of a core, {args.steady:g} s)",
         lambda r: spread([round(c, 1) for c in r.get("cpu_pct", [])]) if "cpu_pct" in r else "-",  # type: ignore[arg-type]
     )
-    row("etcd connections per instance", lambda r: spread(r.get("connections", [])))
-    row("etcd leases per instance", lambda r: f"{r.get('leases_per_instance', 0):.2f}")
+    row("server connections per instance", lambda r: spread(r.get("connections", [])))
+    row(
+        "etcd leases per instance",
+        lambda r: f"{r['leases_per_instance']:.2f}" if "leases_per_instance" in r else "-",
+    )
     row(
         "cold start: all instances started to settled",
         lambda r: fmt_s(r.get("cold_start_s"), args.timeout),
@@ -316,8 +357,8 @@ def write(results: list[dict[str, Any]], args: argparse.Namespace, meta: dict[st
         f"## Sharded leadership: {args.names:,} names over {args.instances} instances",
         "",
         f"Generated by `python -m bench.shards` ({meta['date']}; {meta['cores']} cores shared with other work, "
-        f"load average {meta['load']:.1f}; Python {meta['python']}; etcd {meta['etcd']}). One run: "
-        "each instance its own OS process on one throwaway etcd. *Moved*: names that started on a new owner "
+        f"load average {meta['load']:.1f}; Python {meta['python']}; {meta['servers']}). One run per "
+        "column: each instance its own OS process on one throwaway server. *Moved*: names that started on a new owner "
         "after the event; *needed*: the fewest moves the new balance allows (the newcomer's share; the "
         "leaver's names). Times run from the event (the newcomer's connection ready, before it joins; the "
         "signal) to the last move; *then*: names per instance once settled.",
@@ -349,27 +390,42 @@ def main() -> int:
     parser.add_argument("--ttl", type=int, default=5)
     parser.add_argument("--steady", type=float, default=10.0)
     parser.add_argument("--timeout", type=float, default=120.0)
-    parser.add_argument("--only", default="aioelect,tooz")
+    parser.add_argument("--only", default=",".join(KINDS), help=f"comma-separated, of {', '.join(KINDS)}")
     parser.add_argument("--report-only", action="store_true", help="render bench/out/shards.json again")
     args = parser.parse_args()
     if args.report_only:
         saved = json.loads((HERE / "out" / "shards.json").read_text())
         write(saved["results"], argparse.Namespace(**saved["args"]), saved["meta"])
         return 0
-    server = EtcdServer()
-    server.start()
+    kinds = args.only.split(",")
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown implementations: {sorted(unknown)}")
+    needed = {KINDS[k][2] for k in kinds}
+    servers: dict[str, EtcdServer | MariaDBServer | PostgresServer] = {}
     try:
-        results = [run_one(kind, server, args) for kind in args.only.split(",")]
+        for label, factory in (("etcd", EtcdServer), ("mariadb", MariaDBServer), ("postgres", PostgresServer)):
+            if label in needed:
+                servers[label] = factory()
+                servers[label].start()
+        results = [run_one(kind, servers[KINDS[kind][2]], args) for kind in kinds]
+        versions = []
+        if "etcd" in servers:
+            versions.append(f"etcd {servers['etcd'].binary_version}")  # type: ignore[union-attr]
+        for label in ("mariadb", "postgres"):
+            if label in servers:
+                versions.append(f"{label} {server_version(servers[label])}")
         meta = {
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "cores": os.cpu_count(),
             "load": os.getloadavg()[0],
             "python": platform.python_version(),
-            "etcd": server.binary_version,
+            "servers": ", ".join(versions),
         }
         write(results, args, meta)
     finally:
-        server.stop()
+        for server in servers.values():
+            server.cleanup()
     return 0
 
 

@@ -1,4 +1,7 @@
-"""``python -m soak --minutes M [--seed S] [--out DIR] [--backends mariadb,postgres,redis,etcd1,etcd3]``.
+"""``python -m soak --minutes M [--seed S] [--out DIR] [--backends mariadb,postgres,redis,etcd1,etcd3] [--shards]``.
+
+``--shards`` runs the shards workload (``aioelect.Shards`` over 12 names, a register row per name) on
+``shards-etcd`` and ``shards-postgres`` instead of the single election.
 
 Runs the backends side by side, each for the full ``--minutes``; exits 1 if
 the checker finds any violation, 2 if a server cannot be started.
@@ -18,7 +21,7 @@ from tests.harness import MissingBinaryError, PostgresServer
 from . import report
 from .checker import check
 from .runner import BackendRun, run_backend
-from .timing import TIMINGS
+from .timing import ELECTION_LABELS, SHARDS_LABELS, TIMINGS
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -26,8 +29,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--minutes", type=float, default=20.0, help="length of each backend's run (default 20)")
     parser.add_argument("--seed", type=int, default=None, help="replays a schedule (default: a random one, printed)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "out", help="output directory")
-    parser.add_argument("--backends", default=",".join(TIMINGS), help="comma-separated, of " + ", ".join(TIMINGS))
+    parser.add_argument(
+        "--backends",
+        default=None,
+        help=f"comma-separated, of {', '.join(TIMINGS)} (default: {','.join(ELECTION_LABELS)})",
+    )
+    parser.add_argument(
+        "--shards",
+        action="store_true",
+        help=f"the shards workload: default backends {','.join(SHARDS_LABELS)}",
+    )
     args = parser.parse_args(argv)
+    if args.backends is None:
+        args.backends = ",".join(SHARDS_LABELS if args.shards else ELECTION_LABELS)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backends) - set(TIMINGS)
     if unknown:

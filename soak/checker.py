@@ -21,7 +21,7 @@ Times are ``time.monotonic_ns()`` values (system-wide on Linux).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = ["Act", "Fault", "History", "Term", "Verdict", "Violation", "Write", "check", "terms"]
 
@@ -40,6 +40,8 @@ class Act:
     t0: int
     t1: int
     ok: bool | None
+    #: The shard name acted on (the shards workload); "" for the one election of the other workloads.
+    name: str = ""
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class Write:
     token: int
     writer: str
     sent_ns: int
+    #: The register row: the backend's label, or ``label/name`` for the shards workload.
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class Term:
     start: int
     end: int
     acts: int
+    #: The shard name (the shards workload); "" for the one election of the other workloads.
+    name: str = ""
 
 
 @dataclass
@@ -94,6 +100,8 @@ class History:
     leftovers: list[str] = field(default_factory=list)
     #: Faults the nemesis could not inject or heal: the run did not test what it claims.
     errors: list[str] = field(default_factory=list)
+    #: The shards workload's names (each its own election and register row); empty for one election.
+    names: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -251,14 +259,73 @@ def _gaps(history: History, leaderships: list[Term]) -> tuple[list[Violation], f
     return found, worst, worst_bound
 
 
+def _name_key(history: History, name: str) -> str:
+    return f"{history.label}/{name}"
+
+
+def _shards(history: History) -> tuple[list[Violation], list[Term], int, float, float]:
+    """Each name judged as an election of its own: token order and overlap per name; and every name owned
+    (acted on) within ``base_gap`` of the end of the window, when no fault is in force any more.
+
+    Leaderless time per name is not bounded during faults: a name also moves when an instance joins or
+    leaves, and how long a move takes is the rebalance's, not a fault's.
+    """
+    violations: list[Violation] = []
+    leaderships: list[Term] = []
+    worst_overlap = 0
+    max_idle, idle_bound = 0.0, history.base_gap
+    for name in history.names:
+        acts = [a for a in history.acts if a.name == name]
+        own = History(
+            label=f"{history.label}/{name}",
+            acts=acts,
+            writes=[w for w in history.writes if w.key == _name_key(history, name)],
+            faults=history.faults,
+            begin=history.begin,
+            end=history.end,
+            margin=history.margin,
+            base_gap=history.base_gap,
+        )
+        mine = [replace(t, name=name) for t in terms(acts)] if acts else []
+        leaderships += mine
+        found = _token_violations(own, mine)
+        overlaps, worst = _overlaps(mine, history.faults, int(history.margin * _NS))
+        worst_overlap = max(worst_overlap, worst)
+        found += overlaps
+        if not mine:
+            found.append(Violation("gap", "nobody ever led"))
+        else:
+            idle = (history.end - max(t.end for t in mine)) / _NS
+            max_idle = max(max_idle, idle)
+            if idle > history.base_gap:
+                found.append(
+                    Violation(
+                        "gap",
+                        f"nobody acted for the last {idle:.2f} s of the run (bound {history.base_gap:.2f} s, "
+                        "no fault in force)",
+                        history.end,
+                    )
+                )
+        violations += [Violation(v.kind, f"{name}: {v.message}", v.at) for v in found]
+    leaderships.sort(key=lambda t: (t.start, t.who))
+    return violations, leaderships, worst_overlap, max_idle, idle_bound
+
+
 def check(history: History) -> Verdict:
-    """Judge ``history``; the verdict lists every violation and the summary figures."""
-    leaderships = terms(history.acts)
-    violations = _token_violations(history, leaderships)
-    overlaps, worst_overlap = _overlaps(leaderships, history.faults, int(history.margin * _NS))
-    violations += overlaps
-    gaps, max_gap, max_gap_bound = _gaps(history, leaderships)
-    violations += gaps
+    """Judge ``history``; the verdict lists every violation and the summary figures.
+
+    With :attr:`History.names` (the shards workload), every name is judged as an election of its own
+    (:func:`_shards`); the figures are the worst over the names.
+    """
+    if history.names:
+        violations, leaderships, worst_overlap, max_gap, max_gap_bound = _shards(history)
+    else:
+        leaderships = terms(history.acts)
+        violations = _token_violations(history, leaderships)
+        overlaps, worst_overlap = _overlaps(leaderships, history.faults, int(history.margin * _NS))
+        violations += overlaps
+        gaps, max_gap, max_gap_bound = _gaps(history, leaderships)
+        violations += gaps
     violations += [Violation("leftover", item) for item in history.leftovers]
     violations += [Violation("error", item) for item in history.errors]
     if not leaderships:

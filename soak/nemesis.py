@@ -30,6 +30,8 @@ __all__ = ["Nemesis", "Planned", "plan"]
 #: Faults on the whole server: one at a time.
 _SERVER_WIDE = frozenset({"restart", "member", "slow"})
 _MAX_IN_FORCE = 2
+#: ``join`` starts no candidate beyond this many live ones (the shards candidates' member elections).
+_MAX_LIVE = 7
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,8 @@ class Nemesis:
             if planned.kind in _SERVER_WIDE:
                 with self._server:
                     self._server_fault(planned)
+            elif planned.kind == "join":
+                self._join(planned)
             elif planned.kind == "depose":
                 with self._server:  # not while the server restarts: there is nothing to depose then
                     start = time.monotonic_ns()
@@ -170,6 +174,16 @@ class Nemesis:
         except Exception as exc:
             self.errors.append(f"{planned.kind} at {planned.at:.1f}s failed: {exc!r}")
             self.tracebacks.append(f"{planned.kind} at {planned.at:.1f}s:\n{traceback.format_exc()}")
+
+    def _join(self, planned: Planned) -> None:
+        """A fresh candidate joins (the shards workload: names move to it); none past ``_MAX_LIVE``."""
+        start = time.monotonic_ns()
+        with self._lock:
+            if len(self.pool.live()) >= _MAX_LIVE:
+                self.skipped.append(f"join at {planned.at:.1f}s: {_MAX_LIVE} candidates live already")
+                return
+            fresh = self.pool.start()
+        self._record(planned, "server", start, time.monotonic_ns(), f"{fresh.identity} started", fresh)
 
     def _candidate_fault(self, planned: Planned) -> None:
         candidate, role = self._choose(planned.aim)

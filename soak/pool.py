@@ -82,12 +82,15 @@ class Pool:
         target_for: Callable[[list[TCPProxy]], str],
         directory: Path,
         seed: int,
+        names: tuple[str, ...] = (),
     ) -> None:
         self.backend, self.name, self.options = backend, name, options
         self.register_dsn, self.key = register_dsn, key
         self.upstreams, self.target_for = upstreams, target_for
         self.directory = directory
         self.seed = seed
+        #: The shards workload's names: its candidates run ``soak.shards_candidate`` over them.
+        self.names = names
         self.all: list[Candidate] = []
         self._count = 0
 
@@ -100,7 +103,7 @@ class Pool:
         argv = [
             sys.executable,
             "-m",
-            "soak.candidate",
+            "soak.shards_candidate" if self.names else "soak.candidate",
             f"--backend={self.backend}",
             f"--target={self.target_for(proxies)}",
             f"--name={self.name}",
@@ -111,6 +114,8 @@ class Pool:
             f"--events={events}",
             f"--seed={self.seed * 1000 + self._count}",
         ]
+        if self.names:
+            argv.append(f"--names={','.join(self.names)}")
         env = {**os.environ, "PYTHONPATH": str(_ROOT)}
         proc = popen(argv, log_path=str(self.directory / f"{identity}.log"), env=env, cwd=str(_ROOT))
         candidate = Candidate(identity, proc, proxies, events)
@@ -188,7 +193,16 @@ class Pool:
             candidate.poll_events()
             for e in candidate.events:
                 if e["e"] == "act":
-                    found.append(Act(candidate.identity, e.get("token"), int(e["t0"]), int(e["t1"]), e.get("ok")))
+                    found.append(
+                        Act(
+                            candidate.identity,
+                            e.get("token"),
+                            int(e["t0"]),
+                            int(e["t1"]),
+                            e.get("ok"),
+                            e.get("name", ""),
+                        )
+                    )
         return found
 
     def exit_reports(self, stopped: set[str]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The fenced register: one row per backend on a PostgreSQL server that no fault touches.
+"""The fenced register: one row per backend (per name, for the shards workload) on a PostgreSQL server that no
+fault touches.
 
 A write is accepted only if its token is at least the stored one; the
 update and the history row are one statement, so the history's order (its
@@ -7,6 +8,7 @@ update and the history row are one statement, so the history's order (its
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -14,7 +16,7 @@ if TYPE_CHECKING:
 
     from .checker import Write
 
-__all__ = ["Register", "create", "history"]
+__all__ = ["Register", "SharedRegister", "create", "history"]
 
 _SCHEMA = [
     "CREATE TABLE IF NOT EXISTS soak_register (key text PRIMARY KEY, token bigint NOT NULL)",
@@ -46,7 +48,7 @@ def history(server: PostgresServer, key: str) -> list[Write]:
     rows = server.query(
         "SELECT id, token, writer, sent_ns FROM soak_history WHERE key = $1 ORDER BY id", [key], timeout=60.0
     )
-    return [Write(int(r[0]), int(r[1]), str(r[2]), int(r[3])) for r in rows]
+    return [Write(int(r[0]), int(r[1]), str(r[2]), int(r[3]), key) for r in rows]
 
 
 class Register:
@@ -69,3 +71,25 @@ class Register:
 
     async def aclose(self) -> None:
         await self._conn.close(timeout=5.0)
+
+
+class SharedRegister:
+    """A shards candidate's connections to the register: one row per name, ``KEY/NAME`` (asyncpg pool)."""
+
+    def __init__(self, pool: Any, prefix: str) -> None:
+        self._pool = pool
+        self._prefix = prefix
+
+    @classmethod
+    async def connect(cls, dsn: str, prefix: str) -> SharedRegister:
+        import asyncpg
+
+        return cls(await asyncpg.create_pool(dsn, min_size=1, max_size=3, timeout=10.0), prefix)
+
+    async def write(self, name: str, token: int, writer: str, sent_ns: int) -> bool:
+        """True if the register accepted the write to ``name``'s row (``token`` at least the stored one)."""
+        row = await self._pool.fetchval(_WRITE, f"{self._prefix}/{name}", token, writer, sent_ns, timeout=10.0)
+        return row is not None
+
+    async def aclose(self) -> None:
+        await asyncio.wait_for(self._pool.close(), 5.0)

@@ -41,17 +41,20 @@ def timeline(runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
             if f.heal > f.start:
                 lines.append((f.heal, f"fault {f.kind} on {f.target} healed"))
         for t in verdict.terms:
-            lines.append((t.start, f"{t.who} leads, token {t.token}"))
-            lines.append((t.end, f"{t.who} acts for the last time under token {t.token} ({t.acts} writes)"))
+            of = f" {t.name}" if t.name else ""
+            lines.append((t.start, f"{t.who} leads{of}, token {t.token}"))
+            lines.append((t.end, f"{t.who} acts for the last time{of} under token {t.token} ({t.acts} writes)"))
         for act in run.history.acts:
             if act.ok is not True:
                 outcome = "refused (a newer token is stored)" if act.ok is False else "failed"
-                lines.append((act.t0, f"{act.who} write under token {act.token} {outcome}"))
+                of = f" to {act.name}" if act.name else ""
+                lines.append((act.t0, f"{act.who} write{of} under token {act.token} {outcome}"))
         for who, event in run.losses:
+            of = f" {event['name']}" if event.get("name") else ""
             if event["e"] == "unheld":
-                lines.append((event["t"], f"{who} read held False under token {event['token']}: no write"))
+                lines.append((event["t"], f"{who} read held False{of} under token {event['token']}: no write"))
             else:
-                lines.append((event["t"], f"{who} {event['e']} token {event['token']}: {event.get('reason')}"))
+                lines.append((event["t"], f"{who} {event['e']}{of} token {event['token']}: {event.get('reason')}"))
         for v in verdict.violations:
             if v.at is not None:
                 lines.append((v.at, f"VIOLATION {v.kind}: {v.message}"))
@@ -158,8 +161,10 @@ def _commit() -> str:
 def markdown(seed: int, minutes: float, wall: float, runs: Sequence[BackendRun], verdicts: Sequence[Verdict]) -> str:
     """The report the docs' "Report of the last long run" section takes as it is."""
     ok = all(v.ok for v in verdicts)
+    shown = {run.label: TIMINGS[run.label] for run in runs} or TIMINGS
     lines = [
-        f"`make soak SEED={seed} MINUTES={minutes:g}` on commit `{_commit()}`: "
+        f"`make soak{' SHARDS=1' if any(r.history.names for r in runs) else ''} SEED={seed} MINUTES={minutes:g}` "
+        f"on commit `{_commit()}`: "
         f"**{'passed' if ok else 'FAILED'}** ({wall / 60:.1f} minutes of wall time, the backends side by side).",
         "",
         *summary_lines(verdicts),
@@ -171,16 +176,24 @@ def markdown(seed: int, minutes: float, wall: float, runs: Sequence[BackendRun],
         "Bounds (seconds; a leaderless stretch must end by the anchor plus this, "
         f"{SLACK:g} s of scheduling slack included):",
         "",
-        "| fault | " + " | ".join(TIMINGS) + " |",
-        "| --- | " + " | ".join("---" for _ in TIMINGS) + " |",
+        "| fault | " + " | ".join(shown) + " |",
+        "| --- | " + " | ".join("---" for _ in shown) + " |",
     ]
-    kinds = sorted({k for _, t in TIMINGS.values() for k in t.bounds})
+    kinds = sorted({k for _, t in shown.values() for k in t.bounds})
     for kind in kinds:
         cells = []
-        for label, (_, timing) in TIMINGS.items():
+        for label, (_, timing) in shown.items():
             bound = timing.bounds[kind] if kind in checked_kinds(label) else None
             cells.append(f"{bound[0]} + {bound[1]:.1f}" if bound else "—")
         lines.append(f"| {kind} | " + " | ".join(cells) + " |")
+    if any(run.history.names for run in runs):
+        lines += [
+            "",
+            "Shards workload (`shards-*`): each name is judged as an election of its own (token order, overlap); "
+            "its leaderless time is not bounded during faults (a name also moves when an instance joins or "
+            "leaves), but every name must be acted on within the base bound of the end of the run; *max "
+            "leaderless* is the longest such idle end over the names.",
+        ]
     for run, verdict in zip(runs, verdicts, strict=True):
         if verdict.violations:
             lines += ["", f"Violations on {run.label}:", ""]

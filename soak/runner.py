@@ -21,7 +21,7 @@ from .checker import History
 from .nemesis import Nemesis, Planned, plan
 from .pool import Pool
 from .targets import make_target
-from .timing import TIMINGS
+from .timing import SHARD_NAMES, TIMINGS
 
 __all__ = ["BackendRun", "run_backend"]
 
@@ -58,11 +58,14 @@ def run_backend(
     for old in directory.glob("c*.*"):
         old.unlink()
     target = make_target(label, name)
+    names = SHARD_NAMES if target.shards else ()
+    keys = [f"{label}/{n}" for n in names] or [label]  # the register rows: one per name, or the backend's
     pool: Pool | None = None
     errors: list[str] = []
     try:
         target.start()
-        register.create(register_server, label)
+        for key in keys:
+            register.create(register_server, key)
         pool = Pool(
             backend=backend,
             name=name,
@@ -73,6 +76,7 @@ def run_backend(
             target_for=target.candidate_target,
             directory=directory,
             seed=seed,
+            names=names,
         )
         count = random.Random(f"{seed}:{label}:candidates").randint(3, 5)
         for _ in range(count):
@@ -100,7 +104,7 @@ def run_backend(
         history = History(
             label=label,
             acts=pool.acts(),
-            writes=register.history(register_server, label),
+            writes=[w for key in keys for w in register.history(register_server, key)],
             faults=sorted(nemesis.faults, key=lambda f: f.start),
             begin=began_ns,
             end=end_ns,
@@ -108,6 +112,7 @@ def run_backend(
             base_gap=timing.base_gap,
             leftovers=leftovers,
             errors=errors + nemesis.errors,
+            names=list(names),
         )
         (directory / "nemesis.log").write_text("\n".join(nemesis.tracebacks), encoding="utf-8")
         with open(directory / "faults.jsonl", "w", encoding="utf-8") as fh:

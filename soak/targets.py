@@ -20,6 +20,8 @@ __all__ = [
     "MariaDBTarget",
     "PostgresTarget",
     "RedisTarget",
+    "ShardsEtcdTarget",
+    "ShardsPostgresTarget",
     "Target",
     "checked_kinds",
     "make_target",
@@ -33,6 +35,8 @@ class Target:
     backend: ClassVar[str]
     #: The faults the nemesis may inject on this backend.
     fault_kinds: ClassVar[tuple[str, ...]] = ("kill", "pause", "depose", "partition", "restart", "slow")
+    #: The shards workload (``aioelect.Shards`` over :data:`~soak.timing.SHARD_NAMES`), not one election.
+    shards: ClassVar[bool] = False
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -264,12 +268,32 @@ class Etcd3Target(_EtcdTarget):
         self.cluster.start()
 
 
+class ShardsEtcdTarget(Etcd1Target):
+    """The shards workload on one etcd: ``depose`` revokes the lease of the oldest key under the group, which is
+    one candidate's shared lease (every name it owns goes at once); ``join`` starts a fresh candidate."""
+
+    label = "shards-etcd"
+    shards = True
+    fault_kinds = (*Etcd1Target.fault_kinds, "join")
+
+
+class ShardsPostgresTarget(PostgresTarget):
+    """The shards workload on PostgreSQL: ``depose`` terminates every session holding an advisory lock (each
+    candidate's shared session: every name at once); ``join`` starts a fresh candidate."""
+
+    label = "shards-postgres"
+    shards = True
+    fault_kinds = (*PostgresTarget.fault_kinds, "join")
+
+
 _TARGETS: dict[str, type[Target]] = {
     "mariadb": MariaDBTarget,
     "postgres": PostgresTarget,
     "redis": RedisTarget,
     "etcd1": Etcd1Target,
     "etcd3": Etcd3Target,
+    "shards-etcd": ShardsEtcdTarget,
+    "shards-postgres": ShardsPostgresTarget,
 }
 
 

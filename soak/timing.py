@@ -9,12 +9,12 @@ fresh candidate process.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from aioelect._config import confirmation_gap
 
-__all__ = ["SLACK", "TIMINGS", "Timing"]
+__all__ = ["ELECTION_LABELS", "SHARDS_LABELS", "SHARD_NAMES", "SLACK", "TIMINGS", "Timing"]
 
 #: Seconds added to every leaderless bound and, in part, to the overlap margin: scheduling, not the library.
 SLACK = 2.0
@@ -141,6 +141,12 @@ def _etcd() -> Timing:
     )
 
 
+def _shards(timing: Timing) -> Timing:
+    """The shards workload on a shared session: the same options (the session's), and a bound for ``join``
+    (a fresh candidate starts: names move to it through their elections)."""
+    return replace(timing, bounds={**timing.bounds, "join": ("start", timing.base_gap)})
+
+
 #: The backends of a soak, by label: (aioelect backend, timing).
 TIMINGS: dict[str, tuple[str, Timing]] = {
     "mariadb": ("mysql", _sql()),
@@ -148,4 +154,12 @@ TIMINGS: dict[str, tuple[str, Timing]] = {
     "redis": ("redis", _redis()),
     "etcd1": ("etcd", _etcd()),
     "etcd3": ("etcd", _etcd()),
+    # The shards workload: aioelect.Shards over SHARD_NAMES on one shared session per candidate.
+    "shards-etcd": ("etcd", _shards(_etcd())),
+    "shards-postgres": ("postgres", _shards(_sql())),
 }
+#: The labels of the election workload (``make soak``), and of the shards workload (``make soak SHARDS=1``).
+ELECTION_LABELS = ("mariadb", "postgres", "redis", "etcd1", "etcd3")
+SHARDS_LABELS = ("shards-etcd", "shards-postgres")
+#: The names the shards workload spreads over its candidates.
+SHARD_NAMES = tuple(f"s{i}" for i in range(12))

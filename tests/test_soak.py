@@ -18,7 +18,7 @@ import pytest
 
 from soak.checker import Act, Fault, History, Write, check
 from soak.nemesis import plan
-from soak.timing import TIMINGS
+from soak.timing import ELECTION_LABELS, SHARD_NAMES, SHARDS_LABELS, TIMINGS
 from tests.harness import MissingBinaryError, require_binary
 from tests.harness.plugin import server_unavailable, skip_if_external
 
@@ -192,7 +192,7 @@ def test_short_soak_on_every_backend_passes(tmp_path: Path) -> None:
         f"soak failed (status {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
     )
     assert "**passed**" in report
-    for label in TIMINGS:
+    for label in ELECTION_LABELS:
         faults = [json.loads(line) for line in (tmp_path / label / "faults.jsonl").read_text().splitlines()]
         assert len(faults) >= 3, f"{label}: only {len(faults)} faults injected"
         assert f"| {label} | pass |" in report
@@ -210,3 +210,122 @@ def test_checker_does_not_count_the_time_a_deposed_leader_was_frozen() -> None:
     assert verdict.rejected == 1 and verdict.max_overlap < 0.01
     # The same acts without the freeze are two leaders at once for 2 s.
     assert [v.kind for v in check(_history(acts)).violations] == ["overlap"]
+
+
+# --- the shards workload: every name an election of its own --------------------------------------------------
+
+
+def _named(acts: list[Act], name: str) -> list[Act]:
+    return [Act(a.who, a.token, a.t0, a.t1, a.ok, name) for a in acts]
+
+
+def _shards_history(acts: list[Act], names: list[str], *, end: float | None = None) -> History:
+    """``acts`` as the per-name fenced register would have taken them (a row per name)."""
+    judged: list[Act] = []
+    writes: list[Write] = []
+    highest: dict[str, int] = {}
+    for act in sorted(acts, key=lambda a: a.t0):
+        ok = (act.token or 0) >= highest.get(act.name, 0)
+        judged.append(Act(act.who, act.token, act.t0, act.t1, ok, act.name))
+        if ok:
+            highest[act.name] = act.token or 0
+            writes.append(Write(len(writes), act.token or 0, act.who, act.t0, f"shards/{act.name}"))
+    return History(
+        label="shards",
+        acts=judged,
+        writes=writes,
+        faults=[],
+        begin=0,
+        end=int(end * NS) if end is not None else int(max(a.t0 for a in acts)) + NS // 10,
+        margin=0.9,
+        base_gap=3.0,
+        names=names,
+    )
+
+
+def _two_names() -> list[Act]:
+    """c1 owns s0 and c2 owns s1 at once (no overlap: different names); s0 moves to c2 at 10 s, tokens per name."""
+    return _named(_leader("c1", 3, 0.0, 9.9) + _leader("c2", 7, 10.2, 20.0), "s0") + _named(
+        _leader("c2", 4, 0.0, 20.0), "s1"
+    )
+
+
+def test_shards_checker_passes_names_owned_at_once_by_different_candidates() -> None:
+    verdict = check(_shards_history(_two_names(), ["s0", "s1"]))
+    assert verdict.ok, verdict.violations
+    assert sorted((t.name, t.who, t.token) for t in verdict.terms) == [
+        ("s0", "c1", 3),
+        ("s0", "c2", 7),
+        ("s1", "c2", 4),
+    ]
+    # The same acts as one election: two candidates acting at once for 10 s.
+    history = _shards_history(_two_names(), ["s0", "s1"])
+    history.names = []
+    assert "overlap" in {v.kind for v in check(history).violations}
+
+
+def test_shards_checker_reports_a_lower_token_accepted_for_one_name() -> None:
+    history = _shards_history(_two_names(), ["s0", "s1"])
+    # c1's token 3 accepted on s0's row after c2's token 7; token 3 on s1's row would be another row's order.
+    history.writes.append(Write(len(history.writes), 3, "c1", 12 * NS, "shards/s0"))
+    verdict = check(history)
+    assert [v.kind for v in verdict.violations] == ["token"]
+    assert verdict.violations[0].message.startswith("s0: ") and "token 3 after write" in verdict.violations[0].message
+
+
+def test_shards_checker_reports_a_name_led_again_with_a_smaller_token() -> None:
+    acts = _two_names() + _named(_leader("c2", 7, 20.04, 25.0), "s0") + _named(_leader("c3", 2, 21.0, 25.0), "s1")
+    # s1: c3 leads with token 2 after c2's token 4 (the register refuses its writes)
+    verdict = check(_shards_history(acts, ["s0", "s1"]))
+    assert {v.kind for v in verdict.violations} == {"token"}
+    assert any(v.message.startswith("s1: ") and "not larger" in v.message for v in verdict.violations)
+
+
+def test_shards_checker_reports_two_owners_of_one_name_beyond_the_margin() -> None:
+    acts = _two_names() + _named(_leader("c3", 9, 18.5, 20.0), "s1")  # c2 and c3 both act on s1 for 1.5 s
+    verdict = check(_shards_history(acts, ["s0", "s1"]))
+    assert [v.kind for v in verdict.violations] == ["overlap"]
+    assert verdict.violations[0].message.startswith("s1: c2 (token 4) and c3 (token 9)")
+    assert verdict.max_overlap == pytest.approx(1.5, abs=0.05)
+
+
+def test_shards_checker_reports_a_name_nobody_owns_at_the_end() -> None:
+    acts = _named(_leader("c1", 3, 0.0, 30.0), "s0") + _named(_leader("c2", 4, 0.0, 20.0), "s1")
+    verdict = check(_shards_history(acts, ["s0", "s1", "s2"]))
+    assert sorted(v.message.split(":")[0] for v in verdict.violations if v.kind == "gap") == ["s1", "s2"]
+    assert any("nobody ever led" in v.message for v in verdict.violations)
+
+
+SHARDS_SOAK_SECONDS = 30
+
+
+@pytest.mark.timeout(SHARDS_SOAK_SECONDS + 150)
+def test_short_shards_soak_passes(tmp_path: Path) -> None:
+    """The shards workload (aioelect.Shards over 12 names, a register row per name) on etcd and PostgreSQL.
+
+    30 s leave room for three or four faults; the seed is one whose schedule has a kill on both backends, a
+    pause and a depose on etcd, a join and a depose on PostgreSQL.
+    """
+    _require_servers()
+    argv = ["-m", "soak", "--shards", "--minutes", str(SHARDS_SOAK_SECONDS / 60), "--seed", "20264034"]
+    proc = subprocess.run(
+        [sys.executable, *argv, "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SHARDS_SOAK_SECONDS + 140,
+    )
+    report = (tmp_path / "report.md").read_text() if (tmp_path / "report.md").exists() else "(no report)"
+    assert proc.returncode == 0, (
+        f"soak failed (status {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
+    )
+    for label in SHARDS_LABELS:
+        assert f"| {label} | pass |" in report
+        faults = [json.loads(line) for line in (tmp_path / label / "faults.jsonl").read_text().splitlines()]
+        assert faults, f"{label}: no fault injected"
+        events = [
+            json.loads(line) for path in (tmp_path / label).glob("c*.jsonl") for line in path.read_text().splitlines()
+        ]
+        owned = {e["name"] for e in events if e["e"] == "act" and e["ok"]}
+        assert owned == set(SHARD_NAMES), f"{label}: names never written: {set(SHARD_NAMES) - owned}"
+    print(report)

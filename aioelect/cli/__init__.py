@@ -4,6 +4,8 @@
   while this process leads; see :func:`main` and ``aioelect run --help``.
 * ``aioelect leader`` prints the current leader's identity (exit 1: none).
 * ``aioelect observe`` prints one line per leadership change until interrupted.
+* ``aioelect shards --names A,B,C [options] -- CMD [ARGS...]`` spreads the
+  names over the instances that run it and runs one CMD per name owned here.
 
 Passwords come only from ``AIOELECT_PASSWORD`` or ``--password-file`` (or
 inside a DSN); they are never printed: every message this command writes is
@@ -13,7 +15,7 @@ other non-printable characters escaped.
 
 The package, one job per module: ``_args`` (options and help),
 ``_configure`` (options laid over :class:`aioelect._settings.Settings`),
-``_commands`` (``leader``, ``observe``), ``_run`` (``run``),
+``_commands`` (``leader``, ``observe``), ``_run`` (``run``), ``_shards`` (``shards``),
 ``_supervisor`` (CMD's process group), ``_output`` (what is printed).
 """
 
@@ -91,11 +93,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     subparser = parsers.of(args.command)
     if args.command == "run" and not cmd:
         _usage_error(subparser, "run needs a command after --, e.g. aioelect run --mysql DSN -- ./job.sh")
-    if args.command == "run" and shutil.which(cmd[0]) is None:
+    if args.command == "shards" and not cmd:
+        _usage_error(subparser, "shards needs a command after --, e.g. aioelect shards --names a,b -- ./worker.sh")
+    if args.command in ("run", "shards") and shutil.which(cmd[0]) is None:
         # Found out before campaigning, so a typo never takes leadership from a working instance.
         err(f"aioelect: error: CMD not found or not executable: {cmd[0]}")
         return EXIT_NOT_FOUND if not os.path.exists(cmd[0]) else EXIT_NOT_EXECUTABLE
-    if args.command != "run" and cmd:
+    if args.command not in ("run", "shards") and cmd:
         _usage_error(subparser, f"{args.command} takes no command after --")
     if args.verbose and args.quiet:
         _usage_error(subparser, "give only one of --verbose and --quiet")

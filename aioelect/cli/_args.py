@@ -30,6 +30,7 @@ from .._settings import (
     ENV_POSTGRES_DSN,
     ENV_REDIS_URL,
     ENV_RENEW_DEADLINE,
+    ENV_SHARD,
     ENV_TOKEN,
     SECRET_VARIABLES,
 )
@@ -154,6 +155,32 @@ Campaign, and run CMD only while this process is the leader.
 """
 
 
+_SHARDS_DESCRIPTION = f"""\
+Spread --names over the instances that run this command (same --names,
+same --name), and run one CMD per name this instance owns.
+
+* Each instance owns a balanced share: with m instances, len(names) // m
+  names or one more. A name moves only when an instance joins or leaves
+  (or its leadership is lost); no name is owned by two instances at once.
+* CMD's environment gets {ENV_SHARD} (the name), {ENV_TOKEN} (that name's
+  fencing token) and {ENV_IDENTITY} (ours); not aioelect's secrets unless
+  --pass-secret NAME (as for run).
+* When a name moves or its leadership is lost, its CMD's tree gets SIGTERM,
+  then SIGKILL after --grace seconds, and the name is let go only once the
+  tree is gone (the process-tree guarantees of run, per CMD). --grace is
+  bounded by the backend's safety margin as for run.
+* A CMD that exits is started again after --restart-delay while its name
+  is still owned.
+* SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to
+  every CMD (SIGPIPE as SIGTERM); each name is let go once its tree is
+  gone, and aioelect exits with 128 + the signal.
+* Needs a server backend (etcd, MySQL, PostgreSQL): every election of the
+  instance is on one shared session (one etcd lease, one SQL connection),
+  so its names are lost together when that session ends. --max-instances
+  bounds how many instances take part.
+"""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with its own error messages (which quote the arguments, DSNs included) shown redacted."""
 
@@ -274,7 +301,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def build_parser() -> Parsers:
-    """The ``aioelect`` argument parsers (``run``, ``leader``, ``observe``)."""
+    """The ``aioelect`` argument parsers (``run``, ``shards``, ``leader``, ``observe``)."""
     common = _backend_options()
     fmt = argparse.RawDescriptionHelpFormatter
     parser = _Parser(
@@ -359,6 +386,49 @@ def build_parser() -> Parsers:
         metavar="HOST",
         help="address the probes listen on (default 127.0.0.1; in a pod 0.0.0.0, for the kubelet)",
     )
+    shards = sub.add_parser(
+        "shards",
+        parents=[common],
+        help="run one CMD per shard (name) this instance owns",
+        usage="aioelect shards --names NAME,NAME,... [options] -- CMD [ARGS...]",
+        description=_SHARDS_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=fmt,
+    )
+    shards.add_argument(
+        "--names",
+        required=True,
+        metavar="NAMES",
+        help="the shards: comma-separated names, or a count N for the names 0 to N-1",
+    )
+    shards.add_argument(
+        "--grace",
+        type=_non_negative,
+        metavar="SECONDS",
+        help="how long a CMD's tree has between SIGTERM and SIGKILL when its name goes; at most the backend's "
+        f"safety margin less {KILL_RESERVE:g}s (default: half the margin)",
+    )
+    shards.add_argument(
+        "--pass-secret",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="hand secret variable NAME to every CMD, which never gets them otherwise; repeatable; logged",
+    )
+    shards.add_argument(
+        "--restart-delay",
+        type=_non_negative,
+        default=1.0,
+        metavar="SECONDS",
+        help="pause before a CMD that exited is started again, while its name is owned (default 1)",
+    )
+    shards.add_argument(
+        "--max-instances",
+        type=_number(int, lambda n: n >= 1, "a whole number >= 1"),
+        default=16,
+        metavar="N",
+        help="how many instances can take part (default 16); one more owns nothing and logs a warning",
+    )
     leader = sub.add_parser(
         "leader",
         parents=[common],
@@ -380,7 +450,7 @@ def build_parser() -> Parsers:
         formatter_class=fmt,
     )
     observe.add_argument("--json", action="store_true", help='print JSON lines {"time", "leader", ...}')
-    return Parsers(parser, {"run": run, "leader": leader, "observe": observe})
+    return Parsers(parser, {"run": run, "shards": shards, "leader": leader, "observe": observe})
 
 
 def _version() -> str:

@@ -1,4 +1,5 @@
-"""The ``aioelect`` commands on a running event loop: ``leader``, ``observe``, and ``run`` through :class:`Runner`.
+"""The ``aioelect`` commands on a running event loop: ``leader``, ``observe``, ``run`` through :class:`Runner`, and
+``shards`` through :class:`~aioelect.cli._shards.ShardsRunner`.
 
 Guarantees: the first contact with the server is bounded by ``--timeout``
 and a server that cannot be reached then ends the command with status 3;
@@ -116,6 +117,10 @@ async def execute(
     command: str, config: Config, args: argparse.Namespace, cmd: Sequence[str], environ: Mapping[str, str]
 ) -> int:
     """Run ``command``; ``environ`` is what CMD's environment is made from (``run``)."""
+    if command == "shards":
+        from ._shards import ShardsRunner
+
+        return await ShardsRunner(config, cmd, args, environ).main()
     elector = config.build()
     loop = asyncio.get_running_loop()
     main_task = asyncio.current_task()

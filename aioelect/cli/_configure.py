@@ -153,7 +153,7 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
     for option, seconds in settings.timing.items():
         if not (option == "lease" and ("ttl" in options or "lease" in options)):
             options.setdefault(option, seconds)
-    if getattr(args, "command", None) == "run":
+    if getattr(args, "command", None) in ("run", "shards"):
         # CMD is the leader's work: after a loss the lock is released only once CMD is stopped.
         options["stop_timeout"] = max(args.grace or 0.0, DEFAULT_GRACE) + 2 * KILL_WAIT + 1
     for flag in ("etcd_user", "etcd_ca", "etcd_cert", "etcd_key"):

@@ -1,8 +1,10 @@
-"""One aioelect.Shards instance on etcd with one shared EtcdSession, reporting ownership as JSON lines.
+"""One aioelect.Shards instance on one shared session (``--backend``: an EtcdSession, a MySQLSession or a
+PostgresSession; ``--endpoint`` is the DSN for the SQL ones), reporting ownership as JSON lines.
 
 Lines: ``{"ev": "ready", "t"}`` once the session is entered; ``{"ev": "own", "name", "t"}`` when a name's work
 starts; ``{"ev": "drop", "name", "t"}`` when it is cancelled (before the name is let go). ``t`` is
-``time.monotonic()`` (system-wide on Linux). SIGTERM leaves gracefully (every name let go, lease revoked).
+``time.monotonic()`` (system-wide on Linux). SIGTERM leaves gracefully (every name let go, lease revoked or
+connection closed).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import asyncio
 import logging
 import signal
+from typing import Any
 
 import anyio
 
@@ -18,15 +21,30 @@ import aioelect
 from bench.shards_members._common import arguments, emit
 
 
+def session_for(args: argparse.Namespace) -> Any:
+    if args.backend == "etcd":
+        return aioelect.EtcdSession(args.endpoint, ttl=args.ttl)
+    kind = aioelect.MySQLSession if args.backend == "mysql" else aioelect.PostgresSession
+    return kind(args.endpoint, identity=args.identity, lease=args.ttl)
+
+
+def elector_on(args: argparse.Namespace, session: Any, name: str) -> aioelect.Elector:
+    if args.backend == "etcd":
+        return aioelect.EtcdElector(session=session, name=name)
+    if args.backend == "mysql":
+        return aioelect.MySQLElector(session=session, name=name)
+    return aioelect.PostgresElector(session=session, name=name)
+
+
 async def main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with aioelect.EtcdSession(args.endpoint, ttl=args.ttl) as session:
+    async with session_for(args) as session:
         shards = aioelect.Shards(
             args.names,
             group=args.group,
             identity=args.identity,
-            electors=lambda n: aioelect.EtcdElector(session=session, name=n),
+            electors=lambda n: elector_on(args, session, n),
             max_instances=args.max_instances,
         )
 
@@ -51,4 +69,4 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    asyncio.run(main(arguments(max_instances=8)))
+    asyncio.run(main(arguments(max_instances=8, backend="etcd")))

@@ -1,0 +1,235 @@
+"""``aioelect shards``: one CMD per owned shard, each stopped before its shard is handed over.
+
+The instances of a service run the same ``aioelect shards --names ... --
+CMD``; :class:`aioelect.Shards` spreads the names over them and each
+instance runs one CMD per name it owns, with ``AIOELECT_SHARD`` (the name),
+``AIOELECT_TOKEN`` (that name's fencing token) and ``AIOELECT_IDENTITY`` in
+its environment. Guarantees, on top of :mod:`aioelect.cli._supervisor`'s
+(each CMD under its own shim, as ``aioelect run`` starts it):
+
+* a CMD starts only while its name is owned, in that name's leader work;
+* when the name moves (an instance joins or leaves) or its leadership is
+  lost, CMD's whole tree gets SIGTERM, then SIGKILL after the grace, and the
+  name is let go only once the tree is gone; the grace fits in the
+  backend's safety margin (:func:`~aioelect.cli._run.choose_grace`);
+* a CMD that exits is started again after ``--restart-delay`` while its
+  name is still owned; processes it left running are stopped first;
+* each of :data:`~aioelect.cli._supervisor.STOP_SIGNALS` is forwarded to
+  every CMD (SIGPIPE as SIGTERM), then every name is let go once its tree
+  is gone, and aioelect exits with 128 + the signal.
+
+On etcd every election of the instance shares one lease (an
+:class:`~aioelect.EtcdSession`), on MySQL and PostgreSQL one connection (a
+shared session): its names are lost together when it ends, and the
+instance campaigns again for its share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from .._elector import Elector, Leadership, current_leadership, default_identity
+from .._errors import ElectionError
+from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
+from .._shards import Shards
+from ._configure import Config
+from ._run import choose_grace, forwarded_signal
+from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
+from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, reap_orphans
+
+__all__ = ["ShardsRunner", "parse_names"]
+
+log = logging.getLogger("aioelect.cli")
+
+
+def parse_names(text: str) -> list[str] | int:
+    """``--names``: comma-separated names, or a count N for the names ``0`` to ``N-1``."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise UsageError(f"--names {text!r}: an empty name (give NAME,NAME,... or a count)")
+    return names
+
+
+def _shared_etcd(config: Config, identity: str) -> tuple[Any, Callable[[str], Elector]]:
+    """One EtcdSession (one lease, one connection) for every election of this instance."""
+    from .._electors import EtcdElector
+    from ..backends.etcd import EtcdSession
+
+    stop_timeout = config.options.get("stop_timeout", 5.0)
+    # A shared session never degrades to leading without etcd: the option is the elector's alone.
+    rest = {
+        k: v for k, v in config.options.items() if k not in ("name", "identity", "stop_timeout", "degrade_to_local")
+    }
+    try:
+        session = EtcdSession(config.target, **rest)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    return session, lambda name: EtcdElector(session=session, name=name, identity=identity, stop_timeout=stop_timeout)
+
+
+async def _probe(elector: Elector, config: Config, timeout: float) -> None:  # noqa: ASYNC109
+    from ._commands import _probe as probe
+
+    await probe(elector, config, timeout)
+
+
+class ShardsRunner:
+    """Runs :class:`~aioelect.Shards` over ``--names`` with one CMD per owned name."""
+
+    def __init__(
+        self, config: Config, cmd: Sequence[str], args: argparse.Namespace, environ: Mapping[str, str]
+    ) -> None:
+        self.config = config
+        self.cmd = list(cmd)
+        self.environ = environ
+        self.names = parse_names(args.names)
+        self.pass_secrets: list[str] = list(args.pass_secret)
+        self.restart_delay: float = args.restart_delay
+        self.max_instances: int = args.max_instances
+        self.given_grace: float | None = args.grace
+        self.timeout: float = args.timeout
+        self.grace = 0.0
+        self.identity: str = config.options.get("identity") or default_identity()
+        group = config.options.get("name")
+        if not group:
+            raise UsageError("shards needs a group name: --name or AIOELECT_NAME (the prefix of its elections)")
+        self.group_name: str = group
+        #: CMD's process group per name, while it runs.
+        self.running: dict[str, ProcessGroup] = {}
+        self.signals: list[int] = []
+
+    def on_signal(self, sig: int, scope: anyio.CancelScope) -> None:
+        """Forward ``sig`` to every CMD and stop: each name is let go once its CMD's tree is gone."""
+        self.signals.append(sig)
+        forwarded = forwarded_signal(sig)
+        for name, group in self.running.items():
+            if group.running:
+                log.info("forwarding %s to CMD of %s (pid %d)", signal.Signals(forwarded).name, name, group.pid)
+                group.signal(forwarded)
+        scope.cancel()
+
+    def _shards(self, session_out: list[Any]) -> Shards:
+        kind = self.config.kind
+        if kind not in ("etcd", "mysql", "postgres"):
+            raise UsageError(f"shards needs etcd, MySQL or PostgreSQL (one shared session per instance), not {kind}")
+        if kind == "etcd":
+            session, electors = _shared_etcd(self.config, self.identity)
+            session_out.append(session)
+            return Shards(
+                self.names,
+                group=self.group_name,
+                electors=electors,
+                identity=self.identity,
+                max_instances=self.max_instances,
+            )
+        # MySQL and PostgreSQL: Shards opens one shared session per run.
+        options = {k: v for k, v in self.config.options.items() if k not in ("name", "identity")}
+        return Shards(
+            self.names,
+            group=self.group_name,
+            identity=self.identity,
+            max_instances=self.max_instances,
+            environ={},
+            **{kind: self.config.target, **options},
+        )
+
+    async def main(self) -> int:
+        """Take part until a stop signal; return 128 + the signal, or raise BackendError on a permanent error."""
+        session_out: list[Any] = []
+        try:
+            shards = self._shards(session_out)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(str(exc)) from None
+        # Not on the group's own name: on etcd the group's elections are under it (``group/shard/...``).
+        where = self.config
+        probe = Config(
+            where.kind, where.target, where.where, {**where.options, "name": f"{self.group_name}/probe"}
+        ).build()
+        try:
+            self.grace = choose_grace(self.given_grace, probe, self.config.kind)
+            # Fail fast (status 3) on a server that cannot be reached at all; later outages are retried.
+            await _probe(probe, self.config, self.timeout)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await probe.aclose()
+        loop = asyncio.get_running_loop()
+        reaper = asyncio.ensure_future(reap_orphans()) if os.getpid() == 1 else None
+        with anyio.CancelScope() as scope:
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self.on_signal, sig, scope)
+            try:
+                if session_out:
+                    async with session_out[0]:
+                        await shards.run(self._work)
+                else:
+                    await shards.run(self._work)
+            except ElectionError as exc:
+                raise BackendError(str(exc)) from None
+            finally:
+                for sig in STOP_SIGNALS:
+                    loop.remove_signal_handler(sig)
+                if reaper is not None:
+                    reaper.cancel()
+        return 128 + self.signals[0] if self.signals else 0
+
+    async def _work(self, name: str) -> None:
+        """CMD for ``name`` while it is owned: started again after it exits, stopped before the name goes."""
+        lead = current_leadership()
+        while True:
+            status = await self._run_once(name, lead)
+            if status is None:
+                await anyio.sleep_forever()  # CMD cannot be run: hold the name, run nothing (logged)
+            log.info("CMD of %s exited with status %d; starting it again in %gs", name, status, self.restart_delay)
+            await anyio.sleep(self.restart_delay)
+
+    async def _run_once(self, name: str, lead: Leadership) -> int | None:
+        token = "" if lead.token is None else str(lead.token)
+        env = child_environment(
+            self.environ,
+            pass_secrets=self.pass_secrets,
+            extra={ENV_IDENTITY: lead.identity, ENV_TOKEN: token, ENV_SHARD: name},
+        )
+        try:
+            # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
+            group = await ProcessGroup.start(self.cmd, env, hold=lead._descriptors())
+        except FileNotFoundError:
+            log.error("CMD not found: %s (exit status %d)", self.cmd[0], EXIT_NOT_FOUND)
+            return None
+        except OSError as exc:
+            log.error("CMD cannot be executed: %s (%s; exit status %d)", self.cmd[0], exc.strerror, EXIT_NOT_EXECUTABLE)
+            return None
+        self.running[name] = group
+        log.info(
+            "owner of %s (token %s): started %s, pid %d", name, lead.token, os.path.basename(self.cmd[0]), group.pid
+        )
+        try:
+            await asyncio.shield(group.exited)
+        finally:
+            # Cancelled (the name moves, its leadership is lost, aioelect stops) or CMD exited: nothing of its
+            # tree may outlive this, and the name is let go only after.
+            with anyio.CancelScope(shield=True):
+                try:
+                    if group.running or group.alive():
+                        if lead.lost:
+                            log.warning(
+                                "leadership of %s lost (%s): stopping CMD (pid %d) and every process it started",
+                                name,
+                                lead.lost_reason,
+                                group.pid,
+                            )
+                        await group.terminate(self.grace)
+                finally:
+                    await group.aclose()
+                    del self.running[name]
+        return await group.status()

@@ -1,0 +1,142 @@
+"""``aioelect shards``: one CMD per owned name, stopped before the name is handed over.
+
+Each CMD appends ``start``/``stop`` lines (name, token, identity, monotonic time) to one file; a name's CMDs
+on two instances must never run at once.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness import EtcdServer, PostgresServer
+
+from .test_cli import Spawner, wait_until
+
+pytestmark = pytest.mark.timeout(90)
+
+WORKER = """\
+import os, signal, sys, time
+def line(event):
+    with open(sys.argv[1], "a") as fh:
+        fh.write(" ".join([event, os.environ["AIOELECT_SHARD"], os.environ["AIOELECT_TOKEN"],
+                           os.environ["AIOELECT_IDENTITY"], str(os.getpid()), repr(time.monotonic())]) + "\\n")
+def stop(*_):
+    line("stop")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+line("start")
+while True:
+    time.sleep(1)
+"""
+
+
+def events(path: Path) -> list[tuple[str, str, int, str, int, float]]:
+    if not path.exists():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        event, name, token, identity, pid, t = line.split()
+        found.append((event, name, int(token), identity, int(pid), float(t)))
+    return found
+
+
+def running(path: Path) -> dict[str, str]:
+    """Name -> identity of the CMD running now (started, not stopped)."""
+    now: dict[str, str] = {}
+    for event, name, _, identity, _, _ in events(path):
+        if event == "start":
+            assert name not in now, f"{name}: {identity}'s CMD started while {now[name]}'s runs"
+            now[name] = identity
+        else:
+            assert now.get(name) == identity, f"{name}: {identity}'s CMD stopped but it was not running"
+            del now[name]
+    return now
+
+
+def start(spawner: Spawner, backend: list[str], group: str, identity: str, out: Path, *extra: str) -> Any:
+    worker = spawner.tmp / "worker.py"
+    worker.write_text(WORKER)
+    return spawner.start(
+        "shards",
+        *backend,
+        "--name",
+        group,
+        "--identity",
+        identity,
+        "--names",
+        "a,b,c,d",
+        *extra,
+        "--",
+        sys.executable,
+        str(worker),
+        str(out),
+    )
+
+
+@pytest.fixture
+def spawner(tmp_path: Path) -> Any:
+    s = Spawner(tmp_path)
+    try:
+        yield s
+    finally:
+        for proc in s.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def _handover(spawner: Spawner, backend: list[str], tmp_path: Path) -> None:
+    out = tmp_path / "cmds.log"
+    group = f"cli-shards-{secrets.token_hex(3)}"
+    first = start(spawner, backend, group, "A", out)
+    second = start(spawner, backend, group, "B", out)
+    wait_until("two CMDs per instance", lambda: sorted(Counter(running(out).values()).values()) == [2, 2], 30)
+    assert {e[1] for e in events(out)} == {"a", "b", "c", "d"} and all(e[2] > 0 for e in events(out))
+    tokens = {e[1]: e[2] for e in events(out) if e[0] == "start"}  # the tokens of the balanced owners
+    signalled = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(30) == 128 + signal.SIGTERM
+    wait_until("B runs every CMD", lambda: running(out) == dict.fromkeys("abcd", "B"), 30)
+    # A's names: A's CMD stopped before B's started (the name was let go once its CMD was gone), new token.
+    stops = {e[1]: e[5] for e in events(out) if e[0] == "stop" and e[3] == "A" and e[5] >= signalled}
+    assert len(stops) == 2
+    for name, stopped in stops.items():
+        taken = [e for e in events(out) if e[0] == "start" and e[1] == name and e[3] == "B" and e[5] >= signalled]
+        assert taken and taken[0][5] > stopped and taken[0][2] > tokens[name]
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(30) == 128 + signal.SIGTERM
+    assert running(out) == {}
+    pids = {e[4] for e in events(out)}
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_names_move_between_instances_on_etcd(etcd: EtcdServer, spawner: Spawner, tmp_path: Path) -> None:
+    started = time.monotonic()
+    _handover(spawner, ["--etcd", etcd.endpoint, "--ttl", "3"], tmp_path)
+    print(f"etcd: {time.monotonic() - started:.1f}s")
+
+
+def test_names_move_between_instances_on_postgres(postgres: PostgresServer, spawner: Spawner, tmp_path: Path) -> None:
+    started = time.monotonic()
+    _handover(spawner, ["--postgres", postgres.dsn], tmp_path)
+    print(f"postgres: {time.monotonic() - started:.1f}s")
+
+
+def test_shards_needs_a_server_backend_and_a_command(tmp_path: Path) -> None:
+    from .test_cli import cli
+
+    done = cli("shards", "--etcd", "127.0.0.1:9", "--timeout", "2", "--name", "g", "--names", "a", "--", "true")
+    assert done.returncode == 3, done.stderr
+    done = cli("shards", "--file", str(tmp_path / "lock"), "--name", "g", "--names", "a", "--", "true")
+    assert done.returncode == 2 and "etcd, MySQL or PostgreSQL" in done.stderr
+    done = cli("shards", "--file", str(tmp_path / "lock"), "--name", "g", "--names", "a")
+    assert done.returncode == 2 and "needs a command" in done.stderr
