@@ -50,6 +50,10 @@ class Register:
     def work_of(self, instance: Shards) -> Callable[[str], Any]:
         async def work(name: str) -> None:
             lead = current_leadership()
+            if lead.lost:
+                # Lost between its grant and this start (a loaded machine past the renew deadline): Shards
+                # cancels this work next, as for any loss.
+                await anyio.sleep_forever()
             assert instance.leadership(name) is lead and lead.token is not None
             if name in self.running:
                 self.violations.append(f"{name}: {instance.identity} started while {self.running[name]} runs")
