@@ -777,3 +777,36 @@ def test_the_state_diagrams_are_drawn_from_the_transition_tables() -> None:
         assert diagrams.committed(name) == diagrams.drawn(name), (  # type: ignore[attr-defined]
             f"the {name} state diagram differs from its transition table: run python scripts/state_diagrams.py"
         )
+
+
+def test_the_mysql_table_the_concepts_page_shows_is_the_one_the_backend_creates(mariadb: Any, mysql_dsn: str) -> None:
+    """The ```sql block of docs/concepts.md, run as printed, makes the table the backend creates, and it elects."""
+    import anyio
+
+    from aioelect import MySQLElector
+
+    text = (ROOT / "docs" / "concepts.md").read_text()
+    (ddl,) = re.findall(r"```sql\n(.*?)\n```", text, re.S)
+    printed, created = f"docs_sql_{uuid.uuid4().hex[:8]}", f"docs_sql_{uuid.uuid4().hex[:8]}"
+
+    def columns(database: str) -> list[tuple[Any, ...]]:
+        return mariadb.query(f"SHOW COLUMNS FROM {database}.aioelect_leaders", database="")
+
+    async def elect(database: str) -> int | None:
+        dsn = urlsplit(mysql_dsn)._replace(path=f"/{database}").geturl()
+        async with MySQLElector(dsn, name="docs-sql", fencing=True) as elector:
+            lead = await elector.acquire(timeout=20)
+            token = lead.token
+            await lead.release()
+            return token
+
+    for database in (printed, created):
+        mariadb.query(f"CREATE DATABASE {database}", database="")
+    try:
+        mariadb.query(ddl, database=printed)
+        assert anyio.run(elect, printed) == 1
+        assert anyio.run(elect, created) == 1
+        assert columns(printed) == columns(created)
+    finally:
+        for database in (printed, created):
+            mariadb.query(f"DROP DATABASE IF EXISTS {database}", database="")
