@@ -27,7 +27,10 @@ from tests.harness import MariaDBServer, MissingBinaryError
 from tests.harness.plugin import server_unavailable, skip_if_external
 
 NS = 1_000_000_000
-#: The CI seeds, per backend, and each one's seconds: about 2 minutes in all with the servers' starts.
+#: The CI seeds, per backend, and each one's seconds: about 2 minutes in all with the servers' starts. MySQL 3, 8
+#: and 18 each found, on the library at 79d808b^ (scripts/adversary-old.sh mysql-kill), a kept session's old
+#: connection id KILLed on the restarted server, ending the new leader's session (deposed); seldom again on a
+#: replay (docs/adversary.md, "Shown to find"). No etcd seed has found the late leader read of 12e8962^.
 SEEDS = {"etcd": [1, 2, 3], "mysql": [3, 8, 18], "postgres": [1]}
 SECONDS = 12.0
 
