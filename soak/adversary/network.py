@@ -50,12 +50,103 @@ class Profile:
     #: victim (which the operator also picks on more often): faults that meet on one elector.
     slow: tuple[str, ...] = ()
     slow_p: float = 0.5
+    #: The victim's watch messages are cancelled this often instead of ``cancel_watch_p`` (None: the same).
+    victim_cancel_p: float | None = None
+    #: The share of the operator's key deletions (etcd) aimed at the victim's key.
+    victim_keys: float = 0.5
+    #: The operator's weights for this seed, (action, weight) pairs, and its pace (seconds between actions, on
+    #: average); empty, None: the target's own.
+    actions: tuple[tuple[str, float], ...] = ()
+    pace: float | None = None
+    #: How many electors (bounds), the share of campaigns with a timeout, and the share of releases after which
+    #: an elector pauses with its kept session instead of campaigning again at once.
+    electors: tuple[int, int] = (3, 6)
+    timeout_p: float = 0.5
+    #: The share of leaderships held long (``long_hold`` s, beyond the margin) rather than short (0.05-0.5 s).
+    long_hold_p: float = 0.55
+    long_hold: tuple[float, float] = (3.0, 8.0)
+    pause_p: float = 0.4
+    #: The victim's own ``timeout_p``, ``pause_p`` or ``long_hold_p``, as (name, value) pairs.
+    victim_loop: tuple[tuple[str, float], ...] = ()
 
     @classmethod
-    def draw(cls, rng: random.Random, kinds: tuple[str, ...] = ()) -> Profile:
+    def draw(
+        cls,
+        rng: random.Random,
+        kinds: tuple[str, ...] = (),
+        *,
+        views: tuple[str, ...] = (),
+        restarts: bool = False,
+    ) -> Profile:
         """A profile of its own for one seed (swarm testing: some seeds mostly delay, some mostly fail, some make
-        up to three of ``kinds`` slow...). One seed in four is calm: short delays only, the operator alone
-        (fewer sessions opened anew, so MariaDB's connection ids stay low and a restart reuses them soon)."""
+        up to three of ``kinds`` slow...).
+
+        Some seeds aim where a few faults must meet on one elector:
+
+        * with ``views`` (the reads by which a waiter learns who leads), two
+          seeds in five aim at a late view: four to six electors, the
+          victim's reads of the leader come back late most of the time (up
+          to 4.5 s, under etcd's 5 s request timeout), its watches are
+          cancelled often (a waiter whose watch of the leader is cancelled
+          reads the leader again); the operator deletes keys more often,
+          most of them the victim's, which the victim puts again while a read
+          from before is on its way; the others mostly campaign again at once
+          after a release, on their kept lease (the same key bytes), with a
+          timeout, so that such a key comes back and goes again; the victim
+          waits without a timeout and its leaderships are long (2.5-4.5 s, as
+          half of the others'), so that two leaders, if there are, act
+          together beyond the margin;
+        * with ``restarts`` (a SQL server whose sessions the operator ends),
+          two seeds in five aim at sessions kept across restarts: three
+          electors on a calm network, short leaderships, an operator that
+          restarts the server often and does little else, and a victim that
+          leads briefly and mostly pauses after a release with its kept
+          session while the others campaign again at once, so that few
+          sessions are opened between two restarts, the others lead on the
+          restarted server, which hands out the connection ids of sessions
+          from before, and the victim campaigns again on its session kept
+          from before.
+
+        Of the other seeds, one in four is calm: short delays only, the
+        operator alone.
+        """
+        aim = rng.random()
+        if views and aim < 0.4:
+            return cls(
+                slow=views,
+                slow_p=rng.uniform(0.6, 0.95),
+                short_p=rng.uniform(0.0, 0.3),
+                long_p=rng.uniform(0.0, 0.1),
+                long=rng.uniform(2.5, 4.5),
+                watch_long=0.25,
+                lost_request_p=0.0,
+                lost_reply_p=rng.uniform(0.0, 0.01),
+                cancel_watch_p=rng.uniform(0.02, 0.2),
+                victim_cancel_p=rng.uniform(0.4, 0.9),
+                cancel_within=1.0,
+                victim_keys=rng.uniform(0.5, 0.8),
+                actions=(("delete-key", 5.0), ("revoke-lease", 0.2)),
+                pace=0.35,
+                electors=(4, 6),
+                timeout_p=rng.uniform(0.4, 0.8),
+                long_hold_p=rng.uniform(0.4, 0.6),
+                long_hold=(2.5, 4.5),
+                victim_loop=(("timeout_p", 0.0), ("long_hold_p", 1.0)),
+                pause_p=rng.uniform(0.0, 0.2),
+            )
+        if restarts and aim < 0.4:
+            return cls(
+                long_p=0.0,
+                lost_request_p=0.0,
+                lost_reply_p=0.0,
+                cancel_watch_p=0.0,
+                actions=(("restart", 6.0), ("kill-holder", rng.uniform(0.0, 0.5))),
+                pace=0.6,
+                electors=(3, 3),
+                long_hold_p=rng.uniform(0.0, 0.3),
+                pause_p=rng.uniform(0.0, 0.2),
+                victim_loop=(("pause_p", rng.uniform(0.8, 1.0)), ("long_hold_p", 0.0)),
+            )
         if rng.random() < 0.25:
             return cls(long_p=0.0, lost_request_p=0.0, lost_reply_p=0.0, cancel_watch_p=0.0)
         return cls(
@@ -121,7 +212,8 @@ class Network:
             after = rng.uniform(p.long_min, longest)
         lose_request, lose_reply = rng.random() < p.lost_request_p, rng.random() < p.lost_reply_p
         cancel = None
-        if self._cancelled is not None and what == "watch message" and rng.random() < p.cancel_watch_p:
+        cancel_p = p.victim_cancel_p if self.victim and p.victim_cancel_p is not None else p.cancel_watch_p
+        if self._cancelled is not None and what == "watch message" and rng.random() < cancel_p:
             cancel = rng.uniform(0.0, p.cancel_within)
         if before >= p.long_min:
             self._trace(f"{what}: request held back {before:.2f}s")

@@ -190,7 +190,9 @@ def tokens(leaderships: list[Term], margin: float) -> list[Violation]:
 class _Candidate:
     """One elector and the loop that campaigns, leads and releases."""
 
-    def __init__(self, who: str, elector: aioelect.Elector, network: Network, rng: random.Random) -> None:
+    def __init__(
+        self, who: str, elector: aioelect.Elector, network: Network, rng: random.Random, profile: Profile
+    ) -> None:
         self.who = who
         self.elector = elector
         self.network = network
@@ -200,6 +202,8 @@ class _Candidate:
         self.counts: dict[str, int] = {}
         #: Set while the elector pauses between campaigns, holding its kept session: the operator may end the pause.
         self.pausing: anyio.Event | None = None
+        self.pause_p, self.timeout_p, self.long_hold_p = profile.pause_p, profile.timeout_p, profile.long_hold_p
+        self.long_hold = profile.long_hold
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -207,7 +211,7 @@ class _Candidate:
     async def loop(self, until: float) -> None:
         rng = self.rng
         while time.monotonic() < until:
-            timeout = rng.uniform(0.1, 1.5) if rng.random() < 0.5 else None
+            timeout = rng.uniform(0.1, 1.5) if rng.random() < self.timeout_p else None
             try:
                 lead = await self.elector.acquire(timeout=timeout)
             except TimeoutError:
@@ -216,7 +220,7 @@ class _Candidate:
             self._count("leadership")
             start = time.monotonic_ns()
             # Short leaderships make handovers; long ones outlast the margin, so that two leaders show.
-            hold = rng.uniform(0.05, 0.5) if rng.random() < 0.45 else rng.uniform(3.0, 8.0)
+            hold = rng.uniform(*self.long_hold) if rng.random() < self.long_hold_p else rng.uniform(0.05, 0.5)
             stop = min(time.monotonic() + hold, until)
             while time.monotonic() < stop:
                 t0 = time.monotonic_ns()
@@ -229,7 +233,7 @@ class _Candidate:
             await lead.release()
             # Mostly back at once; sometimes a pause with the kept session, which the operator may end (after a
             # restart...) by a re-campaign on that session.
-            if rng.random() < 0.6:
+            if rng.random() >= self.pause_p:
                 await anyio.sleep(rng.uniform(0.0, 0.1))
                 continue
             self.pausing = anyio.Event()
@@ -282,18 +286,22 @@ async def _operator(
     faults: list[Fault],
     errors: list[str],
     say: Any,
+    profile: Profile | None = None,
 ) -> None:
     """The operator's actions on the server, one every ``target.pace`` seconds or so, and re-campaigns.
 
     After a restart, most often every elector pausing with its kept session
-    campaigns again soon after: their sessions outlived the server.
+    campaigns again soon after: their sessions outlived the server. The
+    weights and pace are the target's, or the profile's where it has its own.
     """
-    kinds = [*target.actions, "recampaign"]
-    weights = [*target.actions.values(), 2.0]
+    actions = dict(profile.actions) if profile is not None and profile.actions else target.actions
+    pace = profile.pace if profile is not None and profile.pace is not None else target.pace
+    kinds = [*actions, "recampaign"]
+    weights = [*actions.values(), 2.0]
     after_restart = False
     while True:
         # After a restart, the re-campaign waits until the others are back (the new server's sessions exist).
-        await anyio.sleep(rng.uniform(0.3, 3.0) if after_restart else rng.uniform(0.2, 2 * target.pace))
+        await anyio.sleep(rng.uniform(0.3, 3.0) if after_restart else rng.uniform(0.2, 2 * pace))
         if time.monotonic() >= until:
             return
         kind = "recampaign" if after_restart else rng.choices(kinds, weights)[0]
@@ -335,8 +343,8 @@ async def run_seed(
     Without ``electors`` or ``profile``, the seed draws them (3 to 6 electors, :meth:`Profile.draw`).
     """
     master = random.Random(seed)
-    profile = profile or Profile.draw(master, target.kinds)
-    electors = electors or master.randint(3, 6)
+    profile = profile or Profile.draw(master, target.kinds, views=target.views, restarts=target.reuses_ids)
+    electors = electors or master.randint(*profile.electors)
     trace = _Trace()
     candidates = []
     for i in range(electors):
@@ -347,12 +355,15 @@ async def run_seed(
         elector = _elector(target, who)
         _attach(elector, network)
         _listen(elector, trace.sink(who))
-        candidates.append(_Candidate(who, elector, network, random.Random(master.getrandbits(64))))
+        candidates.append(_Candidate(who, elector, network, random.Random(master.getrandbits(64)), profile))
     operator_rng = random.Random(master.getrandbits(64))
     victim = master.choice(candidates)
     victim.network.victim = True
+    for name, value in profile.victim_loop:
+        setattr(victim, name, value)
     target.victim_leases = victim.network.leases
     target.electors = [c.elector for c in candidates]
+    target.victim_share = profile.victim_keys
     trace.sink(victim.who)("the seed's victim: slow " + (", ".join(profile.slow) or "-"))
     faults: list[Fault] = []
     errors: list[str] = []
@@ -363,7 +374,9 @@ async def run_seed(
             for candidate in candidates:
                 await candidate.elector.__aenter__()
                 tg.start_soon(candidate.loop, until)
-            tg.start_soon(_operator, target, candidates, operator_rng, until, faults, errors, trace.sink("operator"))
+            tg.start_soon(
+                _operator, target, candidates, operator_rng, until, faults, errors, trace.sink("operator"), profile
+            )
     finally:
         for candidate in candidates:
             candidate.network.active = False

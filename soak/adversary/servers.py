@@ -34,6 +34,11 @@ class Target:
     kinds: ClassVar[tuple[str, ...]] = ()
     #: Seconds between the operator's actions, on average (they cost the server little).
     pace: ClassVar[float] = 1.0
+    #: The reads by which a waiting candidate learns who leads (see :meth:`~.network.Profile.draw`).
+    views: ClassVar[tuple[str, ...]] = ()
+    #: Whether a restarted server hands out again the ids of sessions from before, which a session kept across
+    #: the restart still carries (see :meth:`~.network.Profile.draw`).
+    reuses_ids: ClassVar[bool] = False
     server: MariaDBServer | PostgresServer | EtcdServer
 
     def __init__(self, name: str) -> None:
@@ -41,6 +46,7 @@ class Target:
         self.victim_leases = set()
         #: The run's electors (the operator finds a holder's connection among them).
         self.electors: list[Any] = []
+        self.victim_share = 0.5
 
     def start(self) -> None:
         self.server.start()
@@ -59,8 +65,10 @@ class Target:
         """The reply by which the server cancels a watch (None: the backend has no watches)."""
         return None
 
-    #: The leases of the seed's victim (etcd): the operator deletes its key more often.
+    #: The leases of the seed's victim (etcd): the operator deletes its key more often (``victim_share`` of the
+    #: deletions).
     victim_leases: set[str]
+    victim_share: float
 
     async def act(self, action: str, rng: random.Random) -> str:
         """Do ``action`` on the server; say what was done."""
@@ -78,6 +86,7 @@ class EtcdTarget(Target):
     actions: ClassVar[dict[str, float]] = {"delete-key": 5.0, "revoke-lease": 1.5, "restart": 0.2}
     pace = 0.5
     kinds = ("campaign", "check candidacy", "lease keep-alive", "proclaim", "read key", "read leader", "resign")
+    views = ("read leader", "read candidates ahead")
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -118,7 +127,7 @@ class EtcdTarget(Target):
         # Often the victim's key; else mostly a waiting candidate's (a leader's is deposed by the revoke as well).
         victims = [kv for kv in keys if base64.b64decode(kv["key"]).decode().rpartition("/")[2] in self.victim_leases]
         pick = keys[1:] if len(keys) > 1 and rng.random() < 0.8 else keys
-        if victims and rng.random() < 0.5:
+        if victims and rng.random() < self.victim_share:
             pick = victims
         key = base64.b64decode(rng.choice(pick)["key"]).decode()
         await self._etcdctl("del", key)
@@ -147,6 +156,7 @@ class MariaDBTarget(Target):
     # Restarts often: each starts connection ids afresh, so the ids of sessions kept across one are reused soon.
     actions: ClassVar[dict[str, float]] = {"kill-holder": 3.0, "kill-session": 2.0, "restart": 3.0}
     pace = 1.2
+    reuses_ids = True
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
