@@ -20,6 +20,7 @@ that print their arguments and the fencing token aioelect gives them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -38,6 +39,10 @@ SHELL_MARKER = re.compile(r"<!-- docs-test: (shell|shell-runs [a-z-]+|shell-skip
 PAGES = (*DOCUMENTS, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "recipes").glob("*.md")))
 #: The tests that run each ``shell-runs`` block, by the block's name.
 RUNS = ("command-line", "metrics", "exports", "run-forms")
+#: `make -n` as a top-level make prints it: the plan only, with no "Entering directory" lines, also when this
+#: test runs under `make test` (whose MAKELEVEL and MAKEFLAGS a child make would otherwise inherit).
+MAKE_N = ("make", "--no-print-directory", "-n")
+MAKE_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
 
 REPORT = """\
 #!/bin/sh
@@ -246,7 +251,7 @@ def test_make_demo_runs_the_demo_as_tests_test_demo_does() -> None:
     assert shown, "no page shows make demo"
     for command in sorted(shown):
         planned = subprocess.run(
-            ["make", "-n", *command.split()[1:]], cwd=ROOT, capture_output=True, text=True, timeout=30
+            [*MAKE_N, *command.split()[1:]], cwd=ROOT, capture_output=True, text=True, timeout=30, env=MAKE_ENV
         )
         assert planned.returncode == 0, planned.stderr
         last = planned.stdout.strip().splitlines()[-1].split()
@@ -267,7 +272,9 @@ def test_the_long_runs_the_pages_show_take_their_options() -> None:
             for command in commands(body):
                 words = command.split("#")[0].split()
                 if words[:2] in (["make", "soak"], ["make", "adversary"]):
-                    plan = subprocess.run(["make", "-n", *words[1:]], cwd=ROOT, capture_output=True, text=True)
+                    plan = subprocess.run(
+                        [*MAKE_N, *words[1:]], cwd=ROOT, capture_output=True, text=True, timeout=30, env=MAKE_ENV
+                    )
                     assert plan.returncode == 0, plan.stderr
                     words = plan.stdout.strip().splitlines()[-1].split()
                 if words[:3] in ([".venv/bin/python", "-m", "soak"], [".venv/bin/python", "-m", "soak.adversary"]):
