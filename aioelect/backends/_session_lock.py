@@ -347,10 +347,6 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
     )
 
 
-#: How long a failed check waits to see whether the server closed the session (its reason for the loss).
-_CLOSE_SETTLES = 0.05
-
-
 class SessionLockHold(Hold, Generic[_C]):
     """A lock granted to one session: confirmed on that session, released by it."""
 
@@ -371,10 +367,6 @@ class SessionLockHold(Hold, Generic[_C]):
             except TimeoutError:
                 return Loss(LossKind.CONNECTION_LOST, f"lock check did not complete within {b.check_timeout:g}s")
             except Exception as exc:
-                # A check cut off by the server's close fails with whatever the driver makes of it (asyncpg: an
-                # InternalClientError at times); the close, seen a moment later, says what happened.
-                if self._conn.broken or await self._conn.closed_by_server(_CLOSE_SETTLES):
-                    return Loss(LossKind.CONNECTION_LOST, b.lost_session)
                 return Loss(LossKind.CONNECTION_LOST, f"lock connection failed: {b.describe(exc)}")
             if not mine:
                 return Loss(LossKind.DEPOSED, b.lost_lock)
