@@ -31,8 +31,9 @@ import pytest
 from tests.test_docs import ROOT, WAIT, Program, file_case, mysql_case, postgres_case, programs  # noqa: F401 (fixture)
 
 RECIPES = ROOT / "examples" / "recipes"
-#: How long the two instances are watched keeping one leader, before and after the handover.
-STEADY = 2.0
+#: How long the two instances are watched keeping one leader, before and after the handover (a job runs every
+#: second: two runs at least, with room for a loaded machine).
+STEADY = 3.0
 WEB = {
     "starlette": "web_starlette",
     "fastapi": "web_fastapi",
