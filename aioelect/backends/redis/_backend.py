@@ -70,10 +70,13 @@ _TRANSIENT_REPLIES = (
     "TRYAGAIN",
     "CLUSTERDOWN",
     "READONLY",
+    "MOVED",
+    "ASK",
     "MISCONF",
     "OOM",
 )
 _TRANSIENT_CLASSES = (
+    rexc.AskError,  # MOVED too: the slot moved (a failover, a resharding); the retry's connection asks anew
     rexc.ReadOnlyError,
     rexc.BusyLoadingError,
     rexc.TryAgainError,
@@ -176,7 +179,9 @@ class RedisHold(Hold):
 
 
 class RedisBackend(Backend):
-    """Elections on one Redis server, built from a ``redis://`` or ``rediss://`` URL and :class:`RedisOptions`.
+    """Elections on one Redis server, built from a ``redis://`` or ``rediss://`` URL and :class:`RedisOptions`
+    (``redis+sentinel://``: the master a Sentinel names; ``redis+cluster://``: the master of a Redis Cluster that
+    owns the election's slot, see :mod:`._cluster`).
 
     The constructor validates every option (ValueError naming it, never the
     password) and connects to nothing.
@@ -240,6 +245,8 @@ class RedisBackend(Backend):
         if self._closed:
             raise ElectionError("the Redis elector is closed")
         options = self.settings.client_options()
+        if self.settings.cluster_nodes:
+            return self._cluster_client(options)
         if not self.settings.sentinels:
             return Redis(**options, single_connection_client=True, decode_responses=True)
         from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
@@ -253,6 +260,28 @@ class RedisBackend(Backend):
         client = Redis(connection_pool=pool, single_connection_client=True, decode_responses=True)
         self._sentinels[id(client)] = sentinel.sentinels
         return client
+
+    def _cluster_client(self, options: dict[str, Any]) -> Redis:
+        """One connection to the master that owns the election's slot, asked of the cluster as it connects."""
+        from redis.asyncio.connection import ConnectionPool
+
+        from ._cluster import SlotConnection, SlotSSLConnection, slot_owner
+
+        asked = dict(options)
+
+        async def resolve() -> tuple[str, int]:
+            # Part of the exchange that opens the connection (an interceptor already sees that one).
+            return await slot_owner(self.settings.cluster_nodes, self.settings.lock_key, asked, self.settings.url)
+
+        del options["host"], options["port"]
+        tls = bool(options.pop("ssl", False))
+        pool = ConnectionPool(
+            connection_class=SlotSSLConnection if tls else SlotConnection,
+            resolve=resolve,
+            decode_responses=True,
+            **options,
+        )
+        return Redis(connection_pool=pool, single_connection_client=True, decode_responses=True)
 
     async def _close(self, client: Redis) -> None:
         """Close ``client`` with its pool, and the connections to the sentinels it asked."""

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..binaries import require_binary
-from ..lifecycle import OnePortServer
-from ..processes import LOOPBACK
+from ..errors import ServerStartError
+from ..lifecycle import OnePortServer, Started
+from ..processes import LOOPBACK, free_port, run_bounded, track, untrack
 
-__all__ = ["RedisServer", "SentinelServer", "redis_command"]
+__all__ = ["RedisCluster", "RedisServer", "SentinelServer", "redis_command"]
 
 
 def _encode(*args: Any) -> bytes:
@@ -184,3 +186,84 @@ class SentinelServer(OnePortServer):
 
     def command(self, *args: Any, timeout: float = 5.0) -> Any:
         return redis_command(self._port, *args, timeout=timeout)
+
+
+class RedisCluster(Started):
+    """A throwaway Redis Cluster of ``masters`` masters (no replicas) on 127.0.0.1, formed by
+    ``redis-cli --cluster create``; ``start()`` returns once every node reports ``cluster_state:ok``.
+
+    Each node is a :class:`RedisServer` (``appendonly yes``, ``appendfsync always``) with its cluster bus on a
+    free port of its own; each can be killed, stopped and started again individually.
+    """
+
+    def __init__(self, masters: int = 3, *, node_timeout_ms: int = 2000, startup_timeout: float = 30.0) -> None:
+        if masters < 3:
+            raise ValueError("redis-cli --cluster create needs at least 3 masters")
+        self._cli = require_binary("redis-cli")
+        self.startup_timeout = startup_timeout
+        self.nodes: list[RedisServer] = []
+        try:
+            for _ in range(masters):
+                self.nodes.append(
+                    RedisServer(
+                        extra_args=(
+                            "--cluster-enabled", "yes",
+                            "--cluster-port", str(free_port()),
+                            "--cluster-node-timeout", str(node_timeout_ms),
+                        ),
+                        startup_timeout=startup_timeout,
+                    )
+                )  # fmt: skip
+        except BaseException:
+            self.cleanup()
+            raise
+        track(self, self.cleanup)
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://`` listing every node."""
+        return "redis+cluster://" + ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes) + "/"
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        log = os.path.join(self.nodes[0].directory, "cluster-create.log")
+        argv = [self._cli, "--cluster", "create", *(f"{LOOPBACK}:{n.port}" for n in self.nodes)]
+        run_bounded(
+            [*argv, "--cluster-replicas", "0", "--cluster-yes"], log_path=log, timeout=30, what="cluster create"
+        )
+        self.wait_ok()
+
+    def wait_ok(self, timeout: float | None = None) -> None:
+        """Until every running node says ``cluster_state:ok`` and knows all nodes (ServerStartError after
+        ``timeout``, default ``startup_timeout``)."""
+        deadline = time.monotonic() + (self.startup_timeout if timeout is None else timeout)
+        while True:
+            states = []
+            for node in self.nodes:
+                if node.running:
+                    try:
+                        states.append(str(node.command("CLUSTER", "INFO", timeout=2.0)))
+                    except (OSError, RuntimeError) as exc:
+                        states.append(str(exc))
+            if all("cluster_state:ok" in s and f"cluster_known_nodes:{len(self.nodes)}" in s for s in states):
+                return
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"the Redis Cluster did not form: {states}")
+            time.sleep(0.1)
+
+    def owner(self, key: str) -> RedisServer:
+        """The node that owns ``key``'s slot now."""
+        slot = int(self.nodes[0].command("CLUSTER", "KEYSLOT", key))
+        for node in self.nodes:
+            if not node.running:
+                continue
+            for start, end, master, *_ in node.command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return next(n for n in self.nodes if n.port == int(master[1]))
+        raise LookupError(f"no node owns slot {slot}")
+
+    def cleanup(self) -> None:
+        untrack(self)
+        for node in self.nodes:
+            node.cleanup()
