@@ -19,7 +19,7 @@ from aioelect.backends.redis import RedisBackend
 
 from .backends import unique_name
 from .faults import CHECK_INTERVAL, LEASE, MARGIN, REDIS_OPTIONS, Candidates, check_invariants
-from .harness import LOOPBACK, RedisCluster, RedisServer
+from .harness import LOOPBACK, RedisCluster, RedisServer, free_port
 
 OPTIONS = {"lease": 4, "check_interval": 0.2, "check_timeout": 1.0}
 
@@ -204,3 +204,30 @@ def test_leader_process_killed_is_replaced_after_the_lease(cluster: RedisCluster
         print(f"MEASURED redis cluster sigkill takeover {took:.3f}s (lease {LEASE}s)")
         assert LEASE - 1.0 < took < LEASE + CHECK_INTERVAL + MARGIN, f"takeover after SIGKILL took {took:.2f}s"
         check_invariants(candidates, max_gap=LEASE + CHECK_INTERVAL + MARGIN)
+
+
+async def test_an_acl_user_with_cluster_slots_and_the_documented_commands_campaigns(cluster: RedisCluster) -> None:
+    """The least privilege of docs/backends.md, plus ``+cluster|slots``; a seed that does not answer is skipped."""
+    user = unique_name("elector").replace("-", "_")
+    rules = (
+        "on >pw resetkeys ~aioelect:* resetchannels &aioelect:* -@all +eval +evalsha +get +set +del +incr +pexpire "
+        "+pttl +publish +wait +subscribe +unsubscribe +ping +info +config|get +cluster|slots"
+    )
+    for node in cluster.nodes:
+        node.command("ACL", "SETUSER", user, *rules.split())
+    try:
+        dead = free_port()  # nothing listens there: the next node is asked
+        url = f"redis+cluster://{user}:pw@{LOOPBACK}:{dead},{LOOPBACK}:{cluster.nodes[2].port}/"
+        name = unique_name()
+        async with make(url, name, identity="a") as a, make(url, name, identity="b") as b:
+            lead = await a.acquire(timeout=5)
+            assert await b.leader() == "a"
+            assert await b.try_acquire() is None
+            await lead.release()
+            assert (await b.acquire(timeout=5)).token == (lead.token or 0) + 1
+        async with make(url.replace(":pw@", ":wrong@"), name) as denied:
+            with pytest.raises(PermanentBackendError, match=r"WRONGPASS|invalid username-password"):
+                await denied.try_acquire()
+    finally:
+        for node in cluster.nodes:
+            node.command("ACL", "DELUSER", user)

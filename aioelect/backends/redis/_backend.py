@@ -55,6 +55,8 @@ from ._scripts import ACQUIRE, RELEASE, RENEW
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from ._cluster import SlotOwner
+
 __all__ = ["RedisBackend", "RedisHold", "identity_of"]
 
 _SHA = {script: hashlib.sha1(script.encode()).hexdigest() for script in (ACQUIRE, RELEASE, RENEW)}
@@ -208,6 +210,7 @@ class RedisBackend(Backend):
         self._unchecked_warned = False
         self._closed = False
         self._sentinels: dict[int, list[Redis]] = {}
+        self._slot_owner: SlotOwner | None = None
         #: Handed every exchange with the server (each script, command, subscription and wait for a published
         #: message); None runs them directly.
         self.interceptor: Interceptor | None = None
@@ -265,14 +268,15 @@ class RedisBackend(Backend):
         """One connection to the master that owns the election's slot, asked of the cluster as it connects."""
         from redis.asyncio.connection import ConnectionPool
 
-        from ._cluster import SlotConnection, SlotSSLConnection, slot_owner
+        from ._cluster import SlotConnection, SlotOwner, SlotSSLConnection
 
-        asked = dict(options)
-
-        async def resolve() -> tuple[str, int]:
-            # Part of the exchange that opens the connection (an interceptor already sees that one).
-            return await slot_owner(self.settings.cluster_nodes, self.settings.lock_key, asked, self.settings.url)
-
+        # Asked as part of the exchange that opens the connection (an interceptor already sees that one); one
+        # for the elector's life, so that it keeps asking the node that answered last.
+        if self._slot_owner is None:
+            self._slot_owner = SlotOwner(
+                self.settings.cluster_nodes, self.settings.lock_key, options, self.settings.url
+            )
+        resolve = self._slot_owner
         del options["host"], options["port"]
         tls = bool(options.pop("ssl", False))
         pool = ConnectionPool(

@@ -17,49 +17,66 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis import exceptions as rexc
-from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection
+from redis.crc import key_slot
 
 from ..._errors import PermanentBackendError
 
-__all__ = ["SlotConnection", "SlotSSLConnection", "slot_owner"]
+__all__ = ["SlotConnection", "SlotOwner", "SlotSSLConnection"]
 
 Resolve = Callable[[], Awaitable[tuple[str, int]]]
 
 
-async def slot_owner(
-    nodes: tuple[tuple[str, int], ...], key: str, options: dict[str, Any], shown: str
-) -> tuple[str, int]:
-    """(host, port) of the master that owns ``key``'s slot, as the first node of ``nodes`` that answers says.
+class SlotOwner:
+    """Finds the master that owns a key's slot: asks the cluster's nodes in turn (``CLUSTER SLOTS``), the last one
+    that answered first.
 
+    One request on a short connection per lookup, so a user needs ``+cluster|slots`` and nothing more.
     PermanentBackendError for a refusal no retry can fix (credentials, ACL, a server without cluster mode);
-    anything else (no node answers, the slot has no master) is transient.
+    anything else (no node answers, the slot has no master) is raised as redis-py raised it, transient.
     """
-    options = {k: v for k, v in options.items() if k not in ("host", "port", "db")}
-    cluster = RedisCluster(
-        startup_nodes=[ClusterNode(host, port) for host, port in nodes],
-        require_full_coverage=False,  # another master down must not hide the one that owns our slot
-        dynamic_startup_nodes=False,  # the URL's nodes stay the ones asked
-        decode_responses=True,
-        **options,
-    )
-    try:
-        await cluster.initialize()
-        node = cluster.get_node_from_key(key)
-        if node is None:
-            raise rexc.SlotNotCoveredError(f"no master of the Redis Cluster at {shown} owns the election's slot")
-        return str(node.host), int(node.port)
-    except rexc.RedisClusterException as exc:
-        cause = exc.__cause__
-        if isinstance(cause, (rexc.AuthenticationError, rexc.NoPermissionError)):
-            raise cause from None
-        if "Cluster mode is not enabled" in str(exc):
-            raise PermanentBackendError(
-                f"Redis at {shown} is not a Redis Cluster (cluster mode is not enabled): use a redis:// URL"
-            ) from None
-        raise
-    finally:
-        await cluster.aclose()
+
+    def __init__(self, nodes: tuple[tuple[str, int], ...], key: str, options: dict[str, Any], shown: str) -> None:
+        self.nodes = list(nodes)
+        self.slot = key_slot(key.encode())
+        self.options = {k: v for k, v in options.items() if k not in ("host", "port", "db")}
+        self.shown = shown
+
+    async def __call__(self) -> tuple[str, int]:
+        error: BaseException | None = None
+        for index, (host, port) in enumerate(list(self.nodes)):
+            client = Redis(host=host, port=port, decode_responses=True, **self.options)
+            try:
+                ranges = await client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+            except (rexc.AuthenticationError, rexc.NoPermissionError):
+                raise
+            except rexc.ResponseError as exc:
+                if "cluster support disabled" in str(exc) or "cluster mode" in str(exc).lower():
+                    raise PermanentBackendError(
+                        f"Redis at {self.shown} is not a Redis Cluster (cluster support disabled): use a redis:// URL"
+                    ) from None
+                error = exc
+                continue
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                error = exc
+                continue
+            finally:
+                await client.aclose()
+            if index:  # asked first next time
+                self.nodes.insert(0, self.nodes.pop(index))
+            for first, last, master, *_ in ranges:
+                if int(first) <= self.slot <= int(last):
+                    return _address(master, host), int(master[1])
+            raise rexc.SlotNotCoveredError(f"slot {self.slot} has no master in the Redis Cluster at {self.shown}")
+        assert error is not None
+        raise error
+
+
+def _address(master: list[Any], asked: str) -> str:
+    """The master's host as ``CLUSTER SLOTS`` gives it; an empty one (a node that does not know its own address)
+    is the node asked."""
+    return str(master[0]) or asked
 
 
 class SlotConnection(Connection):
