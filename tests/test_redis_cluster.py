@@ -231,3 +231,48 @@ async def test_an_acl_user_with_cluster_slots_and_the_documented_commands_campai
     finally:
         for node in cluster.nodes:
             node.command("ACL", "DELUSER", user)
+
+
+async def test_a_failover_of_the_slots_master_with_min_replicas_keeps_the_token_growing() -> None:
+    """3 masters with a replica each: the master that holds the election's keys is SIGKILLed while a candidate
+    leads; the cluster promotes its replica, which ``WAIT`` made sure had the grant: the key keeps excluding others
+    until it expires, and the next token is larger."""
+    timing = {"lease": 3, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 0.5}
+    with RedisCluster(replicas=1) as group:
+        name = unique_name()
+        async with (
+            make(group.url, name, identity="old", min_replicas=1, **timing) as old,
+            # The promoted replica has no replica of its own: a successor that asked for one would never lead.
+            make(group.url, name, identity="new", **timing) as new,
+        ):
+            lead = await old.acquire(timeout=10)
+            master = group.owner(lock_key(name))
+            won: list[tuple[float, int | None]] = []
+
+            async def follow() -> None:
+                got = await new.acquire()
+                won.append((time.monotonic(), got.token))
+                await asyncio.sleep(3600)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                await asyncio.sleep(0.5)
+                killed = time.monotonic()
+                await anyio.to_thread.run_sync(master.kill)
+                with anyio.fail_after(10):
+                    await lead.wait_lost()
+                fenced = time.monotonic()
+                with anyio.fail_after(30):
+                    while not won:
+                        await asyncio.sleep(0.05)
+                at, token = won[0]
+                promoted = group.owner(lock_key(name))
+                print(
+                    f"MEASURED redis cluster failover (min_replicas=1): old leader stopped {fenced - killed:.2f}s "
+                    f"after the master's SIGKILL, successor led after {at - killed:.2f}s on the promoted replica; "
+                    f"tokens {lead.token} -> {token}"
+                )
+                assert promoted is not master
+                assert token is not None and lead.token is not None and token > lead.token
+                assert fenced < at, "the successor led before the old leader stopped"
+                tg.cancel_scope.cancel()

@@ -189,21 +189,26 @@ class SentinelServer(OnePortServer):
 
 
 class RedisCluster(Started):
-    """A throwaway Redis Cluster of ``masters`` masters (no replicas) on 127.0.0.1, formed by
-    ``redis-cli --cluster create``; ``start()`` returns once every node reports ``cluster_state:ok``.
+    """A throwaway Redis Cluster of ``masters`` masters with ``replicas`` replicas each on 127.0.0.1, formed by
+    ``redis-cli --cluster create``; ``start()`` returns once every node reports ``cluster_state:ok`` and every
+    replica is in sync with its master.
 
     Each node is a :class:`RedisServer` (``appendonly yes``, ``appendfsync always``) with its cluster bus on a
     free port of its own; each can be killed, stopped and started again individually.
     """
 
-    def __init__(self, masters: int = 3, *, node_timeout_ms: int = 2000, startup_timeout: float = 30.0) -> None:
+    def __init__(
+        self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 2000, startup_timeout: float = 30.0
+    ) -> None:
         if masters < 3:
             raise ValueError("redis-cli --cluster create needs at least 3 masters")
         self._cli = require_binary("redis-cli")
         self.startup_timeout = startup_timeout
+        self.replicas = replicas
+        self._masters = masters
         self.nodes: list[RedisServer] = []
         try:
-            for _ in range(masters):
+            for _ in range(masters * (1 + replicas)):
                 self.nodes.append(
                     RedisServer(
                         extra_args=(
@@ -230,7 +235,10 @@ class RedisCluster(Started):
         log = os.path.join(self.nodes[0].directory, "cluster-create.log")
         argv = [self._cli, "--cluster", "create", *(f"{LOOPBACK}:{n.port}" for n in self.nodes)]
         run_bounded(
-            [*argv, "--cluster-replicas", "0", "--cluster-yes"], log_path=log, timeout=30, what="cluster create"
+            [*argv, "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+            log_path=log,
+            timeout=30,
+            what="cluster create",
         )
         self.wait_ok()
 
@@ -247,17 +255,19 @@ class RedisCluster(Started):
                     except (OSError, RuntimeError) as exc:
                         states.append(str(exc))
             if all("cluster_state:ok" in s and f"cluster_known_nodes:{len(self.nodes)}" in s for s in states):
-                return
+                links = [str(n.command("INFO", "replication", timeout=2.0)) for n in self.nodes if n.running]
+                synced = sum("role:slave" in link and "master_link_status:up" in link for link in links)
+                if synced >= self._masters * self.replicas - (len(self.nodes) - len(links)):
+                    return
             if time.monotonic() > deadline:
                 raise ServerStartError(f"the Redis Cluster did not form: {states}")
             time.sleep(0.1)
 
     def owner(self, key: str) -> RedisServer:
         """The node that owns ``key``'s slot now."""
-        slot = int(self.nodes[0].command("CLUSTER", "KEYSLOT", key))
-        for node in self.nodes:
-            if not node.running:
-                continue
+        running = [n for n in self.nodes if n.running]
+        slot = int(running[0].command("CLUSTER", "KEYSLOT", key))
+        for node in running:
             for start, end, master, *_ in node.command("CLUSTER", "SLOTS"):
                 if start <= slot <= end:
                     return next(n for n in self.nodes if n.port == int(master[1]))
