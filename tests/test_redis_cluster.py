@@ -19,7 +19,7 @@ from aioelect.backends.redis import RedisBackend
 
 from .backends import unique_name
 from .faults import CHECK_INTERVAL, LEASE, MARGIN, REDIS_OPTIONS, Candidates, check_invariants
-from .harness import LOOPBACK, RedisCluster, RedisServer, free_port
+from .harness import LOOPBACK, Certificates, RedisCluster, RedisServer, free_port
 
 OPTIONS = {"lease": 4, "check_interval": 0.2, "check_timeout": 1.0}
 
@@ -238,7 +238,7 @@ async def test_a_failover_of_the_slots_master_with_min_replicas_keeps_the_token_
     leads; the cluster promotes its replica, which ``WAIT`` made sure had the grant: the key keeps excluding others
     until it expires, and the next token is larger."""
     timing = {"lease": 3, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 0.5}
-    with RedisCluster(replicas=1) as group:
+    with RedisCluster(replicas=1, node_timeout_ms=1000) as group:
         name = unique_name()
         async with (
             make(group.url, name, identity="old", min_replicas=1, **timing) as old,
@@ -276,3 +276,20 @@ async def test_a_failover_of_the_slots_master_with_min_replicas_keeps_the_token_
                 assert token is not None and lead.token is not None and token > lead.token
                 assert fenced < at, "the successor led before the old leader stopped"
                 tg.cancel_scope.cancel()
+
+
+async def test_a_tls_cluster_through_rediss_cluster(certs: Certificates) -> None:
+    """Every node serves TLS only (the cluster bus too); the URL's CA verifies each node the elector reaches."""
+    with RedisCluster(tls=certs) as group:
+        name = unique_name()
+        async with make(group.url, name, identity="a") as a, make(group.url, name, identity="b") as b:
+            lead = await a.acquire(timeout=5)
+            assert await b.leader() == "a"
+            owner = group.owner(lock_key(name))
+            assert group.command(owner, "EXISTS", lock_key(name)) == 1
+            await lead.release()
+            assert (await b.acquire(timeout=5)).token == (lead.token or 0) + 1
+        # Trusting another certificate than the CA that signed the nodes': refused at once, never retried.
+        async with make(group.url.replace(certs.ca, certs.client_cert), name) as refused:
+            with pytest.raises(PermanentBackendError, match="TLS handshake failed"):
+                await refused.try_acquire()

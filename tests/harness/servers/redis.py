@@ -6,6 +6,7 @@ and configuration file, and listens on loopback only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -53,10 +54,16 @@ def _read(f: Any) -> Any:
 
 def redis_command(
     port: int, *args: Any, host: str = LOOPBACK, password: str | None = None, user: str | None = None,
-    timeout: float = 5.0,
+    timeout: float = 5.0, ca: str | None = None,
 ) -> Any:  # fmt: skip
-    """Run one command on a new short connection (RESP2, bounded by ``timeout``); an error reply raises RuntimeError."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    """Run one command on a new short connection (RESP2, bounded by ``timeout``; over TLS verified against ``ca``
+    if given); an error reply raises RuntimeError."""
+    with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout))
+        if ca is not None:
+            import ssl
+
+            sock = stack.enter_context(ssl.create_default_context(cafile=ca).wrap_socket(sock, server_hostname=host))
         f = sock.makefile("rb")
         if password is not None:
             sock.sendall(_encode("AUTH", *((user,) if user else ()), password))
@@ -198,7 +205,13 @@ class RedisCluster(Started):
     """
 
     def __init__(
-        self, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 2000, startup_timeout: float = 30.0
+        self,
+        masters: int = 3,
+        *,
+        replicas: int = 0,
+        tls: Any = None,
+        node_timeout_ms: int = 2000,
+        startup_timeout: float = 30.0,
     ) -> None:
         if masters < 3:
             raise ValueError("redis-cli --cluster create needs at least 3 masters")
@@ -206,6 +219,8 @@ class RedisCluster(Started):
         self.startup_timeout = startup_timeout
         self.replicas = replicas
         self._masters = masters
+        self.tls = tls
+        tls_args = ("--tls-cluster", "yes", "--tls-replication", "yes") if tls is not None else ()
         self.nodes: list[RedisServer] = []
         try:
             for _ in range(masters * (1 + replicas)):
@@ -215,7 +230,10 @@ class RedisCluster(Started):
                             "--cluster-enabled", "yes",
                             "--cluster-port", str(free_port()),
                             "--cluster-node-timeout", str(node_timeout_ms),
+                            "--repl-diskless-sync-delay", "0",  # a replica's first sync at once, not after 5 s
+                            *tls_args,
                         ),
+                        tls=tls,
                         startup_timeout=startup_timeout,
                     )
                 )  # fmt: skip
@@ -226,14 +244,23 @@ class RedisCluster(Started):
 
     @property
     def url(self) -> str:
-        """``redis+cluster://`` listing every node."""
-        return "redis+cluster://" + ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes) + "/"
+        """``redis+cluster://`` (``rediss+cluster://`` with TLS) listing every node."""
+        nodes = ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes)
+        if self.tls is not None:
+            return f"rediss+cluster://{nodes}/?ssl_ca_certs={self.tls.ca}"
+        return f"redis+cluster://{nodes}/"
+
+    def command(self, node: RedisServer, *args: Any, timeout: float = 5.0) -> Any:
+        """Run one command on ``node`` as the default user (over TLS on a TLS cluster)."""
+        return redis_command(node.port, *args, timeout=timeout, ca=self.tls.ca if self.tls is not None else None)
 
     def start(self) -> None:
         for node in self.nodes:
             node.start()
         log = os.path.join(self.nodes[0].directory, "cluster-create.log")
         argv = [self._cli, "--cluster", "create", *(f"{LOOPBACK}:{n.port}" for n in self.nodes)]
+        if self.tls is not None:
+            argv += ["--tls", "--cacert", self.tls.ca]
         run_bounded(
             [*argv, "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             log_path=log,
@@ -251,11 +278,11 @@ class RedisCluster(Started):
             for node in self.nodes:
                 if node.running:
                     try:
-                        states.append(str(node.command("CLUSTER", "INFO", timeout=2.0)))
+                        states.append(str(self.command(node, "CLUSTER", "INFO", timeout=2.0)))
                     except (OSError, RuntimeError) as exc:
                         states.append(str(exc))
             if all("cluster_state:ok" in s and f"cluster_known_nodes:{len(self.nodes)}" in s for s in states):
-                links = [str(n.command("INFO", "replication", timeout=2.0)) for n in self.nodes if n.running]
+                links = [str(self.command(n, "INFO", "replication", timeout=2.0)) for n in self.nodes if n.running]
                 synced = sum("role:slave" in link and "master_link_status:up" in link for link in links)
                 if synced >= self._masters * self.replicas - (len(self.nodes) - len(links)):
                     return
@@ -266,9 +293,9 @@ class RedisCluster(Started):
     def owner(self, key: str) -> RedisServer:
         """The node that owns ``key``'s slot now."""
         running = [n for n in self.nodes if n.running]
-        slot = int(running[0].command("CLUSTER", "KEYSLOT", key))
+        slot = int(self.command(running[0], "CLUSTER", "KEYSLOT", key))
         for node in running:
-            for start, end, master, *_ in node.command("CLUSTER", "SLOTS"):
+            for start, end, master, *_ in self.command(node, "CLUSTER", "SLOTS"):
                 if start <= slot <= end:
                     return next(n for n in self.nodes if n.port == int(master[1]))
         raise LookupError(f"no node owns slot {slot}")
