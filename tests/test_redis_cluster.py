@@ -207,7 +207,8 @@ def test_leader_process_killed_is_replaced_after_the_lease(cluster: RedisCluster
 
 
 async def test_an_acl_user_with_cluster_slots_and_the_documented_commands_campaigns(cluster: RedisCluster) -> None:
-    """The least privilege of docs/backends.md, plus ``+cluster|slots``; a seed that does not answer is skipped."""
+    """The least privilege of docs/backends.md, plus ``+cluster|slots``, campaigns and observes; a seed that does not
+    answer is skipped."""
     user = unique_name("elector").replace("-", "_")
     rules = (
         "on >pw resetkeys ~aioelect:* resetchannels &aioelect:* -@all +eval +evalsha +get +set +del +incr +pexpire "
@@ -223,8 +224,25 @@ async def test_an_acl_user_with_cluster_slots_and_the_documented_commands_campai
             lead = await a.acquire(timeout=5)
             assert await b.leader() == "a"
             assert await b.try_acquire() is None
-            await lead.release()
-            assert (await b.acquire(timeout=5)).token == (lead.token or 0) + 1
+            seen: list[str | None] = []
+
+            async def watch() -> None:
+                async for current in b.observe():
+                    seen.append(current)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(watch)
+                with anyio.fail_after(5):
+                    while seen[-1:] != ["a"]:
+                        await asyncio.sleep(0.01)
+                await lead.release()
+                lead_b = await b.acquire(timeout=5)
+                assert lead_b.token == (lead.token or 0) + 1
+                with anyio.fail_after(5):
+                    while seen[-1:] != ["b"]:
+                        await asyncio.sleep(0.01)
+                await lead_b.release()
+                tg.cancel_scope.cancel()
         async with make(url.replace(":pw@", ":wrong@"), name) as denied:
             with pytest.raises(PermanentBackendError, match=r"WRONGPASS|invalid username-password"):
                 await denied.try_acquire()
