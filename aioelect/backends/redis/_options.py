@@ -206,44 +206,43 @@ class RedisSettings:
 
 
 def _split_hosts(
-    url: str, schemes: dict[str, str], default_port: int, form: str
-) -> tuple[str, str, str, str, list[tuple[str, int]]]:
-    """(scheme, ``userinfo@`` or "", path, ``?query`` or "", hosts) of a URL listing ``host:port,host:port``.
-    ValueErrors never quote the URL."""
+    url: str, schemes: dict[str, str], default_port: int, form: str, item: str
+) -> tuple[str, str, str, str, list[tuple[str, int]], str]:
+    """(plain scheme, ``userinfo@`` or "", path, ``?query`` or "", hosts, the first host as written) of a URL
+    listing ``host:port,host:port``. ValueErrors never quote the URL."""
     scheme, _, rest = url.partition("://")
     end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     authority, path = rest[:end], rest[end:]
     userinfo, at, hosts = authority.rpartition("@")
     listed: list[tuple[str, int]] = []
-    for item in hosts.split(","):
-        probe = parse_dsn(f"redis://{item.strip()}/", "redis")
+    for entry in hosts.split(","):
+        probe = parse_dsn(f"redis://{entry.strip()}/", "redis")
         if not probe.host:
-            raise ValueError(f"a {form} URL must list host:port of each node, separated by commas")
+            raise ValueError(f"a {form} URL must list host:port of each {item}, separated by commas")
         listed.append((probe.host, probe.port or default_port))
     query = ""
     if "?" in path:
         path, query = path.split("?", 1)
         query = "?" + query
-    return schemes[scheme], f"{userinfo}{at}", path, query, listed
+    return schemes[scheme], f"{userinfo}{at}", path, query, listed, hosts.split(",")[0].strip()
 
 
 def _sentinel_url(url: str) -> tuple[str, tuple[tuple[str, int], ...], str]:
     """``redis+sentinel://[user:password@]host:port[,host:port...]/master[/db][?...]`` as a plain URL (the first
     sentinel as its host), the sentinels and the master's name. ValueErrors never quote the URL."""
-    scheme, auth, path, query, sentinels = _split_hosts(url, _SENTINEL_SCHEMES, 26379, "Sentinel")
+    scheme, auth, path, query, sentinels, first = _split_hosts(url, _SENTINEL_SCHEMES, 26379, "Sentinel", "sentinel")
     parts = [p for p in path.split("/") if p]
     if not parts or len(parts) > 2:
         raise ValueError("a Sentinel URL must name the master: redis+sentinel://host:port,host:port/master/db")
     master = parts[0]
     db = f"/{parts[1]}" if len(parts) == 2 else "/0"
-    first = url.partition("://")[2].split("/")[0].split("?")[0].rpartition("@")[2].split(",")[0].strip()
     return f"{scheme}://{auth}{first}{db}{query}", tuple(sentinels), master
 
 
 def _cluster_url(url: str) -> tuple[str, tuple[tuple[str, int], ...]]:
     """``redis+cluster://[user:password@]host:port[,host:port...][/][/0][?...]`` as a plain URL (the first node as
     its host) and the nodes. A Redis Cluster has database 0 only: any other path is refused."""
-    scheme, auth, path, query, nodes = _split_hosts(url, _CLUSTER_SCHEMES, 6379, "Redis Cluster")
+    scheme, auth, path, query, nodes, _ = _split_hosts(url, _CLUSTER_SCHEMES, 6379, "Redis Cluster", "node")
     parts = [p for p in path.split("/") if p]
     if parts not in ([], ["0"]):
         raise ValueError(
