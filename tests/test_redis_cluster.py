@@ -243,6 +243,8 @@ async def test_an_acl_user_with_cluster_slots_and_the_documented_commands_campai
                         await asyncio.sleep(0.01)
                 await lead_b.release()
                 tg.cancel_scope.cancel()
+            owner = a._backend._slot_owner  # type: ignore[attr-defined]
+            assert owner is not None and owner.nodes[0] == (LOOPBACK, cluster.nodes[2].port), "answered: asked first"
         async with make(url.replace(":pw@", ":wrong@"), name) as denied:
             with pytest.raises(PermanentBackendError, match=r"WRONGPASS|invalid username-password"):
                 await denied.try_acquire()

@@ -63,8 +63,9 @@ class SlotOwner:
                 continue
             finally:
                 await client.aclose()
-            if index:  # asked first next time
-                self.nodes.insert(0, self.nodes.pop(index))
+            if index and (host, port) in self.nodes:  # asked first next time
+                self.nodes.remove((host, port))
+                self.nodes.insert(0, (host, port))
             for first, last, master, *_ in ranges:
                 if int(first) <= self.slot <= int(last):
                     return _address(master, host), int(master[1])
