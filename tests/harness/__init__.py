@@ -6,7 +6,8 @@ Nothing here ships in the wheel; users test their code with
 * :mod:`.servers` -- :class:`MariaDBServer`, :class:`EtcdServer`,
   :class:`EtcdCluster`, :class:`PostgresServer`, :class:`RedisServer`,
   :class:`SentinelServer`, all with the lifecycle of
-  :mod:`.lifecycle` (start, stop, kill, freeze, thaw, restart, cleanup).
+  :mod:`.lifecycle` (start, stop, kill, freeze, thaw, restart, cleanup);
+  :class:`RedisCluster`, redis-servers formed into a Redis Cluster.
 * :mod:`.proxy` -- :class:`TCPProxy`, a fault-injecting TCP proxy.
 * :mod:`.downgrade` -- :class:`DowngradeProxy`, which strips TLS from a MySQL or
   PostgreSQL connection's opening.
@@ -40,7 +41,7 @@ from .servers.etcd import EtcdCluster, EtcdServer, started_etcd_versions
 from .servers.mariadb import MariaDBServer
 from .servers.pgbouncer import PgBouncer
 from .servers.postgres import PostgresServer
-from .servers.redis import RedisServer, SentinelServer, redis_command
+from .servers.redis import RedisCluster, RedisServer, SentinelServer, redis_command
 
 __all__ = [
     "ENV_ETCD_DIR",
@@ -55,6 +56,7 @@ __all__ = [
     "MissingBinaryError",
     "PgBouncer",
     "PostgresServer",
+    "RedisCluster",
     "RedisServer",
     "SentinelServer",
     "ServerStartError",

@@ -55,6 +55,8 @@ from ._scripts import ACQUIRE, RELEASE, RENEW
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
+    from ._cluster import SlotOwner
+
 __all__ = ["RedisBackend", "RedisHold", "identity_of"]
 
 _SHA = {script: hashlib.sha1(script.encode()).hexdigest() for script in (ACQUIRE, RELEASE, RENEW)}
@@ -70,10 +72,13 @@ _TRANSIENT_REPLIES = (
     "TRYAGAIN",
     "CLUSTERDOWN",
     "READONLY",
+    "MOVED",
+    "ASK",
     "MISCONF",
     "OOM",
 )
 _TRANSIENT_CLASSES = (
+    rexc.AskError,  # MOVED too: the slot moved (a failover, a resharding); the retry's connection asks anew
     rexc.ReadOnlyError,
     rexc.BusyLoadingError,
     rexc.TryAgainError,
@@ -176,7 +181,9 @@ class RedisHold(Hold):
 
 
 class RedisBackend(Backend):
-    """Elections on one Redis server, built from a ``redis://`` or ``rediss://`` URL and :class:`RedisOptions`.
+    """Elections on one Redis server, built from a ``redis://`` or ``rediss://`` URL and :class:`RedisOptions`
+    (``redis+sentinel://``: the master a Sentinel names; ``redis+cluster://``: the master of a Redis Cluster that
+    owns the election's slot, see :mod:`._cluster`).
 
     The constructor validates every option (ValueError naming it, never the
     password) and connects to nothing.
@@ -203,6 +210,7 @@ class RedisBackend(Backend):
         self._unchecked_warned = False
         self._closed = False
         self._sentinels: dict[int, list[Redis]] = {}
+        self._slot_owner: SlotOwner | None = None
         #: Handed every exchange with the server (each script, command, subscription and wait for a published
         #: message); None runs them directly.
         self.interceptor: Interceptor | None = None
@@ -240,6 +248,8 @@ class RedisBackend(Backend):
         if self._closed:
             raise ElectionError("the Redis elector is closed")
         options = self.settings.client_options()
+        if self.settings.cluster_nodes:
+            return self._cluster_client(options)
         if not self.settings.sentinels:
             return Redis(**options, single_connection_client=True, decode_responses=True)
         from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
@@ -253,6 +263,29 @@ class RedisBackend(Backend):
         client = Redis(connection_pool=pool, single_connection_client=True, decode_responses=True)
         self._sentinels[id(client)] = sentinel.sentinels
         return client
+
+    def _cluster_client(self, options: dict[str, Any]) -> Redis:
+        """One connection to the master that owns the election's slot, asked of the cluster as it connects."""
+        from redis.asyncio.connection import ConnectionPool
+
+        from ._cluster import SlotConnection, SlotOwner, SlotSSLConnection
+
+        # Asked as part of the exchange that opens the connection (an interceptor already sees that one); one
+        # for the elector's life, so that it keeps asking the node that answered last.
+        if self._slot_owner is None:
+            self._slot_owner = SlotOwner(
+                self.settings.cluster_nodes, self.settings.lock_key, options, self.settings.url
+            )
+        resolve = self._slot_owner
+        del options["host"], options["port"]
+        tls = bool(options.pop("ssl", False))
+        pool = ConnectionPool(
+            connection_class=SlotSSLConnection if tls else SlotConnection,
+            resolve=resolve,
+            decode_responses=True,
+            **options,
+        )
+        return Redis(connection_pool=pool, single_connection_client=True, decode_responses=True)
 
     async def _close(self, client: Redis) -> None:
         """Close ``client`` with its pool, and the connections to the sentinels it asked."""

@@ -13,6 +13,7 @@ __all__ = ["RedisOptions", "RedisSettings"]
 
 _SCHEMES = ("redis", "rediss")
 _SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
+_CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 #: How many keep-alive probes, one a second, declare a silent peer dead.
 KEEPALIVE_PROBES = 2
@@ -67,6 +68,8 @@ class RedisSettings:
     #: Sentinel addresses (``redis+sentinel://``): the master named ``master_name`` is asked of them.
     sentinels: tuple[tuple[str, int], ...] = ()
     master_name: str | None = None
+    #: Redis Cluster nodes (``redis+cluster://``), asked in turn which master owns the election's slot.
+    cluster_nodes: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def parse(cls, url: str, options: dict[str, Any]) -> RedisSettings:
@@ -77,8 +80,11 @@ class RedisSettings:
             raise ValueError(f"name {name!r} must not contain '{{' or '}}': it becomes the keys' hash tag")
         sentinels: tuple[tuple[str, int], ...] = ()
         master_name = None
+        cluster_nodes: tuple[tuple[str, int], ...] = ()
         if isinstance(url, str) and url.split("://", 1)[0] in _SENTINEL_SCHEMES:
             url, sentinels, master_name = _sentinel_url(url)
+        elif isinstance(url, str) and url.split("://", 1)[0] in _CLUSTER_SCHEMES:
+            url, cluster_nodes = _cluster_url(url)
         parsed: DSN = parse_dsn(url, *_SCHEMES)
         if not parsed.host:
             raise ValueError("a Redis URL must name a host: redis://user:password@host:port/db")
@@ -144,9 +150,10 @@ class RedisSettings:
             key_prefix=prefix,
             min_replicas=replicas,
             volatile_tokens=bool(volatile),
-            url=_shown(parsed, sentinels, master_name),
+            url=_shown(parsed, sentinels, master_name, cluster_nodes),
             sentinels=sentinels,
             master_name=master_name,
+            cluster_nodes=cluster_nodes,
         )
 
     @property
@@ -198,38 +205,68 @@ class RedisSettings:
         return options
 
 
-def _sentinel_url(url: str) -> tuple[str, tuple[tuple[str, int], ...], str]:
-    """``redis+sentinel://[user:password@]host:port[,host:port...]/master[/db][?...]`` as a plain URL (the first
-    sentinel as its host), the sentinels and the master's name. ValueErrors never quote the URL."""
+def _split_hosts(
+    url: str, schemes: dict[str, str], default_port: int, form: str, item: str
+) -> tuple[str, str, str, str, list[tuple[str, int]], str]:
+    """(plain scheme, ``userinfo@`` or "", path, ``?query`` or "", hosts, the first host as written) of a URL
+    listing ``host:port,host:port``. ValueErrors never quote the URL."""
     scheme, _, rest = url.partition("://")
     end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     authority, path = rest[:end], rest[end:]
     userinfo, at, hosts = authority.rpartition("@")
-    sentinels: list[tuple[str, int]] = []
-    for item in hosts.split(","):
-        probe = parse_dsn(f"redis://{item.strip()}/", "redis")
+    listed: list[tuple[str, int]] = []
+    for entry in hosts.split(","):
+        probe = parse_dsn(f"redis://{entry.strip()}/", "redis")
         if not probe.host:
-            raise ValueError("a Sentinel URL must list host:port of each sentinel, separated by commas")
-        sentinels.append((probe.host, probe.port or 26379))
+            raise ValueError(f"a {form} URL must list host:port of each {item}, separated by commas")
+        listed.append((probe.host, probe.port or default_port))
     query = ""
     if "?" in path:
         path, query = path.split("?", 1)
         query = "?" + query
+    return schemes[scheme], f"{userinfo}{at}", path, query, listed, hosts.split(",")[0].strip()
+
+
+def _sentinel_url(url: str) -> tuple[str, tuple[tuple[str, int], ...], str]:
+    """``redis+sentinel://[user:password@]host:port[,host:port...]/master[/db][?...]`` as a plain URL (the first
+    sentinel as its host), the sentinels and the master's name. ValueErrors never quote the URL."""
+    scheme, auth, path, query, sentinels, first = _split_hosts(url, _SENTINEL_SCHEMES, 26379, "Sentinel", "sentinel")
     parts = [p for p in path.split("/") if p]
     if not parts or len(parts) > 2:
         raise ValueError("a Sentinel URL must name the master: redis+sentinel://host:port,host:port/master/db")
     master = parts[0]
     db = f"/{parts[1]}" if len(parts) == 2 else "/0"
-    first = hosts.split(",")[0].strip()
-    return f"{_SENTINEL_SCHEMES[scheme]}://{userinfo}{at}{first}{db}{query}", tuple(sentinels), master
+    return f"{scheme}://{auth}{first}{db}{query}", tuple(sentinels), master
 
 
-def _shown(parsed: DSN, sentinels: tuple[tuple[str, int], ...], master: str | None) -> str:
+def _cluster_url(url: str) -> tuple[str, tuple[tuple[str, int], ...]]:
+    """``redis+cluster://[user:password@]host:port[,host:port...][/][/0][?...]`` as a plain URL (the first node as
+    its host) and the nodes. A Redis Cluster has database 0 only: any other path is refused."""
+    scheme, auth, path, query, nodes, _ = _split_hosts(url, _CLUSTER_SCHEMES, 6379, "Redis Cluster", "node")
+    parts = [p for p in path.split("/") if p]
+    if parts not in ([], ["0"]):
+        raise ValueError(
+            "a Redis Cluster has database 0 only: the URL's path must be empty or /0 "
+            "(redis+cluster://host:port,host:port/)"
+        )
+    host, port = nodes[0]
+    return f"{scheme}://{auth}{_netloc(host, port)}/0{query}", tuple(nodes)
+
+
+def _netloc(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _shown(
+    parsed: DSN, sentinels: tuple[tuple[str, int], ...], master: str | None, cluster: tuple[tuple[str, int], ...]
+) -> str:
     """The URL for messages, without the password."""
-    if not sentinels:
+    if not sentinels and not cluster:
         return parsed.redacted()
     auth = f"{parsed.user or ''}:***@" if parsed.password is not None else (f"{parsed.user}@" if parsed.user else "")
-    hosts = ",".join(f"{h}:{p}" for h, p in sentinels)
+    hosts = ",".join(_netloc(h, p) for h, p in (sentinels or cluster))
+    if cluster:
+        return f"{parsed.scheme}+cluster://{auth}{hosts}/"
     return f"{parsed.scheme}+sentinel://{auth}{hosts}/{master}/{parsed.database or 0}"
 
 

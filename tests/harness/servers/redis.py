@@ -6,16 +6,19 @@ and configuration file, and listens on loopback only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ..binaries import require_binary
-from ..lifecycle import OnePortServer
-from ..processes import LOOPBACK
+from ..errors import ServerStartError
+from ..lifecycle import OnePortServer, Started
+from ..processes import LOOPBACK, free_port, run_bounded, track, untrack
 
-__all__ = ["RedisServer", "SentinelServer", "redis_command"]
+__all__ = ["RedisCluster", "RedisServer", "SentinelServer", "redis_command"]
 
 
 def _encode(*args: Any) -> bytes:
@@ -51,10 +54,16 @@ def _read(f: Any) -> Any:
 
 def redis_command(
     port: int, *args: Any, host: str = LOOPBACK, password: str | None = None, user: str | None = None,
-    timeout: float = 5.0,
+    timeout: float = 5.0, ca: str | None = None,
 ) -> Any:  # fmt: skip
-    """Run one command on a new short connection (RESP2, bounded by ``timeout``); an error reply raises RuntimeError."""
-    with socket.create_connection((host, port), timeout=timeout) as sock:
+    """Run one command on a new short connection (RESP2, bounded by ``timeout``; over TLS verified against ``ca``
+    if given); an error reply raises RuntimeError."""
+    with contextlib.ExitStack() as stack:
+        sock = stack.enter_context(socket.create_connection((host, port), timeout=timeout))
+        if ca is not None:
+            import ssl
+
+            sock = stack.enter_context(ssl.create_default_context(cafile=ca).wrap_socket(sock, server_hostname=host))
         f = sock.makefile("rb")
         if password is not None:
             sock.sendall(_encode("AUTH", *((user,) if user else ()), password))
@@ -184,3 +193,114 @@ class SentinelServer(OnePortServer):
 
     def command(self, *args: Any, timeout: float = 5.0) -> Any:
         return redis_command(self._port, *args, timeout=timeout)
+
+
+class RedisCluster(Started):
+    """A throwaway Redis Cluster of ``masters`` masters with ``replicas`` replicas each on 127.0.0.1, formed by
+    ``redis-cli --cluster create``; ``start()`` returns once every node reports ``cluster_state:ok`` and every
+    replica is in sync with its master.
+
+    Each node is a :class:`RedisServer` (``appendonly yes``, ``appendfsync always``) with its cluster bus on a
+    free port of its own; each can be killed, stopped and started again individually.
+    """
+
+    def __init__(
+        self,
+        masters: int = 3,
+        *,
+        replicas: int = 0,
+        tls: Any = None,
+        node_timeout_ms: int = 2000,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        if masters < 3:
+            raise ValueError("redis-cli --cluster create needs at least 3 masters")
+        self._cli = require_binary("redis-cli")
+        self.startup_timeout = startup_timeout
+        self.replicas = replicas
+        self._masters = masters
+        self.tls = tls
+        tls_args = ("--tls-cluster", "yes", "--tls-replication", "yes") if tls is not None else ()
+        self.nodes: list[RedisServer] = []
+        try:
+            for _ in range(masters * (1 + replicas)):
+                self.nodes.append(
+                    RedisServer(
+                        extra_args=(
+                            "--cluster-enabled", "yes",
+                            "--cluster-port", str(free_port()),
+                            "--cluster-node-timeout", str(node_timeout_ms),
+                            "--repl-diskless-sync-delay", "0",  # a replica's first sync at once, not after 5 s
+                            *tls_args,
+                        ),
+                        tls=tls,
+                        startup_timeout=startup_timeout,
+                    )
+                )  # fmt: skip
+        except BaseException:
+            self.cleanup()
+            raise
+        track(self, self.cleanup)
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://`` (``rediss+cluster://`` with TLS) listing every node."""
+        nodes = ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes)
+        if self.tls is not None:
+            return f"rediss+cluster://{nodes}/?ssl_ca_certs={self.tls.ca}"
+        return f"redis+cluster://{nodes}/"
+
+    def command(self, node: RedisServer, *args: Any, timeout: float = 5.0) -> Any:
+        """Run one command on ``node`` as the default user (over TLS on a TLS cluster)."""
+        return redis_command(node.port, *args, timeout=timeout, ca=self.tls.ca if self.tls is not None else None)
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        log = os.path.join(self.nodes[0].directory, "cluster-create.log")
+        argv = [self._cli, "--cluster", "create", *(f"{LOOPBACK}:{n.port}" for n in self.nodes)]
+        if self.tls is not None:
+            argv += ["--tls", "--cacert", self.tls.ca]
+        run_bounded(
+            [*argv, "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+            log_path=log,
+            timeout=30,
+            what="cluster create",
+        )
+        self.wait_ok()
+
+    def wait_ok(self, timeout: float | None = None) -> None:
+        """Until every running node says ``cluster_state:ok`` and knows all nodes (ServerStartError after
+        ``timeout``, default ``startup_timeout``)."""
+        deadline = time.monotonic() + (self.startup_timeout if timeout is None else timeout)
+        while True:
+            states = []
+            for node in self.nodes:
+                if node.running:
+                    try:
+                        states.append(str(self.command(node, "CLUSTER", "INFO", timeout=2.0)))
+                    except (OSError, RuntimeError) as exc:
+                        states.append(str(exc))
+            if all("cluster_state:ok" in s and f"cluster_known_nodes:{len(self.nodes)}" in s for s in states):
+                links = [str(self.command(n, "INFO", "replication", timeout=2.0)) for n in self.nodes if n.running]
+                synced = sum("role:slave" in link and "master_link_status:up" in link for link in links)
+                if synced >= self._masters * self.replicas - (len(self.nodes) - len(links)):
+                    return
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"the Redis Cluster did not form: {states}")
+            time.sleep(0.1)
+
+    def owner(self, key: str) -> RedisServer:
+        """The node that owns ``key``'s slot now."""
+        running = [n for n in self.nodes if n.running]
+        slot = int(self.command(running[0], "CLUSTER", "KEYSLOT", key))
+        for node in running:
+            for start, end, master, *_ in self.command(node, "CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return next(n for n in self.nodes if n.port == int(master[1]))
+        raise LookupError(f"no node owns slot {slot}")
+
+    def cleanup(self) -> None:
+        untrack(self)
+        for node in self.nodes:
+            node.cleanup()
