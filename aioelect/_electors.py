@@ -247,7 +247,11 @@ class RedisElector(Elector):
     ``url`` is ``redis://user:password@host:port/db`` or ``rediss://`` for TLS
     (the server's certificate always verified, against
     ``?ssl_ca_certs=PATH`` or the system CAs; ``ssl_certfile`` and
-    ``ssl_keyfile`` for a client certificate). Special characters in the user
+    ``ssl_keyfile`` for a client certificate);
+    ``redis+sentinel://user:password@host:port,host:port/master/db`` asks
+    Sentinel for the master, and ``redis+cluster://user:password@host:port,host:port/``
+    reaches the Cluster master owning the election's slot (``rediss+`` for TLS).
+    Special characters in the user
     name or password must be percent-encoded; a URL that could be read more
     than one way is a ValueError, which never shows the password.
 

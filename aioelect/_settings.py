@@ -65,7 +65,7 @@ ENV_ETCD_ENDPOINTS = "AIOELECT_ETCD_ENDPOINTS"
 ENV_MYSQL_DSN = "AIOELECT_MYSQL_DSN"
 #: ``postgresql://user:password@host:port/database``.
 ENV_POSTGRES_DSN = "AIOELECT_POSTGRES_DSN"
-#: ``redis://user:password@host:port/db`` or ``rediss://...`` (TLS).
+#: ``redis://user:password@host:port/db`` or ``rediss://...`` (TLS), ``redis+sentinel://...`` or ``redis+cluster://...``.
 ENV_REDIS_URL = "AIOELECT_REDIS_URL"
 #: The path of a lock file (one machine only).
 ENV_FILE = "AIOELECT_FILE"

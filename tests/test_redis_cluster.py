@@ -313,3 +313,13 @@ async def test_a_tls_cluster_through_rediss_cluster(certs: Certificates) -> None
         async with make(group.url.replace(certs.ca, certs.client_cert), name) as refused:
             with pytest.raises(PermanentBackendError, match="TLS handshake failed"):
                 await refused.try_acquire()
+
+
+def test_the_command_line_takes_a_cluster_url(cluster: RedisCluster) -> None:
+    """`aioelect run --redis redis+cluster://...` leads and runs CMD; a database other than 0 is a usage error."""
+    from .test_cli import cli
+
+    ran = cli("run", "--redis", cluster.url, "--name", unique_name("cli"), "--no-wait", "--", "true", timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    wrong = cli("leader", "--redis", cluster.url.rstrip("/") + "/1", "--name", "n", timeout=60)
+    assert wrong.returncode == 2 and "database 0 only" in wrong.stderr, wrong.stderr

@@ -78,7 +78,11 @@ def _backend_options() -> _Parser:
     )
     g.add_argument("--mysql", metavar="DSN", help=f"mysql://user@host:port/database [{ENV_MYSQL_DSN}]")
     g.add_argument("--postgres", metavar="DSN", help=f"postgresql://user@host:port/database [{ENV_POSTGRES_DSN}]")
-    g.add_argument("--redis", metavar="URL", help=f"redis://user@host:port/db or rediss://... [{ENV_REDIS_URL}]")
+    g.add_argument(
+        "--redis",
+        metavar="URL",
+        help=f"redis://user@host:port/db, rediss://..., redis+sentinel://..., redis+cluster://... [{ENV_REDIS_URL}]",
+    )
     g.add_argument("--file", metavar="PATH", help=f"lock file shared by the candidates on one machine [{ENV_FILE}]")
     g.add_argument(
         "--name", help=f"election name: lock name or etcd key prefix; required with a server backend [{ENV_NAME}]"

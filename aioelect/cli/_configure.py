@@ -193,7 +193,9 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
         where = redact_dsn(value)
         schemes = {"mysql": ("mysql", "mariadb"), "postgres": ("postgresql", "postgres"), "redis": ("redis", "rediss")}
         try:
-            parse_dsn(value, *schemes[kind])
+            # redis+sentinel:// and redis+cluster:// name several hosts: the Redis backend parses those itself.
+            if kind != "redis" or "+" not in value.partition("://")[0]:
+                parse_dsn(value, *schemes[kind])
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         target = _with_password(value, password) if password is not None else value

@@ -37,7 +37,7 @@ environment:
   {ENV_ETCD_ENDPOINTS:<24} comma-separated etcd endpoints (host:port or https://host:port)
   {ENV_MYSQL_DSN:<24} mysql://user@host:port/database
   {ENV_POSTGRES_DSN:<24} postgresql://user@host:port/database
-  {ENV_REDIS_URL:<24} redis://user@host:port/db (rediss:// for TLS)
+  {ENV_REDIS_URL:<24} redis://user@host:port/db (rediss:// for TLS; redis+sentinel://, redis+cluster://)
   {ENV_FILE:<24} path of a lock file (one machine only)
   {ENV_NAME:<24} election name (lock name / key prefix)
   {ENV_IDENTITY:<24} this candidate's identity (default hostname:pid:random)
