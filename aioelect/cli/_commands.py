@@ -27,7 +27,7 @@ from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 from .._http import BoundedHTTPServer
 from ..integrations.health import HealthServer
-from ._configure import Config
+from ._configure import Config, first_contact
 from ._output import json_line, out
 from ._run import Runner, choose_grace, serve_health, serve_metrics
 from ._status import EXIT_NO_LEADER, BackendError
@@ -38,27 +38,12 @@ __all__ = ["execute"]
 log = logging.getLogger("aioelect.cli")
 
 
-async def _probe(elector: Elector, config: Config, timeout: float) -> str | None:  # noqa: ASYNC109
-    """Ask who leads, bounded: the first contact with the server."""
-    try:
-        with anyio.fail_after(timeout):
-            return await elector.leader()
-    except TimeoutError:
-        raise BackendError(f"{config.kind} at {config.where} did not answer within {timeout:g}s") from None
-    except BackendUnavailable as exc:
-        raise BackendError(str(exc)) from None
-    except OSError as exc:
-        raise BackendError(f"{config.kind} at {config.where} is unreachable: {exc}") from None
-    except ElectionError as exc:
-        raise BackendError(str(exc)) from None
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 async def _leader(elector: Elector, config: Config, args: argparse.Namespace) -> int:
-    who = await _probe(elector, config, args.timeout)
+    who = await first_contact(elector, config, args.timeout)
     if args.json:
         out(json_line({"leader": who}))
     elif who is not None:
@@ -75,7 +60,7 @@ async def _observe(elector: Elector, config: Config, args: argparse.Namespace) -
         else:
             out(f"{_now()}  " + (f"leader {who}" if who is not None else "no leader"))
 
-    await _probe(elector, config, args.timeout)  # fail fast (status 3) on a server that cannot be reached
+    await first_contact(elector, config, args.timeout)  # fail fast (status 3) on a server that cannot be reached
     last: object = object()
     started = False
     backoff = Backoff(first=0.5, maximum=5.0)
@@ -154,7 +139,7 @@ async def execute(
             # Fail fast on a server that cannot be reached at all; later outages are retried.
             probe = config.build()
             try:
-                await _probe(probe, config, args.timeout)
+                await first_contact(probe, config, args.timeout)
             finally:
                 with anyio.CancelScope(shield=True):
                     await probe.aclose()

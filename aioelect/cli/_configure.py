@@ -16,8 +16,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import anyio
+
 from .._config import parse_dsn, redact_dsn
 from .._elector import Elector
+from .._errors import BackendUnavailable, ElectionError
 from .._settings import (
     BACKEND_VARIABLES,
     ENV_ETCD_ENDPOINTS,
@@ -32,7 +35,7 @@ from ._output import secrets
 from ._status import BackendError, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_WAIT
 
-__all__ = ["Config", "configure"]
+__all__ = ["Config", "configure", "first_contact"]
 
 
 @dataclass
@@ -208,3 +211,18 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
     else:
         target, where = value, value
     return Config(kind, target, where, options)
+
+
+async def first_contact(elector: Elector, config: Config, timeout: float) -> str | None:  # noqa: ASYNC109
+    """Ask who leads, bounded: the first contact with the server."""
+    try:
+        with anyio.fail_after(timeout):
+            return await elector.leader()
+    except TimeoutError:
+        raise BackendError(f"{config.kind} at {config.where} did not answer within {timeout:g}s") from None
+    except BackendUnavailable as exc:
+        raise BackendError(str(exc)) from None
+    except OSError as exc:
+        raise BackendError(f"{config.kind} at {config.where} is unreachable: {exc}") from None
+    except ElectionError as exc:
+        raise BackendError(str(exc)) from None

@@ -40,7 +40,7 @@ from .._elector import Elector, Leadership, current_leadership, default_identity
 from .._errors import ElectionError
 from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from .._shards import Shards
-from ._configure import Config
+from ._configure import Config, first_contact
 from ._run import choose_grace, forwarded_signal
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
 from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, reap_orphans
@@ -76,12 +76,6 @@ def _shared_etcd(config: Config, identity: str) -> tuple[Any, Callable[[str], El
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc)) from None
     return session, lambda name: EtcdElector(session=session, name=name, identity=identity, stop_timeout=stop_timeout)
-
-
-async def _probe(elector: Elector, config: Config, timeout: float) -> None:  # noqa: ASYNC109
-    from ._commands import _probe as probe
-
-    await probe(elector, config, timeout)
 
 
 class ShardsRunner:
@@ -159,7 +153,7 @@ class ShardsRunner:
         try:
             self.grace = choose_grace(self.given_grace, probe, self.config.kind)
             # Fail fast (status 3) on a server that cannot be reached at all; later outages are retried.
-            await _probe(probe, self.config, self.timeout)
+            await first_contact(probe, self.config, self.timeout)
         finally:
             with anyio.CancelScope(shield=True):
                 await probe.aclose()
