@@ -21,7 +21,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "$0")/.." && pwd)"
 python="${PYTHON:-$here/.venv/bin/python}"
-[ -x "$python" ] || python=/work/main/.venv/bin/python
+[ -x "$python" ] || { echo "no $python: run make venv first, or set PYTHON" >&2; exit 2; }
 root="${ADVERSARY_OLD:-/tmp/aioelect-old}"
 
 case "${1:-}" in
