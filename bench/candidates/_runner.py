@@ -43,6 +43,7 @@ import traceback
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["Candidate", "Options", "main"]
 
@@ -86,6 +87,49 @@ class Candidate(abc.ABC):
     def signal_pid(self) -> int:
         """The pid the driver signals (SIGKILL, SIGSTOP) to crash or freeze this candidate."""
         return os.getpid()
+
+
+class RenewedLock(Candidate):
+    """A peer's lock, renewed every ``ttl / 3`` by a loop beside the work, as the peers' docs recommend.
+
+    It acts while every renewal succeeds; the first that fails or raises ends it.
+    """
+
+    lock: Any
+    ttl: float
+    held = False
+    refresher: asyncio.Task[None] | None = None
+
+    @abc.abstractmethod
+    async def acquire(self) -> None:
+        """Block until the peer's lock is ours."""
+
+    @abc.abstractmethod
+    async def renew(self) -> bool:
+        """Renew the peer's lock; False (or an exception) if it is no longer ours."""
+
+    async def campaign(self) -> None:
+        await self.acquire()
+        self.held = True
+        self.refresher = asyncio.get_running_loop().create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        with contextlib.suppress(Exception):
+            while self.held:
+                await asyncio.sleep(self.ttl / 3)
+                if not await self.renew():
+                    break
+        self.held = False
+
+    def acting(self) -> bool:
+        return self.held
+
+    async def release(self) -> None:
+        self.held = False
+        if self.refresher is not None:
+            self.refresher.cancel()
+            self.refresher = None
+        await self.lock.release()
 
 
 def _emit(kind: str, slot: int, detail: str = "", at: int | None = None) -> int:

@@ -9,52 +9,30 @@ lease gone (TTL <= 0). That check is ours: aetcd offers nothing more.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
 import aetcd
 
-from ._runner import Candidate, Options, main
+from ._runner import Candidate, Options, RenewedLock, main
 
 
-class AetcdLock(Candidate):
+class AetcdLock(RenewedLock):
     def __init__(self, options: Options) -> None:
         host, _, port = options.url.rpartition(":")
         self.client = aetcd.Client(host=host, port=int(port))
         self.ttl = options.ttl
         self.lock: Any = self.client.lock(options.name.encode(), ttl=options.ttl)
-        self.held = False
-        self.refresher: asyncio.Task[None] | None = None
 
     async def setup(self) -> None:
         await self.client.connect()
 
-    async def campaign(self) -> None:
+    async def acquire(self) -> None:
         await self.lock.acquire(timeout=None)
-        self.held = True
-        self.refresher = asyncio.get_running_loop().create_task(self._refresh())
 
-    async def _refresh(self) -> None:
-        try:
-            while self.held:
-                await asyncio.sleep(self.ttl / 3)
-                reply = await self.lock.refresh()
-                if reply is None or reply.TTL <= 0:
-                    break
-        except Exception:
-            pass
-        self.held = False
-
-    def acting(self) -> bool:
-        return self.held
-
-    async def release(self) -> None:
-        self.held = False
-        if self.refresher is not None:
-            self.refresher.cancel()
-            self.refresher = None
-        await self.lock.release()
+    async def renew(self) -> bool:
+        reply = await self.lock.refresh()
+        return reply is not None and reply.TTL > 0
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

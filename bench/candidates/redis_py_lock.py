@@ -9,44 +9,26 @@ fails. That loop is ours: redis-py offers the lock, not an election.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from typing import Any
 
 from redis.asyncio import Redis
 
-from ._runner import Candidate, Options, main
+from ._runner import Candidate, Options, RenewedLock, main
 
 
-class RedisPyLock(Candidate):
+class RedisPyLock(RenewedLock):
     def __init__(self, options: Options) -> None:
         self.client = Redis.from_url(options.url)
         self.ttl = options.ttl
         self.lock: Any = self.client.lock(options.name, timeout=options.ttl)
-        self.held = False
-        self.refresher: asyncio.Task[None] | None = None
 
-    async def campaign(self) -> None:
+    async def acquire(self) -> None:
         await self.lock.acquire(blocking=True)
-        self.held = True
-        self.refresher = asyncio.get_running_loop().create_task(self._refresh())
 
-    async def _refresh(self) -> None:
-        with contextlib.suppress(Exception):
-            while self.held:
-                await asyncio.sleep(self.ttl / 3)
-                await self.lock.reacquire()
-        self.held = False
-
-    def acting(self) -> bool:
-        return self.held
-
-    async def release(self) -> None:
-        self.held = False
-        if self.refresher is not None:
-            self.refresher.cancel()
-            self.refresher = None
-        await self.lock.release()
+    async def renew(self) -> bool:
+        await self.lock.reacquire()  # raises LockNotOwnedError once the lock is not ours
+        return True
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
