@@ -93,14 +93,5 @@ class SlotConnection(Connection):
         await super().connect()  # type: ignore[no-untyped-call]
 
 
-class SlotSSLConnection(SSLConnection):
-    """:class:`SlotConnection` over TLS."""
-
-    def __init__(self, *, resolve: Resolve, **kwargs: Any) -> None:
-        self._resolve = resolve
-        super().__init__(**kwargs)
-
-    async def connect(self) -> None:
-        if not self.is_connected:
-            self.host, self.port = await self._resolve()
-        await super().connect()  # type: ignore[no-untyped-call]
+class SlotSSLConnection(SlotConnection, SSLConnection):
+    """:class:`SlotConnection` over TLS (redis-py's :class:`SSLConnection` next in the method order)."""
