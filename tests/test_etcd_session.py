@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import anyio
 import pytest
 
 import aioelect
 from aioelect import ElectionError, EtcdElector, EtcdSession
+from aioelect.backends.etcd._admission import LIMIT
 
 from .harness import EtcdServer
 from .test_etcd import TTL, ctl, delta, eventually, grpc_counts, keys, leases, unique
@@ -179,3 +182,58 @@ async def test_many_electors_cost_one_lease_and_one_keepalive_per_interval(fresh
     assert changes.get("started:LeaseKeepAlive", 0) == 1, changes  # one stream
     assert 2 <= changes.get("received:LeaseKeepAlive", 0) <= 5, changes  # ~1/s, not ~20/s
     assert await leases(fresh_etcd) == []
+
+
+class _InFlight:
+    """An interceptor that counts a connection's campaign requests and watch creations in flight at once."""
+
+    #: The exchanges of a campaign, of a leadership, and of a follower of the leader (not the lease's, not a release's).
+    QUEUED = frozenset({"campaign", "check candidacy", "proclaim", "read candidates ahead", "read leader", "read key"})
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+        self.keepalives = 0
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        if what == "lease keep-alive":
+            self.keepalives += 1
+        if what not in self.QUEUED and what != "watch created":
+            return await send()
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await send()
+        finally:
+            self.now -= 1
+
+
+async def test_campaigns_started_at_once_keep_a_bounded_number_of_requests_in_flight(etcd: EtcdServer) -> None:
+    """Two sessions start 150 campaigns each at once in the same 150 elections: on each connection at most
+    LIMIT campaign requests and watch creations are in flight at a time, every election gets one leader, and
+    every leadership stays confirmed by the session's keep-alives (which never wait behind the campaigns)."""
+    names = [unique() for _ in range(150)]
+    counts = [_InFlight(), _InFlight()]
+    leads: dict[tuple[int, str], aioelect.Leadership] = {}
+
+    async def campaign(i: int, elector: EtcdElector) -> None:
+        leads[i, elector.name] = await elector.acquire()
+        await asyncio.Event().wait()
+
+    async with EtcdSession(etcd.endpoints, ttl=5) as a, EtcdSession(etcd.endpoints, ttl=5) as b:
+        tasks = []
+        for i, (session, count) in enumerate(zip((a, b), counts, strict=True)):
+            session.conn.interceptor = count
+            electors = [EtcdElector(session=session, name=name, identity=f"s{i}") for name in names]
+            tasks += [asyncio.create_task(campaign(i, e)) for e in electors]
+        try:
+            await eventually(lambda: sum(lead.held for lead in leads.values()) == len(names), 30, "150 leaders")
+            await asyncio.sleep(2 * 5 / 3)  # two keep-alive intervals
+            assert sum(lead.held for lead in leads.values()) == len(names)
+            assert {name for (_, name), lead in leads.items() if lead.held} == set(names)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    assert [count.most for count in counts] == [LIMIT, LIMIT], "queued, never more than LIMIT at once"
+    assert all(count.keepalives >= 2 for count in counts)

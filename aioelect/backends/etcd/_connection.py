@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import anyio
 import grpc
@@ -22,10 +22,11 @@ from ..._backend import Interceptor, monotonic
 from ..._config import is_loopback, transport_warning
 from ..._errors import ElectionError, ElectorClosed, PermanentBackendError
 from ..._log import ElectionLog
+from ._admission import Admission, Lane
 from ._calls import settle
 from ._channel import Channel
 from ._endpoints import Endpoint
-from ._failures import Transient, classify, rpc_error
+from ._failures import Retired, Transient, classify, rpc_error
 from ._probe import diagnose_tls
 from ._tls import EtcdTLS
 from ._watch import WatchStream, check_response, create_request
@@ -62,7 +63,12 @@ class Connection:
       answered: such a failure is not an unreachable etcd;
     * a channel is closed only once no request or watch uses it, so nothing is
       cancelled under a caller; :meth:`aclose` closes them all (after letting
-      requests in flight end for at most ``DRAIN_TIMEOUT``; watches end at once).
+      requests in flight end for at most ``DRAIN_TIMEOUT``; watches end at once);
+    * a request or watch given a ``lane`` waits for its turn in
+      :attr:`admission` first (:mod:`._admission`): at most
+      :data:`~._admission.LIMIT` of them are in flight at once, a watch only
+      until etcd acknowledged it. The wait is not part of the request's
+      ``timeout``; a request without a lane never waits.
     """
 
     def __init__(
@@ -94,6 +100,8 @@ class Connection:
         self._transport_checked = False
         #: Between this connection and etcd: every request and watch message goes through it (None: nothing).
         self.interceptor: Interceptor | None = None
+        #: The turns of the requests and watches given a lane.
+        self.admission = Admission()
 
     def __repr__(self) -> str:
         return f"<Connection {self.describe()}>"
@@ -269,6 +277,7 @@ class Connection:
         *,
         timeout: float,  # noqa: ASYNC109 - a per-attempt bound, not the caller's deadline
         attempts: int | None = None,
+        lane: Lane | None = None,
     ) -> T:
         """Run ``request`` on the current channel, at most ``timeout`` seconds per attempt.
 
@@ -276,8 +285,19 @@ class Connection:
         (``attempts`` bounds it further); the last failure is raised as
         :class:`Transient`. Permanent failures raise :class:`ElectionError`.
         A :class:`SelfBounded` request is awaited as it is: it needs neither
-        a :func:`settle` task nor a cancel scope.
+        a :func:`settle` task nor a cancel scope. With a ``lane``, the
+        attempts wait for their turn in :attr:`admission` first.
         """
+        async with self.admission.turn(lane):
+            return await self._attempts(what, request, timeout, attempts)
+
+    async def _attempts(
+        self,
+        what: str,
+        request: Callable[[Channel], Awaitable[T]] | SelfBounded[T],
+        timeout: float,  # noqa: ASYNC109 - a per-attempt bound, not the caller's deadline
+        attempts: int | None,
+    ) -> T:
         tries = min(attempts or len(self.endpoints), len(self.endpoints))
         last: Transient | None = None
         attempt = 0
@@ -326,32 +346,26 @@ class Connection:
         range_end: bytes | None = None,
         no_put: bool = False,
         no_delete: bool = False,
+        lane: Lane | None = None,
     ) -> AsyncIterator[WatchStream]:
         """An etcd watch on its own stream, always cancelled when the block ends.
 
         The watch is created (etcd acknowledged it) before the block runs, or
         :class:`Transient` / :class:`Compacted` / :class:`ElectionError` is raised.
+        With a ``lane``, its creation waits for a turn in :attr:`admission`
+        first (:class:`Retired` if the channel was replaced meanwhile).
         """
+        request = create_request(
+            key, start_revision=start_revision, range_end=range_end, no_put=no_put, no_delete=no_delete
+        )
         async with self.channel() as channel:
-            call = channel.watch.Watch(metadata=channel.metadata)
+            call = None
             try:
-                request = create_request(
-                    key, start_revision=start_revision, range_end=range_end, no_put=no_put, no_delete=no_delete
-                )
-                try:
-                    with anyio.fail_after(self.connect_timeout):
-                        await settle(call.write(request))
-                        created = await settle(self._sent("watch created", lambda _: call.read(), channel))
-                except Exception as exc:
-                    failure = await self._explain(self.failed(exc, "watch", channel), channel.endpoint)
-                    if failure is exc:
-                        raise
-                    raise failure from None
-                if created is not grpc.aio.EOF:
-                    self.answered_at = monotonic()
-                created = check_response(created, channel, "watch", self.fail)
-                if not created.created:
-                    raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
+                async with self.admission.turn(lane):
+                    if channel.retired.is_set():
+                        raise Retired()  # replaced while we waited for our turn
+                    call = channel.watch.Watch(metadata=channel.metadata)
+                    created = await self._created(call, request, channel)
                 stream = WatchStream(
                     call, channel, self.failed, self.fail, int(created.header.revision), self.interceptor
                 )
@@ -360,4 +374,23 @@ class Connection:
                 finally:
                     stream.close()
             finally:
-                call.cancel()
+                if call is not None:
+                    call.cancel()
+
+    async def _created(self, call: Any, request: Any, channel: Channel) -> Any:
+        """Send the watch's create ``request`` on ``call``; return etcd's acknowledgement (bounded)."""
+        try:
+            with anyio.fail_after(self.connect_timeout):
+                await settle(call.write(request))
+                created = await settle(self._sent("watch created", lambda _: call.read(), channel))
+        except Exception as exc:
+            failure = await self._explain(self.failed(exc, "watch", channel), channel.endpoint)
+            if failure is exc:
+                raise
+            raise failure from None
+        if created is not grpc.aio.EOF:
+            self.answered_at = monotonic()
+        created = check_response(created, channel, "watch", self.fail)
+        if not created.created:
+            raise Transient(f"etcd at {channel.endpoint} did not acknowledge the watch")
+        return created

@@ -34,6 +34,7 @@ from aetcd.utils import prefix_range_end
 
 from ..._backend import Backend, Backoff
 from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
+from ._admission import Lane
 from ._connection import Connection
 from ._failures import Compacted, Retired, Transient
 from ._session import Session
@@ -231,6 +232,7 @@ class Election(Backend):
             "read key",
             lambda ch: ch.kv.Range(rpc.RangeRequest(key=key), metadata=ch.metadata),
             timeout=self.request_timeout,
+            lane=Lane.HOLD,
         )
         return (reply.kvs[0] if reply.kvs else None), int(reply.header.revision)
 
@@ -299,6 +301,7 @@ class Election(Backend):
             "read candidates ahead",
             lambda ch: ch.kv.Range(request, metadata=ch.metadata),
             timeout=self.request_timeout,
+            lane=Lane.CAMPAIGN,
         )
         ahead = {bytes(kv.key): kv for kv in self._own(reply.kvs) if bytes(kv.key) != view.ours}
         revision = int(reply.header.revision)
@@ -317,7 +320,10 @@ class Election(Backend):
 
         if not next_leader():
             return
-        async with self.conn.watch(self.prefix, range_end=self._prefix_end, start_revision=revision + 1) as stream:
+        watch = self.conn.watch(
+            self.prefix, range_end=self._prefix_end, start_revision=revision + 1, lane=Lane.CAMPAIGN
+        )
+        async with watch as stream:
             while self.sight.current is current:
                 response = await stream.next()
                 self._own([event.kv for event in response.events])
@@ -341,6 +347,7 @@ class Election(Backend):
             "read leader",
             lambda ch: ch.kv.Range(request, metadata=ch.metadata),
             timeout=self.request_timeout,
+            lane=Lane.CAMPAIGN,
         )
         kvs = self._own(reply.kvs)
         return (kvs[0] if kvs else None), int(reply.header.revision)
@@ -388,7 +395,10 @@ class Election(Backend):
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
         )
         reply = await self.conn.call(
-            "campaign", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
+            "campaign",
+            lambda ch: ch.kv.Txn(request, metadata=ch.metadata),
+            timeout=self.request_timeout,
+            lane=Lane.CAMPAIGN,
         )
         if reply.succeeded:
             self.crowd = int(reply.responses[1].response_range.count)
@@ -412,7 +422,10 @@ class Election(Backend):
                 success=[rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=session.lease_id))],
             )
             done = await self.conn.call(
-                "proclaim", lambda ch: ch.kv.Txn(proclaim, metadata=ch.metadata), timeout=self.request_timeout
+                "proclaim",
+                lambda ch: ch.kv.Txn(proclaim, metadata=ch.metadata),
+                timeout=self.request_timeout,
+                lane=Lane.CAMPAIGN,
             )
             if not done.succeeded:
                 raise KeyLost()
@@ -437,7 +450,10 @@ class Election(Backend):
             ],
         )
         reply = await self.conn.call(
-            "check candidacy", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self.request_timeout
+            "check candidacy",
+            lambda ch: ch.kv.Txn(request, metadata=ch.metadata),
+            timeout=self.request_timeout,
+            lane=Lane.CAMPAIGN,
         )
         if not reply.succeeded:
             await session.keepalive()  # raises SessionEnded if the key went with our lease
@@ -481,7 +497,7 @@ class Election(Backend):
         watching = None
         try:
             watching = await OpenWatch.open(
-                self.conn, key, range_end=range_end, start_revision=read_at + 1, no_put=ours is None
+                self.conn, key, range_end=range_end, start_revision=read_at + 1, no_put=ours is None, lane=Lane.CAMPAIGN
             )
             if shortcut and watching.stream.created_revision > read_at:
                 return Waited(Turn.SKIPPED)
@@ -573,11 +589,17 @@ class Election(Backend):
             try:
                 if kv is None:
                     async with self.conn.watch(
-                        self.prefix, range_end=self._prefix_end, start_revision=revision + 1, no_delete=True
+                        self.prefix,
+                        range_end=self._prefix_end,
+                        start_revision=revision + 1,
+                        no_delete=True,
+                        lane=Lane.CAMPAIGN,
                     ) as stream:
                         await stream.next()
                 else:
-                    async with self.conn.watch(bytes(kv.key), start_revision=revision + 1) as stream:
+                    async with self.conn.watch(
+                        bytes(kv.key), start_revision=revision + 1, lane=Lane.CAMPAIGN
+                    ) as stream:
                         while True:
                             response = await stream.next()
                             if any(event.type == DELETE for event in response.events):

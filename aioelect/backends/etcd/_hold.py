@@ -18,6 +18,7 @@ from ..._backend import Backoff, Confirm, Hold, Loss
 from ..._errors import ElectionError, LossKind
 from ..._log import ElectionLog
 from ..._tasks import first_of
+from ._admission import Lane
 from ._connection import Connection
 from ._election import DELETE, OpenWatch
 from ._failures import Retired, Transient
@@ -98,7 +99,9 @@ class EtcdHold(Hold):
         while True:
             try:
                 if self._watching is None:
-                    self._watching = await OpenWatch.open(b.conn, self.key, start_revision=start, no_put=True)
+                    self._watching = await OpenWatch.open(
+                        b.conn, self.key, start_revision=start, no_put=True, lane=Lane.HOLD
+                    )
                 stream = self._watching.stream
                 backoff.reset()
                 while True:
