@@ -52,6 +52,11 @@ class EtcdSession(SharedSession):
     * one lease and one keep-alive every ``ttl / 3`` for the whole session,
       however many electors use it, and one connection for all their
       requests and watches;
+    * on that connection at most 32 campaign requests and watch creations
+      of its electors are in flight at once, the others queued (a held
+      leadership's first); the keep-alive, grants, revokes, resigns and
+      withdrawals never queue, so a cold start of many campaigns does not
+      delay the keep-alive that confirms every leadership;
     * **fate sharing**, what the session gives up: when the lease expires or
       is revoked, every elector on the session loses its leadership (each
       sees its key go) and its campaign starts again under a new shared
