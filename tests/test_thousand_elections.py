@@ -55,7 +55,7 @@ def _lines(log: Path) -> list[dict[str, Any]]:
 
 def run_service(backend: str, target: str, tmp: Path, measure: Callable[[], dict[str, int]]) -> dict[str, Any]:
     """Start the processes, wait until every election has a leader, ``measure()`` the servers, stop them; return
-    the measurements, the seconds it took and the names each process led."""
+    the measurements, the seconds it took, the names each process led and the leaderships lost meanwhile."""
     prefix = f"thousand-{secrets.token_hex(3)}"
     procs: list[tuple[subprocess.Popen[bytes], Path]] = []
     try:
@@ -85,7 +85,8 @@ def run_service(backend: str, target: str, tmp: Path, measure: Callable[[], dict
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
-    return {"took": took, "led": led, **measured}
+    lost = sum(next((e["lost"] for e in reversed(_lines(log)) if "lost" in e), 0) for _, log in procs)
+    return {"took": took, "led": led, "lost": lost, **measured}
 
 
 def assert_one_leader_each(led: list[list[str]]) -> None:
@@ -143,7 +144,7 @@ def test_three_processes_of_1000_sql_elections_at_default_max_connections(
         time.sleep(0.1)
     print(
         f"{kind}: {PROCESSES} processes x {ELECTIONS} elections led in {result['took']:.1f}s "
-        f"on {result['connections']} connections (max_connections {limit})"
+        f"on {result['connections']} connections (max_connections {limit}, {result['lost']} leaderships lost)"
     )
 
 
@@ -180,5 +181,5 @@ def test_three_processes_of_1000_etcd_elections_on_three_leases(fresh_etcd: Etcd
     assert leases() == []
     print(
         f"etcd: {PROCESSES} processes x {ELECTIONS} elections led in {result['took']:.1f}s "
-        f"on {result['leases']} leases, {result['connections']} connections"
+        f"on {result['leases']} leases, {result['connections']} connections ({result['lost']} leaderships lost)"
     )
