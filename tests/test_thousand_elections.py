@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.timeout(150),
     pytest.mark.skipif(
         os.environ.get("AIOELECT_TEST_SCALE") != "1",
-        reason="20-40 s per backend: `make test-scale` (AIOELECT_TEST_SCALE=1) runs it",
+        reason="`make test-scale` (AIOELECT_TEST_SCALE=1) runs it alone, a step of `make test` before the whole suite",
     ),
 ]
 
