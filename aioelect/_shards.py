@@ -3,10 +3,16 @@
 :class:`Shards` sits above :class:`~aioelect.Elector` and uses only its public
 contract: one election per name decides who owns that name, so mutual
 exclusion is the elections' and no backend learns what a shard is. Above
-them, each instance computes the same balanced assignment of names to the
-live instances and campaigns only for the names assigned to it; it resigns a
-name (its work cancelled first) as soon as the assignment gives it to
-another instance, which is already waiting in that name's election.
+them, each instance computes the same balanced count of names (its share)
+for every live instance. An instance above its share resigns the excess (its
+work cancelled first); one below it asks for free names, one lock request
+that does not wait each (:meth:`~aioelect.Elector.try_acquire`), never more
+at once than it lacks. Nobody waits in a name's election, so a released name
+goes only to an instance short of its share, and an instance that releases
+names never takes any: a join or a leave moves exactly the names the new
+balance needs. No function of the live set alone can promise that with a
+balance of one name (three names over five possible instances already
+defeat it), hence the counts rather than a fixed assignment.
 
 Who is live comes from the backend too: each instance holds one of
 ``max_instances`` *member* elections (``{group}/member/{k}``) for as long as
@@ -32,7 +38,7 @@ import anyio
 import anyio.abc
 
 from ._config import validate_name
-from ._elector import Elector, Leadership, default_identity, leading, leading_if_free, validate_identity
+from ._elector import Elector, Leadership, default_identity, leading_if_free, validate_identity
 from ._errors import BackendUnavailable, LeadershipLost
 from ._factory import env_options, from_env, shared_sql_session
 from ._settings import Settings
@@ -47,6 +53,9 @@ ShardWork = Callable[[str], Awaitable[object]]
 #: How long an instance that found every member election taken waits before it tries again (seconds).
 FULL_RETRY = 1.0
 
+#: The longest pause between two passes over the names of an instance short of its share that found none free.
+CLAIM_RETRY = 1.0
+
 
 def _score(member: str, name: str) -> int:
     """Rendezvous weight of ``name`` on ``member``: the same on every instance and every run."""
@@ -55,13 +64,15 @@ def _score(member: str, name: str) -> int:
 
 
 def assign(names: Sequence[str], members: Iterable[str]) -> dict[str, str]:
-    """The owner of each name among ``members``: balanced, and the same on every instance that sees them.
+    """The preferred owner of each name among ``members``: balanced, and the same on every instance that sees them.
 
-    Every member gets ``len(names) // len(members)`` names or one more.
-    Pairs (name, member) are taken by decreasing rendezvous weight, each name
-    going to the first member that still has room, so that a member joining
-    or leaving moves few names beyond those the new balance needs (the
-    benchmark measures how many). An empty ``members`` assigns nothing.
+    Every member gets ``len(names) // len(members)`` names or one more: the
+    share :class:`Shards` keeps each member to. Pairs (name, member) are
+    taken by decreasing rendezvous weight, each name going to the first
+    member that still has room. A member joining or leaving changes the owner
+    of a few names beyond those the new balance needs, which is why
+    :class:`Shards` keeps the counts and takes these names only first, when
+    free. An empty ``members`` assigns nothing.
     """
     live = sorted(set(members))
     if not live:
@@ -88,6 +99,15 @@ class _Owner:
 
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
+    #: Set once the lock request has been answered (granted or not) or given up.
+    asked: anyio.Event = field(default_factory=anyio.Event)
+    #: The request was refused or failed, or the leadership was lost: the task only closes its elector now.
+    gone: bool = False
+
+    @property
+    def counts(self) -> bool:
+        """Whether this owner counts towards the share: granted or on its way, and not being let go."""
+        return not (self.gone or self.scope.cancel_called)
 
 
 def _session_identity(elector: Elector) -> tuple[str, bool] | None:
@@ -267,8 +287,13 @@ class Shards:
         self._held: dict[str, Leadership] = {}
         self._owners: dict[str, _Owner] = {}
         self._target: frozenset[str] = frozenset()
+        self._order: tuple[str, ...] = ()
+        self._joined: frozenset[str] = frozenset()
         self._members: tuple[str, ...] = ()
         self._wake = anyio.Event()
+        self._claim = anyio.Event()
+        self._answered = anyio.Event()
+        self._grants = 0
         self._all_seen = anyio.Event()
         self._assigned: tuple[tuple[str, ...], dict[str, str]] | None = None
         self._running = False
@@ -345,7 +370,8 @@ class Shards:
                 for k, slot in enumerate(slots):
                     tg.start_soon(self._guarded, tg, self._observe, k, slot)
                 tg.start_soon(self._guarded, tg, self._membership, slots)
-                await self._rebalance(tg, work)
+                tg.start_soon(self._guarded, tg, self._claims, tg, work)
+                await self._rebalance()
         finally:
             with anyio.CancelScope(shield=True):
                 for slot in slots:
@@ -355,8 +381,12 @@ class Shards:
             self._seen.clear()
             self._slot = None
             self._target = frozenset()
+            self._order = ()
+            self._joined = frozenset()
             self._members = ()
             self._wake = anyio.Event()
+            self._claim = anyio.Event()
+            self._assigned = None
             self._all_seen = anyio.Event()
             self._running = False
         if self._failure is not None:
@@ -443,20 +473,35 @@ class Shards:
         self._wake = anyio.Event()
 
     def _view(self) -> tuple[tuple[str, ...], frozenset[str]]:
-        """The live members and this instance's share, from what the observers reported."""
+        """The live members and the names :func:`assign` prefers here (as many as this instance's share)."""
         if len(self._seen) < self.max_instances:
             return (), frozenset()  # not every member election reported yet: nothing is known
         members = tuple(sorted({m for m in self._seen.values() if m is not None}))
         me = None if self._slot is None else self._seen.get(self._slot)
         if me is None:
             return members, frozenset()  # not a member (yet): the others do not count on us
-        if self._assigned is None or self._assigned[0] != members:
-            self._assigned = (members, assign(self.names, members))
+        if self._assigned is None or self._assigned[0] != (*members, me):
+            owners = assign(self.names, members)
+            mine = frozenset(n for n in self.names if owners.get(n) == me)
+            before, seen = ({}, ()) if self._assigned is None else (self._assigned[1], self._assigned[0][:-1])
+            departed = set(seen) - set(members)
+            # Asked for in this order when short: the names that departed instances were preferred for (free
+            # soonest), then those preferred here, then by this instance's own weight.
+            self._order = tuple(
+                sorted(self.names, key=lambda n: (before.get(n) not in departed, n not in mine, -_score(me, n)))
+            )
+            # Resigned first when over: the names preferred by an instance that has just joined (short of them).
+            self._joined = frozenset(members) - frozenset(seen) if seen else frozenset()
+            self._assigned = ((*members, me), owners)
         owners = self._assigned[1]
         # As this instance's member election reports it: a backend that shortens identities shortens ours too.
         return members, frozenset(n for n in self.names if owners.get(n) == me)
 
-    async def _rebalance(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> None:
+    def _short(self) -> int:
+        """How many names this instance lacks for its share, counting the lock requests on their way."""
+        return len(self._target) - sum(o.counts for o in self._owners.values())
+
+    async def _rebalance(self) -> None:
         backlog = False
         while True:
             if not backlog:
@@ -468,65 +513,123 @@ class Shards:
             lag = time.monotonic() - began - self.settle
             if backlog and lag > self.settle:
                 await anyio.sleep(lag)
-            backlog = self._apply(tg, work)
+            backlog = self._apply()
 
-    def _apply(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> bool:
-        """Resign what is no longer ours and campaign for what is, at most :attr:`step` of each; True if more is
-        left to do.
+    def _apply(self) -> bool:
+        """Resign what is beyond this instance's share, at most :attr:`step` names, and wake the claims when it is
+        short; True if more is left to resign.
 
-        Bounded steps keep the event loop responsive (the session's keep-alives run on it) when a whole share
-        moves at once: a cold start, or the return after a lost session.
+        Resigned first: requests not yet answered, then the names :func:`assign` prefers elsewhere (an
+        instance's that has just joined first), then those of least weight here.
         """
         members, target = self._view()
         if members != self._members or target != self._target:
             log.info(
-                "%s: %d members, %d of %d names assigned here",
+                "%s: %d members, a share of %d of %d names here",
                 self.identity,
                 len(members),
                 len(target),
                 len(self.names),
             )
         self._members, self._target = members, target
-        resigns = [o for n, o in self._owners.items() if n not in target and not o.scope.cancel_called]
-        for owner in resigns[: self.step]:
-            owner.scope.cancel()
-        started = 0
-        for name in self.names:
-            if name not in target:
+        active = [n for n, o in self._owners.items() if o.counts]
+        excess = len(active) - len(target)
+        if excess > 0:
+            me = self._assigned[0][-1] if self._assigned is not None and target else self.identity
+            owners = self._assigned[1] if self._assigned is not None else {}
+            active.sort(key=lambda n: (n in self._held, n in target, owners.get(n) not in self._joined, _score(me, n)))
+            for name in active[: min(excess, self.step)]:
+                self._owners[name].scope.cancel()
+            return excess > self.step
+        if excess < 0:
+            self._claim.set()
+        return False
+
+    async def _claims(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> None:
+        """While this instance is short of its share, ask for free names: passes over the names, in its order."""
+        pause = 0.0
+        while True:
+            if self._short() <= 0:
+                pause = 0.0
+                await self._claim.wait()
+            self._claim = anyio.Event()
+            if self._short() <= 0:
                 continue
-            previous = self._owners.get(name)
-            if previous is not None and not previous.scope.cancel_called:
-                continue
-            if started == self.step:
-                return True
+            won = await self._pass(tg, work)
+            if self._short() > 0:
+                # None free: the ones it lacks are still held (a leaver's, a crashed instance's until its session
+                # ends, or an over-share instance's yet to resign). Ask again, sooner after a change.
+                pause = self.settle if won else min(max(2 * pause, self.settle), CLAIM_RETRY)
+                with anyio.move_on_after(pause):
+                    await self._claim.wait()
+
+    async def _pass(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> int:
+        """Ask once for each name this instance does not hold, in its order, while it is short: at most
+        :attr:`step` requests at a time, never more than it lacks, and at most :attr:`step` requests and grants
+        together per :attr:`settle` period. Returns how many were granted."""
+        first = self._grants
+        asking: list[_Owner] = []
+        period, base = time.monotonic(), self._grants
+        for name in self._order:
+            while True:
+                self._answered = anyio.Event()
+                asking = [o for o in asking if not o.asked.is_set()]
+                now = time.monotonic()
+                if now - period >= self.settle:
+                    period, base = now, self._grants
+                short = self._short()
+                if short <= 0 and not asking:
+                    return self._grants - first
+                if short > 0 and len(asking) + self._grants - base < self.step:
+                    break
+                # Full, or no more to ask until the requests on their way are answered: a refused one is asked
+                # for again in its place.
+                with anyio.move_on_after(max(0.0, period + self.settle - now)):
+                    await self._answered.wait()
+            if name in self._owners:
+                continue  # held, asked for, or still being let go
             owner = _Owner()
             self._owners[name] = owner
-            tg.start_soon(self._guarded, tg, self._own, name, owner, previous, work)
-            started += 1
-        return len(resigns) > self.step
+            asking.append(owner)
+            tg.start_soon(self._guarded, tg, self._own, name, owner, work)
+        for owner in asking:
+            await owner.asked.wait()
+        return self._grants - first
 
-    async def _own(self, name: str, owner: _Owner, previous: _Owner | None, work: ShardWork | None) -> None:
+    async def _own(self, name: str, owner: _Owner, work: ShardWork | None) -> None:
+        """Ask once for ``name``; if granted, hold it (and run its work) until resigned or lost."""
         try:
             with owner.scope:
-                if previous is not None:
-                    await previous.done.wait()  # one elector per election at a time (a shared session needs it)
                 elector = await self._make(self.shard_election(name))
                 try:
-                    while True:
-                        try:
-                            await self._lead(name, elector, work)
-                        except LeadershipLost as exc:
-                            log.warning("%s lost %s (%s): campaigning again", self.identity, name, exc.reason)
+                    await self._lead(name, owner, elector, work)
+                except LeadershipLost as exc:
+                    owner.gone = True
+                    log.warning(
+                        "%s lost %s (%s): it goes to whoever is short of its share", self.identity, name, exc.reason
+                    )
+                    self._claim.set()
+                except BackendUnavailable as exc:
+                    owner.gone = True
+                    log.info("%s: asking for %s failed (%s); asked again on the next pass", self.identity, name, exc)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await elector.aclose()
         finally:
+            owner.asked.set()
+            self._answered.set()
             owner.done.set()
             if self._owners.get(name) is owner:
                 del self._owners[name]
 
-    async def _lead(self, name: str, elector: Elector, work: ShardWork | None) -> None:
-        async with leading(elector) as lead:
+    async def _lead(self, name: str, owner: _Owner, elector: Elector, work: ShardWork | None) -> None:
+        async with leading_if_free(elector) as lead:
+            owner.gone = lead is None
+            owner.asked.set()
+            self._answered.set()
+            if lead is None:
+                return
+            self._grants += 1
             self._held[name] = lead
             try:
                 if work is not None:
