@@ -288,6 +288,10 @@ class Shards:
         self._owners: dict[str, _Owner] = {}
         self._target: frozenset[str] = frozenset()
         self._order: tuple[str, ...] = ()
+        self._likely: tuple[str, ...] = ()
+        #: Who held each name when this instance last asked for it in vain (None: not reported).
+        self._holders: dict[str, str | None] = {}
+        self._changed_at = 0.0
         self._joined: frozenset[str] = frozenset()
         self._members: tuple[str, ...] = ()
         self._wake = anyio.Event()
@@ -382,6 +386,8 @@ class Shards:
             self._slot = None
             self._target = frozenset()
             self._order = ()
+            self._likely = ()
+            self._holders.clear()
             self._joined = frozenset()
             self._members = ()
             self._wake = anyio.Event()
@@ -483,13 +489,22 @@ class Shards:
         if self._assigned is None or self._assigned[0] != (*members, me):
             owners = assign(self.names, members)
             mine = frozenset(n for n in self.names if owners.get(n) == me)
-            before, seen = ({}, ()) if self._assigned is None else (self._assigned[1], self._assigned[0][:-1])
+            if self._assigned is None:
+                # Newly a member: the others had balanced the names among themselves.
+                seen = tuple(m for m in members if m != me)
+                before = assign(self.names, seen) if seen else {}
+            else:
+                before, seen = self._assigned[1], self._assigned[0][:-1]
             departed = set(seen) - set(members)
             # Asked for in this order when short: the names that departed instances were preferred for (free
             # soonest), then those preferred here, then by this instance's own weight.
             self._order = tuple(
                 sorted(self.names, key=lambda n: (before.get(n) not in departed, n not in mine, -_score(me, n)))
             )
+            # The names likely to come free here, asked for alone first: those preferred here, and those whose
+            # preferred instance changed (an instance above its share resigns those first).
+            self._likely = tuple(n for n in self._order if n in mine or before.get(n, owners[n]) != owners[n])
+            self._changed_at = time.monotonic()
             # Resigned first when over: the names preferred by an instance that has just joined (short of them).
             self._joined = frozenset(members) - frozenset(seen) if seen else frozenset()
             self._assigned = ((*members, me), owners)
@@ -546,8 +561,14 @@ class Shards:
         return False
 
     async def _claims(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> None:
-        """While this instance is short of its share, ask for free names: passes over the names, in its order."""
+        """While this instance is short of its share, ask for free names: passes over the names, in its order.
+
+        A pass over the likely names alone (those preferred here, and those departed instances were preferred
+        for) comes first: the instances above their share may not have seen the change yet. Every name is
+        asked for once the likely ones have given what they had, or :data:`CLAIM_RETRY` after the change.
+        """
         pause = 0.0
+        since, gave, exhausted = -1.0, False, False
         while True:
             if self._short() <= 0:
                 pause = 0.0
@@ -555,22 +576,42 @@ class Shards:
             self._claim = anyio.Event()
             if self._short() <= 0:
                 continue
-            won = await self._pass(tg, work)
+            if since != self._changed_at:
+                since, gave, exhausted = self._changed_at, False, False
+            every = exhausted or time.monotonic() - since >= CLAIM_RETRY
+            won = await self._pass(tg, work, self._asking_order(every))
+            if not every:
+                gave = gave or won > 0
+                exhausted = gave and not won
             if self._short() > 0:
                 # None free: the ones it lacks are still held (a leaver's, a crashed instance's until its session
                 # ends, or an over-share instance's yet to resign). Ask again, sooner after a change.
-                pause = self.settle if won else min(max(2 * pause, self.settle), CLAIM_RETRY)
+                pause = (
+                    self.settle if won or (exhausted and not every) else min(max(2 * pause, self.settle), CLAIM_RETRY)
+                )
                 with anyio.move_on_after(pause):
                     await self._claim.wait()
 
-    async def _pass(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> int:
-        """Ask once for each name this instance does not hold, in its order, while it is short: at most
+    def _asking_order(self, every: bool) -> list[str]:
+        """The names of the next pass: every name, or the likely ones; first those last seen held by an instance
+        that is no longer a member, last those last seen held by a live one."""
+        live = set(self._members)
+
+        def rank(name: str) -> int:
+            holder = self._holders.get(name)
+            return 1 if holder is None else 2 if holder in live else 0
+
+        names = self._order if every else [*self._likely, *(n for n in self._order if rank(n) == 0)]
+        return sorted(dict.fromkeys(names), key=rank)
+
+    async def _pass(self, tg: anyio.abc.TaskGroup, work: ShardWork | None, names: Sequence[str]) -> int:
+        """Ask once for each of ``names`` that this instance does not hold, in order, while it is short: at most
         :attr:`step` requests at a time, never more than it lacks, and at most :attr:`step` requests and grants
         together per :attr:`settle` period. Returns how many were granted."""
         first = self._grants
         asking: list[_Owner] = []
         period, base = time.monotonic(), self._grants
-        for name in self._order:
+        for name in names:
             while True:
                 self._answered = anyio.Event()
                 asking = [o for o in asking if not o.asked.is_set()]
@@ -628,7 +669,9 @@ class Shards:
             owner.asked.set()
             self._answered.set()
             if lead is None:
+                self._holders[name] = elector.last_leader
                 return
+            self._holders.pop(name, None)
             self._grants += 1
             self._held[name] = lead
             try:
