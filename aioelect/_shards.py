@@ -95,7 +95,7 @@ def assign(names: Sequence[str], members: Iterable[str]) -> dict[str, str]:
 
 @dataclass(eq=False)
 class _Owner:
-    """The task that campaigns for, holds and runs one name."""
+    """The task that asks for, holds and runs one name."""
 
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
@@ -186,8 +186,8 @@ class Shards:
     share: with ``m`` live instances, ``len(names) // m`` names or one more.
 
     ``electors(election_name)`` builds the elector of one election; it is
-    called for ``{group}/shard/{name}`` per name this instance campaigns for
-    (``name`` percent-encoded: see :meth:`shard_election`) and
+    called for ``{group}/shard/{name}`` each time this instance asks for or
+    holds a name (``name`` percent-encoded: see :meth:`shard_election`) and
     ``{group}/member/{k}`` for ``k < max_instances``, and every elector
     gets this instance's :attr:`identity`. Give a factory over a shared
     session where the backend has one (``lambda n: EtcdElector(session=s,
@@ -207,11 +207,12 @@ class Shards:
     quoted election name.
 
     ``settle`` (seconds) gathers membership changes that arrive together
-    into one rebalance. A rebalance starts at most ``step`` campaigns and
-    resigns at most ``step`` names, then goes on after another ``settle``
-    (longer while the event loop lags): a whole share moving at once (a
-    cold start, a lost session) does not stall the event loop that keeps
-    the sessions alive.
+    into one rebalance. A rebalance resigns at most ``step`` names, then goes
+    on after another ``settle`` (longer while the event loop lags); an
+    instance short of its share has at most ``step`` lock requests out at
+    once and at most ``step`` requests and grants per ``settle``: a whole
+    share moving at once (a cold start, a lost session) does not stall the
+    event loop that keeps the sessions alive.
 
     Guarantees:
 
@@ -223,9 +224,14 @@ class Shards:
       other: that is the elections' mutual exclusion;
     * once membership is stable, every live instance owns its share and
       nothing more; a name moves only when an instance joins or leaves (or
-      its leadership is lost); no instance waits for any other to rebalance
-      (no barrier): the old owner resigns, the new one is already waiting in
-      that name's election;
+      its leadership is lost), and then only from an instance above its
+      share to one below it: when all see the same members, a join or a
+      leave moves exactly the names the new balance needs (the newcomer's
+      share, the leaver's names); no instance waits for any other to
+      rebalance (no barrier): the old owner resigns, and an instance short
+      of its share takes the name at its next request (a pass over the names
+      likely to be free, then over all, again at least every second while
+      it is short);
     * an instance learns who is live from the backend: each holds one member
       election while it runs and observes all of them; ``max_instances``
       bounds how many instances can take part (one that finds every member
@@ -327,7 +333,8 @@ class Shards:
 
     @property
     def assigned(self) -> frozenset[str]:
-        """The names this instance campaigns for: its share under :attr:`members`."""
+        """The names :func:`assign` prefers here under :attr:`members`: as many as this instance's share, which it
+        asks for first when short. The names it owns once settled are any of that count (see :attr:`owned`)."""
         return self._target
 
     @property
@@ -565,7 +572,7 @@ class Shards:
 
         A pass over the likely names alone (those preferred here, and those departed instances were preferred
         for) comes first: the instances above their share may not have seen the change yet. Every name is
-        asked for once the likely ones have given what they had, or :data:`CLAIM_RETRY` after the change.
+        asked for once the likely ones have given what they had, or ``CLAIM_RETRY`` after the change.
         """
         pause = 0.0
         since, gave, exhausted = -1.0, False, False

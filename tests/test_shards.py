@@ -199,7 +199,7 @@ async def test_memory_instances_share_names_and_rebalance_on_join_and_leave() ->
         await fleet.settle(20, timeout=10)
         assert sorted(fleet.loads().values()) == [5, 5, 5, 5]
         moved = sum(register.starts[n] > 1 for n in register.starts)
-        assert 5 <= moved <= 8  # the newcomer's share, and a few more at most
+        assert 5 <= moved <= 8  # the newcomer's share (tests/test_shards_moves.py counts every move exactly)
         await fleet.stop("b")
         await fleet.settle(20, timeout=10)
         assert sorted(fleet.loads().values()) == [6, 7, 7]
