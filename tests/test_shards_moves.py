@@ -3,13 +3,15 @@
 40 names over instances a to d, then e joins, then a leaves: the work starts counted by the fenced register of
 tests/test_shards.py after each event are exactly the newcomer's share (join) and the leaver's names (leave). A
 name that goes from one instance to a second and then a third counts twice: every start on a new owner is a move.
+An exhaustive search shows why no assignment computed from the live set alone could promise that.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -24,6 +26,54 @@ from .test_shards import Fleet, Register
 pytestmark = pytest.mark.timeout(120)
 
 NAMES = 40
+
+
+def stateless_minimal_exists(names: int, universe: int) -> bool:
+    """Whether some assignment, a function of the live set alone (every non-empty subset of ``universe``
+    instances), is balanced (each live instance ``names // m`` names or one more) and moves, when one instance
+    joins or leaves, only the names the newcomer takes or the leaver had. Exhaustive search, largest sets first:
+    a set's assignment keeps every name each one-larger set gives to an instance it still has."""
+    instances = range(universe)
+    subsets = [frozenset(c) for k in range(universe, 0, -1) for c in itertools.combinations(instances, k)]
+    chosen: dict[frozenset[int], tuple[int, ...]] = {}
+
+    def choices(live: frozenset[int]) -> Iterator[tuple[int, ...]]:
+        fixed: dict[int, int] = {}
+        for extra in instances:
+            if extra in live:
+                continue
+            for name, owner in enumerate(chosen[live | {extra}]):
+                if owner != extra:
+                    if fixed.get(name, owner) != owner:
+                        return
+                    fixed[name] = owner
+        floor = names // len(live)
+        free = [n for n in range(names) if n not in fixed]
+        for owners in itertools.product(sorted(live), repeat=len(free)):
+            assignment = {**fixed, **dict(zip(free, owners, strict=True))}
+            loads = [list(assignment.values()).count(m) for m in live]
+            if all(floor <= load <= floor + 1 for load in loads):
+                yield tuple(assignment[n] for n in range(names))
+
+    def search(i: int) -> bool:
+        if i == len(subsets):
+            return True
+        for assignment in choices(subsets[i]):
+            chosen[subsets[i]] = assignment
+            if search(i + 1):
+                return True
+        chosen.pop(subsets[i], None)
+        return False
+
+    return search(0)
+
+
+def test_no_assignment_of_the_live_set_alone_moves_only_what_the_balance_needs() -> None:
+    """Why Shards keeps counts, not a fixed assignment: 3 names over 5 possible instances defeat every function of
+    the live set (while smaller cases have one)."""
+    assert stateless_minimal_exists(3, 4)
+    assert stateless_minimal_exists(2, 5)
+    assert not stateless_minimal_exists(3, 5)
 
 
 async def quiet_moves(fleet: Fleet, register: Register, before: int, timeout: float) -> int:
