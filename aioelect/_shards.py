@@ -3,10 +3,16 @@
 :class:`Shards` sits above :class:`~aioelect.Elector` and uses only its public
 contract: one election per name decides who owns that name, so mutual
 exclusion is the elections' and no backend learns what a shard is. Above
-them, each instance computes the same balanced assignment of names to the
-live instances and campaigns only for the names assigned to it; it resigns a
-name (its work cancelled first) as soon as the assignment gives it to
-another instance, which is already waiting in that name's election.
+them, each instance computes the same balanced count of names (its share)
+for every live instance. An instance above its share resigns the excess (its
+work cancelled first); one below it asks for free names, one lock request
+that does not wait each (:meth:`~aioelect.Elector.try_acquire`), never more
+at once than it lacks. Nobody waits in a name's election, so a released name
+goes only to an instance short of its share, and an instance that releases
+names never takes any: a join or a leave moves exactly the names the new
+balance needs. No function of the live set alone can promise that with a
+balance of one name (three names over five possible instances already
+defeat it), hence the counts rather than a fixed assignment.
 
 Who is live comes from the backend too: each instance holds one of
 ``max_instances`` *member* elections (``{group}/member/{k}``) for as long as
@@ -32,7 +38,7 @@ import anyio
 import anyio.abc
 
 from ._config import validate_name
-from ._elector import Elector, Leadership, default_identity, leading, leading_if_free, validate_identity
+from ._elector import Elector, Leadership, default_identity, leading_if_free, validate_identity
 from ._errors import BackendUnavailable, LeadershipLost
 from ._factory import env_options, from_env, shared_sql_session
 from ._settings import Settings
@@ -47,6 +53,9 @@ ShardWork = Callable[[str], Awaitable[object]]
 #: How long an instance that found every member election taken waits before it tries again (seconds).
 FULL_RETRY = 1.0
 
+#: The longest pause between two passes over the names of an instance short of its share that found none free.
+CLAIM_RETRY = 1.0
+
 
 def _score(member: str, name: str) -> int:
     """Rendezvous weight of ``name`` on ``member``: the same on every instance and every run."""
@@ -55,13 +64,15 @@ def _score(member: str, name: str) -> int:
 
 
 def assign(names: Sequence[str], members: Iterable[str]) -> dict[str, str]:
-    """The owner of each name among ``members``: balanced, and the same on every instance that sees them.
+    """The preferred owner of each name among ``members``: balanced, and the same on every instance that sees them.
 
-    Every member gets ``len(names) // len(members)`` names or one more.
-    Pairs (name, member) are taken by decreasing rendezvous weight, each name
-    going to the first member that still has room, so that a member joining
-    or leaving moves few names beyond those the new balance needs (the
-    benchmark measures how many). An empty ``members`` assigns nothing.
+    Every member gets ``len(names) // len(members)`` names or one more: the
+    share :class:`Shards` keeps each member to. Pairs (name, member) are
+    taken by decreasing rendezvous weight, each name going to the first
+    member that still has room. A member joining or leaving changes the owner
+    of a few names beyond those the new balance needs, which is why
+    :class:`Shards` keeps the counts and takes these names only first, when
+    free. An empty ``members`` assigns nothing.
     """
     live = sorted(set(members))
     if not live:
@@ -84,10 +95,19 @@ def assign(names: Sequence[str], members: Iterable[str]) -> dict[str, str]:
 
 @dataclass(eq=False)
 class _Owner:
-    """The task that campaigns for, holds and runs one name."""
+    """The task that asks for, holds and runs one name."""
 
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     done: anyio.Event = field(default_factory=anyio.Event)
+    #: Set once the lock request has been answered (granted or not) or given up.
+    asked: anyio.Event = field(default_factory=anyio.Event)
+    #: The request was refused or failed, or the leadership was lost: the task only closes its elector now.
+    gone: bool = False
+
+    @property
+    def counts(self) -> bool:
+        """Whether this owner counts towards the share: granted or on its way, and not being let go."""
+        return not (self.gone or self.scope.cancel_called)
 
 
 def _session_identity(elector: Elector) -> tuple[str, bool] | None:
@@ -166,8 +186,8 @@ class Shards:
     share: with ``m`` live instances, ``len(names) // m`` names or one more.
 
     ``electors(election_name)`` builds the elector of one election; it is
-    called for ``{group}/shard/{name}`` per name this instance campaigns for
-    (``name`` percent-encoded: see :meth:`shard_election`) and
+    called for ``{group}/shard/{name}`` each time this instance asks for or
+    holds a name (``name`` percent-encoded: see :meth:`shard_election`) and
     ``{group}/member/{k}`` for ``k < max_instances``, and every elector
     gets this instance's :attr:`identity`. Give a factory over a shared
     session where the backend has one (``lambda n: EtcdElector(session=s,
@@ -187,11 +207,12 @@ class Shards:
     quoted election name.
 
     ``settle`` (seconds) gathers membership changes that arrive together
-    into one rebalance. A rebalance starts at most ``step`` campaigns and
-    resigns at most ``step`` names, then goes on after another ``settle``
-    (longer while the event loop lags): a whole share moving at once (a
-    cold start, a lost session) does not stall the event loop that keeps
-    the sessions alive.
+    into one rebalance. A rebalance resigns at most ``step`` names, then goes
+    on after another ``settle`` (longer while the event loop lags); an
+    instance short of its share has at most ``step`` lock requests out at
+    once and at most ``step`` requests and grants per ``settle``: a whole
+    share moving at once (a cold start, a lost session) does not stall the
+    event loop that keeps the sessions alive.
 
     Guarantees:
 
@@ -203,9 +224,14 @@ class Shards:
       other: that is the elections' mutual exclusion;
     * once membership is stable, every live instance owns its share and
       nothing more; a name moves only when an instance joins or leaves (or
-      its leadership is lost); no instance waits for any other to rebalance
-      (no barrier): the old owner resigns, the new one is already waiting in
-      that name's election;
+      its leadership is lost), and then only from an instance above its
+      share to one below it: when all see the same members, a join or a
+      leave moves exactly the names the new balance needs (the newcomer's
+      share, the leaver's names); no instance waits for any other to
+      rebalance (no barrier): the old owner resigns, and an instance short
+      of its share takes the name at its next request (a pass over the names
+      likely to be free, then over all, again at least every second while
+      it is short);
     * an instance learns who is live from the backend: each holds one member
       election while it runs and observes all of them; ``max_instances``
       bounds how many instances can take part (one that finds every member
@@ -267,8 +293,17 @@ class Shards:
         self._held: dict[str, Leadership] = {}
         self._owners: dict[str, _Owner] = {}
         self._target: frozenset[str] = frozenset()
+        self._order: tuple[str, ...] = ()
+        self._likely: tuple[str, ...] = ()
+        #: Who held each name when this instance last asked for it in vain (None: not reported).
+        self._holders: dict[str, str | None] = {}
+        self._changed_at = 0.0
+        self._joined: frozenset[str] = frozenset()
         self._members: tuple[str, ...] = ()
         self._wake = anyio.Event()
+        self._claim = anyio.Event()
+        self._answered = anyio.Event()
+        self._grants = 0
         self._all_seen = anyio.Event()
         self._assigned: tuple[tuple[str, ...], dict[str, str]] | None = None
         self._running = False
@@ -298,7 +333,8 @@ class Shards:
 
     @property
     def assigned(self) -> frozenset[str]:
-        """The names this instance campaigns for: its share under :attr:`members`."""
+        """The names :func:`assign` prefers here under :attr:`members`: as many as this instance's share, which it
+        asks for first when short. The names it owns once settled are any of that count (see :attr:`owned`)."""
         return self._target
 
     @property
@@ -345,7 +381,8 @@ class Shards:
                 for k, slot in enumerate(slots):
                     tg.start_soon(self._guarded, tg, self._observe, k, slot)
                 tg.start_soon(self._guarded, tg, self._membership, slots)
-                await self._rebalance(tg, work)
+                tg.start_soon(self._guarded, tg, self._claims, tg, work)
+                await self._rebalance()
         finally:
             with anyio.CancelScope(shield=True):
                 for slot in slots:
@@ -355,8 +392,14 @@ class Shards:
             self._seen.clear()
             self._slot = None
             self._target = frozenset()
+            self._order = ()
+            self._likely = ()
+            self._holders.clear()
+            self._joined = frozenset()
             self._members = ()
             self._wake = anyio.Event()
+            self._claim = anyio.Event()
+            self._assigned = None
             self._all_seen = anyio.Event()
             self._running = False
         if self._failure is not None:
@@ -443,20 +486,44 @@ class Shards:
         self._wake = anyio.Event()
 
     def _view(self) -> tuple[tuple[str, ...], frozenset[str]]:
-        """The live members and this instance's share, from what the observers reported."""
+        """The live members and the names :func:`assign` prefers here (as many as this instance's share)."""
         if len(self._seen) < self.max_instances:
             return (), frozenset()  # not every member election reported yet: nothing is known
         members = tuple(sorted({m for m in self._seen.values() if m is not None}))
         me = None if self._slot is None else self._seen.get(self._slot)
         if me is None:
             return members, frozenset()  # not a member (yet): the others do not count on us
-        if self._assigned is None or self._assigned[0] != members:
-            self._assigned = (members, assign(self.names, members))
+        if self._assigned is None or self._assigned[0] != (*members, me):
+            owners = assign(self.names, members)
+            mine = frozenset(n for n in self.names if owners.get(n) == me)
+            if self._assigned is None:
+                # Newly a member: the others had balanced the names among themselves.
+                seen = tuple(m for m in members if m != me)
+                before = assign(self.names, seen) if seen else {}
+            else:
+                before, seen = self._assigned[1], self._assigned[0][:-1]
+            departed = set(seen) - set(members)
+            # Asked for in this order when short: the names that departed instances were preferred for (free
+            # soonest), then those preferred here, then by this instance's own weight.
+            self._order = tuple(
+                sorted(self.names, key=lambda n: (before.get(n) not in departed, n not in mine, -_score(me, n)))
+            )
+            # The names likely to come free here, asked for alone first: those preferred here, and those whose
+            # preferred instance changed (an instance above its share resigns those first).
+            self._likely = tuple(n for n in self._order if n in mine or before.get(n, owners[n]) != owners[n])
+            self._changed_at = time.monotonic()
+            # Resigned first when over: the names preferred by an instance that has just joined (short of them).
+            self._joined = frozenset(members) - frozenset(seen) if seen else frozenset()
+            self._assigned = ((*members, me), owners)
         owners = self._assigned[1]
         # As this instance's member election reports it: a backend that shortens identities shortens ours too.
         return members, frozenset(n for n in self.names if owners.get(n) == me)
 
-    async def _rebalance(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> None:
+    def _short(self) -> int:
+        """How many names this instance lacks for its share, counting the lock requests on their way."""
+        return len(self._target) - sum(o.counts for o in self._owners.values())
+
+    async def _rebalance(self) -> None:
         backlog = False
         while True:
             if not backlog:
@@ -468,65 +535,151 @@ class Shards:
             lag = time.monotonic() - began - self.settle
             if backlog and lag > self.settle:
                 await anyio.sleep(lag)
-            backlog = self._apply(tg, work)
+            backlog = self._apply()
 
-    def _apply(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> bool:
-        """Resign what is no longer ours and campaign for what is, at most :attr:`step` of each; True if more is
-        left to do.
+    def _apply(self) -> bool:
+        """Resign what is beyond this instance's share, at most :attr:`step` names, and wake the claims when it is
+        short; True if more is left to resign.
 
-        Bounded steps keep the event loop responsive (the session's keep-alives run on it) when a whole share
-        moves at once: a cold start, or the return after a lost session.
+        Resigned first: requests not yet answered, then the names :func:`assign` prefers elsewhere (an
+        instance's that has just joined first), then those of least weight here.
         """
         members, target = self._view()
         if members != self._members or target != self._target:
             log.info(
-                "%s: %d members, %d of %d names assigned here",
+                "%s: %d members, a share of %d of %d names here",
                 self.identity,
                 len(members),
                 len(target),
                 len(self.names),
             )
         self._members, self._target = members, target
-        resigns = [o for n, o in self._owners.items() if n not in target and not o.scope.cancel_called]
-        for owner in resigns[: self.step]:
-            owner.scope.cancel()
-        started = 0
-        for name in self.names:
-            if name not in target:
+        active = [n for n, o in self._owners.items() if o.counts]
+        excess = len(active) - len(target)
+        if excess > 0:
+            me = self._assigned[0][-1] if self._assigned is not None and target else self.identity
+            owners = self._assigned[1] if self._assigned is not None else {}
+            active.sort(key=lambda n: (n in self._held, n in target, owners.get(n) not in self._joined, _score(me, n)))
+            for name in active[: min(excess, self.step)]:
+                self._owners[name].scope.cancel()
+            return excess > self.step
+        if excess < 0:
+            self._claim.set()
+        return False
+
+    async def _claims(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> None:
+        """While this instance is short of its share, ask for free names: passes over the names, in its order.
+
+        A pass over the likely names alone (those preferred here, and those departed instances were preferred
+        for) comes first: the instances above their share may not have seen the change yet. Every name is
+        asked for once the likely ones have given what they had, or ``CLAIM_RETRY`` after the change.
+        """
+        pause = 0.0
+        since, gave, exhausted = -1.0, False, False
+        while True:
+            if self._short() <= 0:
+                pause = 0.0
+                await self._claim.wait()
+            self._claim = anyio.Event()
+            if self._short() <= 0:
                 continue
-            previous = self._owners.get(name)
-            if previous is not None and not previous.scope.cancel_called:
-                continue
-            if started == self.step:
-                return True
+            if since != self._changed_at:
+                since, gave, exhausted = self._changed_at, False, False
+            every = exhausted or time.monotonic() - since >= CLAIM_RETRY
+            won = await self._pass(tg, work, self._asking_order(every))
+            if not every:
+                gave = gave or won > 0
+                exhausted = gave and not won
+            if self._short() > 0:
+                # None free: the ones it lacks are still held (a leaver's, a crashed instance's until its session
+                # ends, or an over-share instance's yet to resign). Ask again, sooner after a change.
+                pause = (
+                    self.settle if won or (exhausted and not every) else min(max(2 * pause, self.settle), CLAIM_RETRY)
+                )
+                with anyio.move_on_after(pause):
+                    await self._claim.wait()
+
+    def _asking_order(self, every: bool) -> list[str]:
+        """The names of the next pass: every name, or the likely ones; first those last seen held by an instance
+        that is no longer a member, last those last seen held by a live one."""
+        live = set(self._members)
+
+        def rank(name: str) -> int:
+            holder = self._holders.get(name)
+            return 1 if holder is None else 2 if holder in live else 0
+
+        names = self._order if every else [*self._likely, *(n for n in self._order if rank(n) == 0)]
+        return sorted(dict.fromkeys(names), key=rank)
+
+    async def _pass(self, tg: anyio.abc.TaskGroup, work: ShardWork | None, names: Sequence[str]) -> int:
+        """Ask once for each of ``names`` that this instance does not hold, in order, while it is short: at most
+        :attr:`step` requests at a time, never more than it lacks, and at most :attr:`step` requests and grants
+        together per :attr:`settle` period. Returns how many were granted."""
+        first = self._grants
+        asking: list[_Owner] = []
+        period, base = time.monotonic(), self._grants
+        for name in names:
+            while True:
+                self._answered = anyio.Event()
+                asking = [o for o in asking if not o.asked.is_set()]
+                now = time.monotonic()
+                if now - period >= self.settle:
+                    period, base = now, self._grants
+                short = self._short()
+                if short <= 0 and not asking:
+                    return self._grants - first
+                if short > 0 and len(asking) + self._grants - base < self.step:
+                    break
+                # Full, or no more to ask until the requests on their way are answered: a refused one is asked
+                # for again in its place.
+                with anyio.move_on_after(max(0.0, period + self.settle - now)):
+                    await self._answered.wait()
+            if name in self._owners:
+                continue  # held, asked for, or still being let go
             owner = _Owner()
             self._owners[name] = owner
-            tg.start_soon(self._guarded, tg, self._own, name, owner, previous, work)
-            started += 1
-        return len(resigns) > self.step
+            asking.append(owner)
+            tg.start_soon(self._guarded, tg, self._own, name, owner, work)
+        for owner in asking:
+            await owner.asked.wait()
+        return self._grants - first
 
-    async def _own(self, name: str, owner: _Owner, previous: _Owner | None, work: ShardWork | None) -> None:
+    async def _own(self, name: str, owner: _Owner, work: ShardWork | None) -> None:
+        """Ask once for ``name``; if granted, hold it (and run its work) until resigned or lost."""
         try:
             with owner.scope:
-                if previous is not None:
-                    await previous.done.wait()  # one elector per election at a time (a shared session needs it)
                 elector = await self._make(self.shard_election(name))
                 try:
-                    while True:
-                        try:
-                            await self._lead(name, elector, work)
-                        except LeadershipLost as exc:
-                            log.warning("%s lost %s (%s): campaigning again", self.identity, name, exc.reason)
+                    await self._lead(name, owner, elector, work)
+                except LeadershipLost as exc:
+                    owner.gone = True
+                    log.warning(
+                        "%s lost %s (%s): it goes to whoever is short of its share", self.identity, name, exc.reason
+                    )
+                    self._claim.set()
+                except BackendUnavailable as exc:
+                    owner.gone = True
+                    log.info("%s: asking for %s failed (%s); asked again on the next pass", self.identity, name, exc)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await elector.aclose()
         finally:
+            owner.asked.set()
+            self._answered.set()
             owner.done.set()
             if self._owners.get(name) is owner:
                 del self._owners[name]
 
-    async def _lead(self, name: str, elector: Elector, work: ShardWork | None) -> None:
-        async with leading(elector) as lead:
+    async def _lead(self, name: str, owner: _Owner, elector: Elector, work: ShardWork | None) -> None:
+        async with leading_if_free(elector) as lead:
+            owner.gone = lead is None
+            owner.asked.set()
+            self._answered.set()
+            if lead is None:
+                self._holders[name] = elector.last_leader
+                return
+            self._holders.pop(name, None)
+            self._grants += 1
             self._held[name] = lead
             try:
                 if work is not None:
