@@ -98,14 +98,14 @@ class Profile:
           together beyond the margin;
         * with ``restarts`` (a SQL server whose sessions the operator ends),
           two seeds in five aim at sessions kept across restarts: three
-          electors on a calm network, short leaderships, an operator that
-          restarts the server often and does little else, and a victim that
+          electors on a calm network, an operator that restarts the server
+          with the connection ids of kept sessions reused (MariaDB's
+          ``restart-reusing-ids``) and does little else, and a victim that
           leads briefly and mostly pauses after a release with its kept
-          session while the others campaign again at once, so that few
-          sessions are opened between two restarts, the others lead on the
-          restarted server, which hands out the connection ids of sessions
-          from before, and the victim campaigns again on its session kept
-          from before.
+          session while the others campaign again at once (and lead for
+          1-2.5 s one time in four or so), so that one of them leads on the
+          restarted server on the id of the victim's session, and the victim
+          campaigns again on its session kept from before.
 
         Of the other seeds, one in four is calm: short delays only, the
         operator alone.
@@ -140,10 +140,11 @@ class Profile:
                 lost_request_p=0.0,
                 lost_reply_p=0.0,
                 cancel_watch_p=0.0,
-                actions=(("restart", 6.0), ("kill-holder", rng.uniform(0.0, 0.5))),
+                actions=(("restart-reusing-ids", 20.0), ("kill-holder", rng.uniform(0.0, 1.5))),
                 pace=0.6,
                 electors=(3, 3),
-                long_hold_p=rng.uniform(0.0, 0.3),
+                long_hold_p=rng.uniform(0.1, 0.4),
+                long_hold=(1.0, 2.5),
                 pause_p=rng.uniform(0.0, 0.2),
                 victim_loop=(("pause_p", rng.uniform(0.8, 1.0)), ("long_hold_p", 0.0)),
             )

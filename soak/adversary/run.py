@@ -140,7 +140,13 @@ def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Viol
         if not (loss.reason.startswith(_SESSION_ENDED) or failed):
             continue
         t, s = loss.at, loss.start
-        explained = any(f.kind == "restart" and s <= f.heal and f.start <= t <= f.heal + w for f in faults)
+        explained = any(
+            f.kind.startswith("restart")
+            and not f.detail.startswith("no ")
+            and s <= f.heal
+            and f.start <= t <= f.heal + w
+            for f in faults
+        )
         for i, fault in enumerate(faults):
             if explained:
                 break
@@ -290,9 +296,11 @@ async def _operator(
 ) -> None:
     """The operator's actions on the server, one every ``target.pace`` seconds or so, and re-campaigns.
 
-    After a restart, most often every elector pausing with its kept session
-    campaigns again soon after: their sessions outlived the server. The
-    weights and pace are the target's, or the profile's where it has its own.
+    After a restart, most often (after a restart reusing ids, always) every
+    elector pausing with its kept session campaigns again soon after, once
+    the target says the others are back (:meth:`Target.back`): their sessions
+    outlived the server. The weights and pace are the target's, or the
+    profile's where it has its own.
     """
     actions = dict(profile.actions) if profile is not None and profile.actions else target.actions
     pace = profile.pace if profile is not None and profile.pace is not None else target.pace
@@ -301,11 +309,15 @@ async def _operator(
     after_restart = False
     while True:
         # After a restart, the re-campaign waits until the others are back (the new server's sessions exist).
-        await anyio.sleep(rng.uniform(0.3, 3.0) if after_restart else rng.uniform(0.2, 2 * pace))
+        if after_restart:
+            after_restart = await target.back(rng.uniform(0.3, 3.0))
+        else:
+            await anyio.sleep(rng.uniform(0.2, 2 * pace))
         if time.monotonic() >= until:
             return
         kind = "recampaign" if after_restart else rng.choices(kinds, weights)[0]
-        every, after_restart = after_restart, kind == "restart" and rng.random() < 0.8
+        every = after_restart
+        after_restart = kind == "restart-reusing-ids" or (kind == "restart" and rng.random() < 0.8)
         start = time.monotonic_ns()
         if kind == "recampaign":
             say(f"recampaign: {_recampaign(candidates, rng, every=every)}")

@@ -6,15 +6,21 @@ dropped connection raises in that backend's driver, and does the operator's
 actions: deleting a candidate's key, revoking a lease (etcd), ending a
 session (``KILL`` / ``pg_terminate_backend``), restarting the server (same
 port and data; MariaDB and PostgreSQL hand out connection ids and pids
-afresh, so old ones are reused). The blocking harness calls run in a worker
-thread, so the electors keep running meanwhile.
+afresh, so old ones are reused), and on MariaDB restarting it with the
+connection ids of kept sessions reused on purpose. The blocking harness
+calls run in a worker thread, so the electors keep running meanwhile
+(except while a restart reusing ids starts the server: see
+:meth:`MariaDBTarget._reuse`).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import socket
+import struct
 import subprocess
+import time
 from typing import Any, ClassVar
 
 import anyio
@@ -76,6 +82,14 @@ class Target:
             await anyio.to_thread.run_sync(self.server.restart)
             return "restarted"
         return str(await getattr(self, "_" + action.replace("-", "_"))(rng))
+
+    async def back(self, seconds: float) -> bool:
+        """Wait, after a restart, until the electors' sessions are back on the server (``seconds`` here).
+
+        False: the restart did not set up what it meant to, and the electors pausing should not campaign again.
+        """
+        await anyio.sleep(seconds)
+        return True
 
     async def leftovers(self) -> list[str]:
         return []
@@ -153,17 +167,126 @@ class EtcdTarget(Target):
 
 class MariaDBTarget(Target):
     backend = "mysql"
-    # Restarts often: each starts connection ids afresh, so the ids of sessions kept across one are reused soon.
-    actions: ClassVar[dict[str, float]] = {"kill-holder": 3.0, "kill-session": 2.0, "restart": 3.0}
+    # Restarts often: each starts connection ids afresh, so the ids of sessions kept across one are reused soon;
+    # half of them hand the next session the id of a session kept from before on purpose.
+    actions: ClassVar[dict[str, float]] = {
+        "kill-holder": 3.0,
+        "kill-session": 2.0,
+        "restart": 1.5,
+        "restart-reusing-ids": 1.5,
+    }
     pace = 1.2
     reuses_ids = True
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.server = MariaDBServer()
+        #: After a restart reusing ids: the ids of the sessions kept across it, and the operator's connection.
+        self._reused: tuple[set[int], Any] | None = None
+        #: The last restart reusing ids did not happen (no session was kept).
+        self._idle = False
 
     def target(self) -> Any:
         return self.server.dsn
+
+    def kept_ids(self, idle: float = 0.3) -> list[int]:
+        """The connection ids of the lock sessions electors keep for their next campaign, idle for ``idle`` s.
+
+        An elector that campaigns again at once takes its kept session back
+        within 0.1 s: one idle longer is kept by an elector that pauses.
+        """
+        ids = []
+        for elector in self.electors:
+            backend: Any = elector._backend  # private: the adversary reads the kept session's id
+            spare = getattr(backend, "_spare", None)  # (session, identity, monotonic time it was kept)
+            if spare is not None and time.monotonic() - spare[2] >= idle:
+                ids.append(int(spare[0].session_id))
+        return sorted(ids)
+
+    def _greeting_id(self) -> int:
+        """Open a TCP connection, read the id in the server's greeting, close: the server used up one id."""
+        server = self.server
+        with socket.create_connection((server.host, server.port), timeout=5.0) as sock:
+            data = b""
+            while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:3], "little"):
+                chunk = sock.recv(512)
+                if not chunk:
+                    raise ConnectionError("MariaDB closed the connection before its greeting")
+                data += chunk
+        payload = data[4:]  # protocol 10: its number, the NUL-terminated server version, then the connection id
+        end = payload.index(0, 1)
+        return int(struct.unpack("<I", payload[end + 1 : end + 5])[0])
+
+    def _reuse(self, kept: list[int], rng: random.Random) -> str:
+        """Start the stopped server; use up ids until the next session gets one of ``kept`` (drawn), if one is ahead.
+
+        Blocking, on the electors' event loop on purpose: no elector connects
+        until the server's counter stands where a kept id is next.
+        """
+        import pymysql
+
+        server = self.server
+        assert isinstance(server, MariaDBServer)
+        server.start()
+        # The operator's own connection first, so that watching for the reused ids later takes none of them.
+        conn = pymysql.connect(host=server.host, port=server.port, user="root", autocommit=True)
+        self._reused = (set(kept) - {conn.thread_id()}, conn)
+        ahead = [i for i in kept if i > conn.thread_id()]
+        if not ahead:
+            return f"restarted; the kept ids {kept} are handed out again already"
+        aim = rng.choice(ahead)
+        last = conn.thread_id()
+        while last < aim - 1:  # a greeting costs the server an id and leaves no session
+            last = self._greeting_id()
+        return f"restarted, ids used up to {last}: the next session gets {aim} (kept: {kept})"
+
+    async def _restart_reusing_ids(self, rng: random.Random) -> str:
+        """A failover to a server whose id counter stands where a kept session's id is: see :meth:`_reuse`.
+
+        Only while an elector keeps a session (the operator waits up to 1 s
+        for one; else nothing is done).
+        """
+        for _ in range(20):
+            if self.kept_ids():
+                break
+            await anyio.sleep(0.05)
+        kept = self.kept_ids()
+        if not kept:
+            self._idle = True
+            return "no kept session"
+        await anyio.to_thread.run_sync(self.server.stop)
+        return self._reuse(kept, rng)
+
+    async def back(self, seconds: float) -> bool:
+        """After a restart reusing ids: until a session with a reused id leads; False if none did within 1.5 s.
+
+        Once one holds the lock, a little longer: its elector learns that it leads.
+        """
+        if self._idle:  # no restart: nobody to campaign again
+            self._idle = False
+            return False
+        if self._reused is None:
+            return await super().back(seconds)
+        (kept, conn), self._reused = self._reused, None
+
+        def holder() -> int | None:
+            with conn.cursor() as cur:
+                cur.execute("SELECT IS_USED_LOCK(%s)", (self.name,))
+                row = cur.fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        try:
+            if not kept:
+                return await super().back(seconds)
+            with anyio.move_on_after(1.5):
+                while True:
+                    if await anyio.to_thread.run_sync(holder) in kept:
+                        await anyio.sleep(0.1)
+                        return True
+                    await anyio.sleep(0.02)
+            return False
+        finally:
+            conn.close()
 
     async def _query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         server = self.server
