@@ -12,17 +12,18 @@ SIGKILLed, then started on the same port and data).
 from __future__ import annotations
 
 import random
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 
-from aioelect.backends.redis._backend import identity_of
-from aioelect.backends.redis._options import RedisSettings
 from soak.checker import Fault, Violation
 from soak.timing import OVERLAP_SLACK
 from tests.harness import RedisServer
 
 from .servers import Target
+
+if TYPE_CHECKING:
+    from aioelect.backends.redis._options import RedisSettings
 
 __all__ = ["OPTIONS", "RedisTarget", "deposed", "margin"]
 
@@ -44,6 +45,21 @@ KEY_ACTIONS = ("delete-key", "overwrite-key", "expire-key")
 _KEY_GONE = "the lock key no longer holds our value"
 
 
+def _settings(url: str, name: str) -> RedisSettings:
+    # Imported here, not with the module: the adversary also runs against a library without the Redis backend
+    # (scripts/adversary-old.sh on an older commit), where only the other targets are used.
+    from aioelect.backends.redis._options import RedisSettings
+
+    return RedisSettings.parse(url, {"name": name, **OPTIONS})
+
+
+def identity_of(value: str | None) -> str | None:
+    """The identity in a lock key's value (the Redis backend's own parsing)."""
+    from aioelect.backends.redis._backend import identity_of as parse
+
+    return parse(value)
+
+
 def margin() -> float:
     """Seconds two leaders may both act, from the backend's own timing: see :func:`deposed_bound`, plus scheduling."""
     return deposed_bound() + OVERLAP_SLACK
@@ -60,7 +76,7 @@ def deposed_bound() -> float:
     send of its last confirmed renew. So, when the network fails the renews,
     the bound is the renew deadline, which LockTiming keeps at least as long.
     """
-    timing = RedisSettings.parse("redis://127.0.0.1:6379/0", {"name": "margin", **OPTIONS}).timing
+    timing = _settings("redis://127.0.0.1:6379/0", "margin").timing
     return max(timing.deposed_within, timing.renew_deadline)
 
 
@@ -127,7 +143,7 @@ class RedisTarget(Target):
     @property
     def lock_key(self) -> str:
         """The lock key of the election :attr:`name` (as the backend names it)."""
-        return RedisSettings.parse(self.target(), {"name": self.name, **OPTIONS}).lock_key
+        return _settings(self.target(), self.name).lock_key
 
     async def _command(self, *args: Any) -> Any:
         server = self.server

@@ -204,6 +204,11 @@ class _Candidate:
         self.pausing: anyio.Event | None = None
         self.pause_p, self.timeout_p, self.long_hold_p = profile.pause_p, profile.timeout_p, profile.long_hold_p
         self.long_hold = profile.long_hold
+        #: True while it leads; ``end_term`` set by the operator ends that leadership early (a release).
+        self.leading = False
+        self.end_term = False
+        #: The campaign in progress: the operator may cancel it (the elector gives up, as on a timeout).
+        self.campaign: anyio.CancelScope | None = None
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -212,22 +217,31 @@ class _Candidate:
         rng = self.rng
         while time.monotonic() < until:
             timeout = rng.uniform(0.1, 1.5) if rng.random() < self.timeout_p else None
+            lead = None
             try:
-                lead = await self.elector.acquire(timeout=timeout)
+                with anyio.CancelScope() as self.campaign:
+                    lead = await self.elector.acquire(timeout=timeout)
             except TimeoutError:
                 self._count("campaign timeout")
+                continue
+            finally:
+                self.campaign = None
+            if lead is None:
+                self._count("campaign abandoned")
                 continue
             self._count("leadership")
             start = time.monotonic_ns()
             # Short leaderships make handovers; long ones outlast the margin, so that two leaders show.
             hold = rng.uniform(*self.long_hold) if rng.random() < self.long_hold_p else rng.uniform(0.05, 0.5)
             stop = min(time.monotonic() + hold, until)
-            while time.monotonic() < stop:
+            self.leading, self.end_term = True, False
+            while time.monotonic() < stop and not self.end_term:
                 t0 = time.monotonic_ns()
                 if not lead.held:
                     break
                 self.acts.append(Act(self.who, lead.token, t0, time.monotonic_ns(), True))
                 await anyio.sleep(rng.uniform(0.02, 0.05))
+            self.leading = False
             if lead.lost:
                 self.losses.append(Loss(self.who, lead.token, start, time.monotonic_ns(), lead.lost_reason or ""))
             await lead.release()
@@ -299,11 +313,22 @@ async def _operator(
     kinds = [*actions, "recampaign"]
     weights = [*actions.values(), 2.0]
     after_restart = False
+    react = profile is not None and profile.react
     while True:
         # After a restart, the re-campaign waits until the others are back (the new server's sessions exist).
-        await anyio.sleep(rng.uniform(0.3, 3.0) if after_restart else rng.uniform(0.2, 2 * pace))
+        delay = rng.uniform(0.3, 3.0) if after_restart else rng.uniform(0.2, 2 * pace)
+        holder = None
+        if react:
+            holder = await _wait_for_hold(candidates, delay)
+        else:
+            await anyio.sleep(delay)
         if time.monotonic() >= until:
             return
+        if holder is not None:
+            assert profile is not None
+            await _react(target, candidates, holder, rng, faults, errors, say, profile.react_gap)
+            await anyio.sleep(rng.uniform(*profile.quiet))
+            continue
         kind = "recampaign" if after_restart else rng.choices(kinds, weights)[0]
         every, after_restart = after_restart, kind == "restart" and rng.random() < 0.8
         start = time.monotonic_ns()
@@ -319,6 +344,79 @@ async def _operator(
         heal = time.monotonic_ns()
         say(f"{kind}: {detail} (began {(heal - start) / 1e9:.2f}s before)")  # the checker judges from its start
         faults.append(Fault(kind, target.backend, start, heal, heal, detail))
+
+
+async def _wait_for_hold(candidates: list[_Candidate], delay: float) -> _Candidate | None:
+    """Sleep ``delay`` s, or less if an elector begins to hold a reply until overtaken: that elector."""
+    seen = {id(c): c.network.holding for c in candidates}
+    end = time.monotonic() + delay
+    while time.monotonic() < end:
+        await anyio.sleep(min(0.02, max(0.0, end - time.monotonic())))
+        for c in candidates:
+            if c.network.holding > seen[id(c)]:
+                return c
+            seen[id(c)] = c.network.holding
+    return None
+
+
+async def _react(
+    target: Target,
+    candidates: list[_Candidate],
+    holder: _Candidate,
+    rng: random.Random,
+    faults: list[Fault],
+    errors: list[str],
+    say: Any,
+    gap: tuple[float, float],
+) -> None:
+    """While ``holder`` holds a reply until overtaken, make that reply stale, then let it land among the news.
+
+    Each step is drawn (most often taken), ``gap`` s apart: a leader (another
+    elector) ends its term early; an elector pausing with its kept session
+    campaigns again; the holder's key is deleted (etcd), so that it campaigns
+    again while the reply is held. Once the reply is handed back, the
+    candidate just ahead of the holder (etcd: the key created just before
+    its own) gives up its campaign, as on a timeout.
+    """
+    head = f"(while {holder.who} holds a reply)"
+    holder.network.claim()
+    for kind in ("end-term", "recampaign", "delete-key"):
+        if rng.random() < 0.1:
+            continue
+        await anyio.sleep(rng.uniform(*gap))
+        if not holder.network.holding:
+            return
+        if kind == "end-term":
+            leaders = [c for c in candidates if c.leading and c is not holder]
+            leader = rng.choice(leaders) if leaders else None
+            if leader is not None:
+                leader.end_term = True
+            say(f"end-term {head}: {leader.who if leader else 'no other leader'}")
+        elif kind == "recampaign":
+            say(f"recampaign {head}: {_recampaign(candidates, rng)}")
+        else:
+            start = time.monotonic_ns()
+            try:
+                detail = await target.delete_key_of(holder.network.leases)
+            except Exception as exc:
+                errors.append(f"{kind} failed: {exc!r}")
+                continue
+            heal = time.monotonic_ns()
+            say(f"{kind} of {holder.who} {head}: {detail}")
+            faults.append(Fault(kind, target.backend, start, heal, heal, detail))
+    holder.network.arm()
+    with anyio.move_on_after(5.0):
+        await holder.network.unheld()
+    await anyio.sleep(rng.uniform(0.0, gap[1]))
+    if rng.random() < 0.1:
+        return
+    ahead = await target.ahead_of(holder.network.leases)
+    quitter = next((c for c in candidates if ahead is not None and ahead in c.network.leases), None)
+    if quitter is not None and quitter.campaign is not None:
+        quitter.campaign.cancel()
+        say(f"abandon: {quitter.who}, just ahead of {holder.who}, gives up its campaign")
+    else:
+        say(f"abandon: nobody campaigns just ahead of {holder.who}")
 
 
 def _elector(target: Target, who: str) -> aioelect.Elector:
