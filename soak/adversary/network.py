@@ -15,6 +15,7 @@ across connections. Failures are those a network or server gives:
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections import Counter
@@ -76,13 +77,15 @@ class Profile:
     #: ``long`` s. Keep-alives and watch exchanges do not count. Such a reply lands just after newer ones.
     overtake_p: float = 0.0
     overtake: tuple[int, int] = (1, 3)
-    #: Whether the operator reacts to a reply held until overtaken: while it is held, the operator does, in an
-    #: order drawn, each action that changes what the elector should see (end a leader's term early, delete
-    #: the elector's key, end a pause), ``react_gap`` (bounds, s) apart.
+    #: Whether the operator reacts to a reply held until overtaken: while it is held, it changes what the
+    #: elector should see, each step on the news of the one before (a leader ends its term early and campaigns
+    #: again, the elector's key is deleted; once the reply is handed back, the candidate just ahead gives up),
+    #: waiting ``react_gap`` (bounds, s) before the first (the lower bound at most before the last).
     react: bool = False
-    react_gap: tuple[float, float] = (0.05, 0.4)
+    react_gap: tuple[float, float] = (0.05, 0.25)
     #: While a reply of an elector is held until overtaken, and ``calm`` s after, none of its watches is
-    #: cancelled, and after reacting the operator waits ``quiet`` (bounds, s): what follows plays out.
+    #: cancelled; after reacting, the operator takes none of its other actions for ``quiet`` (bounds, s), so
+    #: that what follows plays out.
     calm: float = 1.5
     quiet: tuple[float, float] = (2.5, 5.0)
 
@@ -105,14 +108,17 @@ class Profile:
           victim's reads of the leader come back late most of the time (up
           to 4.5 s, under etcd's 5 s request timeout), its watches are
           cancelled often (a waiter whose watch of the leader is cancelled
-          reads the leader again); the operator deletes keys more often,
-          most of them the victim's, which the victim puts again while a read
-          from before is on its way; the others mostly campaign again at once
-          after a release, on their kept lease (the same key bytes), with a
-          timeout, so that such a key comes back and goes again; the victim
-          waits without a timeout and its leaderships are long (2.5-4.5 s, as
-          half of the others'), so that two leaders, if there are, act
-          together beyond the margin;
+          reads the leader again), and the first such read after a
+          cancellation is most often held until overtaken by the victim's
+          own later requests while the operator reacts
+          (``soak.adversary.run._react``): the leader ends its term and
+          campaigns again on its kept lease (the same key bytes), the
+          victim's key is deleted and put again behind it, the read lands,
+          and the candidate just ahead of the victim gives up; otherwise the
+          operator deletes keys often, most of them the victim's; the victim
+          waits without a timeout and its leaderships are long (3-6 s, as
+          more than half of the others'), so that two leaders, if there are,
+          act together beyond the margin;
         * with ``restarts`` (a SQL server whose sessions the operator ends),
           two seeds in five aim at sessions kept across restarts: three
           electors on a calm network, short leaderships, an operator that
@@ -139,14 +145,14 @@ class Profile:
                 lost_request_p=0.0,
                 lost_reply_p=rng.uniform(0.0, 0.01),
                 cancel_watch_p=rng.uniform(0.02, 0.2),
-                victim_cancel_p=rng.uniform(0.4, 0.9),
+                victim_cancel_p=rng.uniform(0.3, 0.7),
                 cancel_within=1.0,
                 victim_keys=rng.uniform(0.5, 0.8),
                 actions=(("delete-key", 5.0), ("revoke-lease", 0.2)),
                 pace=0.5,
                 electors=(4, 6),
                 timeout_p=rng.uniform(0.1, 0.3),
-                long_hold_p=rng.uniform(0.4, 0.6),
+                long_hold_p=rng.uniform(0.5, 0.8),
                 long_hold=(3.0, 6.0),
                 victim_loop=(("timeout_p", 0.0), ("long_hold_p", 1.0)),
                 pause_p=rng.uniform(0.0, 0.2),
@@ -217,8 +223,11 @@ class Network:
         self._unheld: anyio.Event | None = None
         #: False from a watch cancelled by the server until the next request of a slow kind.
         self._caught_up = True
+        #: The cancellations by the server drawn for watch reads now waiting.
+        self._cancels: set[anyio.CancelScope] = set()
         #: The request count from which a held reply counts the requests that overtake it (None: not armed yet).
         self._armed: int | None = None
+        self._claimed = False
         #: Until then (monotonic s) the server cancels none of its watches: one fault at a time on an elector.
         self._calm_until = 0.0
 
@@ -243,7 +252,7 @@ class Network:
         overtake = 0
         if self.victim and what in p.slow and rng.random() < p.slow_p:
             after = rng.uniform(p.long_min, longest)
-            if p.overtake_p and rng.random() < p.overtake_p and self._caught_up is False:
+            if p.overtake_p and rng.random() < p.overtake_p and not self._caught_up:
                 overtake = rng.randint(*p.overtake)
         if what in p.slow:
             self._caught_up = True
@@ -269,8 +278,14 @@ class Network:
             reply = await send()
         else:
             reply = None
-            with anyio.move_on_after(cancel):
-                reply = await send()
+            # A reply held until overtaken from now on calls this cancellation off (see :meth:`_overtaken`).
+            scope = anyio.CancelScope(deadline=anyio.current_time() + cancel)
+            self._cancels.add(scope)
+            try:
+                with scope:
+                    reply = await send()
+            finally:
+                self._cancels.discard(scope)
             if reply is None:  # no message within the time drawn: the server cancels the watch
                 assert self._cancelled is not None
                 self.counts["cancelled watch"] += 1
@@ -307,9 +322,15 @@ class Network:
                 self._unheld = anyio.Event()
             await self._unheld.wait()
 
+    @property
+    def unclaimed(self) -> bool:
+        """Whether a reply is held until overtaken and the operator has not :meth:`claim`-ed it."""
+        return bool(self.holding) and not self._claimed
+
     def claim(self) -> None:
         """The operator reacts to the reply held now: it counts no request until :meth:`arm`."""
         self._armed = None
+        self._claimed = True
 
     def arm(self) -> None:
         """The held reply counts the requests completed from now on."""
@@ -320,8 +341,10 @@ class Network:
 
     async def _overtaken(self, what: str, later: int, longest: float) -> None:
         """Hold a reply until ``later`` requests of this elector complete once armed, at most ``longest`` s."""
-        self._armed = self.requests
+        self._armed, self._claimed = self.requests, False
         self.holding += 1
+        for scope in self._cancels:
+            scope.deadline = math.inf
         self._trace(f"{what}: reply held back until {later} later request(s) complete (at most {longest:.2f}s)")
         try:
             with anyio.move_on_after(longest):

@@ -7,7 +7,8 @@ runs on the session the elector kept (etcd's lease, the SQL engine's kept
 lock session). While it leads it records an act every 20-50 ms, each act
 being a read of ``held`` that was True. Every exchange with the server goes
 through the elector's own :class:`~.network.Network`; the operator acts on
-the server between them.
+the server between them, and, in the seeds that aim at a late view, reacts
+to a reply held until overtaken (:func:`_react`).
 
 The run is judged by :func:`soak.checker.check` (overlap beyond the margin,
 tokens that do not grow) and by :func:`deposed`: a SQL leader whose session
@@ -241,10 +242,10 @@ class _Candidate:
                     break
                 self.acts.append(Act(self.who, lead.token, t0, time.monotonic_ns(), True))
                 await anyio.sleep(rng.uniform(0.02, 0.05))
-            self.leading = False
             if lead.lost:
                 self.losses.append(Loss(self.who, lead.token, start, time.monotonic_ns(), lead.lost_reason or ""))
             await lead.release()
+            self.leading = False
             # Mostly back at once; sometimes a pause with the kept session, which the operator may end (after a
             # restart...) by a re-campaign on that session.
             if rng.random() >= self.pause_p:
@@ -314,6 +315,7 @@ async def _operator(
     weights = [*actions.values(), 2.0]
     after_restart = False
     react = profile is not None and profile.react
+    quiet = 0.0  # until then, only reactions
     while True:
         # After a restart, the re-campaign waits until the others are back (the new server's sessions exist).
         delay = rng.uniform(0.3, 3.0) if after_restart else rng.uniform(0.2, 2 * pace)
@@ -327,7 +329,9 @@ async def _operator(
         if holder is not None:
             assert profile is not None
             await _react(target, candidates, holder, rng, faults, errors, say, profile.react_gap)
-            await anyio.sleep(rng.uniform(*profile.quiet))
+            quiet = time.monotonic() + rng.uniform(*profile.quiet)
+            continue
+        if time.monotonic() < quiet:
             continue
         kind = "recampaign" if after_restart else rng.choices(kinds, weights)[0]
         every, after_restart = after_restart, kind == "restart" and rng.random() < 0.8
@@ -347,16 +351,23 @@ async def _operator(
 
 
 async def _wait_for_hold(candidates: list[_Candidate], delay: float) -> _Candidate | None:
-    """Sleep ``delay`` s, or less if an elector begins to hold a reply until overtaken: that elector."""
-    seen = {id(c): c.network.holding for c in candidates}
+    """Sleep ``delay`` s, or less if an elector holds a reply until overtaken that no reaction claimed: that elector."""
     end = time.monotonic() + delay
     while time.monotonic() < end:
         await anyio.sleep(min(0.02, max(0.0, end - time.monotonic())))
         for c in candidates:
-            if c.network.holding > seen[id(c)]:
+            if c.network.unclaimed:
                 return c
-            seen[id(c)] = c.network.holding
     return None
+
+
+async def _poll(condition: Any, within: float) -> bool:
+    """Whether ``condition()`` holds within ``within`` s (looked at every 10 ms)."""
+    for _ in range(max(1, int(within / 0.01))):
+        if condition():
+            return True
+        await anyio.sleep(0.01)
+    return bool(condition())
 
 
 async def _react(
@@ -371,46 +382,50 @@ async def _react(
 ) -> None:
     """While ``holder`` holds a reply until overtaken, make that reply stale, then let it land among the news.
 
-    Each step is drawn (most often taken), ``gap`` s apart: a leader (another
-    elector) ends its term early; an elector pausing with its kept session
-    campaigns again; the holder's key is deleted (etcd), so that it campaigns
-    again while the reply is held. Once the reply is handed back, the
-    candidate just ahead of the holder (etcd: the key created just before
+    Each step is drawn (most often taken), each on the news of the one
+    before: a leader (another elector) ends its term early; once it has
+    released, if it pauses with its kept session, it campaigns again; once
+    its campaign's first request is done, the holder's key is deleted
+    (etcd), so that the holder campaigns again while the reply is held, and
+    the reply is handed back after the holder's next requests. Once it is,
+    the candidate just ahead of the holder (etcd: the key created just before
     its own) gives up its campaign, as on a timeout.
     """
     head = f"(while {holder.who} holds a reply)"
     holder.network.claim()
-    for kind in ("end-term", "recampaign", "delete-key"):
-        if rng.random() < 0.1:
-            continue
-        await anyio.sleep(rng.uniform(*gap))
-        if not holder.network.holding:
-            return
-        if kind == "end-term":
-            leaders = [c for c in candidates if c.leading and c is not holder]
-            leader = rng.choice(leaders) if leaders else None
-            if leader is not None:
-                leader.end_term = True
-            say(f"end-term {head}: {leader.who if leader else 'no other leader'}")
-        elif kind == "recampaign":
-            say(f"recampaign {head}: {_recampaign(candidates, rng)}")
+    await anyio.sleep(rng.uniform(*gap))
+    if rng.random() >= 0.1:
+        leaders = [c for c in candidates if c.leading and c is not holder]
+        ended = rng.choice(leaders) if leaders else None
+        say(f"end-term {head}: {ended.who if ended else 'no other leader'}")
+        if ended is not None:
+            ended.end_term = True
+            await _poll(lambda: not ended.leading, 1.0)
+            done = ended.network.requests
+            if await _poll(lambda: ended.pausing is not None or ended.campaign is not None, 0.5):
+                if ended.pausing is not None and rng.random() >= 0.1:
+                    ended.recampaign()
+                    say(f"recampaign {head}: {ended.who} campaigns again on its kept session")
+                await _poll(lambda: ended.network.requests > done, 1.0)
+    if not holder.network.holding:
+        return
+    if rng.random() >= 0.1:
+        start = time.monotonic_ns()
+        try:
+            detail = await target.delete_key_of(holder.network.leases)
+        except Exception as exc:
+            errors.append(f"delete-key failed: {exc!r}")
         else:
-            start = time.monotonic_ns()
-            try:
-                detail = await target.delete_key_of(holder.network.leases)
-            except Exception as exc:
-                errors.append(f"{kind} failed: {exc!r}")
-                continue
             heal = time.monotonic_ns()
-            say(f"{kind} of {holder.who} {head}: {detail}")
-            faults.append(Fault(kind, target.backend, start, heal, heal, detail))
+            say(f"delete-key of {holder.who} {head}: {detail}")
+            faults.append(Fault("delete-key", target.backend, start, heal, heal, detail))
     holder.network.arm()
     with anyio.move_on_after(5.0):
         await holder.network.unheld()
-    await anyio.sleep(rng.uniform(0.0, gap[1]))
     if rng.random() < 0.1:
         return
     ahead = await target.ahead_of(holder.network.leases)
+    await anyio.sleep(rng.uniform(0.0, gap[0]))
     quitter = next((c for c in candidates if ahead is not None and ahead in c.network.leases), None)
     if quitter is not None and quitter.campaign is not None:
         quitter.campaign.cancel()
