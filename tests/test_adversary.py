@@ -33,8 +33,8 @@ NS = 1_000_000_000
 #: and 18 each found, on the library at 79d808b^ (scripts/adversary-old.sh mysql-kill), a kept session's old
 #: connection id KILLed on the restarted server, ending the new leader's session (deposed); seldom again on a
 #: replay. etcd 1, 16 and 18 each found, on the library at 12e8962^ (scripts/adversary-old.sh etcd-late-read),
-#: a waiter's late read of the leader making a second leader (overlap); the list found it again in 2 replays of
-#: 3 (docs/adversary.md, "Shown to find").
+#: a waiter's late read of the leader making a second leader (overlap); the list found it again in 4 replays of
+#: 6 (docs/adversary.md, "Shown to find").
 SEEDS = {"etcd": [1, 16, 18], "mysql": [3, 8, 18], "postgres": [1], "redis": [1, 2]}
 #: The CI seed of sharded leadership (Shards instances over 8 names), per backend.
 SHARD_SEEDS = {"etcd": [1]}
