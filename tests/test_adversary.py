@@ -18,6 +18,7 @@ import anyio
 import pytest
 
 import aioelect
+from aioelect.backends.redis._options import RedisSettings
 from soak.adversary import redis_target
 from soak.adversary.__main__ import describe
 from soak.adversary.network import Network, Profile
@@ -533,7 +534,7 @@ def test_redis_leader_whose_key_is_deleted_while_its_renews_fail_stops_by_its_re
             await anyio.sleep(options["check_interval"] * 2)  # a renew ran; B waits for a release message
             assert await a.leader() == "A"
             seam_a.stall = True
-            key = redis_target.RedisSettings.parse(redis_server.url, {"name": name, **options}).lock_key
+            key = RedisSettings.parse(redis_server.url, {"name": name, **options}).lock_key
             await anyio.to_thread.run_sync(lambda: redis_server.command("DEL", key))
             deleted = time.monotonic()
             while lead.held:
