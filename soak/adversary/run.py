@@ -7,7 +7,8 @@ runs on the session the elector kept (etcd's lease, the SQL engine's kept
 lock session). While it leads it records an act every 20-50 ms, each act
 being a read of ``held`` that was True. Every exchange with the server goes
 through the elector's own :class:`~.network.Network`; the operator acts on
-the server between them.
+the server between them, and, in the seeds that aim at a late view, reacts
+to a reply held until overtaken (:func:`_react`).
 
 The run is judged by :func:`soak.checker.check` (overlap beyond the margin,
 tokens that do not grow) and by :func:`deposed`: a SQL leader whose session
@@ -210,6 +211,11 @@ class _Candidate:
         self.pausing: anyio.Event | None = None
         self.pause_p, self.timeout_p, self.long_hold_p = profile.pause_p, profile.timeout_p, profile.long_hold_p
         self.long_hold = profile.long_hold
+        #: True while it leads; ``end_term`` set by the operator ends that leadership early (a release).
+        self.leading = False
+        self.end_term = False
+        #: The campaign in progress: the operator may cancel it (the elector gives up, as on a timeout).
+        self.campaign: anyio.CancelScope | None = None
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -218,17 +224,25 @@ class _Candidate:
         rng = self.rng
         while time.monotonic() < until:
             timeout = rng.uniform(0.1, 1.5) if rng.random() < self.timeout_p else None
+            lead = None
             try:
-                lead = await self.elector.acquire(timeout=timeout)
+                with anyio.CancelScope() as self.campaign:
+                    lead = await self.elector.acquire(timeout=timeout)
             except TimeoutError:
                 self._count("campaign timeout")
+                continue
+            finally:
+                self.campaign = None
+            if lead is None:
+                self._count("campaign abandoned")
                 continue
             self._count("leadership")
             start = time.monotonic_ns()
             # Short leaderships make handovers; long ones outlast the margin, so that two leaders show.
             hold = rng.uniform(*self.long_hold) if rng.random() < self.long_hold_p else rng.uniform(0.05, 0.5)
             stop = min(time.monotonic() + hold, until)
-            while time.monotonic() < stop:
+            self.leading, self.end_term = True, False
+            while time.monotonic() < stop and not self.end_term:
                 t0 = time.monotonic_ns()
                 if not lead.held:
                     break
@@ -237,6 +251,7 @@ class _Candidate:
             if lead.lost:
                 self.losses.append(Loss(self.who, lead.token, start, time.monotonic_ns(), lead.lost_reason or ""))
             await lead.release()
+            self.leading = False
             # Mostly back at once; sometimes a pause with the kept session, which the operator may end (after a
             # restart...) by a re-campaign on that session.
             if rng.random() >= self.pause_p:
@@ -307,14 +322,26 @@ async def _operator(
     kinds = [*actions, "recampaign"]
     weights = [*actions.values(), 2.0]
     after_restart = False
+    react = profile is not None and profile.react
+    quiet = 0.0  # until then, only reactions
     while True:
         # After a restart, the re-campaign waits until the others are back (the new server's sessions exist).
+        holder = None
         if after_restart:
             after_restart = await target.back(rng.uniform(0.3, 3.0))
+        elif react:
+            holder = await _wait_for_hold(candidates, rng.uniform(0.2, 2 * pace))
         else:
             await anyio.sleep(rng.uniform(0.2, 2 * pace))
         if time.monotonic() >= until:
             return
+        if holder is not None:
+            assert profile is not None
+            await _react(target, candidates, holder, rng, faults, errors, say, profile.react_gap)
+            quiet = time.monotonic() + rng.uniform(*profile.quiet)
+            continue
+        if time.monotonic() < quiet:
+            continue
         kind = "recampaign" if after_restart else rng.choices(kinds, weights)[0]
         every = after_restart
         after_restart = kind == "restart-reusing-ids" or (kind == "restart" and rng.random() < 0.8)
@@ -331,6 +358,90 @@ async def _operator(
         heal = time.monotonic_ns()
         say(f"{kind}: {detail} (began {(heal - start) / 1e9:.2f}s before)")  # the checker judges from its start
         faults.append(Fault(kind, target.backend, start, heal, heal, detail))
+
+
+async def _wait_for_hold(candidates: list[_Candidate], delay: float) -> _Candidate | None:
+    """Sleep ``delay`` s, or less if an elector holds a reply until overtaken that no reaction claimed: that elector."""
+    end = time.monotonic() + delay
+    while time.monotonic() < end:
+        await anyio.sleep(min(0.02, max(0.0, end - time.monotonic())))
+        for c in candidates:
+            if c.network.unclaimed:
+                return c
+    return None
+
+
+async def _poll(condition: Any, within: float) -> bool:
+    """Whether ``condition()`` holds within ``within`` s (looked at every 10 ms)."""
+    for _ in range(max(1, int(within / 0.01))):
+        if condition():
+            return True
+        await anyio.sleep(0.01)
+    return bool(condition())
+
+
+async def _react(
+    target: Target,
+    candidates: list[_Candidate],
+    holder: _Candidate,
+    rng: random.Random,
+    faults: list[Fault],
+    errors: list[str],
+    say: Any,
+    gap: tuple[float, float],
+) -> None:
+    """While ``holder`` holds a reply until overtaken, make that reply stale, then let it land among the news.
+
+    Each step is drawn (most often taken), each on the news of the one
+    before: a leader (another elector) ends its term early; once it has
+    released, if it pauses with its kept session, it campaigns again; once
+    its campaign's first request is done, the holder's key is deleted
+    (etcd), so that the holder campaigns again while the reply is held, and
+    the reply is handed back after the holder's next requests. Once it is,
+    the candidate just ahead of the holder (etcd: the key created just before
+    its own) gives up its campaign, as on a timeout.
+    """
+    head = f"(while {holder.who} holds a reply)"
+    holder.network.claim()
+    await anyio.sleep(rng.uniform(*gap))
+    if rng.random() >= 0.1:
+        leaders = [c for c in candidates if c.leading and c is not holder]
+        ended = rng.choice(leaders) if leaders else None
+        say(f"end-term {head}: {ended.who if ended else 'no other leader'}")
+        if ended is not None:
+            ended.end_term = True
+            await _poll(lambda: not ended.leading, 1.0)
+            done = ended.network.requests
+            if await _poll(lambda: ended.pausing is not None or ended.campaign is not None, 0.5):
+                if ended.pausing is not None and rng.random() >= 0.1:
+                    ended.recampaign()
+                    say(f"recampaign {head}: {ended.who} campaigns again on its kept session")
+                await _poll(lambda: ended.network.requests > done, 1.0)
+    if not holder.network.holding:
+        return
+    if rng.random() >= 0.1:
+        start = time.monotonic_ns()
+        try:
+            detail = await target.delete_key_of(holder.network.leases)
+        except Exception as exc:
+            errors.append(f"delete-key failed: {exc!r}")
+        else:
+            heal = time.monotonic_ns()
+            say(f"delete-key of {holder.who} {head}: {detail}")
+            faults.append(Fault("delete-key", target.backend, start, heal, heal, detail))
+    holder.network.arm()
+    with anyio.move_on_after(5.0):
+        await holder.network.unheld()
+    if rng.random() < 0.1:
+        return
+    ahead = await target.ahead_of(holder.network.leases)
+    await anyio.sleep(rng.uniform(0.0, gap[0]))
+    quitter = next((c for c in candidates if ahead is not None and ahead in c.network.leases), None)
+    if quitter is not None and quitter.campaign is not None:
+        quitter.campaign.cancel()
+        say(f"abandon: {quitter.who}, just ahead of {holder.who}, gives up its campaign")
+    else:
+        say(f"abandon: nobody campaigns just ahead of {holder.who}")
 
 
 def _elector(target: Target, who: str) -> aioelect.Elector:

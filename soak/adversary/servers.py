@@ -76,6 +76,14 @@ class Target:
     victim_leases: set[str]
     victim_share: float
 
+    async def delete_key_of(self, leases: set[str]) -> str:
+        """Delete the candidate key held under one of ``leases`` (etcd); other servers have no such key."""
+        return "no candidate keys"
+
+    async def ahead_of(self, leases: set[str]) -> str | None:
+        """The lease of the candidate key created just before the one held under ``leases`` (etcd), if any."""
+        return None
+
     async def act(self, action: str, rng: random.Random) -> str:
         """Do ``action`` on the server; say what was done."""
         if action == "restart":
@@ -146,6 +154,24 @@ class EtcdTarget(Target):
         key = base64.b64decode(rng.choice(pick)["key"]).decode()
         await self._etcdctl("del", key)
         return f"del {key}"
+
+    async def delete_key_of(self, leases: set[str]) -> str:
+        """Delete the candidate key of one elector, known by its leases (:attr:`Network.leases`)."""
+        import base64
+
+        keys = [base64.b64decode(kv["key"]).decode() for kv in await self.keys()]
+        mine = [key for key in keys if key.rpartition("/")[2] in leases]
+        if not mine:
+            return "no key of its own"
+        await self._etcdctl("del", mine[0])
+        return f"del {mine[0]}"
+
+    async def ahead_of(self, leases: set[str]) -> str | None:
+        import base64
+
+        queue = [base64.b64decode(kv["key"]).decode().rpartition("/")[2] for kv in await self.keys()]
+        mine = [i for i, lease in enumerate(queue) if lease in leases]
+        return queue[mine[0] - 1] if mine and mine[0] > 0 else None
 
     async def _revoke_lease(self, rng: random.Random) -> str:
         keys = await self.keys()
