@@ -142,16 +142,11 @@ async def shared(request: pytest.FixtureRequest) -> AsyncIterator[Callable[[str]
                 await session.aclose()
 
 
-@pytest.mark.parametrize("shared", ["etcd", "postgres"], indirect=True)
-async def test_shared_sessions_move_only_what_the_balance_needs(
-    shared: Callable[[str], Callable[[str], Elector]],
-) -> None:
+async def fleet_moves_only_what_the_balance_needs(make: Callable[[str, str], Shards]) -> None:
+    """:func:`join_and_leave` on a fleet of ``make(group, identity)``; every name's work stopped at the end."""
     group = f"shards-{secrets.token_hex(3)}"
     register = Register()
-    fleet = Fleet(
-        lambda identity: Shards(NAMES, group=group, identity=identity, electors=shared(identity), max_instances=6),
-        register,
-    )
+    fleet = Fleet(lambda identity: make(group, identity), register)
     try:
         await join_and_leave(fleet, register)
     finally:
@@ -159,22 +154,25 @@ async def test_shared_sessions_move_only_what_the_balance_needs(
     assert register.running == {}
 
 
+@pytest.mark.parametrize("shared", ["etcd", "postgres"], indirect=True)
+async def test_shared_sessions_move_only_what_the_balance_needs(
+    shared: Callable[[str], Callable[[str], Elector]],
+) -> None:
+    await fleet_moves_only_what_the_balance_needs(
+        lambda group, identity: Shards(
+            NAMES, group=group, identity=identity, electors=shared(identity), max_instances=6
+        )
+    )
+
+
 async def test_memory_moves_only_what_the_balance_needs() -> None:
-    group = f"shards-{secrets.token_hex(3)}"
-    register = Register()
-    fleet = Fleet(
-        lambda identity: Shards(
+    await fleet_moves_only_what_the_balance_needs(
+        lambda group, identity: Shards(
             NAMES,
             group=group,
             identity=identity,
             electors=lambda n: MemoryElector(name=n, renew_deadline=5),
             max_instances=6,
             settle=0.02,
-        ),
-        register,
+        )
     )
-    try:
-        await join_and_leave(fleet, register)
-    finally:
-        await fleet.close()
-    assert register.running == {}
