@@ -184,6 +184,8 @@ async def test_observe_resynchronises_after_etcd_restart(fresh_etcd: EtcdServer,
 
     observing = asyncio.create_task(watch())
     try:
+        # Nobody leads yet: seen first, or a's campaign may win the race with the watcher's first read.
+        await eventually(lambda: seen[-1:] == [None], 5, "the watcher to see nobody leading before a campaigns")
         lead_a = await a.acquire()
         await eventually(lambda: seen[-1:] == ["cand-a"], 5, "the watcher to see cand-a")
         await anyio.to_thread.run_sync(fresh_etcd.restart)
