@@ -11,16 +11,34 @@ ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_etcd_han
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
 NOX_ARGS ?= $(if $(CI_TRUE),--error-on-missing-interpreters,--no-error-on-missing-interpreters)
 
-.PHONY: test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak adversary test-scale servers venv \
+.PHONY: lock ranges test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak adversary test-scale servers venv \
 	clean
+
+# The development environment is exactly the lock file requirements/dev.txt (every extra, every version pinned
+# with its hashes, for Python 3.10 to 3.13); requirements/uv.txt pins the uv that installs it. `make lock`
+# resolves both again from pyproject.toml's ranges. Why a hashed requirements file: docs/development.md.
+LOCK := requirements/dev.txt
+UV_LOCK := requirements/uv.txt
+UV := $(BIN)/uv
+# uv never fetches an interpreter of its own: the machine's Pythons, or a missing one is reported.
+export UV_PYTHON_DOWNLOADS := never
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[all,dev,docs]'
+$(VENV)/.installed: $(LOCK) $(UV_LOCK) pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --require-hashes --no-deps -r $(UV_LOCK)
+	$(UV) pip sync --quiet --python $(BIN)/python --require-hashes $(LOCK)
+	$(UV) pip install --quiet --python $(BIN)/python --no-deps --no-build-isolation -e .
 	touch $@
+
+# Resolves the lock files again: the newest releases pyproject.toml's ranges allow (`make test` also runs the suite
+# on the lowest and the newest releases, unlocked: noxfile.py's `lowest` and `newest`).
+lock: $(VENV)/.installed
+	$(UV) pip compile pyproject.toml --quiet --all-extras --universal --python-version 3.10 --generate-hashes \
+		--upgrade --custom-compile-command 'make lock' -o $(LOCK)
+	echo "uv==$$(sed -n 's/^uv==\([0-9.]*\).*/\1/p' $(LOCK))" | $(UV) pip compile - --quiet --universal \
+		--python-version 3.10 --generate-hashes --custom-compile-command 'make lock' -o $(UV_LOCK)
 
 # Installs the database and etcd servers the tests start (Debian packages).
 servers:
@@ -56,8 +74,13 @@ matrix: venv
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
+# The package at both ends of its dependency ranges, unlocked (noxfile.py's lowest and newest): type-checked, then
+# the tests that need no server and every suite that drives a driver against its real server.
+ranges: venv servers
+	$(BIN)/nox $(NOX_ARGS) -s lowest newest
+
 # The whole suite last: its summary line closes the log.
-test: venv servers lint docs matrix pytest-etcd35 test-scale pytest
+test: venv servers lint docs matrix ranges pytest-etcd35 test-scale pytest
 
 # Only a named server backend needs server packages; the default demo uses a lock file.
 demo: demo-venv $(if $(filter mysql etcd postgres redis,$(BACKEND)),servers,)

@@ -9,6 +9,11 @@ Sessions:
   checker on constructed histories.
 - ``tests``: the whole suite, servers included, on the interpreter running nox and in its
   environment (``make pytest`` runs the same command in ``.venv``).
+- ``lowest`` and ``newest``: the package with the **lowest** releases its ranges in pyproject.toml allow
+  (on the oldest Python) and with the **newest** (on the newest Python), unlocked, then ``mypy --strict``
+  and :data:`DEPENDENCY_TESTS`: a range that lies fails there.
+
+The matrix installs exactly the lock file (``requirements/dev.txt``), as ``make venv`` does.
 
 An interpreter that cannot be found is skipped, except with ``--error-on-missing-interpreters``
 (``make test`` passes it when ``CI`` is set), where it fails the run. Interpreters installed with
@@ -43,6 +48,23 @@ NO_SERVER: dict[str, str | None] = {
     "tests/test_model.py": None,
     "tests/test_soak.py": "not short_soak",
 }
+
+#: What ``lowest`` and ``newest`` run besides the tests that need no server: every suite that drives a driver
+#: (aiomysql, asyncpg, aetcd with grpcio and protobuf, redis-py, prometheus-client) against its real server.
+DEPENDENCY_TESTS = [
+    "tests/test_contract.py",
+    "tests/test_mysql.py",
+    "tests/test_postgres.py",
+    "tests/test_etcd.py",
+    "tests/test_redis.py",
+    "tests/test_redis_sentinel.py",
+    "tests/test_redis_cluster.py",
+    "tests/test_redis_errors.py",
+    "tests/test_sql_shared.py",
+    "tests/test_cli.py",
+]
+
+LOCK = "requirements/dev.txt"
 
 nox.options.sessions = ["matrix", "tests"]
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -85,7 +107,8 @@ def no_server_args() -> list[str]:
 @nox.session(python=PYTHONS)
 def matrix(session: nox.Session) -> None:
     """The tests that need no server, on one interpreter."""
-    session.install("-e", ".[all,test]")  # subprocesses import the same aioelect as the tests
+    # Exactly the lock's versions; subprocesses import the same aioelect as the tests.
+    session.install("-c", LOCK, "-e", ".[all,test]")
     session.run("python", "--version")
     if not session.posargs:
         # A renamed test must not drop a file from the matrix unnoticed.
@@ -103,3 +126,36 @@ def tests(session: nox.Session) -> None:
     """The whole suite (servers included) on the interpreter running nox, in its environment."""
     # The caller's PATH: pyenv's folders ahead of it would change which ``python3`` the tests start.
     session.run(sys.executable, "-m", "pytest", *session.posargs, env={"PATH": _PATH})
+
+
+def _locked(name: str) -> str:
+    """``name==version`` as the lock file pins it (the tools that check, not what is being checked)."""
+    match = re.search(rf"^{re.escape(name)}==([^ \\]+)", Path(LOCK).read_text(), re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"{name} is not in {LOCK}")
+    return f"{name}=={match.group(1)}"
+
+
+def _ranges(session: nox.Session, resolution: str) -> None:
+    """Install the package at one end of its ranges, then type-check it and run :data:`DEPENDENCY_TESTS`."""
+    session.install(f"--resolution={resolution}", "-e", ".[all,test,apscheduler,asgi,aiohttp,otel]")
+    session.install(_locked("mypy"))
+    # The versions this session ran, in its log.
+    session.run("python", "-c", "import importlib.metadata as m; print(*sorted(f'{d.name}=={d.version}' for d in m.distributions()))")
+    session.run("mypy", "--strict", "--no-incremental", "aioelect")
+    workers = os.environ.get("PYTEST_WORKERS", "2")
+    parallel = ["-n", workers, "--dist", "loadfile"] if workers != "0" else []
+    files = sorted({*NO_SERVER, *DEPENDENCY_TESTS})
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *parallel, *files, *session.posargs)
+
+
+@nox.session(python=PYTHONS[0])
+def lowest(session: nox.Session) -> None:
+    """The lowest releases pyproject.toml's ranges allow, on the oldest supported Python."""
+    _ranges(session, "lowest-direct")
+
+
+@nox.session(python=PYTHONS[-1])
+def newest(session: nox.Session) -> None:
+    """The newest releases pyproject.toml's ranges allow, on the newest supported Python."""
+    _ranges(session, "highest")

@@ -36,8 +36,10 @@ def _async_fixture(func: _F) -> _F:
     try:
         from pytest_asyncio import fixture
     except ImportError:
-        return cast(_F, pytest.fixture(func))
-    return cast(_F, fixture(func))
+        decorated: Any = pytest.fixture(func)
+    else:
+        decorated = fixture(func)
+    return cast(_F, decorated)  # typed otherwise by each pytest and pytest-asyncio release
 
 
 @pytest.fixture

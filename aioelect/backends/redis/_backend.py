@@ -111,7 +111,7 @@ def _tls_verify_error(exc: BaseException) -> ssl.SSLError | None:
 
 def _command(client: Redis, *args: str | int) -> Awaitable[Any]:
     """One command by name (redis-py does not type ``execute_command``)."""
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+    return client.execute_command(*args)  # type: ignore[no-untyped-call, unused-ignore]
 
 
 def _cancel_if_swallowed() -> None:
@@ -256,8 +256,8 @@ class RedisBackend(Backend):
 
         del options["host"], options["port"]
         asked = {key: options[key] for key in options if key.startswith("socket_") or key == "retry"}
-        sentinel = Sentinel(self.settings.sentinels, sentinel_kwargs=asked, **options)  # type: ignore[no-untyped-call]
-        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(self.settings.sentinels, sentinel_kwargs=asked, **options)  # type: ignore[no-untyped-call, unused-ignore]
+        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call, unused-ignore]
             self.settings.master_name, sentinel, decode_responses=True, **options
         )
         client = Redis(connection_pool=pool, single_connection_client=True, decode_responses=True)
@@ -329,9 +329,10 @@ class RedisBackend(Backend):
     async def _script(self, client: Redis, script: str, args: tuple[str | int, ...]) -> Any:
         keys = (self.settings.lock_key, self.settings.token_key)
         try:
-            return await client.evalsha(_SHA[script], 2, *keys, *args)
+            # redis-py types keys and arguments as one list before 5.1, as varargs after.
+            return await client.evalsha(_SHA[script], 2, *keys, *args)  # type: ignore[arg-type, misc, unused-ignore]
         except rexc.NoScriptError:
-            return await client.eval(script, 2, *keys, *args)
+            return await client.eval(script, 2, *keys, *args)  # type: ignore[arg-type, misc, unused-ignore]
 
     # --- errors -----------------------------------------------------------------------
 
@@ -530,7 +531,7 @@ class RedisBackend(Backend):
         (a shield would swallow it and hand leadership to a cancelled task); cancelled, the key is withdrawn."""
         try:
             with anyio.move_on_after(self.timing.check_timeout):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
         except Exception as exc:
             self.log.debug("closing the subscription failed (%s)", exc)
         except BaseException:
@@ -576,7 +577,7 @@ class RedisBackend(Backend):
     async def _close_pubsub(self, pubsub: PubSub) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout):
             try:
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
             except Exception as exc:
                 self.log.debug("closing the subscription failed (%s)", exc)
 

@@ -48,7 +48,7 @@ class SlotOwner:
         for index, (host, port) in enumerate(list(self.nodes)):
             client = Redis(host=host, port=port, decode_responses=True, **self.options)
             try:
-                ranges = await client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call]
+                ranges = await client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call, unused-ignore]
             except (rexc.AuthenticationError, rexc.NoPermissionError):
                 raise
             except rexc.ResponseError as exc:
@@ -90,7 +90,7 @@ class SlotConnection(Connection):
     async def connect(self) -> None:
         if not self.is_connected:
             self.host, self.port = await self._resolve()
-        await super().connect()  # type: ignore[no-untyped-call]
+        await super().connect()  # type: ignore[no-untyped-call, unused-ignore]
 
 
 class SlotSSLConnection(SlotConnection, SSLConnection):

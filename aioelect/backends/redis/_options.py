@@ -191,7 +191,7 @@ class RedisSettings:
             "socket_keepalive": True,
             "socket_keepalive_options": keepalive_options(t),
             # A retried script could run twice: the campaign decides what to do after an error.
-            "retry": Retry(NoBackoff(), 0),
+            "retry": Retry(NoBackoff(), 0),  # type: ignore[no-untyped-call, unused-ignore]
         }
         if self.tls:
             options.update(
