@@ -141,7 +141,8 @@ def _ranges(session: nox.Session, resolution: str) -> None:
     session.install(f"--resolution={resolution}", "-e", ".[all,test,apscheduler,asgi,aiohttp,otel]")
     session.install(_locked("mypy"))
     # The versions this session ran, in its log.
-    session.run("python", "-c", "import importlib.metadata as m; print(*sorted(f'{d.name}=={d.version}' for d in m.distributions()))")
+    listing = "import importlib.metadata as m; print(*sorted(f'{d.name}=={d.version}' for d in m.distributions()))"
+    session.run("python", "-c", listing)
     session.run("mypy", "--strict", "--no-incremental", "aioelect")
     workers = os.environ.get("PYTEST_WORKERS", "2")
     parallel = ["-n", workers, "--dist", "loadfile"] if workers != "0" else []
