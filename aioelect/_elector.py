@@ -714,11 +714,13 @@ class Elector:
         try:
             return await asyncio.shield(task)
         except BaseException:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
+            # As long as the step takes to end, as when it ran in the caller's task (it may be closing what it
+            # opened in a worker thread); cancelled again while it runs, should a driver have swallowed it.
+            with anyio.CancelScope(shield=True):
                 while not task.done():
                     task.cancel()
                     await asyncio.wait([task], timeout=0.05)
-            if task.done() and not task.cancelled() and task.exception() is None:
+            if not task.cancelled() and task.exception() is None:
                 await self._abandon(task.result())
             raise
 
