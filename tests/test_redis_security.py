@@ -183,6 +183,21 @@ async def test_a_tls_master_named_by_a_sentinel_gets_no_password_without_the_con
     assert MASTER_PW not in str(caught.value)
 
 
+async def test_a_sentinel_whose_certificate_does_not_name_its_host_is_not_asked(
+    certs: Certificates, servers: list[FakeServer]
+) -> None:
+    """rediss+sentinel:// is TLS to the Sentinels, verified against their host names as the URL writes them."""
+    master = FakeServer(OTHER, ok)
+    sentinel = FakeServer("127.0.0.1", naming(OTHER, master.port), server_context(*issue(certs, OTHER)))
+    servers += [master, sentinel]
+    url = f"rediss+sentinel://elect:{MASTER_PW}@127.0.0.1:{sentinel.port}/aioelect/0?ssl_ca_certs={certs.ca}"
+    async with RedisElector(url, name=unique_name(), **REDIS) as elector:  # type: ignore[arg-type]
+        with pytest.raises(TimeoutError):
+            await elector.acquire(timeout=2)
+    assert sentinel.connections > 0 and not sentinel.received, "no command before the Sentinel proved its name"
+    assert master.connections == 0 and not master.received
+
+
 async def test_master_hosts_keeps_an_unlisted_master_from_getting_anything(
     servers: list[FakeServer], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -231,7 +246,8 @@ async def test_a_plaintext_sentinel_url_with_a_password_sends_it_nowhere_unliste
 # --- real Sentinels with a password and TLS -----------------------------------------------------
 
 
-async def test_sentinels_with_their_own_password_and_tls(certs: Certificates) -> None:
+async def test_sentinels_with_their_own_password_and_tls(certs: Certificates, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     with (
         RedisServer(tls=certs, acl=[f"elect on >{MASTER_PW} ~* &* +@all"]) as master,
         SentinelServer(master.port, tls=certs, password=SENTINEL_PW, quorum=1) as sentinel,
@@ -258,11 +274,14 @@ async def test_sentinels_with_their_own_password_and_tls(certs: Certificates) ->
         async with RedisElector(base + "&master_tls_name=localhost", name=name, **REDIS) as elector:  # type: ignore[arg-type]
             with pytest.raises(TimeoutError):
                 await elector.acquire(timeout=2)
+        assert re.search(r"campaign interrupted .*No master found.*(?i:auth)", caplog.text), caplog.text
         # The Sentinels are spoken to over TLS only: the plaintext form of the URL reaches nobody.
         plain = f"redis+sentinel://127.0.0.1:{sentinel.port}/aioelect/0"
         async with RedisElector(plain, name=name, sentinel_password=SENTINEL_PW, **REDIS) as elector:  # type: ignore[arg-type]
             with pytest.raises(TimeoutError):
                 await elector.acquire(timeout=2)
+    records = "\n".join(f"{r.getMessage()} {r.exc_text or ''}" for r in caplog.records)
+    assert MASTER_PW not in records and SENTINEL_PW not in records
 
 
 def test_sentinels_in_plaintext_or_without_a_password_are_warned_about(
