@@ -15,25 +15,72 @@ never with that reply alone:
 A plaintext Sentinel URL with credentials and no ``master_hosts`` is
 refused when the settings are parsed. The Sentinels themselves are asked
 with their own credentials (``sentinel_password``), over TLS verified
-against their host names when the URL is ``rediss+sentinel://``.
+against their host names when the URL is ``rediss+sentinel://``; when all
+of them refuse those credentials or our certificate check, the campaign
+fails at once (:class:`Sentinels`), as with the master's.
 """
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.connection import SSLConnection
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
+from ..._errors import PermanentBackendError
 from ._options import RedisSettings, _netloc
 
-__all__ = ["MasterConnection", "MasterRefused", "MasterSSLConnection", "sentinel_client"]
+__all__ = ["MasterConnection", "MasterRefused", "MasterSSLConnection", "Sentinels", "sentinel_client"]
 
 #: Called with the host of every master a Sentinel names, before connecting (logs the transport WARNING once).
 Seen = Callable[[str], None]
+
+
+class Sentinels(Sentinel):
+    """redis-py's :class:`Sentinel`; when no Sentinel names the master and every one of them refuses us for a
+    reason no retry can fix (credentials, ACL, a certificate), a PermanentBackendError says so instead of the
+    transient "no master found"."""
+
+    shown = ""
+
+    async def discover_master(self, service_name: str) -> Any:
+        try:
+            return await super().discover_master(service_name)  # type: ignore[no-untyped-call, unused-ignore]
+        except MasterNotFoundError:
+            refusal = await self._refusal()
+            if refusal is not None:
+                raise PermanentBackendError(
+                    f"every Sentinel of {self.shown} refused us: {type(refusal).__name__}: {refusal}"
+                ) from None
+            raise
+
+    async def _refusal(self) -> BaseException | None:
+        errors: list[BaseException] = []
+        for sentinel in self.sentinels:
+            try:
+                await sentinel.ping()
+            except Exception as exc:
+                errors.append(exc)
+            else:
+                return None
+        final = [e for e in errors if isinstance(e, (rexc.AuthenticationError, rexc.NoPermissionError)) or _tls(e)]
+        return final[0] if errors and len(final) == len(errors) else None
+
+
+def _tls(exc: BaseException) -> bool:
+    """Whether ``exc`` comes from a certificate that failed verification (redis-py keeps only the text)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 class MasterRefused(rexc.ConnectionError):
@@ -72,9 +119,10 @@ def sentinel_client(settings: RedisSettings, options: dict[str, Any], seen: Seen
     """One connection to the master the Sentinels name when it connects, and the Sentinels' clients (to close)."""
     options = {k: v for k, v in options.items() if k not in ("host", "port")}
     tls = bool(options.pop("ssl", False))
-    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
+    sentinel = Sentinels(  # type: ignore[no-untyped-call, unused-ignore]
         settings.sentinels, sentinel_kwargs=settings.sentinel_options({**options, "ssl": tls}), **options
     )
+    sentinel.shown = settings.url
     pool = SentinelConnectionPool(  # type: ignore[no-untyped-call, unused-ignore]
         settings.master_name,
         sentinel,
