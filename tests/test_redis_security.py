@@ -356,7 +356,8 @@ def documented_acl() -> list[str]:
     return words[2:]
 
 
-async def test_the_documented_acl_reads_no_secret_and_elects() -> None:
+async def test_the_documented_acl_reads_no_secret_and_elects(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
     acl = documented_acl()
     with RedisServer() as server:
         admin = "Adm1nPw"
@@ -383,6 +384,10 @@ async def test_the_documented_acl_reads_no_secret_and_elects() -> None:
             lead = await b.acquire(timeout=5)
             assert lead.token is not None
             await lead.release()
+        logged = [
+            r for r in caplog.records if "as the URL states them: appendfsync always, timeout 0" in r.getMessage()
+        ]
+        assert len(logged) == 2, "logged once per elector"
         denied = [entry for entry in as_admin("ACL", "LOG") if "config" in str(entry).lower()]
         assert not denied, f"the elector asked for CONFIG GET although the URL states what it would read: {denied}"
         version = as_admin("INFO", "server")
