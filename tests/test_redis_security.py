@@ -406,3 +406,38 @@ async def test_the_documented_acl_reads_no_secret_and_elects(caplog: pytest.LogC
         async with RedisElector(stated, name=name, **REDIS) as elector:  # type: ignore[arg-type]
             with pytest.raises(PermanentBackendError, match="appendonly no"):
                 await elector.acquire(timeout=5)
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "message"),
+    [
+        ("redis://h/0?master_hosts=h2", {}, "unsupported Redis URL parameter 'master_hosts'"),
+        ("redis+sentinel://s:26379/m/0?master_tls_name=x", {}, "master_tls_name needs a rediss"),
+        ("redis+sentinel://s:26379/m/0?master_hosts=", {}, "master_hosts must list host"),
+        ("redis+sentinel://s:26379/m/0?master_hosts=u:p@h", {}, "ambiguous"),
+        ("redis+sentinel://s:26379/m/0?master_hosts=h:99999", {}, "port must be a number"),
+        ("redis://h/0", {"sentinel_password": "x"}, "need a redis\\+sentinel:// URL"),
+        ("redis+sentinel://s:26379/m/0", {"sentinel_username": "u"}, "sentinel_username needs sentinel_password"),
+        ("redis+sentinel://s:26379/m/0", {"sentinel_password": ""}, "non-empty string"),
+        ("redis://h/0?assume_appendfsync=sometimes", {}, "assume_appendfsync must be one of always"),
+        ("redis://h/0?assume_timeout=-1", {}, "assume_timeout must be"),
+    ],
+)
+def test_the_new_settings_are_validated(url: str, options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RedisSettings.parse(url, {"name": "n", **options})
+
+
+def test_master_hosts_and_the_name_a_master_must_carry() -> None:
+    settings = RedisSettings.parse(
+        "rediss+sentinel://s:26379/jobs/0?master_hosts=10.0.0.1:6379,redis-b,[::1]:6380", {"name": "n"}
+    )
+    assert settings.master_hosts == (("10.0.0.1", 6379), ("redis-b", None), ("::1", 6380))
+    assert settings.master_admitted("10.0.0.1", 6379) and not settings.master_admitted("10.0.0.1", 6380)
+    assert settings.master_admitted("REDIS-B", 1234) and settings.master_admitted("::1", 6380)
+    assert not settings.master_admitted("10.0.0.2", 6379)
+    assert settings.master_tls_host("10.0.0.1") == "10.0.0.1"  # listed by the operator
+    named = RedisSettings.parse("rediss+sentinel://s:26379/jobs/0?master_tls_name=redis.internal", {"name": "n"})
+    assert named.master_tls_host("10.9.9.9") == "redis.internal"
+    bare = RedisSettings.parse("rediss+sentinel://s:26379/jobs/0", {"name": "n"})
+    assert bare.master_tls_host("10.9.9.9") == "jobs", "never the address a Sentinel's reply gives"
