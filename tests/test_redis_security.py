@@ -228,7 +228,7 @@ def test_a_plaintext_sentinel_url_with_a_password_needs_master_hosts() -> None:
 
 
 async def test_a_plaintext_sentinel_url_with_a_password_sends_it_nowhere_unlisted(servers: list[FakeServer]) -> None:
-    """The URL as it was written before master_hosts existed: refused before any connection."""
+    """Credentials in a plaintext Sentinel URL without master_hosts: refused before any connection."""
     master = FakeServer(OTHER, ok)
     sentinel = FakeServer("127.0.0.1", naming(OTHER, master.port))
     servers += [master, sentinel]
