@@ -707,19 +707,24 @@ class Elector:
         Drivers wait on the server inside ``asyncio.wait_for()``, which before Python 3.12 returns the reply
         instead of raising when a cancellation arrives with it: a campaign run in the caller's task could win
         for a task that was cancelled. Here the caller's task waits only for the step's, so its cancellation
-        always reaches it; the step is then cancelled (again, should the driver swallow it) and a hold it won
-        meanwhile is released.
+        always reaches it. The step is then cancelled through a cancel scope of its own (anyio delivers that
+        at every wait until the step has ended, and leaves its shielded clean-ups alone), waited for, and a
+        hold it won meanwhile is released.
         """
-        task = self._tasks.start(step, name=f"aioelect-campaign-{self._identity}", on_done=consume)
+        scope = anyio.CancelScope()
+
+        async def run() -> Hold | None:
+            with scope:
+                return await step
+            return None  # cancelled
+
+        task = self._tasks.start(run(), name=f"aioelect-campaign-{self._identity}", on_done=consume)
         try:
             return await asyncio.shield(task)
         except BaseException:
-            # As long as the step takes to end, as when it ran in the caller's task (it may be closing what it
-            # opened in a worker thread); cancelled again while it runs, should a driver have swallowed it.
+            scope.cancel()
             with anyio.CancelScope(shield=True):
-                while not task.done():
-                    task.cancel()
-                    await asyncio.wait([task], timeout=0.05)
+                await asyncio.wait([task])
             if not task.cancelled() and task.exception() is None:
                 await self._abandon(task.result())
             raise
