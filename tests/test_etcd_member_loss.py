@@ -15,8 +15,9 @@ import logging
 import os
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -24,7 +25,7 @@ import pytest
 from aioelect import EtcdElector, Leadership
 
 from .harness import EtcdCluster, EtcdServer
-from .test_etcd import keys, unique
+from .test_etcd import eventually, keys, unique
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -171,3 +172,51 @@ async def test_waiting_candidate_campaigns_on_after_any_member_dies(
             await anyio.to_thread.run_sync(victim.start)
     log.warning("rounds: %d, failed: %d, seconds to a campaigning B: %s", ROUNDS, len(failures), took)
     assert not failures, "\n".join(failures)
+
+
+class _StallKeepAlives:
+    """Holds back every lease keep-alive of one connection while ``stalled`` (a link that stalls one way)."""
+
+    def __init__(self) -> None:
+        self.stalled = False
+        self.healed = asyncio.Event()
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        if what == "lease keep-alive" and self.stalled:
+            await self.healed.wait()
+        return await send()
+
+
+async def test_win_on_a_lease_past_its_renew_deadline_is_renewed_before_leading(
+    etcd: EtcdServer, closing: list[EtcdElector]
+) -> None:
+    """B's keep-alives stall past its renew deadline (not its TTL) while it waits; A then resigns. B must not
+    be handed a leadership already past its renew deadline (lost as it is returned, the campaign over): it
+    renews its lease first, and leads once etcd acknowledges it."""
+    name = unique()
+    ttl = 6  # renew deadline 4 s, keep-alive every 2 s: B's lease outlives a 4.5 s stall by 1.5 s
+    a = EtcdElector(etcd.endpoints, name=name, identity="cand-a", ttl=ttl)
+    b = EtcdElector(etcd.endpoints, name=name, identity="cand-b", ttl=ttl)
+    closing.extend([a, b])
+    stall = _StallKeepAlives()
+    b._backend.conn.interceptor = stall  # type: ignore[attr-defined]
+    lead_a = await a.acquire()
+    waiter = Waiter(b)
+    try:
+        await eventually(lambda: b.last_leader == "cand-a", 10, "B to wait behind A")
+        session = b._backend.leases.current  # type: ignore[attr-defined]
+        stall.stalled = True
+        deadline = b._backend.renew_deadline  # type: ignore[attr-defined]
+        await eventually(lambda: time.monotonic() - session.confirmed_at > deadline + 0.2, 10, "B's lease stale")
+        await lead_a.release()
+        await asyncio.sleep(0.3)  # B has seen A's key go
+        stall.stalled = False
+        stall.healed.set()
+        await eventually(lambda: waiter.lead is not None or waiter.error is not None, 10, "B's campaign to end")
+        assert waiter.error is None, repr(waiter.error)
+        assert waiter.lead is not None
+        await asyncio.sleep(0.5)
+        assert waiter.lead.held, f"B's leadership lost as it began: {waiter.lead.lost_reason}"
+        assert await a.leader() == "cand-b"
+    finally:
+        await waiter.close()

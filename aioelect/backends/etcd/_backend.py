@@ -18,7 +18,9 @@ the elector closes, or at once when the session cannot be trusted any more
 Guarantees: a campaign that does not return a leadership (cancellation
 included) leaves no key and no lease behind; a leadership is dated from
 the last acknowledged keep-alive (docs/concepts.md, "When a leadership is
-dated from");
+dated from"), and a campaign returns it only with at least one keep-alive
+interval left before its renew deadline (the lease is renewed first if it
+was not confirmed that recently: never a leadership lost as it is returned);
 local leadership without etcd happens only when ``degrade_to_local=True``
 and etcd has never answered this elector.
 """
