@@ -262,13 +262,15 @@ class EtcdBackend(Election):
         return monotonic() - session.confirmed_at > self._renew_deadline - self.keepalive_interval
 
     async def _confirm_fresh(self, session: Session) -> None:
-        """Return once ``session``'s lease was confirmed recently enough for a new leadership (:meth:`_stale`).
+        """Return once ``session``'s lease was confirmed recently enough for a new leadership: not
+        :meth:`_stale`, or renewed by a keep-alive sent here (acknowledged within ``keepalive_timeout``, at most
+        half the time between the keep-alive interval and the renew deadline).
 
         A win found while keep-alives were failing over (a member died, the
         cluster elected a raft leader) would otherwise be a leadership past
         its renew deadline, lost as soon as it is returned: the campaign,
         finished, would campaign no more. Here the lease is renewed first,
-        retried until etcd acknowledges it; if the session ends meanwhile
+        retried until etcd acknowledges one; if the session ends meanwhile
         (its lease may have expired, our key with it), :class:`SessionEnded`
         sends the campaign on with a new session.
         """
@@ -290,6 +292,11 @@ class EtcdBackend(Election):
                 self.log.debug("renewing lease %x failed (%s); retrying in %.2fs", session.lease_id, exc, delay)
                 with anyio.move_on_after(delay):
                     await session.wait_ended()
+                continue
+            # Sent just now and acknowledged within keepalive_timeout (shorter than the renew deadline): fresh
+            # enough, whatever the loop's lag, so that a slow etcd cannot keep a won campaign renewing forever.
+            if not session.done.is_set():
+                return
 
     async def _try(self, session: Session, key: bytes, value: bytes) -> EtcdHold:
         revision, predecessor, read_at = await self._put_candidate(session, key, value)
