@@ -159,6 +159,14 @@ REGISTER: tuple[Assumption, ...] = (
         "tests/test_etcd_faults.py::test_cluster_member_killed_election_goes_on",
     ),
     Assumption(
+        "etcd", "topology",
+        "whichever member of three dies (etcd's raft leader included), a waiting candidate campaigns on through "
+        "another; a leader whose keep-alives wait out the members' election may fence itself, never lead past it",
+        CHECKED, "keep-alives and watches move to another endpoint; a won campaign renews its lease before it "
+        "leads, so no leadership is returned past its renew deadline",
+        "tests/test_etcd_member_loss.py::test_waiting_candidate_campaigns_on_after_any_member_dies",
+    ),
+    Assumption(
         "etcd", "server frozen",
         "a leader whose keep-alives go unanswered fences itself before its lease can expire",
         RENEW, "renew deadline from the send time of the last acknowledged keep-alive",

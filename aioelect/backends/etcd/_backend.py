@@ -18,7 +18,9 @@ the elector closes, or at once when the session cannot be trusted any more
 Guarantees: a campaign that does not return a leadership (cancellation
 included) leaves no key and no lease behind; a leadership is dated from
 the last acknowledged keep-alive (docs/concepts.md, "When a leadership is
-dated from");
+dated from"), and a campaign returns it only with at least one keep-alive
+interval left before its renew deadline (the lease is renewed first if it
+was not confirmed that recently: never a leadership lost as it is returned);
 local leadership without etcd happens only when ``degrade_to_local=True``
 and etcd has never answered this elector.
 """
@@ -32,7 +34,7 @@ from typing import TYPE_CHECKING
 import anyio
 from aetcd import rpc
 
-from ..._backend import Backoff, Hold
+from ..._backend import Backoff, Hold, monotonic
 from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
 from ..._tasks import first_of
@@ -239,9 +241,13 @@ class EtcdBackend(Election):
                 if which == 1:
                     raise SessionEnded(str(hold))
                 assert isinstance(hold, EtcdHold)
-                if session.done.is_set():
+                try:
+                    await self._confirm_fresh(session)
+                except BaseException:
                     await hold.abandon()
-                    raise SessionEnded(await session.wait_ended())
+                    raise
+                # Dated from the keep-alive just acknowledged: the lease lives at least ttl past its send.
+                hold.acquired_at = session.confirmed_at
                 backoff.reset()
                 won = True
                 self._move(self._winning)
@@ -249,6 +255,48 @@ class EtcdBackend(Election):
         finally:
             if not won:
                 await self._withdraw(session, key)
+
+    def _stale(self, session: Session) -> bool:
+        """Whether a leadership dated from ``session``'s last acknowledged keep-alive would have less than one
+        keep-alive interval left before its renew deadline."""
+        return monotonic() - session.confirmed_at > self._renew_deadline - self.keepalive_interval
+
+    async def _confirm_fresh(self, session: Session) -> None:
+        """Return once ``session``'s lease was confirmed recently enough for a new leadership: not
+        :meth:`_stale`, or renewed by a keep-alive sent here (acknowledged within ``keepalive_timeout``, at most
+        half the time between the keep-alive interval and the renew deadline).
+
+        A win found while keep-alives were failing over (a member died, the
+        cluster elected a raft leader) would otherwise be a leadership past
+        its renew deadline, lost as soon as it is returned: the campaign,
+        finished, would campaign no more. Here the lease is renewed first,
+        retried until etcd acknowledges one; if the session ends meanwhile
+        (its lease may have expired, our key with it), :class:`SessionEnded`
+        sends the campaign on with a new session.
+        """
+        backoff = Backoff(first=0.05, maximum=self.keepalive_interval / 2)
+        while True:
+            if session.done.is_set():
+                raise SessionEnded(await session.wait_ended())
+            if not self._stale(session):
+                return
+            self.log.debug(
+                "won with lease %x last confirmed %.2fs ago; renewing it before leading",
+                session.lease_id,
+                monotonic() - session.confirmed_at,
+            )
+            try:
+                await session.keepalive()
+            except Transient as exc:
+                delay = backoff.next_delay()
+                self.log.debug("renewing lease %x failed (%s); retrying in %.2fs", session.lease_id, exc, delay)
+                with anyio.move_on_after(delay):
+                    await session.wait_ended()
+                continue
+            # Sent just now and acknowledged within keepalive_timeout (shorter than the renew deadline): fresh
+            # enough, whatever the loop's lag, so that a slow etcd cannot keep a won campaign renewing forever.
+            if not session.done.is_set():
+                return
 
     async def _try(self, session: Session, key: bytes, value: bytes) -> EtcdHold:
         revision, predecessor, read_at = await self._put_candidate(session, key, value)
