@@ -130,3 +130,120 @@ def test_the_operations_page_lists_the_commands_there_are() -> None:
     assert sorted(re.findall(r"`aioelect (\w+)`", listed.group(1))) == commands, listed.group(1)
     for count in ("two", "three", "four", "five", "six"):
         assert f"the {count} commands" not in text.lower() and f"{count} commands:" not in text.lower()
+
+
+# --- failover at the defaults: one source, the backends' own timing ----------------------------
+
+#: An address per server backend: building an elector connects to nothing.
+ADDRESSES = {
+    "etcd": "127.0.0.1:1",
+    "mysql": "mysql://root@127.0.0.1:1/db",
+    "postgres": "postgresql://root@127.0.0.1:1/db",
+    "redis": "redis://127.0.0.1:1/0",
+}
+
+
+def failover(kind: str) -> dict[str, float]:
+    """The failover figures of ``kind`` at the defaults, from the timing the backend runs on and logs.
+
+    ``lease``: how long the server keeps a silent leader's lock (etcd: the lease's TTL); ``deadline``: when a leader
+    without a confirmation fences itself; ``stops``: when a leader cut off from the server stops (the session-lock
+    backends see the loss as soon as a check fails, within ``check_interval + 2 * check_timeout``; etcd and Redis
+    retry a renewal until the renew deadline).
+    """
+    import aioelect
+
+    elector = aioelect.new(name="docs/failover", **{kind: ADDRESSES[kind]})
+    timing = elector.lock_timing()
+    assert timing is not None
+    _, lease, deadline = timing
+    stops = deadline
+    if kind in ("mysql", "postgres"):
+        stops = elector._backend.timing.deposed_within  # type: ignore[attr-defined]
+    return {"lease": lease, "deadline": deadline, "stops": stops}
+
+
+def describe_timing(kind: str) -> str:
+    """The line the backend logs when it first campaigns."""
+    import aioelect
+
+    line: str = aioelect.new(name="docs/failover", **{kind: ADDRESSES[kind]})._backend.describe_timing()
+    return line
+
+
+def s(seconds: float) -> str:
+    """Seconds as the docs print them: 10, 3.33."""
+    return f"{seconds:.3g}"
+
+
+def readme_rows() -> list[str]:
+    """The README's failover rows of the server backends, as the defaults make them."""
+    my, pg, etcd, redis = (failover(kind) for kind in ("mysql", "postgres", "etcd", "redis"))
+    return [
+        f"| MySQL / MariaDB | `mysql` | milliseconds | `lease` ({s(my['lease'])} s) | stops within {s(my['stops'])} s; "
+        f"replaced after `lease` ({s(my['lease'])} s) |",
+        f"| PostgreSQL | `postgres` | milliseconds | `lease` ({s(pg['lease'])} s; PostgreSQL 14+) | stops within "
+        f"{s(pg['stops'])} s; replaced after `lease` ({s(pg['lease'])} s) |",
+        f"| etcd 3.4, 3.5 | `etcd` | about `ttl` ({s(etcd['lease'])} s) | about `ttl` ({s(etcd['lease'])} s) | "
+        f"stops at {s(etcd['stops'])} s; replaced after about `ttl` ({s(etcd['lease'])} s) |",
+        f"| Redis 7 (Sentinel, Cluster too) | `redis` | `lease` ({s(redis['lease'])} s) | `lease` "
+        f"({s(redis['lease'])} s) | stops at {s(redis['stops'])} s; replaced after `lease` ({s(redis['lease'])} s) |",
+    ]
+
+
+def test_the_readme_failover_rows_are_the_backends_defaults() -> None:
+    lines = read("README.md").splitlines()
+    for expected in readme_rows():
+        head = expected.split(" | ")[0]
+        (row,) = [line for line in lines if line.startswith(head + " | ")]
+        assert row == expected, f"README.md's row must read:\n{expected}"
+
+
+def backends_rows() -> dict[str, list[str]]:
+    """The cells of each server backend's row of docs/backends.md's failover table."""
+    text = read("docs/backends.md").split("## Failover at the defaults", 1)[1].split("\n## ", 1)[0]
+    rows: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if line.startswith("| "):
+            cells = [cell.strip() for cell in line.strip(" |").split(" | ")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_the_backends_failover_rows_state_the_backends_defaults() -> None:
+    rows = backends_rows()
+    header = flat(read("docs/backends.md"))
+    for kind, head in (("mysql", "MySQL / MariaDB"), ("postgres", "PostgreSQL")):
+        figures = failover(kind)
+        crash, freeze, cut = rows[head]
+        assert "milliseconds" in crash, (head, crash)
+        assert f"after `lease` ({s(figures['lease'])} s)" in freeze, (head, freeze)
+        assert f"stops within `check_interval + 2 \u00d7 check_timeout` ({s(figures['stops'])} s)" in cut, (head, cut)
+        assert f"leads after `lease` ({s(figures['lease'])} s)" in cut, (head, cut)
+    etcd = failover("etcd")
+    crash, freeze, cut = rows["etcd"]
+    ttl = f"after about `ttl` ({s(etcd['lease'])} s)"
+    assert ttl in crash and ttl in freeze, (crash, freeze)
+    assert f"renew deadline ({s(etcd['stops'])} s)" in cut and f"after about `ttl` ({s(etcd['lease'])} s)" in cut
+    redis = failover("redis")
+    crash, freeze, cut = rows["Redis"]
+    assert f"after `lease` ({s(redis['lease'])} s)" in crash and f"after `lease` ({s(redis['lease'])} s)" in freeze
+    assert f"renew deadline ({s(redis['stops'])} s)" in cut and f"leads after `lease` ({s(redis['lease'])} s)" in cut
+    sql = failover("mysql")
+    assert (
+        f"MySQL and PostgreSQL: `lease={s(sql['lease'])}`, `renew_deadline={s(sql['deadline'])}`" in header
+        and f"etcd: `ttl={s(etcd['lease'])}`, renew deadline {s(etcd['deadline'])} s" in header
+        and f"Redis: `lease={s(redis['lease'])}`, `renew_deadline={s(redis['deadline'])}`" in header
+    ), "docs/backends.md: the defaults the table is computed at"
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres", "etcd", "redis"])
+def test_the_runtime_log_states_the_same_figures(kind: str) -> None:
+    """The line each backend logs when it first campaigns says what the tables say."""
+    figures, line = failover(kind), describe_timing(kind)
+    if kind in ("mysql", "postgres"):
+        assert f"stops within {figures['stops']:g}s" in line and f"replaced after about {figures['lease']:g}s" in line
+        assert f"fences itself after {figures['deadline']:g}s" in line
+    else:
+        assert f"after {s(figures['lease'])}s" in line or f"after about {s(figures['lease'])}s" in line, line
+        assert f"fences itself after {s(figures['deadline'])}s" in line, line
