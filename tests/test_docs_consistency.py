@@ -247,3 +247,15 @@ def test_the_runtime_log_states_the_same_figures(kind: str) -> None:
     else:
         assert f"after {s(figures['lease'])}s" in line or f"after about {s(figures['lease'])}s" in line, line
         assert f"fences itself after {s(figures['deadline'])}s" in line, line
+
+
+# --- the first fencing token a newcomer sees ------------------------------------------------
+
+
+def test_the_quickstart_says_what_the_first_token_is_on_every_backend() -> None:
+    """Where the quickstart first shows a token, it promises no first value and says per backend what it is."""
+    text = flat(read("docs/quickstart.md"))
+    assert "prints `leading with token 1`" not in text, "the first token is 1 only on some backends"
+    first = between(read("docs/quickstart.md"), "Its first value depends on the backend:", "Compare tokens")
+    missing = [name for name in PROSE_NAMES.values() if name not in first]
+    assert not missing, f"docs/quickstart.md: the first token is not described for {missing}: {first}"
