@@ -426,6 +426,9 @@ def run_fragments(
         env, context = fragment_case(where, request, directory)
         if name == "fencing-write":  # the application's database the block writes to
             env["APP_DATABASE"] = request.getfixturevalue("mysql_dsn")
+        module, holder = harness.beside
+        if module:  # saved beside it, as the page tells the reader
+            (directory / module).write_text(dict(fragments(document))[holder] + "\n")
         for printed, used in harness.replace.items():
             assert printed in source, f"{document}: the {name} block no longer names {printed}"
             source = source.replace(printed, used.format(**servers(request)))

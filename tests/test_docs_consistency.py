@@ -9,6 +9,9 @@ fails these tests until every overview names it.
 
 from __future__ import annotations
 
+import ast
+import builtins
+import importlib.util
 import re
 from pathlib import Path
 
@@ -259,3 +262,38 @@ def test_the_quickstart_says_what_the_first_token_is_on_every_backend() -> None:
     first = between(read("docs/quickstart.md"), "Its first value depends on the backend:", "Compare tokens")
     missing = [name for name in PROSE_NAMES.values() if name not in first]
     assert not missing, f"docs/quickstart.md: the first token is not described for {missing}: {first}"
+
+
+# --- docs/many-jobs.md: every block defines what it uses ----------------------------------
+
+
+def undefined_names(source: str) -> set[str]:
+    """Names ``source`` reads but neither defines, imports nor gets from the builtins (scopes taken as one)."""
+    tree = compile(source, "<block>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    defined, used = set(dir(builtins)), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (used if isinstance(node.ctx, ast.Load) else defined).add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.arg):
+            defined.add(node.arg)
+        elif isinstance(node, ast.alias):
+            defined.add((node.asname or node.name).split(".")[0])
+    return used - defined
+
+
+def test_every_many_jobs_block_defines_what_it_uses() -> None:
+    """A reader can run each block: every name it uses is defined in it, imported from an installed module or
+    from a file the page says to save, or (in a fragment) named in the paragraph right above it."""
+    text = read("docs/many-jobs.md")
+    saved = set(re.findall(r"save it as `(\w+)\.py`", flat(text)))
+    blocks = list(re.finditer(r"<!-- docs-test: [^>]*-->\n```python\n(.*?)\n```", text, re.S))
+    assert blocks
+    for found in blocks:
+        source = found.group(1)
+        above = flat(text[: found.start()].rstrip().rsplit("\n\n", 1)[-1])
+        unexplained = sorted(name for name in undefined_names(source) if f"`{name}`" not in above)
+        assert not unexplained, f"docs/many-jobs.md: a block uses {unexplained}, defined nowhere:\n{source}"
+        for module in re.findall(r"^from (\w+)(?:\.\w+)* import", source, re.M):
+            assert module in saved or importlib.util.find_spec(module), f"docs/many-jobs.md: no module {module}"
