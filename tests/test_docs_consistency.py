@@ -297,3 +297,12 @@ def test_every_many_jobs_block_defines_what_it_uses() -> None:
         assert not unexplained, f"docs/many-jobs.md: a block uses {unexplained}, defined nowhere:\n{source}"
         for module in re.findall(r"^from (\w+)(?:\.\w+)* import", source, re.M):
             assert module in saved or importlib.util.find_spec(module), f"docs/many-jobs.md: no module {module}"
+
+
+def test_the_sentinel_page_states_the_timeout_the_backend_accepts() -> None:
+    """docs/redis-sentinel.md's least ``timeout`` is the one the backend refuses below, at the default timing."""
+    from aioelect.backends.redis import RedisBackend
+    from aioelect.backends.redis._bounds import least_timeout
+
+    least = least_timeout(RedisBackend("redis://127.0.0.1:1/0", name="docs").timing)
+    assert f"`timeout 0` (or at least {least:g} s at the default timing)" in flat(read("docs/redis-sentinel.md"))
