@@ -337,7 +337,7 @@ def test_the_redis_sentinel_setup(user: tuple[dict[str, str], Path], tmp_path: P
         assert re.search(rf"\b{printed}\b", "\n".join(steps)), f"the page no longer names port {printed}"
     directory = home / "redis-ha"
     try:
-        done = bash(script, env, home, timeout=180)
+        done = bash(script, env, home, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         tokens = [int(token) for token in re.findall(r"^leading with token (\d+)$", done.stdout, re.M)]
         assert tokens == [1, 2], done.stdout  # the page's figures: a new election, then the new master's grant
