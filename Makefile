@@ -84,7 +84,8 @@ ranges: venv servers
 # The whole suite last: its summary line closes the log.
 test: venv servers lint docs matrix ranges pytest-etcd35 test-scale pytest
 
-# Only a named server backend needs server packages; the default demo uses a lock file.
+# `make demo BACKEND=etcd` (or mysql, postgres, redis, file, local). Only a named server backend needs server
+# packages; the default demo uses a lock file.
 demo: demo-venv $(if $(filter mysql etcd postgres redis,$(BACKEND)),servers,)
 	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
 

@@ -156,6 +156,12 @@ def setup_backend(kind: str, stack: contextlib.ExitStack, workdir: str) -> Backe
 # --- output -----------------------------------------------------------------------------
 
 
+def settings_line(backend: Backend) -> str:
+    """The one line that says which backend and which elector options every instance runs with."""
+    given = " ".join(backend.options) if backend.options else "none"
+    return f"settings: backend {backend.kind}, options {given}; every other option at its default"
+
+
 def say(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -472,6 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"demo: cannot set up the {kind} backend: {exc}", file=sys.stderr)
             return 2
         say(f"aioelect demo: {args.instances} scheduler instances, backend {kind} ({backend.where})")
+        say(settings_line(backend))
         say(f"each instance: {sys.executable} {os.path.relpath(SCHEDULER)} --instance scheduler-N")
         say("")
         demo = Demo(backend, workdir, args.instances, args.kill_after, args.run_after)

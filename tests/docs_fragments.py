@@ -36,27 +36,6 @@ async def main() -> None:
 asyncio.run(main())
 """
 
-#: The work a sharded block runs in its harness: it shows each owned name with its token, and keeps it.
-_SHARD_WORK = """\
-import anyio
-
-import aioelect
-
-tenants = ["acme", "globex", "initech"]
-
-
-async def sync_tenant(name: str) -> None:  # the harness's work: shows each name this instance owns
-    print(f"synced {{name}} with token {{aioelect.current_leadership().token}}", flush=True)
-    await anyio.sleep_forever()
-
-
-async def main() -> None:
-{body}
-
-
-anyio.run(main)
-"""
-
 
 def _indent(source: str, depth: int = 1) -> str:
     return textwrap.indent(source, "    " * depth)
@@ -132,43 +111,37 @@ link.close()
     return _ASYNC_MAIN.format(body=_indent(setup + block + "\n" + after))
 
 
-def _shards_from_env(block: str, ctx: dict[str, str]) -> str:
-    """The block is a whole program but for ``sync``, the user's: the harness's shows each name and token."""
-    work = """\
-async def sync(name: str, fencing_token: int | None) -> None:  # the harness's: shows each owned name
-    print(f"synced {name} with token {fencing_token}", flush=True)
-
-
-"""
-    return work + block + "\n"
-
-
-def _shards_session(block: str, ctx: dict[str, str]) -> str:
-    """``tenants`` and ``sync_tenant`` defined; the session on the harness's server."""
-    setup = 'dsn = os.environ["AIOELECT_POSTGRES_DSN"]\n' if "dsn" in block else ""
-    return "import os\n\n" + _SHARD_WORK.format(body=_indent(setup + block))
+def _as_printed(block: str, ctx: dict[str, str]) -> str:
+    """The block is a whole program: it runs as printed."""
+    return block + "\n"
 
 
 def _sharded_scheduler(block: str, ctx: dict[str, str]) -> str:
-    """``tenants``, ``do_sync`` and ``stop_requested`` defined: stopping is requested once every job ran here
-    (the harness makes each job due at once, rather than in a minute, once this instance owns its id)."""
+    """``stop_requested`` defined, as the page says: stopping is requested once every job ran here (the harness
+    makes each job due at once, rather than in a minute, once this instance owns its id, and records each run of
+    the page's ``sync``)."""
     setup = """\
 global scheduler, shards
 from datetime import datetime, timezone
 
-tenants = ["acme", "globex"]
+import billing_sync
+
 synced: set[str] = set()
+shown = billing_sync.sync
 
 
-async def do_sync(tenant: str, fencing_token: int | None) -> None:  # the harness's: shows each run
-    print(f"synced {tenant} with token {fencing_token}", flush=True)
+async def recorded(tenant: str, fencing_token: int | None) -> None:  # the harness's: the page's sync, recorded
+    await shown(tenant, fencing_token)
     synced.add(tenant)
+
+
+billing_sync.sync = recorded
 
 
 class StopRequested:  # the harness's: set once each job has run on this instance
     async def wait(self) -> None:
         with anyio.fail_after(30):
-            while synced != set(tenants):
+            while synced != set(billing_sync.TENANTS):
                 for job in scheduler.get_jobs():
                     if job.id in shards.owned and job.args[0] not in synced:
                         job.modify(next_run_time=datetime.now(timezone.utc))
@@ -259,6 +232,8 @@ class Harness:
     python: tuple[int, int] = (3, 10)
     #: The election names the block prints: blocks that share one do not run at once on one server.
     elects: str = ""
+    #: A module the block imports, as the page tells the reader to save it: (file name, the fragment it holds).
+    beside: tuple[str, str] = ("", "")
 
 
 HARNESSES: dict[str, Harness] = {
@@ -274,32 +249,34 @@ HARNESSES: dict[str, Harness] = {
         (r"^job \d+: dispatched with fence (\d+), token \1$", r"^a write under token \d+ matched 0 rows$"),
     ),
     "shards-from-env": Harness(
-        _shards_from_env,
+        _as_printed,
         ("file", "postgres"),
         tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech", "umbrella")),
         ends=False,
         elects="billing/sync",
     ),
     "shards-etcd-session": Harness(
-        _shards_session,
+        _as_printed,
         ("etcd",),
-        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech")),
+        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech", "umbrella")),
         ends=False,
-        replace={'"127.0.0.1:2379"': 'os.environ["AIOELECT_ETCD_ENDPOINTS"]'},
         elects="billing/sync",
+        beside=("billing_sync.py", "shards-from-env"),
     ),
     "shards-postgres-session": Harness(
-        _shards_session,
+        _as_printed,
         ("postgres",),
-        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech")),
+        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech", "umbrella")),
         ends=False,
         elects="billing/sync",
+        beside=("billing_sync.py", "shards-from-env"),
     ),
     "sharded-scheduler": Harness(
         _sharded_scheduler,
         ("file", "postgres"),
-        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex")),
+        tuple(rf"^synced {name} with token [1-9]\d*$" for name in ("acme", "globex", "initech", "umbrella")),
         elects="billing/sync",
+        beside=("billing_sync.py", "shards-from-env"),
     ),
     "prometheus": Harness(_prometheus, ("file", "postgres"), (r"^aioelect_is_leader\{.*\} 1\.0$",)),
     "etcd-tls": Harness(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,16 @@ def run_demo(tmp_path: Path, *args: str, timeout: float = 120.0, **env: str) -> 
     )  # fmt: skip
     assert result.returncode == 0, f"demo failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
     return result.stdout, json.loads(summary_path.read_text())
+
+
+def settings(output: str) -> dict[str, str]:
+    """The demo's settings line, printed before any instance starts: its backend and the elector options every
+    instance runs with."""
+    found = re.search(r"^settings: backend (\w+), options (.*); every other option at its default$", output, re.M)
+    assert found, f"the demo does not print its settings:\n{output[:800]}"
+    assert found.start() < output.index("LEADER"), "the settings line comes before the first event"
+    options = dict(item.split("=", 1) for item in found.group(2).split()) if found.group(2) != "none" else {}
+    return {"backend": found.group(1), **options}
 
 
 def check_takeover(output: str, summary: dict[str, Any], takeover_bound: float) -> None:
@@ -66,6 +77,7 @@ def test_make_demo_without_arguments_runs_to_the_end(tmp_path: Path) -> None:
     """Exactly what ``make demo`` runs on a fresh machine: no backend named, default timings."""
     output, summary = run_demo(tmp_path)
     assert summary["backend"] in ("file", "mysql")
+    assert settings(output)["backend"] == summary["backend"]
     check_takeover(output, summary, takeover_bound=5.0)
     assert summary["retries"] >= 1 or summary["fires"] >= 8  # the retry loop usually has work too
     assert output.count("LEADER") >= 2 and "KILL" in output and "FOLLOW" in output
@@ -97,6 +109,9 @@ def test_demo_on_etcd(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     output, summary = run_demo(tmp_path, "--backend", "etcd", *SHORT, AIOELECT_ETCD_ENDPOINTS=",".join(endpoints))
     # The killed leader's lease (ttl=3) must expire first.
     check_takeover(output, summary, takeover_bound=10.0)
+    shown = settings(output)
+    assert shown["backend"] == "etcd"
+    assert f"`ttl={shown['ttl']}`" in " ".join((ROOT / "README.md").read_text().split()), "the README's demo ttl"
 
 
 def test_demo_on_postgres(tmp_path: Path, postgres_dsn: str) -> None:
@@ -110,6 +125,11 @@ def test_demo_on_redis(tmp_path: Path, redis_url: str) -> None:
     assert summary["backend"] == "redis"
     # The killed leader's key (lease=3) must expire first.
     check_takeover(output, summary, takeover_bound=10.0)
+    shown = settings(output)
+    assert shown["backend"] == "redis"
+    assert float(shown["lease"]) <= summary["takeover_seconds"] + 0.5  # the takeover waited for the demo's lease
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"`lease={shown['lease']}`" in readme, "the README says what lease the demo runs Redis with"
 
 
 def test_demo_on_local_shows_why_exclusion_matters(tmp_path: Path) -> None:

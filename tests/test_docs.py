@@ -15,7 +15,8 @@ marker that says how it is run, so that no block goes unrun:
   on a real backend and checks what it did.
 
 The recipe pages (docs/recipes/) show only whole files of examples/recipes/,
-which tests/test_recipes.py starts as users do.
+copied inline under ``<!-- docs-test: copy of FILE -->`` and checked identical
+to the file, which tests/test_recipes.py starts as users do.
 
 Each block runs as its own Python process, configured only through the
 environment as the docs tell users to (``AIOELECT_FILE``,
@@ -425,6 +426,9 @@ def run_fragments(
         env, context = fragment_case(where, request, directory)
         if name == "fencing-write":  # the application's database the block writes to
             env["APP_DATABASE"] = request.getfixturevalue("mysql_dsn")
+        module, holder = harness.beside
+        if module:  # saved beside it, as the page tells the reader
+            (directory / module).write_text(dict(fragments(document))[holder] + "\n")
         for printed, used in harness.replace.items():
             assert printed in source, f"{document}: the {name} block no longer names {printed}"
             source = source.replace(printed, used.format(**servers(request)))
@@ -551,16 +555,23 @@ def test_followed_literally_on_one_host_a_leader_and_a_follower(
 
 
 def test_recipe_pages_show_only_files_the_recipe_tests_run() -> None:
-    """Each ```python block of a recipe page includes a file of examples/recipes/ that tests/test_recipes.py starts."""
+    """Each ```python block of a recipe page is a copy, inline so that the repository page shows it, of the file of
+    examples/recipes/ that its marker names and tests/test_recipes.py starts: identical, so the two cannot drift."""
     from tests.test_recipes import RECIPE_FILES
 
-    included: list[str] = []
+    copied: list[str] = []
     for page in sorted((ROOT / "docs" / "recipes").glob("*.md")):
-        for block in re.findall(r"^```python\n(.*?)\n```", page.read_text(), re.S | re.M):
-            found = re.fullmatch(r'--8<-- "examples/recipes/([\w/]+\.py)"', block.strip())
-            assert found, f"{page.name}: a ```python block that is not an included, tested file:\n{block}"
-            included.append(found.group(1))
-    assert sorted(included) == sorted(RECIPE_FILES), included
+        text = page.read_text()
+        assert "--8<--" not in text, f"{page.name}: an include shows no code on the repository page; copy the file"
+        blocks = re.findall(r"^```python\n", text, re.M)
+        found = re.findall(r"^<!-- docs-test: copy of examples/recipes/([\w/]+\.py) -->\n```python\n(.*?)\n```$", text,
+                           re.S | re.M)  # fmt: skip
+        assert len(found) == len(blocks), f"{page.name}: a ```python block without <!-- docs-test: copy of FILE -->"
+        for name, block in found:
+            source = (ROOT / "examples" / "recipes" / name).read_text()
+            assert block + "\n" == source, f"{page.name}: the block differs from examples/recipes/{name}; copy it again"
+            copied.append(name)
+    assert sorted(copied) == sorted(RECIPE_FILES), copied
 
 
 def test_the_api_page_reads_on_the_repository_page() -> None:

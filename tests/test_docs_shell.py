@@ -8,7 +8,9 @@ under a marker:
 * ``<!-- docs-test: shell-runs NAME -->``: run here by the test of that name:
   each command as printed, in bash, with only the page's addresses (a DSN's
   host ``db``, a lock file under /run, a port) put on the test servers and
-  a private directory, its exit status and output checked;
+  a private directory, its exit status and output checked (the Redis
+  Sentinel page starts its own servers: there only its ports change, to
+  free ones, and its home directory is a private one);
 * ``<!-- docs-test: shell-skip: REASON -->``: not run, for the reason given
   (it installs packages, needs Docker, runs for minutes, or another test
   runs it).
@@ -19,6 +21,7 @@ that print their arguments and the fencing token aioelect gives them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -38,7 +41,13 @@ FENCE = re.compile(r"^( *)```(sh|bash|console|shell)\n", re.M)
 SHELL_MARKER = re.compile(r"<!-- docs-test: (shell|shell-runs [a-z-]+|shell-skip: \S[^\n]*?) -->")
 PAGES = (*DOCUMENTS, *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs" / "recipes").glob("*.md")))
 #: The tests that run each ``shell-runs`` block, by the block's name.
-RUNS = ("command-line", "metrics", "exports", "run-forms")
+RUNS = (
+    "command-line",
+    "metrics",
+    "exports",
+    "run-forms",
+    *(f"sentinel-{step}" for step in ("servers", "sentinels", "start", "elect", "failover", "stop")),
+)
 #: `make -n` as a top-level make prints it: the plan only, with no "Entering directory" lines, also when this
 #: test runs under `make test` (whose MAKELEVEL and MAKEFLAGS a child make would otherwise inherit).
 MAKE_N = ("make", "--no-print-directory", "-n")
@@ -288,3 +297,53 @@ def test_the_long_runs_the_pages_show_take_their_options() -> None:
     for command, proc in parsing.items():
         _, errors = proc.communicate(timeout=60)
         assert proc.returncode == 0, f"{command}: {errors}"
+
+
+#: The loopback ports docs/redis-sentinel.md gives its master, replica and sentinels.
+SENTINEL_PORTS = ("26379", "26380", "26381", "6379", "6380")
+
+
+def stop_started(directory: Path) -> None:
+    """SIGKILL every server whose pid file the page's files put in ``directory`` and that still runs in it (a
+    daemonized Redis works in its ``dir``, which the page puts under ``directory``)."""
+    for pidfile in directory.glob("*.pid"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pidfile.read_text().strip())
+            if Path(f"/proc/{pid}/cwd").resolve().is_relative_to(directory.resolve()):
+                os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.timeout(240)
+def test_the_redis_sentinel_setup(user: tuple[dict[str, str], Path], tmp_path: Path) -> None:
+    """docs/redis-sentinel.md, followed in one terminal: the files, a master, a replica and three sentinels started
+    from them (on free loopback ports instead of the page's), an election through the sentinels, a failover and
+    an election on the new master with a larger token, then the servers stopped with the page's own command."""
+    from .harness import MissingBinaryError, require_binary
+    from .harness.plugin import server_unavailable
+
+    try:
+        for binary in ("redis-server", "redis-sentinel", "redis-cli"):
+            require_binary(binary)
+    except MissingBinaryError as exc:
+        server_unavailable(str(exc))
+    env, home = user
+    env = {**env, "HOME": str(home)}
+    ports = {printed: str(free_port()) for printed in SENTINEL_PORTS}
+    steps = [block(f"sentinel-{step}") for step in ("servers", "sentinels", "start", "elect", "failover", "stop")]
+    script = "set -e\n" + "\n".join(
+        re.sub(r"\b(" + "|".join(SENTINEL_PORTS) + r")\b", lambda found: ports[found.group(1)], step) for step in steps
+    )
+    for printed in SENTINEL_PORTS:
+        assert re.search(rf"\b{printed}\b", "\n".join(steps)), f"the page no longer names port {printed}"
+    directory = home / "redis-ha"
+    try:
+        done = bash(script, env, home, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        tokens = [int(token) for token in re.findall(r"^leading with token (\d+)$", done.stdout, re.M)]
+        assert tokens == [1, 2], done.stdout  # the page's figures: a new election, then the new master's grant
+        deadline = time.monotonic() + 30
+        while list(directory.glob("*.pid")):  # the page's stop command: each server removes its pid file
+            assert time.monotonic() < deadline, sorted(p.name for p in directory.glob("*.pid"))
+            time.sleep(0.2)
+    finally:
+        stop_started(directory)
