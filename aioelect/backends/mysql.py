@@ -458,7 +458,10 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
             "where the binary log is on)"
         )
         if self._durable_tokens_required:
-            raise PermanentBackendError(f"{text}, or pass allow_volatile_tokens=True to accept it")
+            raise PermanentBackendError(
+                f"{text}, or pass allow_volatile_tokens=True (the aioelect command: --allow-volatile-tokens, "
+                "AIOELECT_ALLOW_VOLATILE_TOKENS=1) to accept it"
+            )
         self.log.warning("%s", text)
 
     async def _check_topology(self, conn: _MySQLConnection) -> None:
@@ -483,7 +486,8 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
             raise PermanentBackendError(
                 "GET_LOCK is local to one server and not shared across cluster nodes: "
                 + "; ".join(problems)
-                + ". Point every candidate at the same single node, or pass allow_unsafe_topology=True."
+                + ". Point every candidate at the same single node, or pass allow_unsafe_topology=True (the aioelect "
+                "command: --allow-unsafe-topology, AIOELECT_ALLOW_UNSAFE_TOPOLOGY=1)."
             )
         if problems:
             self.log.warning("unsafe topology allowed: %s", "; ".join(problems))

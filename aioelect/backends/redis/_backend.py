@@ -432,7 +432,8 @@ class RedisBackend(Backend):
             raise PermanentBackendError(
                 f"Redis at {self.settings.url} cannot keep fencing tokens across a crash: {what}. Set appendonly yes "
                 "and appendfsync always (or use Redis 7.2+, and grant CONFIG GET to this user so that it can be "
-                "checked), or pass volatile_tokens=True to accept tokens that may repeat"
+                "checked), or pass volatile_tokens=True (the aioelect command: --allow-volatile-tokens, "
+                "AIOELECT_ALLOW_VOLATILE_TOKENS=1) to accept tokens that may repeat"
             )
         if not self._volatile_warned:
             self._volatile_warned = True
