@@ -91,6 +91,8 @@ _PERMANENT = {
     3159,  # secure transport required
     4151,  # account locked
 }
+#: The login refused: wrong user or password, an authentication plugin, a locked account.
+_LOGIN_REFUSED = (1045, 1251, 1698, 2059, 4151)
 #: Access denied to the database, or a statement (CREATE, INSERT...) denied on the table.
 _DENIED = (1044, 1142, 1227)
 _NO_SUCH_TABLE = 1146
@@ -387,6 +389,9 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
         return _code(exc) in _PERMANENT or isinstance(
             exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
         )
+
+    def _login_refused(self, exc: BaseException) -> bool:
+        return _code(exc) in _LOGIN_REFUSED
 
     def _describe_driver_error(self, exc: BaseException) -> str | None:
         code = _code(exc)

@@ -21,7 +21,7 @@ import anyio
 
 from .._config import parse_dsn, redact_dsn
 from .._elector import Elector
-from .._errors import BackendUnavailable, ElectionError
+from .._errors import BackendMisconfigured, BackendUnavailable, ElectionError
 from .._settings import (
     BACKEND_OPTION_VARIABLES,
     BACKEND_VARIABLES,
@@ -274,6 +274,8 @@ async def first_contact(elector: Elector, config: Config, timeout: float) -> str
         raise BackendError(f"{config.kind} at {config.where} did not answer within {timeout:g}s") from None
     except BackendUnavailable as exc:
         raise BackendError(str(exc)) from None
+    except BackendMisconfigured as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise BackendError(f"{config.kind} at {config.where} is unreachable: {exc}") from None
     except ElectionError as exc:
