@@ -131,12 +131,10 @@ def test_names_move_between_instances_on_postgres(postgres: PostgresServer, spaw
     print(f"postgres: {time.monotonic() - started:.1f}s")
 
 
-def test_shards_needs_a_server_backend_and_a_command(tmp_path: Path) -> None:
+def test_shards_needs_a_reachable_backend_and_a_command(tmp_path: Path) -> None:
     from .test_cli import cli
 
     done = cli("shards", "--etcd", "127.0.0.1:9", "--timeout", "2", "--name", "g", "--names", "a", "--", "true")
     assert done.returncode == 3, done.stderr
-    done = cli("shards", "--file", str(tmp_path / "lock"), "--name", "g", "--names", "a", "--", "true")
-    assert done.returncode == 2 and "etcd, MySQL or PostgreSQL" in done.stderr
     done = cli("shards", "--file", str(tmp_path / "lock"), "--name", "g", "--names", "a")
     assert done.returncode == 2 and "needs a command" in done.stderr

@@ -195,8 +195,10 @@ same --name), and run one CMD per name this instance owns.
 * SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to
   every CMD (SIGPIPE as SIGTERM); each name is let go once its tree is
   gone, and aioelect exits with 128 + the signal.
-* Needs a server backend (etcd, MySQL, PostgreSQL): every election of the
-  instance is on one shared session (one etcd lease, one SQL connection),
-  so its names are lost together when that session ends. --max-instances
-  bounds how many instances take part.
+* Runs on every backend. On etcd, MySQL and PostgreSQL every election of
+  the instance is on one shared session (one etcd lease, one SQL
+  connection), so its names are lost together when that session ends; on
+  Redis each election has a connection of its own; on the file backend
+  (one machine) each has its own lock file, --file PATH plus "." plus the
+  election's name. --max-instances bounds how many instances take part.
 """
