@@ -258,6 +258,10 @@ def monotonic() -> float:
 Members = dict[str, tuple[object, Callable[[], Coroutine[Any, Any, None]]]]
 
 
+#: The kinds of shared session (their ``who``) whose fate sharing this process has logged.
+_FATE_SHARING_SAID: set[str] = set()
+
+
 class SharedSession(abc.ABC):
     """The lifetime of a session shared by the electors of one process (etcd's lease, a SQL connection).
 
@@ -307,9 +311,13 @@ class SharedSession(abc.ABC):
         if self._entered:
             raise RuntimeError(f"{self.who} is entered once")
         self._entered = True
-        self.log.warning(
-            "electors on this shared %s (fate sharing): when %s, EVERY elector on it loses its leadership at once; "
-            "use separate electors for independent elections",
+        if self.who in _FATE_SHARING_SAID:
+            return
+        # The documented design of a shared session, not a hazard: said once per process, not per session.
+        _FATE_SHARING_SAID.add(self.who)
+        self.log.info(
+            "electors on a shared %s (fate sharing): when %s, every elector on it loses its leadership at the "
+            "same moment. Give elections that must fail independently electors of their own.",
             share,
             lost,
         )

@@ -266,7 +266,9 @@ async def test_the_file_backends_campaign_line_is_short(tmp_path: Path, caplog: 
         await lead.release()
     lines = [r.getMessage() for r in caplog.records if "campaigning" in r.getMessage()]
     assert lines, caplog.text
-    assert all(len(line) <= 160 for line in lines), [len(line) for line in lines]
+    # Without the path (the user's choice): the rest of the line is short.
+    shown = [line.replace(str(tmp_path / "lock"), "PATH") for line in lines]
+    assert all(len(line) <= 160 for line in shown), shown
 
 
 async def test_the_shared_session_warning_is_a_sentence_said_once(
@@ -282,7 +284,7 @@ async def test_the_shared_session_warning_is_a_sentence_said_once(
     for _ in range(2):  # two runs: a shared session each
         with anyio.move_on_after(3):
             await shards.run(work)
-    said = [r for r in caplog.records if "fate sharing" in r.getMessage() or "at once" in r.getMessage()]
+    said = [r for r in caplog.records if "fate sharing" in r.getMessage()]
     assert said, caplog.text
     assert not any("EVERY" in r.getMessage() for r in said)
     assert all(r.levelno == logging.INFO for r in said), [(r.levelname, r.getMessage()) for r in said]
@@ -311,6 +313,6 @@ async def test_renewal_recovered_is_logged_once_the_server_answers_again(caplog:
     recovered = [r for r in caplog.records if "renewal recovered" in r.getMessage()]
     assert failed and len(recovered) == 1, caplog.text
     assert recovered[0].levelno == logging.INFO
-    match = re.search(r"renewal recovered after (\d+) failures \(([\d.]+) s\)", recovered[0].getMessage())
+    match = re.search(r"renewal recovered after (\d+) failures? \(([\d.]+) s\)", recovered[0].getMessage())
     assert match and int(match.group(1)) == len(failed), recovered[0].getMessage()
     assert 1.0 <= float(match.group(2)) <= 6.0, recovered[0].getMessage()
