@@ -161,6 +161,11 @@ class Backend(abc.ABC):
         self.log.warning("%s; retrying in %.2fs", what, delay)
         self._reporter.error(what)
 
+    def report_retried(self, what: str) -> None:
+        """Report (without logging: whoever retries logged it) a transient error that is being retried, such as
+        a failed renewal of a held leadership: its next confirmation then logs that renewal recovered."""
+        self._reporter.error(what)
+
     @property
     def renew_deadline(self) -> float | None:
         """Seconds a leader may go without a successful confirmation.

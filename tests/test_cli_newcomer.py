@@ -31,7 +31,7 @@ from aioelect.cli._args import build_parser, split_command
 from aioelect.cli._configure import configure
 from aioelect.cli._status import UsageError
 
-from .harness import MariaDBServer, RedisServer, SentinelServer
+from .harness import EtcdServer, MariaDBServer, RedisServer, SentinelServer
 from .test_cli import Spawner, cli, wait_until
 from .test_cli_shards import _handover
 
@@ -316,3 +316,28 @@ async def test_renewal_recovered_is_logged_once_the_server_answers_again(caplog:
     match = re.search(r"renewal recovered after (\d+) failures? \(([\d.]+) s\)", recovered[0].getMessage())
     assert match and int(match.group(1)) == len(failed), recovered[0].getMessage()
     assert 1.0 <= float(match.group(2)) <= 6.0, recovered[0].getMessage()
+
+
+async def test_renewal_recovered_is_logged_on_etcd_too(
+    fresh_etcd: EtcdServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same line from the core keeper, fed by etcd's retried keep-alives."""
+    caplog.set_level(logging.INFO, logger="aioelect")
+    # ttl 12: a keep-alive every 4 s, each bounded by 2 s, a renew deadline of 8 s.
+    async with aioelect.EtcdElector(fresh_etcd.endpoints, name=f"/r-{secrets.token_hex(3)}", ttl=12) as elector:
+        lead = await elector.acquire(timeout=10)
+        fresh_etcd.freeze()  # past the next keep-alive and its bound: at least one fails, and is retried
+        try:
+            await asyncio.sleep(6.5)
+        finally:
+            fresh_etcd.thaw()
+        await anyio.to_thread.run_sync(
+            lambda: wait_until(
+                "renewal recovered", lambda: any("renewal recovered" in r.getMessage() for r in caplog.records), 8
+            )
+        )
+        assert lead.held
+        await lead.release()
+    recovered = [r for r in caplog.records if "renewal recovered" in r.getMessage()]
+    assert len(recovered) == 1 and recovered[0].levelno == logging.INFO, caplog.text
+    assert re.search(r"renewal recovered after \d+ failures? \([\d.]+ s\)", recovered[0].getMessage())

@@ -77,6 +77,8 @@ class EtcdHold(Hold):
     async def monitor(self, confirm: Confirm) -> Loss:
         session = self._session
         session.listeners.add(confirm)
+        failed = self._backend.report_retried
+        session.failure_listeners.add(failed)
         if session.confirmed_at > self.acquired_at:
             confirm(session.confirmed_at)
         try:
@@ -86,6 +88,7 @@ class EtcdHold(Hold):
             return loss
         finally:
             session.listeners.discard(confirm)
+            session.failure_listeners.discard(failed)
 
     async def _session_ended(self) -> Loss:
         reason = await self._session.wait_ended()
