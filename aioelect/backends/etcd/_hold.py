@@ -47,6 +47,8 @@ class Owner(Protocol):
 
     async def forget(self, session: Session, why: str) -> None: ...
 
+    def report_retried(self, what: str) -> None: ...
+
 
 class EtcdHold(Hold):
     """Leadership held as the candidate key with the lowest create revision."""
