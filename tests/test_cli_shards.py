@@ -30,6 +30,7 @@ def line(event):
         fh.write(" ".join([event, os.environ["AIOELECT_SHARD"], os.environ["AIOELECT_TOKEN"],
                            os.environ["AIOELECT_IDENTITY"], str(os.getpid()), repr(time.monotonic())]) + "\\n")
 def stop(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # forwarded, then the tree's own SIGTERM: one stop line
     line("stop")
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
