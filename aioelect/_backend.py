@@ -161,6 +161,11 @@ class Backend(abc.ABC):
         self.log.warning("%s; retrying in %.2fs", what, delay)
         self._reporter.error(what)
 
+    def report_retried(self, what: str) -> None:
+        """Report (without logging: whoever retries logged it) a transient error that is being retried, such as
+        a failed renewal of a held leadership: its next confirmation then logs that renewal recovered."""
+        self._reporter.error(what)
+
     @property
     def renew_deadline(self) -> float | None:
         """Seconds a leader may go without a successful confirmation.
@@ -258,6 +263,10 @@ def monotonic() -> float:
 Members = dict[str, tuple[object, Callable[[], Coroutine[Any, Any, None]]]]
 
 
+#: The kinds of shared session (their ``who``) whose fate sharing this process has logged.
+_FATE_SHARING_SAID: set[str] = set()
+
+
 class SharedSession(abc.ABC):
     """The lifetime of a session shared by the electors of one process (etcd's lease, a SQL connection).
 
@@ -307,9 +316,13 @@ class SharedSession(abc.ABC):
         if self._entered:
             raise RuntimeError(f"{self.who} is entered once")
         self._entered = True
-        self.log.warning(
-            "electors on this shared %s (fate sharing): when %s, EVERY elector on it loses its leadership at once; "
-            "use separate electors for independent elections",
+        if self.who in _FATE_SHARING_SAID:
+            return
+        # The documented design of a shared session, not a hazard: said once per process, not per session.
+        _FATE_SHARING_SAID.add(self.who)
+        self.log.info(
+            "electors on a shared %s (fate sharing): when %s, every elector on it loses its leadership at the "
+            "same moment. Give elections that must fail independently electors of their own.",
             share,
             lost,
         )

@@ -174,6 +174,9 @@ class Leadership:
         self._log = log
         self._deadline = elector._backend.renew_deadline
         self._confirmed_at = hold.acquired_at or monotonic()
+        #: Renewals that failed (and were retried) since the last confirmation, and when the first of them failed.
+        self._failures = 0
+        self._failing_since = 0.0
         self._state = LEADERSHIP_TRANSITIONS.start
         #: Set, and replaced, at every transition: what waiters for a state wait on.
         self._changed = anyio.Event()
@@ -272,10 +275,26 @@ class Leadership:
     def _deadline_passed(self) -> bool:
         return self._deadline is not None and monotonic() - self._confirmed_at >= self._deadline
 
+    def _renew_failed(self) -> None:
+        """The backend retries a renewal that failed (it logged why): counted until the next confirmation."""
+        if self._state is _Lead.HELD:
+            if not self._failures:
+                self._failing_since = monotonic()
+            self._failures += 1
+
     def _confirm(self, sent_at: float) -> None:
         if sent_at > self._confirmed_at:
             self._confirmed_at = sent_at
         latency = monotonic() - sent_at
+        if self._failures:
+            # Every backend's failed renewals are WARNINGs: the line that says they ended is said here, once.
+            self._log.info(
+                "renewal recovered after %d failure%s (%.1f s)",
+                self._failures,
+                "" if self._failures == 1 else "s",
+                monotonic() - self._failing_since,
+            )
+            self._failures = 0
         self._log.debug("confirmed in %.3fs", latency)
         self._elector._emit("confirmed", token=self.token, latency=latency)
 
@@ -477,9 +496,7 @@ class Elector:
         #: The keeper of each leadership and the leader watch of each campaign: cancelled and awaited by aclose().
         self._tasks = TaskSet()
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
-        backend.attach(
-            Reporter(self._log, lambda reason: self._emit("error", reason=reason), on_leader=self._saw_leader)
-        )
+        backend.attach(Reporter(self._log, self._backend_error, on_leader=self._saw_leader))
         for warning in backend.warnings:
             self._log.warning("%s", warning)
         self._timing_logged = False
@@ -545,6 +562,13 @@ class Elector:
         answer now.
         """
         return self._last_leader
+
+    def _backend_error(self, reason: str) -> None:
+        """A transient error the backend retries: an ``error`` event, and while leading a failed renewal."""
+        lead = self._leadership
+        if lead is not None:
+            lead._renew_failed()
+        self._emit("error", reason=reason)
 
     def _saw_leader(self, current: str | None) -> None:
         """Record a leader the backend reported; a change is a ``leader`` event."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 
 __all__ = [
+    "BackendMisconfigured",
     "BackendUnavailable",
     "ElectionError",
     "ElectorClosed",
@@ -37,6 +38,11 @@ class ElectorClosed(ElectionError):
 class PermanentBackendError(ElectionError):
     """The backend refused for a reason no retry can fix: wrong password, unknown database, unsafe topology,
     missing privilege, an unreadable certificate. Raised at once, never retried."""
+
+
+class BackendMisconfigured(PermanentBackendError):
+    """The configuration names what the servers do not have (a master name no Sentinel monitors): the
+    configuration must change. Raised at once, never retried."""
 
 
 class LossKind(enum.Enum):

@@ -224,9 +224,20 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     etcd elector's ``degrade_to_local``, off when unset: leading locally
     without mutual exclusion is never chosen by accident.
 
-    ``AIOELECT_LEASE``, ``AIOELECT_RENEW_DEADLINE``, ``AIOELECT_POLL_INTERVAL``
-    and ``AIOELECT_CHECK_INTERVAL`` (seconds) set the portable timing options
+    ``AIOELECT_LEASE``, ``AIOELECT_RENEW_DEADLINE``, ``AIOELECT_POLL_INTERVAL``,
+    ``AIOELECT_CHECK_INTERVAL``, ``AIOELECT_CHECK_TIMEOUT`` and
+    ``AIOELECT_CONNECT_TIMEOUT`` (seconds) set the portable timing options
     of :func:`new`, on whichever backend is chosen.
+
+    Each backend's own options have a variable too
+    (:data:`~aioelect._settings.BACKEND_OPTION_VARIABLES`):
+    ``AIOELECT_FENCING`` (MySQL, PostgreSQL), ``AIOELECT_ALLOW_UNSAFE_TOPOLOGY``
+    (MySQL), ``AIOELECT_ALLOW_VOLATILE_TOKENS`` (MySQL's
+    ``allow_volatile_tokens``, Redis's ``volatile_tokens``),
+    ``AIOELECT_MIN_REPLICAS`` and ``AIOELECT_KEY_PREFIX`` (Redis),
+    ``AIOELECT_SCHEMA`` (PostgreSQL) and ``AIOELECT_FILE_MODE`` (the file
+    backend, ``600`` or ``660``). One set for a backend other than the one
+    chosen is logged at WARNING (once per process) and ignored.
 
     ``AIOELECT_BACKEND`` names the backend (``etcd``, ``mysql``, ``postgres``,
     ``redis``, ``file``, ``local`` or ``memory``): that backend's variable is then
@@ -266,6 +277,15 @@ def env_options(environ: Mapping[str, str] | None, options: Mapping[str, Any]) -
     if settings.etcd_degrade_to_local is not None and settings.etcd_endpoints and "degrade_to_local" not in options:
         chosen["degrade_to_local"] = settings.etcd_degrade_to_local
     chosen.update(options)
+    backend = next((k for k in _TARGETS if chosen.get(k)), None)
+    if backend is not None and settings.backend_variables:
+        own, ignored = settings.backend_options(backend)
+        for option, value in own.items():
+            chosen.setdefault(option, value)
+        for variable in ignored:
+            if (backend, variable) not in _IGNORED_SAID:
+                _IGNORED_SAID.add((backend, variable))
+                log.warning("%s is set but means nothing to the %s backend: ignored", variable, backend)
     return chosen
 
 

@@ -22,23 +22,33 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ._config import redact_dsn
 
 __all__ = [
     "BACKEND_KINDS",
     "BACKEND_VARIABLES",
+    "BACKEND_OPTION_VARIABLES",
+    "ENV_ALLOW_UNSAFE_TOPOLOGY",
+    "ENV_ALLOW_VOLATILE_TOKENS",
     "ENV_BACKEND",
     "ENV_CHECK_INTERVAL",
+    "ENV_CHECK_TIMEOUT",
+    "ENV_CONNECT_TIMEOUT",
     "ENV_ETCD_CA",
     "ENV_ETCD_CERT",
     "ENV_ETCD_DEGRADE_TO_LOCAL",
     "ENV_ETCD_ENDPOINTS",
     "ENV_ETCD_KEY",
     "ENV_ETCD_USER",
+    "ENV_FENCING",
     "ENV_FILE",
+    "ENV_FILE_MODE",
     "ENV_IDENTITY",
+    "ENV_KEY_PREFIX",
     "ENV_LEASE",
+    "ENV_MIN_REPLICAS",
     "ENV_MYSQL_DSN",
     "ENV_NAME",
     "ENV_PASSWORD",
@@ -46,12 +56,14 @@ __all__ = [
     "ENV_POSTGRES_DSN",
     "ENV_REDIS_URL",
     "ENV_RENEW_DEADLINE",
+    "ENV_SCHEMA",
     "ENV_TOKEN",
     "LIBPQ_VARIABLES",
     "MYSQL_PREFIXES",
     "SECRET_VARIABLES",
     "Settings",
     "TIMING_VARIABLES",
+    "file_mode",
     "is_secret",
 ]
 
@@ -93,15 +105,35 @@ ENV_LEASE = "AIOELECT_LEASE"
 ENV_RENEW_DEADLINE = "AIOELECT_RENEW_DEADLINE"
 #: how often a follower tries,
 ENV_POLL_INTERVAL = "AIOELECT_POLL_INTERVAL"
-#: and how often a leader confirms.
+#: how often a leader confirms,
 ENV_CHECK_INTERVAL = "AIOELECT_CHECK_INTERVAL"
+#: how long one confirmation may take,
+ENV_CHECK_TIMEOUT = "AIOELECT_CHECK_TIMEOUT"
+#: and how long connecting may take.
+ENV_CONNECT_TIMEOUT = "AIOELECT_CONNECT_TIMEOUT"
 #: Each timing variable with the option it sets.
 TIMING_VARIABLES = (
     (ENV_LEASE, "lease"),
     (ENV_RENEW_DEADLINE, "renew_deadline"),
     (ENV_POLL_INTERVAL, "poll_interval"),
     (ENV_CHECK_INTERVAL, "check_interval"),
+    (ENV_CHECK_TIMEOUT, "check_timeout"),
+    (ENV_CONNECT_TIMEOUT, "connect_timeout"),
 )
+#: MySQL and PostgreSQL: ``0``/``false``/``no``/``off`` gives no fencing tokens and records no identities.
+ENV_FENCING = "AIOELECT_FENCING"
+#: MySQL: accept Galera and Group Replication, where ``GET_LOCK`` is per node: two leaders at once are possible.
+ENV_ALLOW_UNSAFE_TOPOLOGY = "AIOELECT_ALLOW_UNSAFE_TOPOLOGY"
+#: MySQL and Redis: accept fencing tokens that a server crash can hand out twice (logged at WARNING).
+ENV_ALLOW_VOLATILE_TOKENS = "AIOELECT_ALLOW_VOLATILE_TOKENS"
+#: Redis: grant only once ``WAIT`` says this many replicas have the lock and the token.
+ENV_MIN_REPLICAS = "AIOELECT_MIN_REPLICAS"
+#: Redis: the prefix of every key and channel (default ``aioelect:``).
+ENV_KEY_PREFIX = "AIOELECT_KEY_PREFIX"
+#: PostgreSQL: the schema of the ``aioelect_leaders`` table that records full identities.
+ENV_SCHEMA = "AIOELECT_SCHEMA"
+#: The file backend: the lock files' mode, ``600`` (the owner only, the default) or ``660`` (a group's users too).
+ENV_FILE_MODE = "AIOELECT_FILE_MODE"
 #: Set by ``aioelect run`` in the environment of the command it runs: the fencing token of its leadership.
 ENV_TOKEN = "AIOELECT_TOKEN"
 #: Set by ``aioelect shards`` in the environment of each command it runs: the shard (name) it owns.
@@ -114,6 +146,24 @@ BACKEND_VARIABLES = (
     ("postgres", ENV_POSTGRES_DSN),
     ("redis", ENV_REDIS_URL),
     ("file", ENV_FILE),
+)
+
+#: Each backend's own variable: the variable, its key (the command's flag is ``--key-with-dashes``), the option it
+#: sets on each backend that has it (by kind), and how its text is read ("flag": yes or no; "count": a whole number
+#: >= 0; "mode": octal 600 or 660; "text").
+BACKEND_OPTION_VARIABLES: tuple[tuple[str, str, dict[str, str], str], ...] = (
+    (ENV_FENCING, "fencing", {"mysql": "fencing", "postgres": "fencing"}, "flag"),
+    (ENV_ALLOW_UNSAFE_TOPOLOGY, "allow_unsafe_topology", {"mysql": "allow_unsafe_topology"}, "flag"),
+    (
+        ENV_ALLOW_VOLATILE_TOKENS,
+        "allow_volatile_tokens",
+        {"mysql": "allow_volatile_tokens", "redis": "volatile_tokens"},
+        "flag",
+    ),
+    (ENV_MIN_REPLICAS, "min_replicas", {"redis": "min_replicas"}, "count"),
+    (ENV_KEY_PREFIX, "key_prefix", {"redis": "key_prefix"}, "text"),
+    (ENV_SCHEMA, "schema", {"postgres": "schema"}, "text"),
+    (ENV_FILE_MODE, "file_mode", {"file": "mode"}, "mode"),
 )
 
 #: The values ``AIOELECT_BACKEND`` accepts.
@@ -219,6 +269,43 @@ def _seconds(environ: Mapping[str, str], variable: str) -> float | None:
     return number
 
 
+def _count(environ: Mapping[str, str], variable: str) -> int | None:
+    """The whole number >= 0 in ``variable`` (None when unset or empty); ValueError for anything else."""
+    value = environ.get(variable, "").strip()
+    if not value:
+        return None
+    if not value.isascii() or not value.isdigit():
+        raise ValueError(f"{variable} must be a whole number >= 0, not {value!r}")
+    return int(value)
+
+
+def file_mode(text: str, what: str) -> int:
+    """The lock files' mode in ``text`` (``600``, ``0600``, ``0o660``...): 0o600 or 0o660; ValueError naming
+    ``what`` (the variable or flag) for anything else."""
+    digits = text.strip().lower().removeprefix("0o")
+    try:
+        mode = int(digits, 8) if digits.isascii() and digits.isdigit() else -1
+    except ValueError:  # an 8 or a 9
+        mode = -1
+    if mode not in (0o600, 0o660):
+        raise ValueError(
+            f"{what} must be 600 (the owner only) or 660 (the users of the file's group too), not {text.strip()!r}"
+        )
+    return mode
+
+
+def _backend_option(environ: Mapping[str, str], variable: str, how: str) -> Any:
+    """The value of a variable of :data:`BACKEND_OPTION_VARIABLES` (None when unset or empty)."""
+    if how == "flag":
+        return _flag(environ, variable)
+    if how == "count":
+        return _count(environ, variable)
+    value = environ.get(variable, "").strip()
+    if not value:
+        return None
+    return file_mode(value, variable) if how == "mode" else value
+
+
 def _redacted(value: str | None) -> str | None:
     return None if value is None else redact_dsn(value)
 
@@ -250,6 +337,8 @@ class Settings:
     etcd_degrade_to_local: bool | None = None
     #: The timing options of :data:`TIMING_VARIABLES` that are set, by option name.
     timing: dict[str, float] = field(default_factory=dict)
+    #: The variables of :data:`BACKEND_OPTION_VARIABLES` that are set, with their values.
+    backend_variables: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> Settings:
@@ -283,7 +372,25 @@ class Settings:
                 for variable, option in TIMING_VARIABLES
                 if (seconds := _seconds(environ, variable)) is not None
             },
+            backend_variables={
+                variable: value
+                for variable, _, _, how in BACKEND_OPTION_VARIABLES
+                if (value := _backend_option(environ, variable, how)) is not None
+            },
         )
+
+    def backend_options(self, kind: str) -> tuple[dict[str, Any], list[str]]:
+        """The options the backend variables set give the ``kind`` backend, and the variables set that mean
+        nothing to it."""
+        options: dict[str, Any] = {}
+        ignored: list[str] = []
+        for variable, _, by_kind, _ in BACKEND_OPTION_VARIABLES:
+            if variable in self.backend_variables:
+                if kind in by_kind:
+                    options[by_kind[kind]] = self.backend_variables[variable]
+                else:
+                    ignored.append(variable)
+        return options, ignored
 
     @property
     def targets(self) -> dict[str, str | None]:
@@ -338,6 +445,7 @@ class Settings:
                 ("etcd_key", self.etcd_key),
                 ("etcd_degrade_to_local", self.etcd_degrade_to_local),
                 ("timing", self.timing),
+                ("backend_variables", self.backend_variables),
             )
         )
         return f"Settings({shown})"

@@ -30,6 +30,7 @@ def line(event):
         fh.write(" ".join([event, os.environ["AIOELECT_SHARD"], os.environ["AIOELECT_TOKEN"],
                            os.environ["AIOELECT_IDENTITY"], str(os.getpid()), repr(time.monotonic())]) + "\\n")
 def stop(*_):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # forwarded, then the tree's own SIGTERM: one stop line
     line("stop")
     sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
@@ -131,12 +132,10 @@ def test_names_move_between_instances_on_postgres(postgres: PostgresServer, spaw
     print(f"postgres: {time.monotonic() - started:.1f}s")
 
 
-def test_shards_needs_a_server_backend_and_a_command(tmp_path: Path) -> None:
+def test_shards_needs_a_reachable_backend_and_a_command(tmp_path: Path) -> None:
     from .test_cli import cli
 
     done = cli("shards", "--etcd", "127.0.0.1:9", "--timeout", "2", "--name", "g", "--names", "a", "--", "true")
     assert done.returncode == 3, done.stderr
-    done = cli("shards", "--file", str(tmp_path / "lock"), "--name", "g", "--names", "a", "--", "true")
-    assert done.returncode == 2 and "etcd, MySQL or PostgreSQL" in done.stderr
     done = cli("shards", "--file", str(tmp_path / "lock"), "--name", "g", "--names", "a")
     assert done.returncode == 2 and "needs a command" in done.stderr

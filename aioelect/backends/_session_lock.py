@@ -529,6 +529,10 @@ class SessionLockBackend(Backend, Generic[_C]):
     def _refused(self, exc: BaseException) -> bool:
         """Whether the driver error ``exc`` is one no retry can fix (authentication, privileges, SQL...)."""
 
+    def _login_refused(self, exc: BaseException) -> bool:
+        """Whether the driver error ``exc`` is the server refusing the login (wrong user or password...)."""
+        return False
+
     @abc.abstractmethod
     def _describe_driver_error(self, exc: BaseException) -> str | None:
         """``exc`` in words if it is the driver's error, else None."""
@@ -553,11 +557,16 @@ class SessionLockBackend(Backend, Generic[_C]):
         :class:`~aioelect.BackendUnavailable`.
         """
         kind = self.classify(exc)
+        host, port = self._address
+        if kind is ErrorKind.PERMANENT and self._login_refused(exc):
+            # Whatever was being done, the server refused the connection's login, not the statement.
+            return PermanentBackendError(
+                f"{self.dialect.product} at {host}:{port} refused the login: {self.describe(exc)}"
+            )
         if kind is ErrorKind.PERMANENT or kind is ErrorKind.TLS_REFUSAL:
             return PermanentBackendError(f"{self.dialect.product} refused {what}: {self.describe(exc)}")
         if isinstance(exc, ElectionError):
             return exc
-        host, port = self._address
         return BackendUnavailable(f"{self.dialect.product} at {host}:{port} is unreachable: {self.describe(exc)}")
 
     def describe(self, exc: BaseException) -> str:

@@ -91,6 +91,8 @@ _PERMANENT = {
     3159,  # secure transport required
     4151,  # account locked
 }
+#: The login refused: wrong user or password, an authentication plugin, a locked account.
+_LOGIN_REFUSED = (1045, 1251, 1698, 2059, 4151)
 #: Access denied to the database, or a statement (CREATE, INSERT...) denied on the table.
 _DENIED = (1044, 1142, 1227)
 _NO_SUCH_TABLE = 1146
@@ -388,6 +390,9 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
             exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
         )
 
+    def _login_refused(self, exc: BaseException) -> bool:
+        return _code(exc) in _LOGIN_REFUSED
+
     def _describe_driver_error(self, exc: BaseException) -> str | None:
         code = _code(exc)
         if code is not None and len(exc.args) > 1:
@@ -458,7 +463,10 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
             "where the binary log is on)"
         )
         if self._durable_tokens_required:
-            raise PermanentBackendError(f"{text}, or pass allow_volatile_tokens=True to accept it")
+            raise PermanentBackendError(
+                f"{text}, or pass allow_volatile_tokens=True (the aioelect command: --allow-volatile-tokens, "
+                "AIOELECT_ALLOW_VOLATILE_TOKENS=1) to accept it"
+            )
         self.log.warning("%s", text)
 
     async def _check_topology(self, conn: _MySQLConnection) -> None:
@@ -483,7 +491,8 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
             raise PermanentBackendError(
                 "GET_LOCK is local to one server and not shared across cluster nodes: "
                 + "; ".join(problems)
-                + ". Point every candidate at the same single node, or pass allow_unsafe_topology=True."
+                + ". Point every candidate at the same single node, or pass allow_unsafe_topology=True (the aioelect "
+                "command: --allow-unsafe-topology, AIOELECT_ALLOW_UNSAFE_TOPOLOGY=1)."
             )
         if problems:
             self.log.warning("unsafe topology allowed: %s", "; ".join(problems))

@@ -436,6 +436,10 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
     def _refused(self, exc: BaseException) -> bool:
         return isinstance(exc, _PERMANENT)
 
+    def _login_refused(self, exc: BaseException) -> bool:
+        # 28000 (no pg_hba entry, a role that may not log in) and 28P01 (wrong password).
+        return isinstance(exc, asyncpg.InvalidAuthorizationSpecificationError)
+
     def _describe_driver_error(self, exc: BaseException) -> str | None:
         if isinstance(exc, asyncpg.PostgresError):
             return f"({exc.sqlstate}) {exc}"

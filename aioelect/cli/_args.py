@@ -14,20 +14,30 @@ from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 from .._settings import (
+    ENV_ALLOW_UNSAFE_TOPOLOGY,
+    ENV_ALLOW_VOLATILE_TOKENS,
     ENV_CHECK_INTERVAL,
+    ENV_CHECK_TIMEOUT,
+    ENV_CONNECT_TIMEOUT,
     ENV_ETCD_CA,
     ENV_ETCD_CERT,
     ENV_ETCD_ENDPOINTS,
     ENV_ETCD_KEY,
     ENV_ETCD_USER,
+    ENV_FENCING,
     ENV_FILE,
+    ENV_FILE_MODE,
     ENV_IDENTITY,
+    ENV_KEY_PREFIX,
+    ENV_LEASE,
+    ENV_MIN_REPLICAS,
     ENV_MYSQL_DSN,
     ENV_NAME,
     ENV_PASSWORD,
     ENV_POSTGRES_DSN,
     ENV_REDIS_URL,
     ENV_RENEW_DEADLINE,
+    ENV_SCHEMA,
     SECRET_VARIABLES,
 )
 from ._help import EPILOG, RUN_DESCRIPTION, SHARDS_DESCRIPTION
@@ -88,7 +98,9 @@ def _backend_options() -> _Parser:
         "--name", help=f"election name: lock name or etcd key prefix; required with a server backend [{ENV_NAME}]"
     )
     g.add_argument("--identity", help=f"this candidate's identity, shown by `leader` [{ENV_IDENTITY}]")
-    g.add_argument("--ttl", type=_positive, metavar="SECONDS", help="etcd lease TTL (default 5)")
+    g.add_argument(
+        "--ttl", type=_positive, metavar="SECONDS", help=f"etcd lease TTL, whole seconds (default 5) [{ENV_LEASE}]"
+    )
     g.add_argument(
         "--lease",
         type=_positive,
@@ -103,7 +115,8 @@ def _backend_options() -> _Parser:
         ("--renew-deadline", f"how long a leader may go unconfirmed before it stops CMD and lets go; shorter than "
                              f"the lease [{ENV_RENEW_DEADLINE}]"),
         ("--check-interval", f"how often a leader confirms it still holds the lock [{ENV_CHECK_INTERVAL}]"),
-        ("--check-timeout", "how long one confirmation may take before it counts as failed"),
+        ("--check-timeout", f"how long one confirmation may take before it counts as failed [{ENV_CHECK_TIMEOUT}]"),
+        ("--connect-timeout", f"how long connecting to the server may take (default 5) [{ENV_CONNECT_TIMEOUT}]"),
     ):  # fmt: skip
         g.add_argument(flag, type=_positive, metavar="SECONDS", help=help_text)
     g.add_argument(
@@ -125,7 +138,46 @@ def _backend_options() -> _Parser:
         "--no-fencing",
         action="store_true",
         help="SQL backends: do not keep tokens and identities in table aioelect_leaders "
-        "(MySQL's `leader` then shows a connection, not an identity)",
+        f"(MySQL's `leader` then shows a connection, not an identity) [{ENV_FENCING}=0]",
+    )
+    g.add_argument(
+        "--schema",
+        metavar="SCHEMA",
+        help=f"PostgreSQL: schema of table aioelect_leaders, which records full identities [{ENV_SCHEMA}]",
+    )
+    g.add_argument(
+        "--min-replicas",
+        type=_number(int, lambda n: 0 <= n <= 100, "a whole number from 0 to 100"),
+        metavar="N",
+        help=f"Redis: grant only once WAIT says N replicas have the lock and the token (default 0) "
+        f"[{ENV_MIN_REPLICAS}]",
+    )
+    g.add_argument(
+        "--key-prefix",
+        metavar="PREFIX",
+        help=f"Redis: prefix of every key and channel (default aioelect:) [{ENV_KEY_PREFIX}]",
+    )
+    g.add_argument(
+        "--file-mode",
+        metavar="MODE",
+        help=f"file: the lock files' mode, 600 (the owner only, default) or 660 (the file's group too) "
+        f"[{ENV_FILE_MODE}]",
+    )
+    weakening = common.add_argument_group("options that give up a guarantee (each logged at WARNING)")
+    weakening.add_argument(
+        "--allow-volatile-tokens",
+        action="store_true",
+        default=None,
+        help="MySQL, Redis: accept a server on which a crash can lose the last fencing token, so that a later "
+        "leader may get a token already handed out (Redis without appendonly yes + appendfsync always; MySQL "
+        f"without innodb_flush_log_at_trx_commit=1) [{ENV_ALLOW_VOLATILE_TOKENS}]",
+    )
+    weakening.add_argument(
+        "--allow-unsafe-topology",
+        action="store_true",
+        default=None,
+        help="MySQL: accept Galera or Group Replication, where GET_LOCK is per node, so two leaders can run at "
+        f"once [{ENV_ALLOW_UNSAFE_TOPOLOGY}]",
     )
     g.add_argument(
         "--timeout",

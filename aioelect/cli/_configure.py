@@ -12,6 +12,7 @@ print it; a supervisor never degrades to leading without etcd.
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
@@ -20,9 +21,12 @@ import anyio
 
 from .._config import parse_dsn, redact_dsn
 from .._elector import Elector
-from .._errors import BackendUnavailable, ElectionError
+from .._errors import BackendMisconfigured, BackendUnavailable, ElectionError
 from .._settings import (
+    BACKEND_OPTION_VARIABLES,
     BACKEND_VARIABLES,
+    ENV_BACKEND,
+    ENV_ETCD_DEGRADE_TO_LOCAL,
     ENV_ETCD_ENDPOINTS,
     ENV_ETCD_USER,
     ENV_FILE,
@@ -30,12 +34,15 @@ from .._settings import (
     ENV_POSTGRES_DSN,
     ENV_REDIS_URL,
     Settings,
+    file_mode,
 )
 from ._output import secrets
 from ._status import BackendError, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_WAIT
 
 __all__ = ["Config", "configure", "first_contact"]
+
+log = logging.getLogger("aioelect.cli")
 
 
 @dataclass
@@ -100,10 +107,19 @@ def _choose_backend(args: argparse.Namespace, settings: Settings) -> tuple[str, 
     given = [kind for kind, _ in BACKEND_VARIABLES if getattr(args, kind) is not None]
     if len(given) > 1:
         raise UsageError("give only one of " + ", ".join("--" + kind for kind in given))
+    named = settings.backend_kind
     if given:
         kind = given[0]
         value: str = getattr(args, kind)
+        if named is not None and named != kind:
+            log.warning("%s=%s ignored: --%s given on the command line replaces it", ENV_BACKEND, named, kind)
         return kind, value
+    if named in ("local", "memory"):
+        raise UsageError(
+            f"{ENV_BACKEND}={named}: the aioelect command needs an election between processes, and the {named} "
+            "backend has none (every instance would lead and run CMD at once); unset it and give --etcd, --mysql, "
+            "--postgres, --redis or --file (or their variables)"
+        )
     try:
         found = settings.backend()
     except ValueError as exc:
@@ -136,7 +152,11 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
     if args.ttl is not None:
         if kind != "etcd":
             raise UsageError(f"--ttl applies to etcd only, not to the {kind} backend")
-        options["ttl"] = _whole(args.ttl)  # etcd wants whole seconds
+        if not float(args.ttl).is_integer():
+            raise UsageError(
+                f"--ttl must be a whole number of seconds (etcd leases have whole-second TTLs), not {args.ttl:g}"
+            )
+        options["ttl"] = _whole(args.ttl)
     if getattr(args, "lease", None) is not None:
         if kind not in ("mysql", "postgres", "redis"):
             raise UsageError(
@@ -149,13 +169,14 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
         options["poll_interval"] = args.poll_interval
     # The portable timing options, flags over variables (AIOELECT_LEASE...): as in the library, the factory uses
     # those the backend has and logs each other one at WARNING.
-    for option in ("renew_deadline", "check_interval", "check_timeout"):
+    for option in ("renew_deadline", "check_interval", "check_timeout", "connect_timeout"):
         seconds = getattr(args, option, None)
         if seconds is not None:
             options[option] = seconds
     for option, seconds in settings.timing.items():
         if not (option == "lease" and ("ttl" in options or "lease" in options)):
             options.setdefault(option, seconds)
+    options.update(_backend_flags(args, settings, kind))
     if getattr(args, "command", None) in ("run", "shards"):
         # CMD is the leader's work: after a loss the lock is released only once CMD is stopped.
         options["stop_timeout"] = max(args.grace or 0.0, DEFAULT_GRACE) + 2 * KILL_WAIT + 1
@@ -178,6 +199,11 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
         target, where = endpoints, ",".join(endpoints)
         # A supervisor must never fall back to "always leader": every instance would run CMD.
         options["degrade_to_local"] = False
+        if settings.etcd_degrade_to_local:
+            log.warning(
+                "%s ignored: the aioelect command never leads without etcd (every instance would run CMD)",
+                ENV_ETCD_DEGRADE_TO_LOCAL,
+            )
         if etcd_user is not None:
             options["username"] = etcd_user
         if password is not None:
@@ -202,15 +228,41 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         target = _with_password(value, password) if password is not None else value
-        # Fencing (the backends' default) gives CMD a token, and records full identities (MySQL names no
-        # holder without it); a MySQL DSN without a database is then refused, naming --no-fencing.
-        if args.no_fencing:
-            if kind == "redis":
-                raise UsageError("--no-fencing does not apply to the redis backend: its token costs nothing")
-            options["fencing"] = False
     else:
         target, where = value, value
     return Config(kind, target, where, options)
+
+
+def _backend_flags(args: argparse.Namespace, settings: Settings, kind: str) -> dict[str, Any]:
+    """The backend's own options (those of :data:`BACKEND_OPTION_VARIABLES`): each flag given over its variable.
+
+    A flag that means nothing to ``kind`` is refused; a variable that means nothing to it is logged at WARNING.
+    """
+    options, ignored = settings.backend_options(kind)
+    for variable in ignored:
+        log.warning("%s is set but means nothing to the %s backend: ignored", variable, kind)
+    for _, dest, by_kind, _ in BACKEND_OPTION_VARIABLES:
+        # Fencing (the backends' default) gives CMD a token, and records full identities (MySQL names no
+        # holder without it); a MySQL DSN without a database is then refused, naming --no-fencing.
+        flag = "--no-fencing" if dest == "fencing" else "--" + dest.replace("_", "-")
+        value: Any = (False if args.no_fencing else None) if dest == "fencing" else getattr(args, dest, None)
+        if value is None:
+            continue
+        if kind not in by_kind:
+            if dest == "fencing" and kind == "redis":
+                raise UsageError("--no-fencing does not apply to the redis backend: its token costs nothing")
+            backends = " and ".join(by_kind)
+            raise UsageError(
+                f"{flag} applies to the {backends} backend{'s' if len(by_kind) > 1 else ''} only, "
+                f"not to the {kind} backend"
+            )
+        if dest == "file_mode":
+            try:
+                value = file_mode(str(value), flag)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+        options[by_kind[kind]] = value
+    return options
 
 
 async def first_contact(elector: Elector, config: Config, timeout: float) -> str | None:  # noqa: ASYNC109
@@ -222,6 +274,8 @@ async def first_contact(elector: Elector, config: Config, timeout: float) -> str
         raise BackendError(f"{config.kind} at {config.where} did not answer within {timeout:g}s") from None
     except BackendUnavailable as exc:
         raise BackendError(str(exc)) from None
+    except BackendMisconfigured as exc:
+        raise UsageError(str(exc)) from None
     except OSError as exc:
         raise BackendError(f"{config.kind} at {config.where} is unreachable: {exc}") from None
     except ElectionError as exc:

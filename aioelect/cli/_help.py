@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from .._settings import (
+    ENV_ALLOW_UNSAFE_TOPOLOGY,
+    ENV_ALLOW_VOLATILE_TOKENS,
+    ENV_BACKEND,
     ENV_CHECK_INTERVAL,
+    ENV_CHECK_TIMEOUT,
+    ENV_CONNECT_TIMEOUT,
     ENV_ETCD_CA,
     ENV_ETCD_CERT,
+    ENV_ETCD_DEGRADE_TO_LOCAL,
     ENV_ETCD_ENDPOINTS,
     ENV_ETCD_KEY,
     ENV_ETCD_USER,
+    ENV_FENCING,
     ENV_FILE,
+    ENV_FILE_MODE,
     ENV_IDENTITY,
+    ENV_KEY_PREFIX,
     ENV_LEASE,
+    ENV_MIN_REPLICAS,
     ENV_MYSQL_DSN,
     ENV_NAME,
     ENV_PASSWORD,
@@ -19,6 +29,7 @@ from .._settings import (
     ENV_POSTGRES_DSN,
     ENV_REDIS_URL,
     ENV_RENEW_DEADLINE,
+    ENV_SCHEMA,
     ENV_SHARD,
     ENV_TOKEN,
 )
@@ -31,7 +42,8 @@ backend selection:
   Give one of --etcd, --mysql, --postgres, --redis or --file. Without any,
   the environment is read like aioelect.from_env(): {ENV_ETCD_ENDPOINTS},
   {ENV_MYSQL_DSN}, {ENV_POSTGRES_DSN}, {ENV_REDIS_URL}, {ENV_FILE}, in that
-  priority. A backend named on the command line replaces the environment's.
+  priority ({ENV_BACKEND} names one). A backend named on the command line
+  replaces the environment's.
 
 environment:
   {ENV_ETCD_ENDPOINTS:<24} comma-separated etcd endpoints (host:port or https://host:port)
@@ -50,8 +62,30 @@ environment:
   {ENV_RENEW_DEADLINE:<24} seconds a leader may go unconfirmed before it fences itself (--renew-deadline)
   {ENV_POLL_INTERVAL:<24} seconds between a follower's tries (--poll-interval)
   {ENV_CHECK_INTERVAL:<24} seconds between a leader's confirmations (--check-interval)
-  (--renew-deadline, --check-interval, --check-timeout or a timing variable that
-  means nothing to the chosen backend is logged at WARNING and ignored)
+  {ENV_CHECK_TIMEOUT:<24} seconds one confirmation may take (--check-timeout)
+  {ENV_CONNECT_TIMEOUT:<24} seconds connecting may take (--connect-timeout)
+  (--renew-deadline, --check-interval, --check-timeout, --connect-timeout or a
+  timing variable that means nothing to the chosen backend is logged at WARNING
+  and ignored)
+  {ENV_FENCING:<24} MySQL, PostgreSQL: 0 for no fencing tokens (--no-fencing)
+  {ENV_SCHEMA:<24} PostgreSQL: schema of table aioelect_leaders (--schema)
+  {ENV_MIN_REPLICAS:<24} Redis: replicas WAIT must confirm for each grant (--min-replicas)
+  {ENV_KEY_PREFIX:<24} Redis: prefix of every key and channel (--key-prefix)
+  {ENV_FILE_MODE:<24} file: lock files' mode, 600 or 660 (--file-mode)
+  {ENV_ALLOW_VOLATILE_TOKENS}
+  {"":<24} 1: MySQL, Redis: accept fencing tokens a server crash can hand
+  {"":<24} out twice (--allow-volatile-tokens; logged at WARNING)
+  {ENV_ALLOW_UNSAFE_TOPOLOGY}
+  {"":<24} 1: MySQL: accept Galera or Group Replication, where two leaders
+  {"":<24} can run at once (--allow-unsafe-topology; logged at WARNING)
+  {ENV_ETCD_DEGRADE_TO_LOCAL}
+  {"":<24} from_env() only: this command never leads without etcd (every
+  {"":<24} instance would run CMD), so it is ignored, with a WARNING
+  {ENV_BACKEND:<24} which backend's variable to use when several are set: etcd,
+  {"":<24} mysql, postgres, redis or file (local and memory are refused: no
+  {"":<24} election between processes); an option such as --redis replaces it
+  (a backend variable such as {ENV_MIN_REPLICAS} that means nothing to the
+  chosen backend is logged at WARNING and ignored; its flag is refused)
 
 TLS:
   etcd        https:// endpoints, or --etcd-ca/--etcd-cert/--etcd-key (which
@@ -161,8 +195,10 @@ same --name), and run one CMD per name this instance owns.
 * SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to
   every CMD (SIGPIPE as SIGTERM); each name is let go once its tree is
   gone, and aioelect exits with 128 + the signal.
-* Needs a server backend (etcd, MySQL, PostgreSQL): every election of the
-  instance is on one shared session (one etcd lease, one SQL connection),
-  so its names are lost together when that session ends. --max-instances
-  bounds how many instances take part.
+* Runs on every backend. On etcd, MySQL and PostgreSQL every election of
+  the instance is on one shared session (one etcd lease, one SQL
+  connection), so its names are lost together when that session ends; on
+  Redis each election has a connection of its own; on the file backend
+  (one machine) each has its own lock file, --file PATH plus "." plus the
+  election's name. --max-instances bounds how many instances take part.
 """

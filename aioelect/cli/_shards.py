@@ -21,7 +21,9 @@ its environment. Guarantees, on top of :mod:`aioelect.cli._supervisor`'s
 On etcd every election of the instance shares one lease (an
 :class:`~aioelect.EtcdSession`), on MySQL and PostgreSQL one connection (a
 shared session): its names are lost together when it ends, and the
-instance campaigns again for its share.
+instance campaigns again for its share. On Redis and the file backend each
+election has an elector of its own (a connection, a lock file beside the
+one given), as :class:`~aioelect.Shards` builds them from the environment.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import asyncio
 import logging
 import os
 import signal
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -113,10 +116,25 @@ class ShardsRunner:
                 group.signal(forwarded)
         scope.cancel()
 
+    def _elector(self, election: str) -> Elector:
+        """One elector of its own for ``election`` (Redis, the file backend: no shared session there)."""
+        c = self.config
+        target = c.target
+        if c.kind == "file":
+            # A lock file holds one election: each gets its own file beside the one given, as Shards does.
+            target = f"{c.target}.{urllib.parse.quote(election, safe='')}"
+        return Config(c.kind, target, c.where, {**c.options, "name": election, "identity": self.identity}).build()
+
     def _shards(self, session_out: list[Any]) -> Shards:
         kind = self.config.kind
-        if kind not in ("etcd", "mysql", "postgres"):
-            raise UsageError(f"shards needs etcd, MySQL or PostgreSQL (one shared session per instance), not {kind}")
+        if kind in ("redis", "file"):
+            return Shards(
+                self.names,
+                group=self.group_name,
+                electors=self._elector,
+                identity=self.identity,
+                max_instances=self.max_instances,
+            )
         if kind == "etcd":
             session, electors = _shared_etcd(self.config, self.identity)
             session_out.append(session)

@@ -47,6 +47,8 @@ class Owner(Protocol):
 
     async def forget(self, session: Session, why: str) -> None: ...
 
+    def report_retried(self, what: str) -> None: ...
+
 
 class EtcdHold(Hold):
     """Leadership held as the candidate key with the lowest create revision."""
@@ -77,6 +79,8 @@ class EtcdHold(Hold):
     async def monitor(self, confirm: Confirm) -> Loss:
         session = self._session
         session.listeners.add(confirm)
+        failed = self._backend.report_retried
+        session.failure_listeners.add(failed)
         if session.confirmed_at > self.acquired_at:
             confirm(session.confirmed_at)
         try:
@@ -86,6 +90,7 @@ class EtcdHold(Hold):
             return loss
         finally:
             session.listeners.discard(confirm)
+            session.failure_listeners.discard(failed)
 
     async def _session_ended(self) -> Loss:
         reason = await self._session.wait_ended()

@@ -43,7 +43,9 @@ class Session:
       reports it expired or revoked, or no keep-alive succeeded for ``ttl``
       seconds;
     * every callable in ``listeners`` (one per leadership held on the
-      session) is called with the send time of every acknowledged keep-alive;
+      session) is called with the send time of every acknowledged keep-alive,
+      and every one in ``failure_listeners`` with why a keep-alive that is
+      retried failed;
     * after :meth:`close` nothing of the session runs and its lease is revoked
       (or, if etcd cannot be reached, expires by itself).
     """
@@ -71,6 +73,8 @@ class Session:
         #: What kind of loss the end of this session is for a leadership on it (set with ``reason``).
         self.kind = LossKind.CONNECTION_LOST
         self.listeners: set[Confirm] = set()
+        #: Told of each keep-alive that failed and is retried (one per leadership held on the session).
+        self.failure_listeners: set[Callable[[str], None]] = set()
         #: The keep-alive loop: owned by the session, stopped and awaited by stop().
         self._tasks = TaskSet()
         self._closed = False
@@ -217,6 +221,8 @@ class Session:
                     str(exc) or "timed out",
                     delay,
                 )
+                for failed in list(self.failure_listeners):
+                    failed(f"keep-alive of lease {self.lease_id:x} failed ({str(exc) or 'timed out'})")
                 next_at = monotonic() + delay
                 continue
             backoff.reset()
@@ -230,6 +236,7 @@ class Session:
     async def stop(self) -> None:
         """Stop the keep-alives and wait until they have stopped. Idempotent; never interrupted."""
         self.listeners.clear()
+        self.failure_listeners.clear()
         await self._tasks.aclose()
         self._end("session closed", LossKind.CONNECTION_LOST)
 

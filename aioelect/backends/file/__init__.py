@@ -167,14 +167,10 @@ class FileBackend(Backend):
             )
 
     def describe_timing(self) -> str:
-        how = (
-            f"followers wake on the lock file's close (inotify; retry every {self.fallback:g}s without one), "
-            f"or try every {self.poll_interval:g}s where inotify is unavailable"
-        )
+        # One short line: the rest (inotify's fallback, the handover) is in the module's docstring.
         return (
-            f"lock file {self.path}, poll_interval={self.poll_interval:g}s check_interval={self.check_interval:g}s: "
-            f"{how}; a new campaign lets waiting candidates go first for up to {self.handover:g}s; nothing to renew "
-            "(the kernel keeps the lock while the leader's process lives, even frozen)"
+            f"lock file {self.path} (a kernel lock): followers wake on its release, or poll every "
+            f"{self.poll_interval:g}s without inotify"
         )
 
     # --- campaign ----------------------------------------------------------------

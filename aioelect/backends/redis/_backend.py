@@ -48,7 +48,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
 from ..._backend import Backend, Backoff, Confirm, Hold, Interceptor, monotonic
-from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
+from ..._errors import BackendMisconfigured, BackendUnavailable, ElectionError, PermanentBackendError
 from ._bounds import CONFIG_READ, config_problem, least_timeout
 from ._options import RedisOptions, RedisSettings
 from ._scripts import ACQUIRE, RELEASE, RENEW
@@ -380,6 +380,35 @@ class RedisBackend(Backend):
             return exc
         return PermanentBackendError(f"Redis at {self.settings.url} refused {what}: {self.describe(exc)}")
 
+    async def _unmonitored(self, client: Redis | None, exc: BaseException) -> BackendMisconfigured | None:
+        """For a Sentinel's "no master found" (``exc``): BackendMisconfigured when a Sentinel of ``client``
+        answers and none that answers monitors a master of that name; else None (a master down or failing over
+        is transient)."""
+        from redis.asyncio.sentinel import MasterNotFoundError
+
+        if not isinstance(exc, MasterNotFoundError):
+            return None
+        monitored: set[str] = set()
+        answers = 0
+        for sentinel in self._sentinels.get(id(client), []):
+            try:
+                with anyio.fail_after(self.timing.check_timeout):
+                    masters = await self.send("list masters", sentinel.sentinel_masters)
+            except Exception:
+                continue  # this one is down: the others decide
+            if self.settings.master_name in masters:
+                return None
+            answers += 1
+            monitored.update(str(name) for name in masters)
+        if not answers:
+            return None
+        listed = ", ".join(sorted(monitored)) or "none"
+        return BackendMisconfigured(
+            f"no Sentinel at {self.settings.url} monitors a master named {self.settings.master_name!r}: the "
+            f"Sentinels answer, and they do not monitor it (they monitor: {listed}); check the master name in "
+            "the URL (redis+sentinel://host:port/MASTER/db)"
+        )
+
     def _unreachable(self, exc: BaseException) -> BackendUnavailable:
         return BackendUnavailable(f"Redis at {self.settings.url} is unreachable: {self.describe(exc)}")
 
@@ -461,7 +490,8 @@ class RedisBackend(Backend):
             raise PermanentBackendError(
                 f"Redis at {self.settings.url} cannot keep fencing tokens across a crash: {what}. Set appendonly yes "
                 "and appendfsync always (and state it with ?assume_appendfsync=always, or use Redis 7.2+), or pass "
-                "volatile_tokens=True to accept tokens that may repeat"
+                "volatile_tokens=True (the aioelect command: --allow-volatile-tokens, "
+                "AIOELECT_ALLOW_VOLATILE_TOKENS=1) to accept tokens that may repeat"
             )
         if not self._volatile_warned:
             self._volatile_warned = True
@@ -534,6 +564,9 @@ class RedisBackend(Backend):
                     wait = self.timing.poll_interval if pttl < 0 else min(self.timing.poll_interval, pttl / 1000)
                     await self._wait_change(pubsub, max(wait, 0.001))
                 except Exception as exc:
+                    unknown = await self._unmonitored(client, exc)
+                    if unknown is not None:
+                        raise unknown from None
                     if self.permanent(exc):
                         raise self._refused("the campaign", exc) from None
                     delay = backoff.next_delay()
@@ -576,6 +609,9 @@ class RedisBackend(Backend):
             hold, value, _ = await self._try(self.lock_client(), owner, identity)
             answered = True
         except Exception as exc:
+            unknown = await self._unmonitored(self._lock, exc)
+            if unknown is not None:
+                raise unknown from None
             if self.permanent(exc):
                 raise self._refused("the campaign", exc) from None
             raise self._unreachable(exc) from None
@@ -618,7 +654,10 @@ class RedisBackend(Backend):
             value = await self.send("read leader", lambda: client.get(self.settings.lock_key))
             assert value is None or isinstance(value, str)  # decode_responses
         except Exception as exc:
+            unknown = await self._unmonitored(self._look, exc)
             await self._drop_look()
+            if unknown is not None:
+                raise unknown from None
             if self.permanent(exc):
                 raise self._refused("the query", exc) from None
             raise self._unreachable(exc) from None
