@@ -89,6 +89,11 @@ ENV_IDENTITY = "AIOELECT_IDENTITY"
 ENV_PASSWORD = "AIOELECT_PASSWORD"
 #: The etcd user name.
 ENV_ETCD_USER = "AIOELECT_ETCD_USER"
+#: Redis Sentinel: the Sentinels' own user and password (the URL's are the master's). The Redis backend reads
+#: them itself, wherever it is built, as libpq reads PGPASSWORD; no flag: a password on a command line is
+#: visible to every user of the host.
+ENV_REDIS_SENTINEL_USERNAME = "AIOELECT_REDIS_SENTINEL_USERNAME"
+ENV_REDIS_SENTINEL_PASSWORD = "AIOELECT_REDIS_SENTINEL_PASSWORD"
 #: etcd over TLS: the CA certificate (PEM) that verifies the server.
 ENV_ETCD_CA = "AIOELECT_ETCD_CA"
 #: etcd over TLS: the client certificate (PEM).

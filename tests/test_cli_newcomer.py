@@ -27,6 +27,7 @@ from aioelect.backends.local import LocalOptions
 from aioelect.backends.mysql import MySQLOptions
 from aioelect.backends.postgres import PostgresOptions
 from aioelect.backends.redis import RedisOptions
+from aioelect.backends.redis import _options as redis_options
 from aioelect.cli._args import build_parser, split_command
 from aioelect.cli._configure import configure
 from aioelect.cli._status import UsageError
@@ -69,6 +70,8 @@ VARIABLES = {
     "degrade_to_local": "AIOELECT_ETCD_DEGRADE_TO_LOCAL",
     "volatile_tokens": "AIOELECT_ALLOW_VOLATILE_TOKENS",
     "mode": "AIOELECT_FILE_MODE",
+    "sentinel_username": "AIOELECT_REDIS_SENTINEL_USERNAME",
+    "sentinel_password": "AIOELECT_REDIS_SENTINEL_PASSWORD",
 }
 _DSN_PART = "a part of the DSN (--mysql/--postgres, AIOELECT_MYSQL_DSN/AIOELECT_POSTGRES_DSN), which sets it"
 _TLS = "a TLS context is a Python object: the DSN's TLS parameters (ssl-mode, sslmode...) set TLS"
@@ -81,6 +84,9 @@ NOT_ON_THE_COMMAND_LINE = {
     ("etcd", "degrade_to_local"): "the command never leads without etcd",
     # The command refuses the local backend (every instance would run CMD): none of its options apply.
     ("local", "name"): "the command refuses the local backend",
+    # Read from the environment by the backend itself: a password on a command line is visible to every user.
+    ("redis", "sentinel_username"): "the Sentinels' credentials come from the environment, with the URL",
+    ("redis", "sentinel_password"): "a password on a command line is visible to every user of the host (ps)",
 }
 #: Options deliberately not reachable from the environment, and why.
 NOT_IN_THE_ENVIRONMENT = {
@@ -117,6 +123,11 @@ def test_every_library_option_is_reachable_from_the_command_line_and_the_environ
                 if variable not in variables:
                     missing.append(f"{kind} {option}: no {variable}")
     assert not missing, "\n".join(missing)
+    # The Redis backend reads the Sentinels' credentials itself, under the names the settings list.
+    assert (_settings.ENV_REDIS_SENTINEL_USERNAME, _settings.ENV_REDIS_SENTINEL_PASSWORD) == (
+        redis_options.ENV_SENTINEL_USERNAME,
+        redis_options.ENV_SENTINEL_PASSWORD,
+    )
     # Each variable is listed in --help's environment section.
     help_text = build_parser().main.format_help()
     unlisted = [v for v in variables if v not in help_text and v not in (_settings.ENV_TOKEN, _settings.ENV_SHARD)]
