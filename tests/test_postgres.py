@@ -946,3 +946,51 @@ async def test_a_pooler_in_session_mode_works_with_every_session_setting(
             second = await follower
         assert second.held and second.token > lead.token
         await second.release()
+
+
+async def test_a_transaction_pool_under_load_never_lets_a_candidate_lead(
+    pgbouncer_factory: Callable[[str], PgBouncer],
+) -> None:
+    """PgBouncer in transaction mode, its pool shared with clients running transactions all the time: however
+    the pooler happens to hand out server sessions, a candidate's try_acquire() is refused every time, and two
+    candidates never both lead.
+    """
+    pooler = await anyio.to_thread.run_sync(pgbouncer_factory, "transaction")
+    tries, led, both, refused = 300, 0, 0, 0
+    outcomes: dict[str, int] = {}
+    async with anyio.create_task_group() as load:
+
+        async def other_client() -> None:
+            conn = await asyncpg.connect(pooler.dsn, timeout=10, statement_cache_size=0)
+            try:
+                while True:
+                    await conn.fetchval("SELECT pg_catalog.pg_backend_pid()")
+                    await asyncio.sleep(0)
+            finally:
+                await conn.close(timeout=5)
+
+        for _ in range(3):
+            load.start_soon(other_client)
+        await asyncio.sleep(0.5)
+
+        async def attempt(elector: PostgresElector) -> Leadership | None:
+            try:
+                return await elector.try_acquire()
+            except ElectionError as exc:
+                outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+                return None
+
+        with anyio.fail_after(600):
+            for _ in range(tries):
+                name = unique_name("pool")
+                async with make(pooler.dsn, name, "pooled-a") as a, make(pooler.dsn, name, "pooled-b") as b:
+                    leads = [lead for lead in await asyncio.gather(attempt(a), attempt(b)) if lead is not None]
+                    led += len(leads)
+                    both += len(leads) == 2
+                    refused += len(leads) == 0
+                    for lead in leads:
+                        await lead.release()
+        load.cancel_scope.cancel()
+    print(f"{tries} tries: {led} leaderships, {both} with both candidates leading; refusals {outcomes}")
+    assert both == 0, f"both candidates led in {both} of {tries} tries"
+    assert led == 0, f"a candidate led through a transaction pool in {led} of {tries} tries"
