@@ -620,6 +620,24 @@ async def test_leader_process_killed_fast_takeover(postgres_dsn: str, procs: lis
     check_no_overlap(procs)
 
 
+async def _lock_sessions(dsn: str, procs: list[Proc]) -> str:
+    """What the server and the candidates show when a takeover is late: each candidate's sessions (state, how long
+    in it, the advisory locks they hold or wait for) and its last events, so a failure tells which step stalled."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        rows = await conn.fetch(
+            "SELECT a.application_name, a.pid, a.state, a.wait_event_type, "
+            "round(extract(epoch FROM now() - a.state_change)::numeric, 2) AS for_s, left(a.query, 60) AS query, "
+            "l.granted FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' "
+            "WHERE a.application_name LIKE 'cand-%' ORDER BY a.application_name"
+        )
+    finally:
+        await conn.close(timeout=5)
+    sessions = "; ".join(str(dict(row)) for row in rows) or "none"
+    events = "; ".join(f"{p.identity} (exit {p.proc.poll()}): {p.events[-3:]}" for p in procs)
+    return f"sessions: {sessions}; last events: {events}"
+
+
 async def test_leader_frozen_longer_than_lease(postgres_dsn: str, procs: list[Proc]) -> None:
     leader = await start_three(postgres_dsn, procs)
     # About when the leader sends its first lock check: freezing there once left the session
@@ -628,7 +646,10 @@ async def test_leader_frozen_longer_than_lease(postgres_dsn: str, procs: list[Pr
     frozen = time.monotonic()
     leader.proc.send_signal(signal.SIGSTOP)
     try:
-        successor = await wait_single_leader(procs, timeout=LEASE + 10, exclude=leader)
+        try:
+            successor = await wait_single_leader(procs, timeout=LEASE + 10, exclude=leader)
+        except TimeoutError:
+            pytest.fail(f"no successor {LEASE + 10:g}s after the freeze; {await _lock_sessions(postgres_dsn, procs)}")
         took = min(e["t"] for e in successor.events if e["event"] == "tick" and e["held"] and e["t"] > frozen) - frozen
         print(f"postgres takeover of a SIGSTOPped leader: {took:.2f} s (lease {LEASE:g} s)")
         assert took < LEASE + MARGIN, f"takeover of a frozen leader took {took:.2f}s"
