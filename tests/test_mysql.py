@@ -22,6 +22,7 @@ from aioelect import (
     PermanentBackendError,
     leadership,
 )
+from aioelect.backends._session_lock import Pending
 from aioelect.backends.mysql import MySQLBackend
 
 from .backends import Follower, unique_name, with_database
@@ -726,30 +727,33 @@ async def test_tokens_that_may_not_survive_a_crash_are_refused_when_asked_for_an
         mariadb.query(f"SET GLOBAL innodb_flush_log_at_trx_commit = {int(before)}")
 
 
-async def test_a_session_holding_the_lock_is_killed_only_on_the_server_incarnation_it_was_opened_on(
-    mariadb: MariaDBServer,
-) -> None:
-    """A lock request whose grant was never read leaves its session idle, holding the lock: no tagged request
-    is running, so only the lock held under its id, on the server it was opened on (same start), proves it ours.
+async def test_a_session_is_killed_only_while_it_holds_its_own_marker(mariadb: MariaDBServer) -> None:
+    """A lock request whose grant was never read leaves its session idle, holding the lock: only its marker lock,
+    held under its id, proves it ours. Another session's id, or one whose marker is gone, is never KILLed.
     """
     name = unique_name()
     backend = MySQLBackend(mariadb.dsn, name=name, fencing=False)
     victim = await backend._connect("victim")
+    stranger = await backend._connect("stranger")
     cleanup = await backend._open("cleanup")
     try:
+        assert victim.marked and stranger.marked and victim.marker != stranger.marker
         assert await victim.scalar("SELECT GET_LOCK(%s, 0)", (name,), timeout=5) == 1
-        assert victim.server_started is not None
-        recorded = victim.server_started
-        victim.server_started = recorded - 5  # as if opened on a server that has restarted since
-        assert not await backend._end_session(cleanup, victim)
+        impostor = await backend._connect("impostor")
+        impostor.close()
+        impostor.session_id = victim.session_id  # the victim's id, but not its marker
+        assert not await backend._end_session(cleanup, impostor)
         assert lock_holder(mariadb, name) == victim.session_id
-        victim.server_started = recorded
+        assert await stranger.scalar("SELECT RELEASE_LOCK(%s)", (stranger.marker,), timeout=5) == 1
+        assert not await backend._end_session(cleanup, stranger), "no marker held: a doubt, no KILL"
+        assert await stranger.scalar("SELECT 1", timeout=5) == 1
         assert await backend._end_session(cleanup, victim)
         with anyio.fail_after(5):
             while lock_holder(mariadb, name) is not None:
                 await asyncio.sleep(0.05)
     finally:
         victim.close()
+        stranger.close()
         cleanup.close()
         await backend.aclose()
 
@@ -835,3 +839,100 @@ async def test_a_slow_healthy_server_keeps_its_leader_and_a_stalled_one_ends_it_
             took = time.monotonic() - stalled
             print(f"MEASURED mysql stalled link: lost {took:.2f}s after (bound {bound:g}s): {lead.lost_reason}")
             assert took <= bound + 0.5, lead.lost_reason
+
+
+def _use_up_ids_until(server: MariaDBServer, session_id: int, *, exact: bool = True) -> None:
+    """Open greeting-only TCP connections until the server's next session gets ``session_id`` (``exact``), or
+    one past it if the counter stands there already.
+
+    Each greeting uses up one connection id and leaves no session; ids are
+    read from the greeting (protocol 10: its number, the NUL-terminated
+    version, then the id).
+    """
+    import socket
+    import struct
+
+    last = 0
+    deadline = time.monotonic() + 30
+    while last < session_id - 1:
+        assert time.monotonic() < deadline, f"ids used up to {last} only, {session_id - 1} wanted"
+        with socket.create_connection((server.host, server.port), timeout=5.0) as sock:
+            data = b""
+            while len(data) < 4 or len(data) < 4 + int.from_bytes(data[:3], "little"):
+                chunk = sock.recv(512)
+                assert chunk, "MariaDB closed the connection before its greeting"
+                data += chunk
+        payload = data[4:]
+        end = payload.index(0, 1)
+        last = int(struct.unpack("<I", payload[end + 1 : end + 5])[0])
+    assert last == session_id - 1 or not exact, f"the counter passed {session_id} already (at {last})"
+
+
+async def test_a_lost_request_after_a_fast_restart_never_kills_the_session_given_its_id(
+    fresh_mariadb: MariaDBServer,
+) -> None:
+    """The server is SIGKILLed and back within about a second of its previous start (a crash loop), and hands
+    the id of a session whose lock request was lost to the new leader's session. The lost request's cleanup
+    (which may run late: with no RST, a candidate notices a broken request only at its timeout) must not KILL
+    the new leader, though the restarted server shows the same id and, in whole seconds, the same start.
+
+    Repeated (up to 3 times) until one restart is back within a second of the previous start, the case a
+    check of the server's start in whole seconds cannot tell apart; the new leader must survive every time.
+    """
+    name = unique_name()
+    backend = MySQLBackend(fresh_mariadb.dsn, name=name, fencing=False, poll_interval=5)
+    server = fresh_mariadb
+    start = (
+        "SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'UPTIME'"
+    )
+    waiting = "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID = %s AND INFO LIKE 'SELECT GET_LOCK%%'"
+
+    async def lose_a_request_then_restart() -> float:
+        """One fast restart under a waiting request; the seconds between the two starts, as the server shows them."""
+        # The victim's id lies past every id a restart uses before the test's sessions.
+        _use_up_ids_until(server, 40, exact=False)
+        first = await backend._connect("first")
+        victim = await backend._connect("victim")
+        leader = None
+        try:
+            assert await first.scalar("SELECT GET_LOCK(%s, 0)", (name,), timeout=5) == 1
+            before = float(server.query(start)[0][0])
+            async with anyio.create_task_group() as tg:
+
+                async def request() -> None:
+                    with pytest.raises(Exception):  # noqa: B017 - the server dies under it: any driver error
+                        await backend._request(victim)
+
+                tg.start_soon(request)
+                with anyio.fail_after(10):
+                    while not server.query(waiting, (victim.session_id,))[0][0]:
+                        await asyncio.sleep(0.02)
+                await anyio.to_thread.run_sync(server.kill)
+                await anyio.to_thread.run_sync(server.start)
+            assert victim.pending is Pending.LOCK_REQUEST and victim.broken
+            await anyio.to_thread.run_sync(_use_up_ids_until, server, victim.session_id)
+            leader = await backend._open("new leader")
+            assert leader.raw.server_thread_id[0] == victim.session_id, "the new leader's session got the victim's id"
+            assert await leader.scalar("SELECT GET_LOCK(%s, 0)", (name,), timeout=5) == 1
+            after = float(server.query(start)[0][0])
+            await backend._drop(victim)  # the lost request's cleanup, after the new leader took the lock
+            await asyncio.sleep(0.3)
+            holder = server.query("SELECT IS_USED_LOCK(%s)", (name,))[0][0]
+            assert holder == victim.session_id and not leader.broken, (
+                "the new leader lost its lock to the cleanup of a request lost on the previous server"
+            )
+            assert await leader.scalar("SELECT 1", timeout=5) == 1
+            return after - before
+        finally:
+            for conn in (first, victim, leader):
+                if conn is not None:
+                    conn.close()
+
+    try:
+        for attempt in range(3):
+            apart = await lose_a_request_then_restart()
+            print(f"attempt {attempt + 1}: restarted {apart:g}s after the previous start (whole seconds)")
+            if apart <= 1:
+                break
+    finally:
+        await backend.aclose()

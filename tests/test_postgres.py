@@ -620,6 +620,24 @@ async def test_leader_process_killed_fast_takeover(postgres_dsn: str, procs: lis
     check_no_overlap(procs)
 
 
+async def _lock_sessions(dsn: str, procs: list[Proc]) -> str:
+    """What the server and the candidates show when a takeover is late: each candidate's sessions (state, how long
+    in it, the advisory locks they hold or wait for) and its last events, so a failure tells which step stalled."""
+    conn = await asyncpg.connect(dsn, timeout=10)
+    try:
+        rows = await conn.fetch(
+            "SELECT a.application_name, a.pid, a.state, a.wait_event_type, "
+            "round(extract(epoch FROM now() - a.state_change)::numeric, 2) AS for_s, left(a.query, 60) AS query, "
+            "l.granted FROM pg_stat_activity a LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory' "
+            "WHERE a.application_name LIKE 'cand-%' ORDER BY a.application_name"
+        )
+    finally:
+        await conn.close(timeout=5)
+    sessions = "; ".join(str(dict(row)) for row in rows) or "none"
+    events = "; ".join(f"{p.identity} (exit {p.proc.poll()}): {p.events[-3:]}" for p in procs)
+    return f"sessions: {sessions}; last events: {events}"
+
+
 async def test_leader_frozen_longer_than_lease(postgres_dsn: str, procs: list[Proc]) -> None:
     leader = await start_three(postgres_dsn, procs)
     # About when the leader sends its first lock check: freezing there once left the session
@@ -628,7 +646,10 @@ async def test_leader_frozen_longer_than_lease(postgres_dsn: str, procs: list[Pr
     frozen = time.monotonic()
     leader.proc.send_signal(signal.SIGSTOP)
     try:
-        successor = await wait_single_leader(procs, timeout=LEASE + 10, exclude=leader)
+        try:
+            successor = await wait_single_leader(procs, timeout=LEASE + 10, exclude=leader)
+        except TimeoutError:
+            pytest.fail(f"no successor {LEASE + 10:g}s after the freeze; {await _lock_sessions(postgres_dsn, procs)}")
         took = min(e["t"] for e in successor.events if e["event"] == "tick" and e["held"] and e["t"] > frozen) - frozen
         print(f"postgres takeover of a SIGSTOPped leader: {took:.2f} s (lease {LEASE:g} s)")
         assert took < LEASE + MARGIN, f"takeover of a frozen leader took {took:.2f}s"
@@ -946,3 +967,51 @@ async def test_a_pooler_in_session_mode_works_with_every_session_setting(
             second = await follower
         assert second.held and second.token > lead.token
         await second.release()
+
+
+async def test_a_transaction_pool_under_load_never_lets_a_candidate_lead(
+    pgbouncer_factory: Callable[[str], PgBouncer],
+) -> None:
+    """PgBouncer in transaction mode, its pool shared with clients running transactions all the time: however
+    the pooler happens to hand out server sessions, a candidate's try_acquire() is refused every time, and two
+    candidates never both lead.
+    """
+    pooler = await anyio.to_thread.run_sync(pgbouncer_factory, "transaction")
+    tries, led, both, refused = 300, 0, 0, 0
+    outcomes: dict[str, int] = {}
+    async with anyio.create_task_group() as load:
+
+        async def other_client() -> None:
+            conn = await asyncpg.connect(pooler.dsn, timeout=10, statement_cache_size=0)
+            try:
+                while True:
+                    await conn.fetchval("SELECT pg_catalog.pg_backend_pid()")
+                    await asyncio.sleep(0)
+            finally:
+                await conn.close(timeout=5)
+
+        for _ in range(3):
+            load.start_soon(other_client)
+        await asyncio.sleep(0.5)
+
+        async def attempt(elector: PostgresElector) -> Leadership | None:
+            try:
+                return await elector.try_acquire()
+            except ElectionError as exc:
+                outcomes[type(exc).__name__] = outcomes.get(type(exc).__name__, 0) + 1
+                return None
+
+        with anyio.fail_after(600):
+            for _ in range(tries):
+                name = unique_name("pool")
+                async with make(pooler.dsn, name, "pooled-a") as a, make(pooler.dsn, name, "pooled-b") as b:
+                    leads = [lead for lead in await asyncio.gather(attempt(a), attempt(b)) if lead is not None]
+                    led += len(leads)
+                    both += len(leads) == 2
+                    refused += len(leads) == 0
+                    for lead in leads:
+                        await lead.release()
+        load.cancel_scope.cancel()
+    print(f"{tries} tries: {led} leaderships, {both} with both candidates leading; refusals {outcomes}")
+    assert both == 0, f"both candidates led in {both} of {tries} tries"
+    assert led == 0, f"a candidate led through a transaction pool in {led} of {tries} tries"

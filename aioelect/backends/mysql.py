@@ -143,15 +143,11 @@ _SHOW_BOUNDS = (
     "SHOW SESSION VARIABLES WHERE Variable_name IN ('wait_timeout', 'net_read_timeout', 'net_write_timeout', "
     "'tcp_keepalive_time', 'tcp_keepalive_interval', 'tcp_keepalive_probes')"
 )
-# The server's start on its own clock, in whole seconds (Uptime counts whole seconds).
-_STARTED = (
-    "SELECT UNIX_TIMESTAMP() - VARIABLE_VALUE, CONNECTION_ID() FROM information_schema.GLOBAL_STATUS "
-    "WHERE VARIABLE_NAME = 'UPTIME'"
-)
-# Whether session %s runs a lock request tagged %s (its text, comment included, as the server shows it), and
-# whether it holds lock %s; no row when no such session exists.
-_OURS = "SELECT INFO LIKE %s, ID = IS_USED_LOCK(%s) FROM information_schema.PROCESSLIST WHERE ID = %s"
-_TAG_MARK = "aioelect-session:"
+# At connect, a lock session takes a second lock whose name is drawn at random for it: the session's marker.
+# Only that session can hold it, and it ends with the session, so no session of a restarted server (whatever
+# id it was given) holds it. The server's own id is read with it (a proxy's handshake may present another).
+_MARK = "SELECT CONNECTION_ID(), GET_LOCK(%s, 0)"
+_MARKER_PREFIX = "aioelect-session:"
 _DURABILITY = "SELECT @@global.innodb_flush_log_at_trx_commit, @@global.log_bin, @@global.sync_binlog"
 
 
@@ -213,17 +209,19 @@ def _code(exc: BaseException) -> int | None:
 class _MySQLConnection(LockConnection):
     """One aiomysql connection; :attr:`session_id` is its ``CONNECTION_ID()``.
 
-    A lock connection also has :attr:`tag`, written into each of its lock
-    requests, and :attr:`server_started`, the server's start as seen at
-    connect: together with the id they prove, from another connection, that
-    a session is this one (see :meth:`MySQLBackend._end_session`).
+    A lock connection also holds, from its connect on, the lock named
+    :attr:`marker` (drawn at random for it): from another connection,
+    ``IS_USED_LOCK(marker) = session_id`` proves that the session with that
+    id is this one, on this server incarnation (see
+    :meth:`MySQLBackend._end_session`).
     """
 
     def __init__(self, raw: aiomysql.Connection) -> None:
         self.raw = raw
         self._closed = False
-        self.tag = secrets.token_hex(16)
-        self.server_started: float | None = None
+        self.marker = _MARKER_PREFIX + secrets.token_hex(16)
+        #: Whether the server granted :attr:`marker` at connect (False: the session can never be proven, nor KILLed).
+        self.marked = False
 
     @property
     def broken(self) -> bool:
@@ -425,8 +423,8 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
         try:
             lease = int(self.lease)
             await conn.scalar(_SET_TIMEOUTS, (lease, lease, lease), timeout=self.check_timeout)
-            # The server's own id (a proxy's handshake may present another) and its start, read together.
-            conn.server_started, conn.session_id = await self._server_started(conn)
+            session_id, marked = (await conn.rows(_MARK, (conn.marker,), timeout=self.check_timeout))[0]
+            conn.session_id, conn.marked = int(session_id), marked == 1
             if not self._topology_checked:
                 await self._check_topology(conn)
                 self._topology_checked = True
@@ -497,27 +495,21 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
         if problems:
             self.log.warning("unsafe topology allowed: %s", "; ".join(problems))
 
-    async def _server_started(self, conn: _MySQLConnection) -> tuple[float, int]:
-        """When the server started (its clock, whole seconds; a restart changes it) and ``CONNECTION_ID()``."""
-        row = (await conn.rows(_STARTED, timeout=self.check_timeout))[0]
-        return float(row[0]), int(row[1])
-
     async def _end_session(self, conn: _MySQLConnection, victim: _MySQLConnection) -> bool:
-        """KILL ``victim``'s session only if it is running one of its own tagged lock requests, or holds the lock
-        on the server incarnation it was opened on; the check and the KILL run on one connection, and a server
-        never reuses an id while it runs.
+        """KILL ``victim``'s session only if the server shows its marker lock held under its id.
+
+        The marker's name was drawn at random for ``victim`` and its lock dies
+        with the session, so a session of a restarted server given the same
+        id never holds it: no clock, no tolerance. The check and the KILL run
+        on one connection, which a restart would break before the KILL, and a
+        running server never reuses an id. Anything else (no marker, another
+        holder, none) is a doubt: no KILL, the caller has closed its socket.
         """
-        found = await conn.rows(
-            _OURS, (f"%{_TAG_MARK}{victim.tag}%", self.name, victim.session_id), timeout=self.check_timeout
-        )
-        if not found:
+        if not victim.marked:
             return False
-        running_ours, holds_lock = bool(found[0][0]), bool(found[0][1])
-        if not running_ours:
-            started, _ = await self._server_started(conn)
-            same_server = victim.server_started is not None and abs(started - victim.server_started) <= 1
-            if not (holds_lock and same_server):
-                return False
+        holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (victim.marker,), timeout=self.check_timeout)
+        if holder is None or int(holder) != victim.session_id:
+            return False
         await conn.scalar("KILL %s", (victim.session_id,), timeout=self.check_timeout)
         return True
 
@@ -526,7 +518,7 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
     async def _request(self, conn: _MySQLConnection) -> bool:
         wait = math.ceil(max(self.poll_interval, _MIN_WAIT))
         got = await conn.scalar(
-            f"SELECT GET_LOCK(%s, %s) /* {_TAG_MARK}{conn.tag} */",
+            "SELECT GET_LOCK(%s, %s)",
             (self.name, wait),
             timeout=wait + self.check_timeout,
             pending=Pending.LOCK_REQUEST,
@@ -537,7 +529,7 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
 
     async def _try_request(self, conn: _MySQLConnection) -> bool:
         got = await conn.scalar(
-            f"SELECT GET_LOCK(%s, 0) /* {_TAG_MARK}{conn.tag} */",
+            "SELECT GET_LOCK(%s, 0)",
             (self.name,),
             timeout=self.check_timeout,
             pending=Pending.LOCK_REQUEST,

@@ -54,6 +54,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import secrets
 import ssl as _ssl
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, TypedDict
@@ -137,7 +138,8 @@ _READY = (
     "(SELECT backend_start FROM pg_catalog.pg_stat_activity WHERE pid = pg_catalog.pg_backend_pid()) AS backend_start, "
     "pg_catalog.pg_backend_pid() AS pid, pg_catalog.current_setting('search_path') AS search_path"
 )
-_PID = "SELECT pg_catalog.pg_backend_pid()"
+# The pooler check's lock ($1: a key drawn at random), taken without waiting; with the backend that ran it.
+_PROBE_LOCK = "SELECT pg_catalog.pg_try_advisory_lock($1) AS got, pg_catalog.pg_backend_pid() AS pid"
 # Ends backend $1 only if it started at $2 (the pid alone may now be another backend's); waits up to $3 ms.
 _OURS = "FROM pg_catalog.pg_stat_activity WHERE pid = $1 AND backend_start = $2"
 _TERMINATE = f"SELECT pg_catalog.pg_terminate_backend(pid, $3) {_OURS}"
@@ -570,31 +572,65 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
         return conn
 
     async def _check_pooling(self, conn: _PostgresConnection) -> None:
-        """ElectionError if ``conn``'s statements are not all run by one server session (a pooler in transaction
-        or statement mode), which breaks session advisory locks without a word.
+        """ElectionError unless a session lock held by one connection is held for no other, and lets go when that
+        connection goes away: what a pooler in transaction or statement mode breaks without a word.
 
-        A second connection, inside a transaction where the pooler allows one,
-        asks for its backend's pid, then ``conn`` asks again for its own: a
-        pooler that hands server sessions out per transaction or statement
-        gives the second connection ``conn``'s idle backend (PgBouncer reuses
-        the last one first), or ``conn`` another backend afterwards. A
-        direct session, or a pooler in session mode, never does either.
+        A probe connection takes an advisory lock on a random key. ``conn``
+        must find it held by another session, twice (a pooler that runs
+        ``conn``'s statement in the probe's server session, or resets that
+        session after the probe's statement, lets it take the lock), then,
+        once the probe has closed, find it free within ``connect_timeout`` (a
+        pooler in transaction mode keeps the probe's server session, and the
+        lock, for its next client); and every one of these statements must run
+        in ``conn``'s own server session (its pid at connect). So the refusal
+        is certain whatever the pool does meanwhile, not a matter of which
+        server session a statement lands on; nothing is ended on the server,
+        so no other client of a pool is disturbed.
         """
+        key = int.from_bytes(secrets.token_bytes(8), "big", signed=True)
+
+        async def take(on: _PostgresConnection) -> tuple[bool, int]:
+            row = await on.fetchrow(_PROBE_LOCK, key, timeout=self.check_timeout)
+            return bool(row["got"]), int(row["pid"])
+
+        def pooled(got: bool, pid: int) -> str:
+            """What ``conn`` taking the lock (``got``) in backend ``pid`` shows of a pooler, if anything."""
+            if pid != conn.session_id:
+                return f"one connection's statements ran in two server sessions (pids {conn.session_id} and {pid})"
+            if got and pid == probe_pid:
+                return f"two connections ran statements in one server session (pid {pid})"
+            return ""
+
         seen = ""
         probe = await self._open("pooler-check")
         try:
-            try:
-                await probe.execute("BEGIN", timeout=self.check_timeout)
-            except asyncpg.PostgresError as exc:  # PostgreSQL itself never refuses it; statement pooling does
-                seen = f"a transaction was refused ({self.describe(exc)})"
-            else:
-                other = await probe.fetchval(_PID, timeout=self.check_timeout)
-                if other == conn.session_id:
-                    seen = f"two connections ran statements in one server session (pid {other})"
-                elif await conn.fetchval(_PID, timeout=self.check_timeout) != conn.session_id:
-                    seen = "one connection's statements ran in two server sessions"
+            got, probe_pid = await take(probe)
+            if not got:
+                raise SessionLost("the pooler check's lock was taken by another session")
+            for _ in range(2):  # before and after a pause: the lock stays with the probe's session while it lives
+                got, pid = await take(conn)
+                seen = pooled(got, pid) or (
+                    "a lock held by another connection's server session was free" if got else ""
+                )
+                if seen:
+                    break
+                await anyio.sleep(0.05)
         finally:
             await probe.aclose(self.check_timeout)
+        if not seen:
+            got = False
+            with anyio.move_on_after(self.connect_timeout):
+                while not got and not seen:
+                    await anyio.sleep(0.02)
+                    got, pid = await take(conn)
+                    seen = pooled(got, pid)
+            if got and not seen:
+                await conn.fetchval(_UNLOCK, key, timeout=self.check_timeout)
+            elif not seen:
+                seen = (
+                    f"a connection's advisory lock was still held {self.connect_timeout:g}s after it closed (its "
+                    "server session outlived it)"
+                )
         if seen:
             host, port = self._address
             raise PermanentBackendError(
