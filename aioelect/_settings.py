@@ -89,9 +89,8 @@ ENV_IDENTITY = "AIOELECT_IDENTITY"
 ENV_PASSWORD = "AIOELECT_PASSWORD"
 #: The etcd user name.
 ENV_ETCD_USER = "AIOELECT_ETCD_USER"
-#: Redis Sentinel: the Sentinels' own user and password (the URL's are the master's). The Redis backend reads
-#: them itself, wherever it is built, as libpq reads PGPASSWORD; no flag: a password on a command line is
-#: visible to every user of the host.
+#: Redis Sentinel: the Sentinels' own user and password (the URL's are the master's); no flag: a password on a
+#: command line is visible to every user of the host.
 ENV_REDIS_SENTINEL_USERNAME = "AIOELECT_REDIS_SENTINEL_USERNAME"
 ENV_REDIS_SENTINEL_PASSWORD = "AIOELECT_REDIS_SENTINEL_PASSWORD"
 #: etcd over TLS: the CA certificate (PEM) that verifies the server.
@@ -167,6 +166,8 @@ BACKEND_OPTION_VARIABLES: tuple[tuple[str, str, dict[str, str], str], ...] = (
     ),
     (ENV_MIN_REPLICAS, "min_replicas", {"redis": "min_replicas"}, "count"),
     (ENV_KEY_PREFIX, "key_prefix", {"redis": "key_prefix"}, "text"),
+    (ENV_REDIS_SENTINEL_USERNAME, "sentinel_username", {"redis": "sentinel_username"}, "text"),
+    (ENV_REDIS_SENTINEL_PASSWORD, "sentinel_password", {"redis": "sentinel_password"}, "text"),
     (ENV_SCHEMA, "schema", {"postgres": "schema"}, "text"),
     (ENV_FILE_MODE, "file_mode", {"file": "mode"}, "mode"),
 )
@@ -176,7 +177,7 @@ BACKEND_KINDS = (*(kind for kind, _ in BACKEND_VARIABLES), "local", "memory")
 
 #: The secret variables aioelect defines. Any other ``AIOELECT_`` variable whose name holds
 #: ``PASSWORD`` or ends in ``_DSN`` or ``_URL`` is a secret too (see :func:`is_secret`).
-SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN, ENV_REDIS_URL)
+SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN, ENV_REDIS_URL, ENV_REDIS_SENTINEL_PASSWORD)
 
 #: libpq's environment variables (PostgreSQL's client library, read by psql and every libpq client, and in part
 #: by asyncpg): the password, the password and service files, and what they connect to and how.

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from aioelect import BackendUnavailable, PermanentBackendError, RedisElector
+from aioelect._settings import Settings
 from aioelect.backends.redis import RedisBackend
 from aioelect.backends.redis._options import RedisSettings
 
@@ -291,8 +292,6 @@ async def test_sentinels_with_their_own_password_and_tls(certs: Certificates, ca
 def test_sentinels_in_plaintext_or_without_a_password_are_warned_about(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.delenv("AIOELECT_REDIS_SENTINEL_PASSWORD", raising=False)
-    monkeypatch.delenv("AIOELECT_REDIS_SENTINEL_USERNAME", raising=False)
 
     def warning(url: str, **options: Any) -> str | None:
         return RedisSettings.parse(url, {"name": "n", **options}).warning()
@@ -305,8 +304,9 @@ def test_sentinels_in_plaintext_or_without_a_password_are_warned_about(
     assert SENTINEL_PW not in plain
     assert warning("rediss+sentinel://sent.example:26379/m/0", sentinel_password=SENTINEL_PW) is None
     assert warning("redis+sentinel://127.0.0.1:26379,localhost:26380/m/0") is None  # loopback, as for redis://
-    monkeypatch.setenv("AIOELECT_REDIS_SENTINEL_PASSWORD", SENTINEL_PW)
-    settings = RedisSettings.parse("rediss+sentinel://sent.example:26379/m/0", {"name": "n"})
+    # From the environment (from_env() and the aioelect command read the variables into the options).
+    options, _ = Settings.from_environ({"AIOELECT_REDIS_SENTINEL_PASSWORD": SENTINEL_PW}).backend_options("redis")
+    settings = RedisSettings.parse("rediss+sentinel://sent.example:26379/m/0", {"name": "n", **options})
     assert settings.sentinel_password == SENTINEL_PW and settings.warning() is None
     assert SENTINEL_PW not in repr(settings)
     # The master's own link is judged when a Sentinel names it, as redis:// to that host would be.

@@ -29,9 +29,6 @@ _MASTER_KEYS = ("master_tls_name", "master_hosts")
 #: URL parameters stating server settings a user without ``CONFIG GET`` cannot read (see :mod:`._bounds`).
 _ASSUME_KEYS = ("assume_appendfsync", "assume_timeout")
 _APPENDFSYNC = ("always", "everysec", "no")
-#: The Sentinels' credentials when the options do not give them.
-ENV_SENTINEL_USERNAME = "AIOELECT_REDIS_SENTINEL_USERNAME"
-ENV_SENTINEL_PASSWORD = "AIOELECT_REDIS_SENTINEL_PASSWORD"
 #: How many keep-alive probes, one a second, declare a silent peer dead.
 KEEPALIVE_PROBES = 2
 
@@ -245,7 +242,7 @@ class RedisSettings:
         return (
             "; ".join(texts)
             + " (use rediss+sentinel:// with ssl_ca_certs=PATH, and requirepass or an ACL user on the Sentinels with "
-            f"sentinel_password= or {ENV_SENTINEL_PASSWORD})"
+            "sentinel_password=, from the environment AIOELECT_REDIS_SENTINEL_PASSWORD)"
         )
 
     def master_warning(self, host: str) -> str | None:
@@ -314,8 +311,8 @@ class RedisSettings:
 def _sentinel_credentials(
     options: dict[str, Any], sentinels: tuple[tuple[str, int], ...]
 ) -> tuple[str | None, str | None]:
-    user = options.get("sentinel_username", os.environ.get(ENV_SENTINEL_USERNAME) or None)
-    password = options.get("sentinel_password", os.environ.get(ENV_SENTINEL_PASSWORD) or None)
+    user = options.get("sentinel_username")
+    password = options.get("sentinel_password")
     for key, value in (("sentinel_username", user), ("sentinel_password", password)):
         if value is not None and (not isinstance(value, str) or not value):
             raise ValueError(f"{key} must be a non-empty string or None")
