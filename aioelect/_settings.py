@@ -451,7 +451,7 @@ class Settings:
                 ("etcd_key", self.etcd_key),
                 ("etcd_degrade_to_local", self.etcd_degrade_to_local),
                 ("timing", self.timing),
-                ("backend_variables", self.backend_variables),
+                ("backend_variables", {k: "***" if is_secret(k) else v for k, v in self.backend_variables.items()}),
             )
         )
         return f"Settings({shown})"

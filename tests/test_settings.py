@@ -95,6 +95,7 @@ def test_repr_shows_no_secret() -> None:
             "AIOELECT_POSTGRES_DSN": f"postgresql://u:{PASSWORD}@127.0.0.1/db",
             "AIOELECT_REDIS_URL": f"redis://u:{PASSWORD}@127.0.0.1/0",
             "AIOELECT_PASSWORD": PASSWORD,
+            "AIOELECT_REDIS_SENTINEL_PASSWORD": PASSWORD,
             "AIOELECT_NAME": "n",
         }
     )
@@ -106,6 +107,7 @@ def test_repr_shows_no_secret() -> None:
 def test_secret_variables() -> None:
     assert set(SECRET_VARIABLES) == {
         "AIOELECT_PASSWORD",
+        "AIOELECT_REDIS_SENTINEL_PASSWORD",
         "AIOELECT_MYSQL_DSN",
         "AIOELECT_POSTGRES_DSN",
         "AIOELECT_REDIS_URL",
