@@ -620,6 +620,26 @@ class Elector:
             return None
         return self._lead(hold, started)
 
+    def _token_problem(self, token: object) -> str | None:
+        """Why a leadership granted with ``token`` must not be taken, or None (and ``token`` is recorded)."""
+        if token is None:
+            return None
+        where = f"{self._backend.kind} election {self.name!r}"
+        if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+            shown = repr(token) if len(repr(token)) <= 40 else repr(token)[:40] + "..."
+            return f"{where} granted a leadership with fencing token {shown}, not a positive integer: refused"
+        last = self._highest_token
+        if last is not None and token <= last:
+            what = (
+                f"{where} granted a leadership with fencing token {token}, not above {last}, a token this elector "
+                "held before"
+            )
+            if not self._backend.tokens_may_repeat:
+                return f"{what}: refused (a write fenced with it could pass a newer leader's check)"
+            self._log.warning("%s; accepted: this backend's tokens are volatile and may repeat", what)
+        self._highest_token = token if last is None else max(last, token)
+        return None
+
     def _lead(self, hold: Hold, started: float) -> Leadership:
         lead = Leadership(self, hold, self._log)
         self._leadership = lead
@@ -717,26 +737,6 @@ class Elector:
                 await hold.release()
             raise PermanentBackendError(problem)
         return hold
-
-    def _token_problem(self, token: object) -> str | None:
-        """Why a leadership granted with ``token`` must not be taken, or None (and ``token`` is recorded)."""
-        if token is None:
-            return None
-        where = f"{self._backend.kind} election {self.name!r}"
-        if isinstance(token, bool) or not isinstance(token, int) or token < 1:
-            shown = repr(token) if len(repr(token)) <= 40 else repr(token)[:40] + "..."
-            return f"{where} granted a leadership with fencing token {shown}, not a positive integer: refused"
-        last = self._highest_token
-        if last is not None and token <= last:
-            what = (
-                f"{where} granted a leadership with fencing token {token}, not above {last}, a token this elector "
-                "held before"
-            )
-            if not self._backend.tokens_may_repeat:
-                return f"{what}: refused (a write fenced with it could pass a newer leader's check)"
-            self._log.warning("%s; accepted: this backend's tokens are volatile and may repeat", what)
-        self._highest_token = token if last is None else max(last, token)
-        return None
 
     async def _abandon(self, hold: Hold | None) -> None:
         """End a campaign that will not return: the elector campaigns no more, and ``hold`` is released."""
