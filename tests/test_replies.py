@@ -124,7 +124,8 @@ class HostileRedis:
         elif command in ("EVALSHA", "EVAL"):  # renew, release: ours
             writer.write(b":1\r\n")
         elif command == "INFO":
-            writer.write(_bulk("# Server\r\nredis_version:7.4.0\r\n"))
+            info = "redis_version:7.4.0\r\naof_enabled:1\r\nmaxmemory:0\r\nmaxmemory_policy:noeviction\r\n"
+            writer.write(_bulk(info))
         elif command == "CONFIG":
             pairs = [x for name in args[2:] for x in (name, CONFIG[name])]
             writer.write(b"*%d\r\n" % len(pairs) + b"".join(_bulk(x) for x in pairs))
