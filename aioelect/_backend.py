@@ -139,6 +139,9 @@ class Backend(abc.ABC):
     kind: ClassVar[str]
     #: How often the default :meth:`observe` polls :meth:`leader`.
     observe_interval: float = 1.0
+    #: Whether a leadership may get a token not above one handed out before (an opt-in that says so); else the
+    #: elector refuses such a leadership as a permanent error.
+    tokens_may_repeat: bool = False
 
     def __init__(self, name: str) -> None:
         self.name = name

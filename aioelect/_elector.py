@@ -23,7 +23,7 @@ import anyio
 
 from ._backend import Backend, Hold, Loss, Reporter, monotonic
 from ._config import default_identity, positive, validate_identity
-from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
+from ._errors import ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
 from ._tasks import TaskSet, consume, first_of
@@ -480,6 +480,14 @@ class Elector:
       :attr:`last_leader` follows it, without the caller running
       :meth:`observe`; the watch ends with the campaign and leaves nothing
       open on the server.
+    * Every fencing token it hands out is a positive integer larger than
+      every token this elector held before. A backend that grants a
+      leadership with any other token (a counter an operator reset or set
+      negative, a server restored from an old backup) gets it given back at
+      once and :meth:`acquire` raises :class:`~aioelect.PermanentBackendError`;
+      only a backend whose tokens are declared volatile
+      (``volatile_tokens=True`` on Redis) may repeat or lower one, logged at
+      WARNING. A backend without tokens (``fencing=False``) hands out None.
 
     Subclasses only choose a backend; construct them, not this class.
     """
@@ -502,6 +510,8 @@ class Elector:
         self._timing_logged = False
         self._listeners: list[Listener] = []
         self._last_leader: str | None = None
+        #: The largest fencing token this elector has held.
+        self._highest_token: int | None = None
 
     def lock_timing(self) -> tuple[float, float, float] | None:
         """``(margin, lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was
@@ -634,6 +644,26 @@ class Elector:
             return None
         return self._lead(hold, started)
 
+    def _token_problem(self, token: object) -> str | None:
+        """Why a leadership granted with ``token`` must not be taken, or None (and ``token`` is recorded)."""
+        if token is None:
+            return None
+        where = f"{self._backend.kind} election {self.name!r}"
+        if isinstance(token, bool) or not isinstance(token, int) or token < 1:
+            shown = repr(token) if len(repr(token)) <= 40 else repr(token)[:40] + "..."
+            return f"{where} granted a leadership with fencing token {shown}, not a positive integer: refused"
+        last = self._highest_token
+        if last is not None and token <= last:
+            what = (
+                f"{where} granted a leadership with fencing token {token}, not above {last}, a token this elector "
+                "held before"
+            )
+            if not self._backend.tokens_may_repeat:
+                return f"{what}: refused (a write fenced with it could pass a newer leader's check)"
+            self._log.warning("%s; accepted: this backend's tokens are volatile and may repeat", what)
+        self._highest_token = token if last is None else max(last, token)
+        return None
+
     def _lead(self, hold: Hold, started: float) -> Leadership:
         lead = Leadership(self, hold, self._log)
         self._leadership = lead
@@ -723,6 +753,13 @@ class Elector:
             with anyio.CancelScope(shield=True):
                 await hold.release()
             raise ElectorClosed("elector closed while campaigning")
+        problem = self._token_problem(hold.token)
+        if problem is not None:
+            self._state = _State.IDLE
+            self._log.error("%s", problem)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
+                await hold.release()
+            raise PermanentBackendError(problem)
         return hold
 
     async def _apart(self, step: Coroutine[Any, Any, Hold | None]) -> Hold | None:

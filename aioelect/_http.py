@@ -9,21 +9,36 @@ from it. It runs in the caller's event loop and guarantees:
   file-descriptor limit); a connection beyond that is closed (reset) as soon
   as it is accepted, so the server holds at most ``max_connections + 1``
   descriptors and the rest of the process keeps the others;
+* one peer cannot take them all: a peer (an IPv4 address; an IPv6 /64
+  network) holds at most a quarter of ``max_connections`` at once, and the
+  last quarter is kept for peers that hold none, so a prober from another
+  address finds a slot while one client, or three, hold all they may and
+  reopen each connection the moment it is dropped (below 4 connections,
+  neither limit applies);
 * each connection gets one answer and is closed: its request head must
-  arrive within ``request_timeout`` seconds and be at most
-  :data:`MAX_REQUEST` bytes, and the answer is written within
-  ``request_timeout`` seconds, so a client that sends nothing or reads
-  nothing holds its slot for a bounded time;
+  arrive within ``head_timeout`` seconds (:data:`HEAD_TIMEOUT`, never more
+  than ``request_timeout``) and be at most :data:`MAX_REQUEST` bytes, and
+  the answer is written within ``request_timeout`` seconds, so a client that
+  sends nothing or reads nothing holds its slot for a bounded time;
+* accepting yields to the event loop after every connection, so a client
+  that reconnects as fast as it can does not stall the election;
 * an accept that fails (out of file descriptors, out of memory) is retried
   after :data:`ACCEPT_RETRY_DELAY` seconds and logged at most once per
   :data:`ERROR_LOG_INTERVAL` seconds, one line without a traceback, with the
   number of failures it stands for.
+
+The limits by address protect the probes from a client that reaches the
+port from its own addresses; a client with many addresses (an IPv4 botnet,
+several IPv6 /64 networks) can still fill the slots for as long as it
+keeps at it: bind the servers to an address only the prober reaches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import ipaddress
 import logging
 import math
 import resource
@@ -37,6 +52,7 @@ import anyio
 __all__ = [
     "ACCEPT_RETRY_DELAY",
     "ERROR_LOG_INTERVAL",
+    "HEAD_TIMEOUT",
     "MAX_CONNECTIONS",
     "MAX_REQUEST",
     "REQUEST_TIMEOUT",
@@ -47,8 +63,10 @@ __all__ = [
 
 #: The most connections served at once by default.
 MAX_CONNECTIONS = 32
-#: Seconds a client has to send its request line and headers, and to read the answer.
+#: Seconds a client has to read the answer (and at most to send its request head).
 REQUEST_TIMEOUT = 5.0
+#: Seconds a client has to send its whole request line and headers once connected.
+HEAD_TIMEOUT = 2.0
 #: The largest request head read (bytes); a longer one is refused with 431.
 MAX_REQUEST = 8192
 #: Seconds before an accept that failed is tried again.
@@ -79,6 +97,20 @@ def connection_cap(wanted: int = MAX_CONNECTIONS) -> int:
     return max(1, min(wanted, soft // 8))
 
 
+def _peer(address: object) -> str:
+    """Who a connection comes from, as its limit counts it: the IPv4 address, or the /64 of an IPv6 one."""
+    host = address[0] if isinstance(address, tuple) and address else str(address)
+    try:
+        ip = ipaddress.ip_address(str(host).split("%", 1)[0])
+    except ValueError:
+        return str(host)
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 def _reset(sock: socket.socket) -> None:
     """Close ``sock`` at once with a TCP reset: no TIME_WAIT, no lingering descriptor."""
     with contextlib.suppress(OSError):
@@ -99,17 +131,26 @@ class BoundedHTTPServer:
         name: str,
         max_connections: int | None = None,
         request_timeout: float = REQUEST_TIMEOUT,
+        head_timeout: float = HEAD_TIMEOUT,
         log: logging.Logger | None = None,
     ) -> None:
         if max_connections is not None and (isinstance(max_connections, bool) or max_connections < 1):
             raise ValueError(f"max_connections must be an integer >= 1, not {max_connections!r}")
         if not (0 < request_timeout < math.inf):
             raise ValueError(f"request_timeout must be a finite number > 0, not {request_timeout!r}")
+        if not (0 < head_timeout < math.inf):
+            raise ValueError(f"head_timeout must be a finite number > 0, not {head_timeout!r}")
         self.handler = handler
         self.name = name
         self.max_connections = connection_cap(max_connections or MAX_CONNECTIONS)
         self.request_timeout = float(request_timeout)
-        #: Connections closed at once because ``max_connections`` were open.
+        self.head_timeout = float(head_timeout)
+        share = self.max_connections // 4
+        #: The most connections one peer holds at once.
+        self.max_per_peer = share or self.max_connections
+        #: Slots only a peer that holds no connection may take.
+        self.reserved = share
+        #: Connections closed at once: ``max_connections`` were open, or their peer held its share.
         self.refused = 0
         #: Accepts that failed (each retried).
         self.accept_errors = 0
@@ -117,6 +158,7 @@ class BoundedHTTPServer:
         self._sock: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._by_peer: dict[str, int] = {}
         self._unlogged = 0
         self._logged_at = -math.inf
 
@@ -161,19 +203,39 @@ class BoundedHTTPServer:
         loop = asyncio.get_running_loop()
         while True:
             try:
-                conn, _ = await loop.sock_accept(sock)
+                conn, address = await loop.sock_accept(sock)
             except OSError as exc:
                 self._accept_failed(exc)
                 await asyncio.sleep(ACCEPT_RETRY_DELAY)
                 continue
-            if len(self._connections) >= self.max_connections:
+            peer = _peer(address)
+            if not self._admits(peer):
                 self.refused += 1
                 _reset(conn)
-                continue
-            conn.setblocking(False)
-            task = asyncio.create_task(self._serve(conn))
-            self._connections.add(task)
-            task.add_done_callback(self._connections.discard)
+            else:
+                conn.setblocking(False)
+                task = asyncio.create_task(self._serve(conn))
+                self._connections.add(task)
+                self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
+                task.add_done_callback(functools.partial(self._gone, peer))
+            # sock_accept() does not yield while connections are queued: a client reconnecting in a loop would
+            # otherwise keep the event loop, and the election in it, from running.
+            await asyncio.sleep(0)
+
+    def _admits(self, peer: str) -> bool:
+        """Whether a connection from ``peer`` may have a slot now (see the module's limits)."""
+        total, held = len(self._connections), self._by_peer.get(peer, 0)
+        if total >= self.max_connections or held >= self.max_per_peer:
+            return False
+        return held == 0 or total < self.max_connections - self.reserved
+
+    def _gone(self, peer: str, task: asyncio.Task[None]) -> None:
+        self._connections.discard(task)
+        left = self._by_peer.get(peer, 1) - 1
+        if left > 0:
+            self._by_peer[peer] = left
+        else:
+            self._by_peer.pop(peer, None)
 
     def _accept_failed(self, exc: OSError) -> None:
         self.accept_errors += 1
@@ -220,11 +282,12 @@ class BoundedHTTPServer:
                 conn.close()
 
     async def _handle(self, reader: asyncio.StreamReader) -> tuple[int, str, bytes, bool]:
+        within = min(self.head_timeout, self.request_timeout)
         try:
-            with anyio.fail_after(self.request_timeout):
+            with anyio.fail_after(within):
                 head = await reader.readuntil(b"\r\n\r\n")
         except TimeoutError:
-            return _error(408, f"request not received within {self.request_timeout:g}s")
+            return _error(408, f"request not received within {within:g}s")
         except asyncio.LimitOverrunError:
             await _discard(reader)  # closing with unread data would reset the connection before the answer
             return _error(431, f"request head longer than {MAX_REQUEST} bytes")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -139,3 +140,43 @@ def test_shards_needs_a_reachable_backend_and_a_command(tmp_path: Path) -> None:
     assert done.returncode == 3, done.stderr
     done = cli("shards", "--file", str(tmp_path / "lock"), "--name", "g", "--names", "a")
     assert done.returncode == 2 and "needs a command" in done.stderr
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # a count built up front would hit this
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        ("99999999999999", "at most 100000"),
+        ("100001", "at most 100000"),
+        ("0000000000000000000000000100001", "at most 100000"),
+        ("9" * 5000, "at most 100000"),  # beyond int()'s digit limit too
+        ("²", "digits 0-9"),  # str.isdigit() is true, int() refuses it
+        ("١٢", "digits 0-9"),  # Arabic-Indic digits: int() would take them for 12
+    ],
+)
+def test_a_shard_count_out_of_bounds_or_not_in_ascii_digits_is_a_usage_error(names: str, message: str) -> None:
+    """``--names COUNT``: refused with exit status 2 and the reason, before any name is built, in 1 GiB."""
+    from .test_cli import ROOT, _env, aioelect_argv
+
+    argv = aioelect_argv("shards", "--etcd", "127.0.0.1:9", "--timeout", "2", "--name", "g", "--names", names)
+    started = time.monotonic()
+    done = subprocess.run(
+        [*argv, "--", "true"], capture_output=True, text=True, timeout=60, env=_env(), cwd=ROOT,
+        preexec_fn=_limit_memory,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "--names" in done.stderr and took < 30, took
+
+
+def test_the_largest_shard_count_is_accepted() -> None:
+    """``--names 100000`` passes the usage checks: the unreachable etcd is what stops it (exit status 3)."""
+    from .test_cli import cli
+
+    done = cli("shards", "--etcd", "127.0.0.1:9", "--timeout", "2", "--name", "g", "--names", "100000", "--", "true")
+    assert done.returncode == 3 and "unreachable" in done.stderr, done.stderr[-2000:]

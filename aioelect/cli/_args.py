@@ -311,7 +311,7 @@ def build_parser() -> Parsers:
         "--names",
         required=True,
         metavar="NAMES",
-        help="the shards: comma-separated names, or a count N for the names 0 to N-1",
+        help="the shards: comma-separated names, or a count N for the names 0 to N-1 (at most 100000)",
     )
     shards.add_argument(
         "--grace",

@@ -48,20 +48,39 @@ from ._run import choose_grace, forwarded_signal
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
 from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, reap_orphans
 
-__all__ = ["ShardsRunner", "parse_names"]
+__all__ = ["MAX_NAMES", "ShardsRunner", "parse_names"]
 
 log = logging.getLogger("aioelect.cli")
 
 
+#: The largest count ``--names`` takes: each name is an election of its own, built up front. (A list is
+#: bounded by the kernel's limit on one argument, 128 KiB on Linux.)
+MAX_NAMES = 100_000
+
+
 def parse_names(text: str) -> list[str] | int:
-    """``--names``: comma-separated names, or a count N for the names ``0`` to ``N-1``."""
+    """``--names``: comma-separated names, or a count N (ASCII digits) for the names ``0`` to ``N-1``.
+
+    A count above :data:`MAX_NAMES`, or written in other digits than 0-9, is
+    a :class:`UsageError`, raised before any name is built.
+    """
     text = text.strip()
+    if text.isascii() and text.isdigit():
+        digits = text.lstrip("0") or "0"
+        if len(digits) > len(str(MAX_NAMES)) or int(digits) > MAX_NAMES:
+            raise UsageError(f"--names {_shown(text)}: at most {MAX_NAMES} names")
+        return int(digits)
     if text.isdigit():
-        return int(text)
+        raise UsageError(f"--names {_shown(text)}: a count is written with the digits 0-9")
     names = [n.strip() for n in text.split(",")]
     if not all(names):
-        raise UsageError(f"--names {text!r}: an empty name (give NAME,NAME,... or a count)")
+        raise UsageError(f"--names {_shown(text)}: an empty name (give NAME,NAME,... or a count)")
     return names
+
+
+def _shown(text: str) -> str:
+    """``text`` quoted for a message, cut to 40 characters."""
+    return repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
 
 
 def _shared_etcd(config: Config, identity: str) -> tuple[Any, Callable[[str], Elector]]:

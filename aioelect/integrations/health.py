@@ -23,12 +23,14 @@ leading), ``backend``, ``name`` -- and a status code:
   readiness probe of a Service that should send traffic to the leader only.
 
 Anything else is ``404``; a method other than ``GET``/``HEAD`` is ``405``.
-Each request is read within :data:`REQUEST_TIMEOUT` seconds and at most
-:data:`MAX_REQUEST` bytes, and each connection closes after one answer. At
-most ``max_connections`` (default :data:`MAX_CONNECTIONS`, at most an eighth
-of the process's file-descriptor limit) are served at once; a connection
-beyond that is reset at once, so clients that never finish their request
-cannot take the descriptors the election needs. Failed accepts are logged at
+Each request head is read within 2 seconds and at most :data:`MAX_REQUEST`
+bytes, the answer written within :data:`REQUEST_TIMEOUT` seconds, and each
+connection closes after one answer. At most ``max_connections`` (default
+:data:`MAX_CONNECTIONS`, at most an eighth of the process's file-descriptor
+limit) are served at once, at most a quarter of them to one peer address,
+and the last quarter only to addresses that hold none; a connection beyond
+that is reset at once, so clients that never finish their request cannot
+take the descriptors the election needs, nor one client every slot. Failed accepts are logged at
 most once per 10 seconds. Nothing served is secret: identities, the
 election's name, the token, and a failed campaign's error type and message
 with every DSN redacted.

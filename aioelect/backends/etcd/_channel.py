@@ -36,6 +36,9 @@ GRPC_OPTIONS = {
     "grpc.keepalive_timeout_ms": 5_000,
     "grpc.http2.max_pings_without_data": 0,
     "grpc.max_reconnect_backoff_ms": 1_000,
+    # gRPC's default, said here so that no release of grpcio lifts it: a larger reply fails its call
+    # (RESOURCE_EXHAUSTED) unread. The election's replies are a few keys of at most 1 KiB each.
+    "grpc.max_receive_message_length": 4 << 20,
 }
 #: How long closing one channel may take before it is left to gRPC.
 CLOSE_TIMEOUT = 2.0

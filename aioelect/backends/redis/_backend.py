@@ -51,6 +51,7 @@ from ..._backend import Backend, Backoff, Confirm, Hold, Interceptor, monotonic
 from ..._errors import BackendMisconfigured, BackendUnavailable, ElectionError, PermanentBackendError
 from ._bounds import CONFIG_READ, config_problem, least_timeout
 from ._options import RedisOptions, RedisSettings
+from ._replies import bounded
 from ._scripts import ACQUIRE, RELEASE, RENEW
 
 if TYPE_CHECKING:
@@ -200,6 +201,7 @@ class RedisBackend(Backend):
         self.settings = settings
         self.timing = settings.timing
         self.lease_ms = max(1, round(settings.timing.lease * 1000))
+        self.tokens_may_repeat = settings.volatile_tokens
         self.observe_interval = max(settings.timing.poll_interval, 0.1)
         warning = settings.warning()
         if warning is not None:
@@ -303,14 +305,20 @@ class RedisBackend(Backend):
     def lock_client(self) -> Redis:
         """The one connection campaigns and the hold use (``WAIT`` follows the grant on it)."""
         if self._lock is None:
-            self._lock = self._client()
+            self._lock = self._bounded(self._client())
         return self._lock
 
     def look_client(self) -> Redis:
         """The connection :meth:`leader` and :meth:`observe` use, closed by :meth:`close_observer`."""
         if self._look is None:
-            self._look = self._client()
+            self._look = self._bounded(self._client())
         return self._look
+
+    def _bounded(self, client: Redis) -> Redis:
+        """``client`` and the sentinels it asks, each reply read within :data:`._replies.MAX_REPLY` bytes."""
+        for asked in self._sentinels.get(id(client), []):
+            bounded(asked)
+        return bounded(client)
 
     async def drop_lock_connection(self) -> None:
         """Close the lock connection (the next request opens a new one): an idle elector holds nothing."""
@@ -517,8 +525,8 @@ class RedisBackend(Backend):
         """One acquire script: (the hold or None, the key's value, its PTTL in ms)."""
         waitaof = await self._durable(client)
         sent = monotonic()
-        token, value, pttl = await self.run_script(
-            client, ACQUIRE, owner, identity, self.lease_ms, self.settings.channel
+        token, value, pttl = self._acquire_reply(
+            await self.run_script(client, ACQUIRE, owner, identity, self.lease_ms, self.settings.channel)
         )
         _cancel_if_swallowed()  # never a grant to a cancelled task: the caller withdraws the key
         if not token:
@@ -530,6 +538,17 @@ class RedisBackend(Backend):
             raise
         _cancel_if_swallowed()
         return RedisHold(self, owner, int(token), sent), value, int(pttl)
+
+    def _acquire_reply(self, reply: Any) -> tuple[int, str | None, int]:
+        """The acquire script's ``{token, value, pttl}``; PermanentBackendError for a reply of any other shape."""
+        if isinstance(reply, list) and len(reply) == 3:
+            token, value, pttl = reply
+            if isinstance(token, int) and isinstance(pttl, int) and (value is None or isinstance(value, str)):
+                return token, value, pttl
+        shown = repr(reply) if len(repr(reply)) <= 80 else repr(reply)[:80] + "..."
+        raise PermanentBackendError(
+            f"Redis at {self.settings.url} answered the acquire script with {shown}, not {{token, value, pttl}}"
+        )
 
     async def _withdraw(self, owner: str) -> None:
         """Delete our key if a request of ours may have set it; bounded, never interrupted."""

@@ -22,6 +22,7 @@ from redis.asyncio.connection import Connection, SSLConnection
 from redis.crc import key_slot
 
 from ..._errors import PermanentBackendError
+from ._replies import bounded
 
 __all__ = ["SlotConnection", "SlotOwner", "SlotSSLConnection"]
 
@@ -46,7 +47,7 @@ class SlotOwner:
     async def __call__(self) -> tuple[str, int]:
         error: BaseException | None = None
         for index, (host, port) in enumerate(list(self.nodes)):
-            client = Redis(host=host, port=port, decode_responses=True, **self.options)
+            client = bounded(Redis(host=host, port=port, decode_responses=True, **self.options))
             try:
                 ranges = await client.execute_command("CLUSTER", "SLOTS")  # type: ignore[no-untyped-call, unused-ignore]
             except (rexc.AuthenticationError, rexc.NoPermissionError):
