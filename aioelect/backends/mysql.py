@@ -465,6 +465,8 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
                 f"{text}, or pass allow_volatile_tokens=True (the aioelect command: --allow-volatile-tokens, "
                 "AIOELECT_ALLOW_VOLATILE_TOKENS=1) to accept it"
             )
+        # Told, not refused: a token after a crash may repeat one this elector held, and is taken with a WARNING.
+        self.tokens_may_repeat = True
         self.log.warning("%s", text)
 
     async def _check_topology(self, conn: _MySQLConnection) -> None:
