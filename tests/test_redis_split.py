@@ -1,0 +1,157 @@
+"""A Redis master cut off from its sentinels while the candidates still reach it: never two leaders.
+
+The sentinels log in as the default user; the candidates and the replicas as
+``elector``. Switching the default user off on the master (and killing its
+connections) cuts the master off from the sentinels only: they promote a
+replica, while the old leader's connection to the old master is untouched.
+Every leadership's ``held`` is sampled every 10 ms; the test fails if two
+were held at once. What it measures is stated in docs/guarantees.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import anyio
+import pytest
+
+from aioelect import Leadership, RedisElector
+
+from .backends import unique_name
+from .harness import RedisServer, SentinelServer, redis_command
+
+#: Quick renews and a short lease; the sentinels call a master down after 1 s.
+OPTIONS = {"lease": 3, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 0.5}
+USER, PASSWORD = "elector", "elector-secret"
+ACL = [f"{USER} on >{PASSWORD} ~* &* +@all"]
+#: The replicas replicate as ``elector``, so switching the default user off leaves replication alone.
+REPLICA_AUTH = ("--masteruser", USER, "--masterauth", PASSWORD)
+
+
+@dataclass
+class Split:
+    master: RedisServer
+    replicas: list[RedisServer]
+    sentinels: list[SentinelServer]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{USER}:{PASSWORD}@{hosts}/aioelect/0"
+
+    def named_port(self) -> int:
+        """The master's port as the first sentinel names it."""
+        return int(self.sentinels[0].command("SENTINEL", "get-master-addr-by-name", "aioelect")[1])
+
+    def as_elector(self, server: RedisServer, *args: str) -> object:
+        return redis_command(server.port, *args, user=USER, password=PASSWORD)
+
+    def cut(self) -> None:
+        """The sentinels' user switched off on the master, their connections killed; nobody else is touched."""
+        self.as_elector(self.master, "ACL", "SETUSER", "default", "off")
+        self.as_elector(self.master, "CLIENT", "KILL", "USER", "default")
+
+    def heal(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self.as_elector(self.master, "ACL", "SETUSER", "default", "on")
+
+
+@dataclass
+class Sampled:
+    """Each leadership's held intervals, sampled every 10 ms: the time two or more were held at once."""
+
+    leads: list[tuple[str, Leadership]] = field(default_factory=list)
+    overlap: float = 0.0
+    first_at: dict[str, float] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            now = time.monotonic()
+            held = [who for who, lead in self.leads if lead.held]
+            if len(held) > 1:
+                self.overlap += now - last
+            for who in held:
+                self.first_at.setdefault(who, now)
+            last = now
+
+
+@pytest.fixture(params=[(1, 1), (3, 2)], ids=["1-sentinel", "3-sentinels-quorum-2"])
+def split(request: pytest.FixtureRequest) -> Iterator[Split]:
+    count, quorum = request.param
+    with contextlib.ExitStack() as stack:
+        master = stack.enter_context(RedisServer(acl=ACL))
+        # Two replicas: after the failover the promoted one still has a replica to confirm grants.
+        replicas = [
+            stack.enter_context(RedisServer(replica_of=master.port, acl=ACL, extra_args=REPLICA_AUTH))
+            for _ in range(2)
+        ]
+        sentinels = [stack.enter_context(SentinelServer(master.port, quorum=quorum)) for _ in range(count)]
+        deadline = time.monotonic() + 30
+        while True:
+            info = dict(zip(*[iter(sentinels[0].command("SENTINEL", "master", "aioelect"))] * 2, strict=True))
+            links = [r.command("INFO", "replication") for r in replicas]
+            if (
+                info.get("num-slaves") == "2"
+                and info.get("num-other-sentinels") == str(count - 1)
+                and all("master_link_status:up" in link for link in links)
+            ):
+                break
+            assert time.monotonic() < deadline, f"the group never formed: {info}"
+            time.sleep(0.1)
+        group = Split(master, replicas, sentinels)
+        try:
+            yield group
+        finally:
+            group.heal()
+
+
+async def test_a_master_cut_off_from_the_sentinels_leaves_one_leader(split: Split) -> None:
+    name = unique_name()
+    options = dict(OPTIONS, name=name, min_replicas=1)
+    sampled = Sampled()
+    async with (
+        RedisElector(split.url, identity="old", **options) as old,  # type: ignore[arg-type]
+        RedisElector(split.url, identity="waiter", **options) as waiter,  # type: ignore[arg-type]
+        RedisElector(split.url, identity="new", **options) as new,  # type: ignore[arg-type]
+        anyio.create_task_group() as tg,
+    ):
+        lead = await old.acquire(timeout=10)
+        sampled.leads.append(("old", lead))
+        tg.start_soon(sampled.run)
+
+        async def candidate(who: str, elector: RedisElector) -> None:
+            got = await elector.acquire()
+            sampled.leads.append((who, got))
+            await got.wait_lost()
+
+        # A waiter on the old master before the cut, a new candidate that asks Sentinel after the failover.
+        tg.start_soon(candidate, "waiter", waiter)
+        await asyncio.sleep(1.0)
+        cut_at = time.monotonic()
+        await anyio.to_thread.run_sync(split.cut)
+        with anyio.fail_after(30):
+            while await anyio.to_thread.run_sync(split.named_port) == split.master.port:
+                await asyncio.sleep(0.1)
+        failover = time.monotonic() - cut_at
+        tg.start_soon(candidate, "new", new)
+        # Until another candidate has led for 3 s, or 15 s after the cut (the cut lasts all along).
+        with anyio.move_on_after(15):
+            while not any(who != "old" and at < time.monotonic() - 3 for who, at in sampled.first_at.items()):
+                await asyncio.sleep(0.05)
+        successor = min((at for who, at in sampled.first_at.items() if who != "old"), default=None)
+        old_stopped = "still held" if lead.held else "stopped"
+        print(
+            f"MEASURED redis master cut off from {len(split.sentinels)} sentinel(s), min_replicas=1: sentinels "
+            f"switched {failover:.2f}s after the cut; old leader {old_stopped}; successor led "
+            f"{'never' if successor is None else f'{successor - cut_at:.2f}s after the cut'}; two leaders for "
+            f"{sampled.overlap:.2f}s"
+        )
+        tg.cancel_scope.cancel()
+    assert sampled.overlap == 0, f"two leaders for {sampled.overlap:.2f}s"
+    assert successor is not None, "nobody led after the failover"
