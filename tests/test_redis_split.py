@@ -67,6 +67,7 @@ class Sampled:
     leads: list[tuple[str, Leadership]] = field(default_factory=list)
     overlap: float = 0.0
     first_at: dict[str, float] = field(default_factory=dict)
+    last_at: dict[str, float] = field(default_factory=dict)
 
     async def run(self) -> None:
         last = time.monotonic()
@@ -78,6 +79,7 @@ class Sampled:
                 self.overlap += now - last
             for who in held:
                 self.first_at.setdefault(who, now)
+                self.last_at[who] = now
             last = now
 
 
@@ -88,8 +90,7 @@ def split(request: pytest.FixtureRequest) -> Iterator[Split]:
         master = stack.enter_context(RedisServer(acl=ACL))
         # Two replicas: after the failover the promoted one still has a replica to confirm grants.
         replicas = [
-            stack.enter_context(RedisServer(replica_of=master.port, acl=ACL, extra_args=REPLICA_AUTH))
-            for _ in range(2)
+            stack.enter_context(RedisServer(replica_of=master.port, acl=ACL, extra_args=REPLICA_AUTH)) for _ in range(2)
         ]
         sentinels = [stack.enter_context(SentinelServer(master.port, quorum=quorum)) for _ in range(count)]
         deadline = time.monotonic() + 30
@@ -145,11 +146,12 @@ async def test_a_master_cut_off_from_the_sentinels_leaves_one_leader(split: Spli
             while not any(who != "old" and at < time.monotonic() - 3 for who, at in sampled.first_at.items()):
                 await asyncio.sleep(0.05)
         successor = min((at for who, at in sampled.first_at.items() if who != "old"), default=None)
-        old_stopped = "still held" if lead.held else "stopped"
+        who_led = [who for who, at in sampled.first_at.items() if at == successor]
+        old_stopped = "still held" if lead.held else f"stopped {sampled.last_at['old'] - cut_at:.2f}s after the cut"
         print(
             f"MEASURED redis master cut off from {len(split.sentinels)} sentinel(s), min_replicas=1: sentinels "
             f"switched {failover:.2f}s after the cut; old leader {old_stopped}; successor led "
-            f"{'never' if successor is None else f'{successor - cut_at:.2f}s after the cut'}; two leaders for "
+            f"{'never' if successor is None else f'{successor - cut_at:.2f}s after the cut ({who_led[0]})'}; two leaders for "
             f"{sampled.overlap:.2f}s"
         )
         tg.cancel_scope.cancel()
