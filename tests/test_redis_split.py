@@ -148,11 +148,11 @@ async def test_a_master_cut_off_from_the_sentinels_leaves_one_leader(split: Spli
         successor = min((at for who, at in sampled.first_at.items() if who != "old"), default=None)
         who_led = [who for who, at in sampled.first_at.items() if at == successor]
         old_stopped = "still held" if lead.held else f"stopped {sampled.last_at['old'] - cut_at:.2f}s after the cut"
+        led = "never" if successor is None else f"{successor - cut_at:.2f}s after the cut ({who_led[0]})"
         print(
             f"MEASURED redis master cut off from {len(split.sentinels)} sentinel(s), min_replicas=1: sentinels "
-            f"switched {failover:.2f}s after the cut; old leader {old_stopped}; successor led "
-            f"{'never' if successor is None else f'{successor - cut_at:.2f}s after the cut ({who_led[0]})'}; two leaders for "
-            f"{sampled.overlap:.2f}s"
+            f"switched {failover:.2f}s after the cut; old leader {old_stopped}; successor led {led}; two leaders "
+            f"for {sampled.overlap:.2f}s"
         )
         tg.cancel_scope.cancel()
     assert sampled.overlap == 0, f"two leaders for {sampled.overlap:.2f}s"

@@ -498,11 +498,11 @@ class RedisBackend(Backend):
             return replies
 
         replies = await self.send("renew", exchange)
-        for reply in replies[:-1]:
+        for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
         listed = _replica_set(replies[-1])
-        if isinstance(replies[-1], Exception) or listed is None:
+        if listed is None:
             role = replies[-1][0] if isinstance(replies[-1], list) and replies[-1] else replies[-1]
             return Renewal(bool(int(replies[0])), None, f"the server is no longer a master (ROLE: {role})", True)
         mine = bool(int(replies[0]))
@@ -675,18 +675,19 @@ class RedisBackend(Backend):
         return after
 
     async def _replication(self, client: Redis) -> None:
-        """The connect-time replication check (``INFO replication``): a server that is not a master raises
-        :class:`_NotMaster` (transient: the retry asks again); ``min_replicas=0`` through Sentinel or on a
-        Redis Cluster is logged once at WARNING, with what the server's ``min-replicas-to-write`` bounds."""
-        info = await self.send("read replication", lambda: _command(client, "INFO", "replication"))
-        info = info if isinstance(info, dict) else {}
-        role = str(info.get("role", "master"))
-        if role != "master":
-            raise _NotMaster(f"the server is a {role}, not a master")
+        """The connect-time replication check: a server whose ``ROLE`` is not master raises :class:`_NotMaster`
+        (transient: the retry asks again), and a user denied ``ROLE`` (which every renew sends) is refused here;
+        ``min_replicas=0`` through Sentinel or on a Redis Cluster is logged once at WARNING, with what the server's
+        ``min-replicas-to-write`` (seen in ``INFO replication``) bounds."""
+        role = await self.send("read role", lambda: _command(client, "ROLE"))
+        if _replica_set(role) is None:
+            shown = role[0] if isinstance(role, list) and role else role
+            raise _NotMaster(f"the server is a {shown}, not a master")
         failover = bool(self.settings.sentinels or self.settings.cluster_nodes)
         if failover and not self.settings.min_replicas and not self._failover_warned:
             self._failover_warned = True
-            guarded = "min_slaves_good_slaves" in info  # shown only when min-replicas-to-write is set
+            info = await self.send("read replication", lambda: _command(client, "INFO", "replication"))
+            guarded = isinstance(info, dict) and "min_slaves_good_slaves" in info  # only with min-replicas-to-write
             self.log.warning(
                 "min_replicas=0 %s: a renew is not confirmed by any replica, so a master cut off from %s keeps "
                 "accepting the leader's renews after a replica is promoted, and two leaders can act until the old "
