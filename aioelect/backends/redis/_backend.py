@@ -26,8 +26,17 @@ Guarantees:
   :class:`~aioelect.PermanentBackendError` at once; a server that is
   loading, read-only (a replica, during a failover), without its master or
   out of memory, and a connection refused, reset or timed out, are retried;
-* with ``min_replicas=N`` a grant stands only once ``WAIT`` says N replicas
-  have it; otherwise the key is deleted again and the campaign retries;
+* with ``min_replicas=N`` a grant stands only once ``WAIT`` says every
+  replica the master lists (``ROLE``), and at least N, has it; otherwise
+  the key is deleted again and the campaign retries; every renew counts
+  only on the same condition (see :class:`RedisHold`), so a master cut off
+  from Sentinel or the cluster bus stops confirming its leader once a
+  replica is promoted;
+* every campaign try and every renew read ``ROLE``: a server that is not a
+  master never grants nor confirms; through Sentinel a grant stands only
+  once a sentinel, asked after its ``WAIT``, still names the master and
+  does not hold it down, and a waiting candidate moves to the master the
+  sentinels name;
 * a campaign that does not return a leadership (cancellation included)
   leaves no key and no connection behind.
 """
@@ -449,15 +458,18 @@ class RedisBackend(Backend):
             return str(state["ip"]), int(state["port"])
         raise rexc.ConnectionError(f"no sentinel answered ({'; '.join(errors) or 'none listed'})")
 
-    async def _still_named(self, client: Redis) -> None:
+    async def _still_named(self, client: Redis, *, required: bool = False) -> None:
         """Through Sentinel: raise :class:`_NotMaster` if the sentinels name another master than the one
-        ``client`` is connected to, or hold it down; no opinion when no sentinel answers."""
+        ``client`` is connected to, or hold it down; when no sentinel answers, no opinion unless ``required``
+        (a grant: the master may have been abandoned in a failover that its replicas have not all followed)."""
         if not self.settings.sentinels:
             return
         try:
             with anyio.fail_after(self.timing.check_timeout):
                 named = await self.named_master(client)
         except Exception as exc:
+            if required:
+                raise _NotMaster(f"no sentinel confirmed the master ({self.describe(exc)})") from None
             self.log.debug("asking the sentinels failed (%s)", self.describe(exc))
             return
         here = self.lock_address() if client is self._lock else None
@@ -715,7 +727,7 @@ class RedisBackend(Backend):
             return None, value, int(pttl)
         try:
             replicas = await self._confirm_write(client, waitaof)
-            await self._still_named(client)
+            await self._still_named(client, required=True)
         except BaseException:
             await self._withdraw(owner)
             raise
