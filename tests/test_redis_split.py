@@ -112,12 +112,22 @@ def split(request: pytest.FixtureRequest) -> Iterator[Split]:
             group.heal()
 
 
-async def test_a_master_cut_off_from_the_sentinels_leaves_one_leader(split: Split) -> None:
+@dataclass
+class Outcome:
+    overlap: float
+    successor: float | None
+
+
+async def cut_off(split: Split, min_replicas: int, *, direct: bool = False) -> Outcome:
+    """A leader, a waiter on the old master, the cut, and a new candidate once the sentinels switch: sampled until
+    another candidate has led for 3 s, or 15 s after the cut (the cut lasts all along). ``direct``: the leader
+    connects to the master by its address, so it has no sentinel to ask (as if it could not reach them)."""
     name = unique_name()
-    options = dict(OPTIONS, name=name, min_replicas=1)
+    options = dict(OPTIONS, name=name, min_replicas=min_replicas)
     sampled = Sampled()
+    leader_url = f"redis://{USER}:{PASSWORD}@127.0.0.1:{split.master.port}/0" if direct else split.url
     async with (
-        RedisElector(split.url, identity="old", **options) as old,  # type: ignore[arg-type]
+        RedisElector(leader_url, identity="old", **options) as old,  # type: ignore[arg-type]
         RedisElector(split.url, identity="waiter", **options) as waiter,  # type: ignore[arg-type]
         RedisElector(split.url, identity="new", **options) as new,  # type: ignore[arg-type]
         anyio.create_task_group() as tg,
@@ -141,7 +151,6 @@ async def test_a_master_cut_off_from_the_sentinels_leaves_one_leader(split: Spli
                 await asyncio.sleep(0.1)
         failover = time.monotonic() - cut_at
         tg.start_soon(candidate, "new", new)
-        # Until another candidate has led for 3 s, or 15 s after the cut (the cut lasts all along).
         with anyio.move_on_after(15):
             while not any(who != "old" and at < time.monotonic() - 3 for who, at in sampled.first_at.items()):
                 await asyncio.sleep(0.05)
@@ -150,10 +159,33 @@ async def test_a_master_cut_off_from_the_sentinels_leaves_one_leader(split: Spli
         old_stopped = "still held" if lead.held else f"stopped {sampled.last_at['old'] - cut_at:.2f}s after the cut"
         led = "never" if successor is None else f"{successor - cut_at:.2f}s after the cut ({who_led[0]})"
         print(
-            f"MEASURED redis master cut off from {len(split.sentinels)} sentinel(s), min_replicas=1: sentinels "
-            f"switched {failover:.2f}s after the cut; old leader {old_stopped}; successor led {led}; two leaders "
-            f"for {sampled.overlap:.2f}s"
+            f"MEASURED redis master cut off from {len(split.sentinels)} sentinel(s), min_replicas={min_replicas}, "
+            f"leader {'connected directly' if direct else 'through Sentinel'}: "
+            f"sentinels switched {failover:.2f}s after the cut; old leader {old_stopped}; successor led {led}; two "
+            f"leaders for {sampled.overlap:.2f}s"
         )
         tg.cancel_scope.cancel()
-    assert sampled.overlap == 0, f"two leaders for {sampled.overlap:.2f}s"
-    assert successor is not None, "nobody led after the failover"
+    return Outcome(sampled.overlap, None if successor is None else successor - cut_at)
+
+
+async def test_a_master_cut_off_from_the_sentinels_leaves_one_leader(split: Split) -> None:
+    outcome = await cut_off(split, min_replicas=1)
+    assert outcome.overlap == 0, f"two leaders for {outcome.overlap:.2f}s"
+    assert outcome.successor is not None, "nobody led after the failover"
+
+
+@pytest.mark.parametrize("split", [(1, 1)], indirect=True, ids=["1-sentinel"])
+async def test_wait_alone_fences_a_leader_that_cannot_ask_the_sentinels(split: Split) -> None:
+    """The proof rests on ``WAIT``, not on the sentinels' answer: a leader that never asks them stops in time too."""
+    outcome = await cut_off(split, min_replicas=1, direct=True)
+    assert outcome.overlap == 0, f"two leaders for {outcome.overlap:.2f}s"
+    assert outcome.successor is not None, "nobody led after the failover"
+
+
+@pytest.mark.parametrize("split", [(1, 1)], indirect=True, ids=["1-sentinel"])
+async def test_without_min_replicas_a_cut_off_master_keeps_its_leader_beside_the_new_one(split: Split) -> None:
+    """What ``min_replicas=0`` gives up (docs/guarantees.md, R1): no replica confirms a renew, so a leader that cannot
+    ask the sentinels keeps leading on the old master while the promoted replica elects another."""
+    outcome = await cut_off(split, min_replicas=0, direct=True)
+    assert outcome.successor is not None, "nobody led after the failover"
+    assert outcome.overlap > 1.0, f"two leaders for only {outcome.overlap:.2f}s"
