@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -183,9 +184,14 @@ async def test_wait_alone_fences_a_leader_that_cannot_ask_the_sentinels(split: S
 
 
 @pytest.mark.parametrize("split", [(1, 1)], indirect=True, ids=["1-sentinel"])
-async def test_without_min_replicas_a_cut_off_master_keeps_its_leader_beside_the_new_one(split: Split) -> None:
+async def test_without_min_replicas_a_cut_off_master_keeps_its_leader_beside_the_new_one(
+    split: Split, caplog: pytest.LogCaptureFixture
+) -> None:
     """What ``min_replicas=0`` gives up (docs/guarantees.md, R1): no replica confirms a renew, so a leader that cannot
-    ask the sentinels keeps leading on the old master while the promoted replica elects another."""
+    ask the sentinels keeps leading on the old master while the promoted replica elects another. The candidates that
+    go through Sentinel say so in a WARNING."""
+    caplog.set_level(logging.WARNING, logger="aioelect")
     outcome = await cut_off(split, min_replicas=0, direct=True)
+    assert "min_replicas=0 through Sentinel" in caplog.text
     assert outcome.successor is not None, "nobody led after the failover"
     assert outcome.overlap > 1.0, f"two leaders for only {outcome.overlap:.2f}s"

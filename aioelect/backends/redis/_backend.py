@@ -484,13 +484,19 @@ class RedisBackend(Backend):
         await client.initialize()
         conn = client.connection
         assert conn is not None  # a single-connection client
-        await conn.send_packed_command(conn.pack_commands(commands))
         replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(await conn.read_response())
-            except rexc.ResponseError as exc:
-                replies.append(exc)
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands))
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except rexc.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            # Replies may still be on their way (a timeout, a cancellation): the next request must not read them.
+            with anyio.CancelScope(shield=True):
+                await conn.disconnect(nowait=True)
+            raise
         return replies
 
     async def renew(self, owner: str, replicas: frozenset[str], expect: int) -> Renewal:
