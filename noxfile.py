@@ -47,6 +47,7 @@ NO_SERVER: dict[str, str | None] = {
     "tests/test_leader_only.py": None,
     "tests/test_model.py": None,
     "tests/test_soak.py": "not short_soak",
+    "tests/test_register.py": None,
 }
 
 #: What ``lowest`` and ``newest`` run besides the tests that need no server: every suite that drives a driver

@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import enum
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -26,7 +26,7 @@ from ._config import default_identity, positive, validate_identity
 from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
 from ._events import Event, EventKind, Listener
 from ._log import ElectionLog
-from ._tasks import TaskSet, first_of
+from ._tasks import TaskSet, consume, first_of
 from ._transitions import Transitions
 
 __all__ = [
@@ -664,12 +664,12 @@ class Elector:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
                 if once:
-                    hold = await self._backend.try_campaign(self._identity)
+                    hold = await self._apart(self._backend.try_campaign(self._identity))
                 else:
                     watcher = self._tasks.start(
                         self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
                     )
-                    hold = await self._backend.campaign(self._identity)
+                    hold = await self._apart(self._backend.campaign(self._identity))
             if scope.cancelled_caught:
                 raise ElectorClosed("elector closed while campaigning")
         except BaseException:
@@ -700,6 +700,29 @@ class Elector:
                 await hold.release()
             raise ElectorClosed("elector closed while campaigning")
         return hold
+
+    async def _apart(self, step: Coroutine[Any, Any, Hold | None]) -> Hold | None:
+        """Run one campaign step in a task of this elector's and wait for it; a cancellation always ends the call.
+
+        Drivers wait on the server inside ``asyncio.wait_for()``, which before Python 3.12 returns the reply
+        instead of raising when a cancellation arrives with it: a campaign run in the caller's task could win
+        for a task that was cancelled. Here the caller's task waits only for the step's, so its cancellation
+        always reaches it; the step is then cancelled (again, should the driver swallow it) and a hold it won
+        meanwhile is released.
+        """
+        task = self._tasks.start(step, name=f"aioelect-campaign-{self._identity}", on_done=consume)
+        try:
+            return await asyncio.shield(task)
+        except BaseException:
+            # As long as the step takes to end, as when it ran in the caller's task (it may be closing what it
+            # opened in a worker thread); cancelled again while it runs, should a driver have swallowed it.
+            with anyio.CancelScope(shield=True):
+                while not task.done():
+                    task.cancel()
+                    await asyncio.wait([task], timeout=0.05)
+            if not task.cancelled() and task.exception() is None:
+                await self._abandon(task.result())
+            raise
 
     async def _abandon(self, hold: Hold | None) -> None:
         """End a campaign that will not return: the elector campaigns no more, and ``hold`` is released."""

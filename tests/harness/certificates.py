@@ -42,20 +42,25 @@ class Certificates:
             run(
                 "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
                 "-subj", f"/CN={cn}", "-keyout", key or os.path.join(d, "other-ca-key.pem"), "-out", cert,
+                # Python 3.13's default context verifies strictly (VERIFY_X509_STRICT): a CA needs its key usage.
+                "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
             )  # fmt: skip
+        # Strict verification also wants the issuer's key identifier and a key usage on every certificate.
+        leaf = "authorityKeyIdentifier=keyid,issuer\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
         ext = os.path.join(d, "server.ext")
         with open(ext, "w") as f:
-            f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+            f.write(leaf + "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
+        client_ext = os.path.join(d, "client.ext")
+        with open(client_ext, "w") as f:
+            f.write(leaf + "extendedKeyUsage=clientAuth\n")
         for cert, key, cn, extfile in (
             (self.server_cert, self.server_key, "127.0.0.1", ext),
-            (self.client_cert, self.client_key, client_cn, None),
+            (self.client_cert, self.client_key, client_cn, client_ext),
         ):
             csr = cert + ".csr"
             run("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={cn}", "-keyout", key, "-out", csr)
             sign = ["x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial"]
-            sign += ["-days", "2", "-out", cert]
-            if extfile:
-                sign += ["-extfile", extfile]
+            sign += ["-days", "2", "-out", cert, "-extfile", extfile]
             run(*sign)
         for name in os.listdir(d):
             os.chmod(os.path.join(d, name), 0o644)

@@ -14,11 +14,12 @@ Guarantees:
   election's channel, which every waiting candidate is subscribed to: the
   next one tries at once; after a crash the key expires within ``lease``;
 * tokens never go back: before a campaign the server's persistence is read
-  (``appendonly``/``appendfsync``; ``WAITAOF`` on 7.2+) and a server that
-  could lose the last ``INCR`` in a crash is refused unless
-  ``volatile_tokens=True`` (logged at WARNING);
-* the same ``CONFIG GET`` reads the settings that could let the key go
-  before its expiry or keep renews from coming in time (an eviction
+  (``INFO``: the append-only file; ``appendfsync`` by ``CONFIG GET`` or as
+  the URL states it; ``WAITAOF`` on 7.2+) and a server that could lose the
+  last ``INCR`` in a crash is refused unless ``volatile_tokens=True``
+  (logged at WARNING);
+* the same reads find the settings that could let the key go before its
+  expiry or keep renews from coming in time (an eviction
   ``maxmemory-policy``, a short ``timeout``: see :mod:`._bounds`); a server
   that has one is refused, naming it;
 * errors no retry can fix (credentials, ACL, a refused certificate, a wrong
@@ -323,8 +324,11 @@ class RedisBackend(Backend):
         self._volatile_warned = False
         self._unchecked_warned = False
         self._failover_warned = False
+        self._assumed_logged = False
+        self._config_denied = False
         self._closed = False
         self._sentinels: dict[int, list[Redis]] = {}
+        self._masters_named: set[str] = set()
         self._slot_owner: SlotOwner | None = None
         #: Handed every exchange with the server (each script, command, subscription and wait for a published
         #: message); None runs them directly.
@@ -367,17 +371,19 @@ class RedisBackend(Backend):
             return self._cluster_client(options)
         if not self.settings.sentinels:
             return Redis(**options, single_connection_client=True, decode_responses=True)
-        from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+        from ._sentinel import sentinel_client
 
-        del options["host"], options["port"]
-        asked = {key: options[key] for key in options if key.startswith("socket_") or key == "retry"}
-        sentinel = Sentinel(self.settings.sentinels, sentinel_kwargs=asked, **options)  # type: ignore[no-untyped-call, unused-ignore]
-        pool = SentinelConnectionPool(  # type: ignore[no-untyped-call, unused-ignore]
-            self.settings.master_name, sentinel, decode_responses=True, **options
-        )
-        client = Redis(connection_pool=pool, single_connection_client=True, decode_responses=True)
-        self._sentinels[id(client)] = sentinel.sentinels
+        client, sentinels = sentinel_client(self.settings, options, self._master_named)
+        self._sentinels[id(client)] = sentinels
         return client
+
+    def _master_named(self, host: str) -> None:
+        """Log the transport WARNING, once per host, for a master a Sentinel names (:mod:`._sentinel`)."""
+        if host not in self._masters_named:
+            self._masters_named.add(host)
+            warning = self.settings.master_warning(host)
+            if warning is not None:
+                self.log.warning("%s", warning)
 
     def _cluster_client(self, options: dict[str, Any]) -> Redis:
         """One connection to the master that owns the election's slot, asked of the cluster as it connects."""
@@ -586,7 +592,13 @@ class RedisBackend(Backend):
             return "timed out"
         tls = _tls_verify_error(exc)
         if tls is not None:
-            return f"TLS handshake failed: {getattr(tls, 'verify_message', None) or tls.reason or tls}"
+            text = f"TLS handshake failed: {getattr(tls, 'verify_message', None) or tls.reason or tls}"
+            if self.settings.sentinels:
+                text += (
+                    " (a master a Sentinel names must hold a certificate for master_tls_name, else for its address "
+                    "as master_hosts lists it, else for the master's name in the URL)"
+                )
+            return text
         text = str(exc) or type(exc).__name__
         return f"{type(exc).__name__}: {text}" if isinstance(exc, rexc.RedisError) else text
 
@@ -603,43 +615,60 @@ class RedisBackend(Backend):
     async def _persistence(self, client: Redis) -> tuple[bool, str]:
         """(whether ``WAITAOF`` must confirm each grant, why tokens are not durable or ""), read from the server.
 
-        PermanentBackendError if a server setting could let the key go before its expiry, or keep a healthy
-        leader's renews from coming in time (:func:`._bounds.config_problem`).
+        ``INFO`` gives the version, whether the append-only file is on and the eviction settings; ``CONFIG GET``
+        only ``appendfsync`` and ``timeout``, and only when the URL does not state them (``assume_appendfsync``,
+        ``assume_timeout``): a user allowed ``CONFIG GET`` can read the server's passwords too, so the documented
+        ACL denies it. PermanentBackendError if a server setting could let the key go before its expiry, or keep a
+        healthy leader's renews from coming in time (:func:`._bounds.config_problem`).
         """
-        if self._version is None:
+        info = await self.send("read persistence", lambda: _command(client, "INFO", "server", "persistence", "memory"))
+        info = info if isinstance(info, dict) else {}
+        version = str(info.get("redis_version", "0"))
+        self._version = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+        config = {
+            "appendonly": "yes" if str(info.get("aof_enabled")) == "1" else "no",
+            "maxmemory": str(info.get("maxmemory", "0")),
+            "maxmemory-policy": str(info.get("maxmemory_policy", "noeviction")),
+        }
+        stated = dict(self.settings.assume_config)
+        if stated and not self._assumed_logged:
+            self._assumed_logged = True
+            self.log.info(
+                "not read from the server, as the URL states them: %s",
+                ", ".join(f"{key} {value}" for key, value in stated.items()),
+            )
+        unread = [key for key in CONFIG_READ if key not in stated]
+        if unread and not self._config_denied:
             try:
-                info = await self.send("read version", lambda: _command(client, "INFO", "server"))
-                version = str(info.get("redis_version", "0")) if isinstance(info, dict) else "0"
-                self._version = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+                reply = await self.send("read settings", lambda: _command(client, "CONFIG", "GET", *unread))
             except rexc.NoPermissionError:
-                self._version = ()
-        try:
-            reply = await self.send("read persistence", lambda: _command(client, "CONFIG", "GET", *CONFIG_READ))
-        except rexc.NoPermissionError:
-            config: dict[str, str] | None = None
-            if not self._unchecked_warned:
-                self._unchecked_warned = True
-                self.log.warning(
-                    "CONFIG GET is denied to this user: the server's maxmemory-policy and timeout cannot be checked; "
-                    "the lock key is safe only with maxmemory-policy noeviction (or no maxmemory), and renews come "
-                    "in time only with timeout 0 or at least %gs",
-                    least_timeout(self.timing),
-                )
-        else:
-            pairs = list(reply.items()) if isinstance(reply, dict) else list(zip(reply[::2], reply[1::2], strict=False))
-            config = {str(k): str(v) for k, v in pairs}
-            problem = config_problem(config, self.timing, server=self.settings.url)
-            if problem is not None:
-                raise PermanentBackendError(problem)
+                self._config_denied = True  # asked once per elector: each denial is an entry in the ACL LOG
+            else:
+                pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=False)
+                config.update({str(k): str(v) for k, v in pairs})
+        config.update(stated)
+        if "timeout" not in config and not self._unchecked_warned:
+            self._unchecked_warned = True
+            self.log.warning(
+                "the server's timeout is unknown (CONFIG GET is denied to this user, and the URL does not state it "
+                "with assume_timeout=): renews come in time only with timeout 0 or at least %gs",
+                least_timeout(self.timing),
+            )
+        problem = config_problem(config, self.timing, server=self.settings.url)
+        if problem is not None:
+            raise PermanentBackendError(problem)
         waitaof = self._version >= (7, 2)
-        if config is not None and config.get("appendonly") == "yes" and config.get("appendfsync") == "always":
+        if config["appendonly"] == "yes" and config.get("appendfsync") == "always":
             return False, ""
-        if waitaof and (config is None or config.get("appendonly") == "yes"):
+        if waitaof and config["appendonly"] == "yes":
             return True, ""
-        if config is None:
-            why = "CONFIG GET is denied to this user, so the server's persistence is unknown"
-        elif config.get("appendonly") != "yes":
+        if config["appendonly"] != "yes":
             why = "the server runs without the append-only file (appendonly no)"
+        elif "appendfsync" not in config:
+            why = (
+                "CONFIG GET is denied to this user and the URL does not state appendfsync (assume_appendfsync=always), "
+                "so how often the append-only file is synced is unknown"
+            )
         else:
             why = f"the append-only file is synced {config.get('appendfsync')!r}, not 'always'"
         return False, why
@@ -658,8 +687,8 @@ class RedisBackend(Backend):
         if not self.settings.volatile_tokens:
             raise PermanentBackendError(
                 f"Redis at {self.settings.url} cannot keep fencing tokens across a crash: {what}. Set appendonly yes "
-                "and appendfsync always (or use Redis 7.2+, and grant CONFIG GET to this user so that it can be "
-                "checked), or pass volatile_tokens=True to accept tokens that may repeat"
+                "and appendfsync always (and state it with ?assume_appendfsync=always, or use Redis 7.2+), or pass "
+                "volatile_tokens=True to accept tokens that may repeat"
             )
         if not self._volatile_warned:
             self._volatile_warned = True

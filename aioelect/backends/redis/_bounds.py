@@ -19,7 +19,11 @@ sooner, or keeps a healthy leader from renewing in time:
   Refused below :func:`least_timeout`. Subscribed connections are exempt.
 * ``tcp-keepalive``: the server's probes end a connection to a client that
   stopped answering; that client is cut off anyway, and the key keeps its
-  expiry. Read, shown, never refused.
+  expiry. Never refused, so never read.
+
+``INFO`` gives ``maxmemory``, ``maxmemory_policy`` and ``aof_enabled``;
+``timeout`` and ``appendfsync`` only ``CONFIG GET`` gives, or the operator
+states them in the URL (``assume_timeout``, ``assume_appendfsync``).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from ..._config import LockTiming
 
 __all__ = ["CONFIG_READ", "EXPIRY", "config_problem", "least_timeout", "server_bounds"]
 
-#: What a campaign try reads with ``CONFIG GET``: the persistence of the tokens, and the settings above.
-CONFIG_READ = ("appendonly", "appendfsync", "timeout", "tcp-keepalive", "maxmemory", "maxmemory-policy")
+#: What a campaign try reads with ``CONFIG GET`` (the rest is in ``INFO``), unless the URL states it.
+CONFIG_READ = ("appendfsync", "timeout")
 #: The one server-side bound of a Redis lock, by the name the docs give it.
 EXPIRY = "the lock key's PX expiry"
 #: Seconds of slack above the longest idle gap of a connection: Redis counts idle time in whole seconds, and a

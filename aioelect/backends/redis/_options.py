@@ -7,7 +7,16 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from ..._config import DSN, LockTiming, check_options, parse_dsn, positive, transport_warning, validate_name
+from ..._config import (
+    DSN,
+    LockTiming,
+    check_options,
+    is_loopback,
+    parse_dsn,
+    positive,
+    transport_warning,
+    validate_name,
+)
 
 __all__ = ["RedisOptions", "RedisSettings"]
 
@@ -15,6 +24,14 @@ _SCHEMES = ("redis", "rediss")
 _SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 _TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+#: URL parameters of a Sentinel URL: what the master a Sentinel names must prove before it gets the password.
+_MASTER_KEYS = ("master_tls_name", "master_hosts")
+#: URL parameters stating server settings a user without ``CONFIG GET`` cannot read (see :mod:`._bounds`).
+_ASSUME_KEYS = ("assume_appendfsync", "assume_timeout")
+_APPENDFSYNC = ("always", "everysec", "no")
+#: The Sentinels' credentials when the options do not give them.
+ENV_SENTINEL_USERNAME = "AIOELECT_REDIS_SENTINEL_USERNAME"
+ENV_SENTINEL_PASSWORD = "AIOELECT_REDIS_SENTINEL_PASSWORD"
 #: How many keep-alive probes, one a second, declare a silent peer dead.
 KEEPALIVE_PROBES = 2
 
@@ -44,6 +61,10 @@ class RedisOptions(_RedisElectionName, total=False):
     min_replicas: int
     #: Accept tokens that a server crash can hand out twice (no ``appendfsync always``, no ``WAITAOF``).
     volatile_tokens: bool
+    #: The Sentinels' user and password (``redis+sentinel://``; the URL's are the master's). Default: the variables
+    #: ``AIOELECT_REDIS_SENTINEL_USERNAME`` and ``AIOELECT_REDIS_SENTINEL_PASSWORD``.
+    sentinel_username: str | None
+    sentinel_password: str | None
 
 
 @dataclass(frozen=True)
@@ -70,6 +91,16 @@ class RedisSettings:
     master_name: str | None = None
     #: Redis Cluster nodes (``redis+cluster://``), asked in turn which master owns the election's slot.
     cluster_nodes: tuple[tuple[str, int], ...] = ()
+    #: The Sentinels' own credentials; TLS to them is ``tls`` (``rediss+sentinel://``), verified per sentinel host.
+    sentinel_username: str | None = None
+    sentinel_password: str | None = field(default=None, repr=False)
+    #: The name a master's certificate must carry (``?master_tls_name=``); None: see :meth:`master_tls_host`.
+    master_tls_name: str | None = None
+    #: The addresses a master named by a Sentinel may have (``?master_hosts=host[:port],...``; port None: any).
+    master_hosts: tuple[tuple[str, int | None], ...] = ()
+    #: Server settings stated by the operator (``?assume_appendfsync=``, ``?assume_timeout=``), read in place of
+    #: ``CONFIG GET``, which would also let the user read the server's passwords.
+    assume_config: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, url: str, options: dict[str, Any]) -> RedisSettings:
@@ -93,9 +124,10 @@ class RedisSettings:
             if not parsed.database.isascii() or not parsed.database.isdigit() or int(parsed.database) > 1_000_000:
                 raise ValueError("the Redis URL's path must be a database number such as /0")
             db = int(parsed.database)
+        accepted = _TLS_KEYS + (_MASTER_KEYS if sentinels else ()) + _ASSUME_KEYS
         for key in parsed.query:
-            if key not in _TLS_KEYS:
-                raise ValueError(f"unsupported Redis URL parameter {key!r}; accepted: {', '.join(_TLS_KEYS)}")
+            if key not in accepted:
+                raise ValueError(f"unsupported Redis URL parameter {key!r}; accepted: {', '.join(accepted)}")
         tls = parsed.scheme == "rediss"
         files = {key: parsed.query.get(key) or None for key in _TLS_KEYS}
         if not tls and any(files.values()):
@@ -135,6 +167,17 @@ class RedisSettings:
         if volatile not in (True, False):
             raise ValueError(f"volatile_tokens must be True or False, not {volatile!r}")
         positive("lease", lease)
+        sentinel_auth = _sentinel_credentials(options, sentinels)
+        master_hosts = _master_hosts(parsed.query.get("master_hosts"))
+        master_tls_name = parsed.query.get("master_tls_name") or None
+        if master_tls_name is not None and not tls:
+            raise ValueError("master_tls_name needs a rediss+sentinel:// URL")
+        if sentinels and not tls and not master_hosts and (parsed.password is not None or parsed.user is not None):
+            raise ValueError(
+                "a redis+sentinel:// URL with credentials would send them to whatever address a Sentinel names as "
+                "the master, unverified: list the addresses a master may have (?master_hosts=host:port,host:port), "
+                "or use rediss+sentinel:// (the master's certificate is then verified, see master_tls_name)"
+            )
         return cls(
             name=name,
             host=parsed.host,
@@ -154,6 +197,11 @@ class RedisSettings:
             sentinels=sentinels,
             master_name=master_name,
             cluster_nodes=cluster_nodes,
+            sentinel_username=sentinel_auth[0],
+            sentinel_password=sentinel_auth[1],
+            master_tls_name=master_tls_name,
+            master_hosts=master_hosts,
+            assume_config=_assumed(parsed.query),
         )
 
     @property
@@ -169,10 +217,68 @@ class RedisSettings:
         return f"{self.key_prefix}{{{self.name}}}:changed"
 
     def warning(self) -> str | None:
-        """The transport WARNING for a connection that crosses a network unencrypted, or None."""
-        return transport_warning(
-            self.host, encrypted=self.tls, verified=self.tls, fix="use rediss:// with ssl_ca_certs=PATH"
+        """The transport WARNING for a connection that crosses a network unencrypted or unauthenticated, or None.
+
+        Through Sentinel: for the Sentinels that are not loopback, when they are asked in plaintext or without a
+        password (the master's own link is judged when a Sentinel names it: :meth:`master_warning`).
+        """
+        if not self.sentinels:
+            return transport_warning(
+                self.host, encrypted=self.tls, verified=self.tls, fix="use rediss:// with ssl_ca_certs=PATH"
+            )
+        remote = [_netloc(h, p) for h, p in self.sentinels if not is_loopback(h)]
+        if not remote:
+            return None
+        texts = []
+        if not self.tls:
+            texts.append(
+                f"the connections to the Sentinels at {', '.join(remote)} are not encrypted: anyone on the path can "
+                "read them and answer in their place, naming another master"
+            )
+        if self.sentinel_password is None:
+            texts.append(
+                f"the Sentinels at {', '.join(remote)} are asked without a password: anyone who reaches them can "
+                "reconfigure them (SENTINEL SET, REMOVE, MONITOR) and name another master"
+            )
+        if not texts:
+            return None
+        return (
+            "; ".join(texts)
+            + " (use rediss+sentinel:// with ssl_ca_certs=PATH, and requirepass or an ACL user on the Sentinels with "
+            f"sentinel_password= or {ENV_SENTINEL_PASSWORD})"
         )
+
+    def master_warning(self, host: str) -> str | None:
+        """The transport WARNING for the master a Sentinel named at ``host``, or None."""
+        return transport_warning(
+            host, encrypted=self.tls, verified=self.tls, fix="use rediss+sentinel:// with ssl_ca_certs=PATH"
+        )
+
+    def master_tls_host(self, host: str) -> str:
+        """The name a master's certificate must carry when a Sentinel names it at ``host``: ``master_tls_name``;
+        else ``host`` if ``master_hosts`` admits it (the operator listed it); else the master's name in the URL.
+        Never an address taken from a Sentinel's reply alone."""
+        if self.master_tls_name is not None:
+            return self.master_tls_name
+        if self.master_hosts:
+            return host
+        assert self.master_name is not None
+        return self.master_name
+
+    def master_admitted(self, host: str, port: int) -> bool:
+        """Whether ``master_hosts`` (if given) lists the address a Sentinel named."""
+        if not self.master_hosts:
+            return True
+        return any(h.lower() == host.lower() and p in (None, port) for h, p in self.master_hosts)
+
+    def sentinel_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """redis-py's options for the connections to the Sentinels: the socket bounds of ``options`` (the
+        master's), the Sentinels' credentials, and TLS verified against each sentinel's host as the URL names it."""
+        asked = {key: options[key] for key in options if key.startswith("socket_") or key == "retry"}
+        asked.update(username=self.sentinel_username, password=self.sentinel_password)
+        if self.tls:
+            asked.update({key: options[key] for key in options if key.startswith("ssl")})
+        return asked
 
     def client_options(self) -> dict[str, Any]:
         """redis-py's connection options: every request bounded, keep-alives on, never a retry of its own."""
@@ -205,6 +311,49 @@ class RedisSettings:
         return options
 
 
+def _sentinel_credentials(
+    options: dict[str, Any], sentinels: tuple[tuple[str, int], ...]
+) -> tuple[str | None, str | None]:
+    user = options.get("sentinel_username", os.environ.get(ENV_SENTINEL_USERNAME) or None)
+    password = options.get("sentinel_password", os.environ.get(ENV_SENTINEL_PASSWORD) or None)
+    for key, value in (("sentinel_username", user), ("sentinel_password", password)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{key} must be a non-empty string or None")
+    if not sentinels and ("sentinel_username" in options or "sentinel_password" in options):
+        raise ValueError("sentinel_username and sentinel_password need a redis+sentinel:// URL")
+    if user is not None and password is None:
+        raise ValueError("sentinel_username needs sentinel_password")
+    return (user, password) if sentinels else (None, None)
+
+
+def _master_hosts(text: str | None) -> tuple[tuple[str, int | None], ...]:
+    if text is None:
+        return ()
+    hosts: list[tuple[str, int | None]] = []
+    for entry in text.split(","):
+        probe = parse_dsn(f"redis://{entry.strip()}/", "redis")
+        if not probe.host or probe.user is not None:
+            raise ValueError("master_hosts must list host or host:port, separated by commas")
+        hosts.append((probe.host, probe.port))
+    return tuple(hosts)
+
+
+def _assumed(query: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The settings the URL states (``assume_appendfsync``, ``assume_timeout``) by their ``CONFIG`` names."""
+    stated: list[tuple[str, str]] = []
+    fsync = query.get("assume_appendfsync")
+    if fsync is not None:
+        if fsync not in _APPENDFSYNC:
+            raise ValueError(f"assume_appendfsync must be one of {', '.join(_APPENDFSYNC)}, not {fsync!r}")
+        stated.append(("appendfsync", fsync))
+    timeout = query.get("assume_timeout")
+    if timeout is not None:
+        if not timeout.isascii() or not timeout.isdigit() or int(timeout) > 10**9:
+            raise ValueError(f"assume_timeout must be the server's timeout in whole seconds (0: none), not {timeout!r}")
+        stated.append(("timeout", str(int(timeout))))
+    return tuple(stated)
+
+
 def _split_hosts(
     url: str, schemes: dict[str, str], default_port: int, form: str, item: str
 ) -> tuple[str, str, str, str, list[tuple[str, int]], str]:
@@ -213,6 +362,12 @@ def _split_hosts(
     scheme, _, rest = url.partition("://")
     end = min((i for i in (rest.find("/"), rest.find("?")) if i >= 0), default=len(rest))
     authority, path = rest[:end], rest[end:]
+    if "@" in path:
+        # The password held an unencoded '/' or '?': the user, host and master name would all be misread.
+        raise ValueError(
+            f"the {form} URL has an '@' after a '/' or '?', so where the password ends is ambiguous; percent-encode "
+            "'/' as %2F and '?' as %3F in the user name and password"
+        )
     userinfo, at, hosts = authority.rpartition("@")
     listed: list[tuple[str, int]] = []
     for entry in hosts.split(","):

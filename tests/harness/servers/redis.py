@@ -167,7 +167,14 @@ class SentinelServer(OnePortServer):
     kind = "sentinel"
 
     def __init__(
-        self, master_port: int, *, master_name: str = "aioelect", quorum: int = 2, down_after_ms: int = 1000
+        self,
+        master_port: int,
+        *,
+        master_name: str = "aioelect",
+        quorum: int = 2,
+        down_after_ms: int = 1000,
+        tls: Any = None,
+        password: str | None = None,
     ) -> None:
         self._redis = require_binary("redis-server")
         super().__init__(port=None, extra_args=(), startup_timeout=30.0, stop_timeout=10.0)
@@ -175,12 +182,26 @@ class SentinelServer(OnePortServer):
         self.master_name = master_name
         self.quorum = quorum
         self.down_after_ms = down_after_ms
+        #: :class:`~tests.harness.certificates.Certificates`: TLS only, to clients and to the master (a TLS one).
+        self.tls = tls
+        #: ``requirepass`` of the Sentinel itself.
+        self.password = password
 
     def _argv(self) -> list[str]:
         path = os.path.join(self._dir, "sentinel.conf")
         with open(path, "w") as fh:
+            if self.tls is not None:
+                fh.write(
+                    f"port 0\ntls-port {self._port}\ntls-cert-file {self.tls.server_cert}\n"
+                    f"tls-key-file {self.tls.server_key}\ntls-ca-cert-file {self.tls.ca}\n"
+                    "tls-auth-clients optional\ntls-replication yes\n"
+                )
+            else:
+                fh.write(f"port {self._port}\n")
+            if self.password is not None:
+                fh.write(f"requirepass {self.password}\n")
             fh.write(
-                f"bind {LOOPBACK}\nport {self._port}\nprotected-mode no\ndir {self._dir}\n"
+                f"bind {LOOPBACK}\nprotected-mode no\ndir {self._dir}\n"
                 f"sentinel monitor {self.master_name} {LOOPBACK} {self.master_port} {self.quorum}\n"
                 f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.master_name} 5000\n"
@@ -189,10 +210,11 @@ class SentinelServer(OnePortServer):
         return [self._redis, path, "--sentinel"]
 
     def _probe(self) -> bool:
-        return bool(redis_command(self._port, "PING", timeout=2.0) == "PONG")
+        return bool(self.command("PING", timeout=2.0) == "PONG")
 
     def command(self, *args: Any, timeout: float = 5.0) -> Any:
-        return redis_command(self._port, *args, timeout=timeout)
+        ca = self.tls.ca if self.tls is not None else None
+        return redis_command(self._port, *args, timeout=timeout, password=self.password, ca=ca)
 
 
 class RedisCluster(Started):

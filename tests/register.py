@@ -1,0 +1,322 @@
+"""The assumptions register: every assumption the "one leader" proof rests on, how aioelect enforces it, and the
+test that breaks it and shows the consequence.
+
+docs/guarantees.md shows this list as a table between ``<!-- register:start -->`` and ``<!-- register:end -->``;
+``tests/test_register.py`` fails when the two differ or when a named test does not exist, and
+``python -m tests.register`` writes the table into the page.
+
+A row whose ``breaks`` is None has no such test yet: it is rendered as **open**, and the test keeps the open rows
+to the ones listed there, so that none is added without being seen.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "guarantees.md"
+START, END = "<!-- register:start -->", "<!-- register:end -->"
+
+#: How an assumption is enforced, from strongest to weakest.
+REFUSED = "refused at connect or campaign"
+RENEW = "checked on every renew"
+CHECKED = "checked where it is used"
+DOCUMENTED = "documented"
+
+
+@dataclass(frozen=True)
+class Assumption:
+    scope: str
+    kind: str
+    text: str
+    enforced: str
+    how: str
+    breaks: str | None  # "tests/test_x.py::test_name": the test that breaks the assumption and shows what happens
+
+
+REGISTER: tuple[Assumption, ...] = (
+    # --- every backend: the elector core -------------------------------------------------------------
+    Assumption(
+        "every backend", "process state",
+        "a leader paused (SIGSTOP, a pause of its runtime, a blocked loop) looks at its deadline before it acts "
+        "again",
+        CHECKED, "`held`/`check()` compare the monotonic clock with the renew deadline; the keeper fences at it",
+        "tests/test_faults_mysql.py::test_leader_frozen_longer_than_lease",
+    ),
+    Assumption(
+        "every backend", "process state",
+        "the leader's work stops when its task is cancelled",
+        CHECKED, "the work runs in the acquiring task, cancelled at a loss; a release waits for it",
+        "tests/test_elector.py::test_release_waits_for_work_that_ignores_cancellation",
+    ),
+    Assumption(
+        "every backend", "process state",
+        "a cancellation of the acquiring task is never swallowed by a driver (asyncio.wait_for before 3.12)",
+        CHECKED, "each campaign step runs in a task of its own; a hold won meanwhile is released",
+        "tests/test_redis.py::test_a_campaign_cancelled_as_its_grant_arrives_is_cancelled_and_leaves_no_key",
+    ),
+    Assumption(
+        "every backend", "clock",
+        "the leader's monotonic clock runs no slower than the server's clock that ends its lease or session",
+        DOCUMENTED, "the margin `lease - renew_deadline` absorbs rate differences; no check",
+        None,
+    ),
+    Assumption(
+        "every backend", "process state",
+        "a write already sent when the leader pauses past its deadline is refused only by a resource that "
+        "checks the token",
+        DOCUMENTED, "tokens on every backend; the check is the resource's",
+        None,
+    ),
+    # --- MySQL / MariaDB --------------------------------------------------------------------------------
+    Assumption(
+        "MySQL / MariaDB", "server setting",
+        "the server does not end a quiet lock session before `lease` (`wait_timeout`, net and keepalive timeouts)",
+        REFUSED, "sets `wait_timeout`, raises the net timeouts, reads the keepalive, refuses a shorter one",
+        "tests/test_mysql.py::test_server_keepalives_shorter_than_the_lease_are_refused_at_connect",
+    ),
+    Assumption(
+        "MySQL / MariaDB", "topology",
+        "a lock is held by one session of one server (not a Galera cluster, where each node has its own locks)",
+        REFUSED, "a Galera node is refused unless allowed by name",
+        "tests/test_mysql.py::test_galera_node_is_refused_unless_allowed",
+    ),
+    Assumption(
+        "MySQL / MariaDB", "server forgets",
+        "a session KILLed by our cleanup is ours, on the same server incarnation",
+        CHECKED, "the connection id with the server's start time; on doubt our own socket is closed",
+        "tests/test_mysql.py::test_a_session_holding_the_lock_is_killed_only_on_the_server_incarnation_it_was_opened_on",
+    ),
+    Assumption(
+        "MySQL / MariaDB", "server forgets",
+        "a token survives a server crash (InnoDB, the log flushed at commit)",
+        REFUSED, "refused when asked for, warned of otherwise",
+        "tests/test_mysql.py::test_tokens_that_may_not_survive_a_crash_are_refused_when_asked_for_and_warned_of_otherwise",
+    ),
+    Assumption(
+        "MySQL / MariaDB", "network path",
+        "a leader cut off from the server stops before the server ends its session",
+        RENEW, "stops within `check_interval + 2 x check_timeout` of its last answered check",
+        "tests/test_faults_partition.py::test_network_partition_between_leader_and_server",
+    ),
+    Assumption(
+        "MySQL / MariaDB", "operator",
+        "a KILLed lock session is a loss seen at once",
+        RENEW, "the closed connection ends the leadership",
+        "tests/test_mysql.py::test_killed_session_is_noticed_at_once",
+    ),
+    # --- PostgreSQL -------------------------------------------------------------------------------------
+    Assumption(
+        "PostgreSQL", "server setting",
+        "the server does not end a quiet lock session before `lease` (idle timeouts, TCP keepalives)",
+        REFUSED, "sets them on the session, reads the rest, refuses a shorter one",
+        "tests/test_postgres.py::test_a_server_bound_shorter_than_the_lease_is_refused_at_connect",
+    ),
+    Assumption(
+        "PostgreSQL", "topology",
+        "the lock session is one server session, not lent per transaction by a pooler",
+        REFUSED, "a transaction-mode pooler is refused",
+        "tests/test_postgres.py::test_a_pooler_that_lends_server_sessions_per_transaction_is_refused",
+    ),
+    Assumption(
+        "PostgreSQL", "server forgets",
+        "a backend terminated by our cleanup is ours",
+        CHECKED, "pid and `backend_start` recorded at connect",
+        "tests/test_postgres.py::test_a_session_is_terminated_only_when_its_pid_and_start_are_the_ones_recorded",
+    ),
+    Assumption(
+        "PostgreSQL", "network path",
+        "a paused leader cut off by the network is not replaced before it has stopped",
+        REFUSED, "keepalives set so that the server ends the session after `lease`, never before",
+        "tests/test_faults_keepalive.py::test_a_paused_leader_cut_off_by_the_network_never_leads_beside_its_successor",
+    ),
+    Assumption(
+        "PostgreSQL", "server forgets",
+        "a token survives a server crash",
+        CHECKED, "a sequence in a table written before the leadership is reported",
+        "tests/test_security_postgres.py::test_tokens_grow_across_a_server_crash",
+    ),
+    Assumption(
+        "PostgreSQL", "operator",
+        "a terminated lock session is a loss seen at once",
+        RENEW, "the closed connection ends the leadership",
+        "tests/test_postgres.py::test_terminated_session_is_noticed_at_once",
+    ),
+    # --- etcd ---------------------------------------------------------------------------------------------
+    Assumption(
+        "etcd", "server setting",
+        "the lease lives its TTL after the last acknowledged keep-alive, and that TTL is the one asked for",
+        REFUSED, "a shorter grant is refused and revoked",
+        "tests/test_etcd.py::test_a_lease_granted_shorter_than_asked_is_refused_and_revoked",
+    ),
+    Assumption(
+        "etcd", "topology",
+        "a quorum of members answers; losing one member of three changes nothing",
+        CHECKED, "requests are linearizable; keep-alives move to another endpoint",
+        "tests/test_etcd_faults.py::test_cluster_member_killed_election_goes_on",
+    ),
+    Assumption(
+        "etcd", "server frozen",
+        "a leader whose keep-alives go unanswered fences itself before its lease can expire",
+        RENEW, "renew deadline from the send time of the last acknowledged keep-alive",
+        "tests/test_etcd_faults.py::test_frozen_etcd_leader_fences_itself_within_renew_deadline",
+    ),
+    Assumption(
+        "etcd", "operator",
+        "a revoked lease or a deleted key is a loss seen at once",
+        RENEW, "the leader watches its own key",
+        "tests/test_etcd_faults.py::test_lease_revoked_from_outside_is_lost_at_once",
+    ),
+    Assumption(
+        "etcd", "network path",
+        "a leader cut off from etcd stops and is replaced, and never leads locally once it has reached etcd",
+        RENEW, "renew deadline; `degrade_to_local` only before etcd was ever reached",
+        "tests/test_etcd_faults.py::test_cut_off_leader_never_leads_locally_one_leader_after_heal",
+    ),
+    Assumption(
+        "etcd", "topology",
+        "a member cut off from the others while a client still reaches it answers no linearizable request",
+        DOCUMENTED, "etcd's own guarantee; aioelect sends no serializable request",
+        None,
+    ),
+    # --- Redis (one master) ------------------------------------------------------------------------------
+    Assumption(
+        "Redis", "server setting",
+        "the key and the token survive a restart (append-only file, fsync always)",
+        REFUSED, "refused unless `volatile_tokens=True`",
+        "tests/test_redis.py::test_a_server_that_can_lose_a_token_is_refused_unless_volatile_tokens",
+    ),
+    Assumption(
+        "Redis", "server setting",
+        "the key is never evicted, and no connection is closed between two renews",
+        REFUSED, "`maxmemory-policy` and `timeout` read and refused",
+        "tests/test_redis_errors.py::test_a_server_timeout_shorter_than_the_renews_is_refused_naming_it",
+    ),
+    Assumption(
+        "Redis", "operator",
+        "nobody else deletes or overwrites the key",
+        RENEW, "each renew compares the key's value",
+        "tests/test_redis.py::test_key_deleted_or_changed_by_an_operator_is_a_loss_seen_within_check_interval",
+    ),
+    Assumption(
+        "Redis", "clock",
+        "the server's wall clock is not stepped forward by more than the margin",
+        DOCUMENTED, "the key's expiry is the server's wall clock; no check",
+        None,
+    ),
+    Assumption(
+        "Redis", "server forgets",
+        "a restart without persistence is a loss, never a second leader with the same key",
+        RENEW, "the leader's next renew finds no key",
+        "tests/test_redis.py::test_restart_without_aof_is_a_loss_and_with_aof_keeps_the_leadership",
+    ),
+    # --- Redis Sentinel and Cluster -------------------------------------------------------------------
+    Assumption(
+        "Redis Sentinel", "topology",
+        "with `min_replicas=N`, a failover that loses at most N replicas with the master keeps the key and the "
+        "token",
+        CHECKED, "a grant stands only once `WAIT` counts N replicas",
+        "tests/test_redis_sentinel.py::test_failover_with_min_replicas_keeps_the_token_growing",
+    ),
+    Assumption(
+        "Redis Sentinel", "topology",
+        "without `min_replicas`, a failover can lose a grant and send the token back",
+        DOCUMENTED, "the default says what it gives up",
+        "tests/test_redis_sentinel.py::test_without_min_replicas_a_failover_can_send_the_token_back",
+    ),
+    Assumption(
+        "Redis Sentinel", "network path",
+        "a master cut off from the sentinels while the leader still reaches it stops confirming the old leader",
+        RENEW, "none yet",
+        None,
+    ),
+    Assumption(
+        "Redis Cluster", "topology",
+        "a failover of the slot's master with `min_replicas` keeps the key and the token",
+        CHECKED, "`WAIT` on the slot's master; candidates follow the slot",
+        "tests/test_redis_cluster.py::test_a_failover_of_the_slots_master_with_min_replicas_keeps_the_token_growing",
+    ),
+    Assumption(
+        "Redis Cluster", "network path",
+        "a master cut off from the cluster bus while clients reach it stops confirming the old leader",
+        DOCUMENTED, "none yet",
+        None,
+    ),
+    # --- file ---------------------------------------------------------------------------------------------
+    Assumption(
+        "file", "topology",
+        "every candidate runs on one host and locks one local file (`flock`), not over a network filesystem",
+        DOCUMENTED, "a frozen leader keeps the lock: there is no lease",
+        "tests/test_file.py::test_frozen_leader_keeps_the_lock",
+    ),
+    Assumption(
+        "file", "operator",
+        "nobody deletes the lock file",
+        RENEW, "the leader's check compares the file it locked with the path",
+        "tests/test_file.py::test_deleting_the_lock_file_is_a_loss",
+    ),
+    # --- the supervisor (`aioelect run`, `aioelect shards`) ---------------------------------------------
+    Assumption(
+        "supervisor", "OS",
+        "every descendant of CMD is found, whatever session or process group it made (subreaper)",
+        CHECKED, "the shim is a child subreaper; the lock goes only once CMD's tree is gone",
+        "tests/test_cli_supervisor.py::test_setsid_and_double_forked_descendants_are_ended_before_the_release",
+    ),
+    Assumption(
+        "supervisor", "process state",
+        "a supervisor SIGKILLed takes CMD's tree with it before its lock passes on",
+        CHECKED, "the shim's death signal; the server keeps the lock until the shim's descriptors close",
+        "tests/test_cli_supervisor.py::test_the_lock_of_a_sigkilled_supervisor_passes_on_only_once_cmds_tree_is_gone",
+    ),
+    Assumption(
+        "supervisor", "OS",
+        "orphans are reaped when aioelect runs as PID 1",
+        CHECKED, "aioelect reaps every child it is given",
+        "tests/test_cli_supervisor.py::test_as_pid_1_orphans_are_reaped",
+    ),
+    Assumption(
+        "supervisor", "process state",
+        "a CMD that stops its own shim (SIGSTOP) or one of its descendants still ends before the lock goes",
+        CHECKED, "none yet",
+        None,
+    ),
+)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render() -> str:
+    """The register as the Markdown table docs/guarantees.md shows."""
+    lines = [
+        "| scope | kind | assumption | enforced | how | the test that breaks it |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in REGISTER:
+        test = f"`{row.breaks}`" if row.breaks else "**open**"
+        cells = (row.scope, row.kind, row.text, row.enforced, row.how, test)
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def page_table(text: str) -> str:
+    """The table between the markers of docs/guarantees.md."""
+    match = re.search(re.escape(START) + r"\n(.*?)" + re.escape(END), text, re.DOTALL)
+    if match is None:
+        raise ValueError(f"{PAGE} has no {START} ... {END} section")
+    return match.group(1).rstrip("\n")
+
+
+def write() -> None:
+    text = PAGE.read_text()
+    start, end = text.index(START) + len(START), text.index(END)
+    PAGE.write_text(text[:start] + "\n" + render() + "\n" + text[end:])
+
+
+if __name__ == "__main__":
+    write()
+    sys.stdout.write(f"wrote the register ({len(REGISTER)} rows) into {PAGE.relative_to(ROOT)}\n")
