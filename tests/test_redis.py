@@ -284,7 +284,7 @@ async def test_an_acl_user_limited_to_its_keys_campaigns_and_nothing_more() -> N
 async def test_an_acl_user_denied_role_is_refused_at_the_campaign() -> None:
     """Every renew reads ``ROLE``: a user without it is refused before it leads, not fenced at its first renew."""
     with RedisServer(acl=[MINIMAL_ACL.replace(" +role", "")]) as server:
-        url = f"redis://elector:pw@127.0.0.1:{server.port}/0"
+        url = f"redis://elector:pw@127.0.0.1:{server.port}/0?assume_appendfsync=always&assume_timeout=0"
         async with make(url, unique_name()) as elector:
             with pytest.raises(PermanentBackendError, match=r"refused the campaign.*role"):
                 await elector.acquire(timeout=5)

@@ -42,7 +42,7 @@ class Split:
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{USER}:{PASSWORD}@{hosts}/aioelect/0"
+        return f"redis+sentinel://{USER}:{PASSWORD}@{hosts}/aioelect/0?master_hosts=127.0.0.1"
 
     def named_port(self) -> int:
         """The master's port as the first sentinel names it."""
