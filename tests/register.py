@@ -235,7 +235,7 @@ REGISTER: tuple[Assumption, ...] = (
         DOCUMENTED,
         "a replica that leaves the master ends the leadership at its renew deadline; a grant through Sentinel stands "
         "only once a sentinel, asked after its `WAIT`, still names the master and does not hold it down",
-        None,
+        "tests/test_redis_split.py::test_a_replica_promoted_by_hand_after_it_left_the_master_elects_a_second_leader",
     ),
     Assumption(
         "Redis Sentinel", "topology",

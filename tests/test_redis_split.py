@@ -23,7 +23,7 @@ import pytest
 from aioelect import Leadership, RedisElector
 
 from .backends import unique_name
-from .harness import RedisServer, SentinelServer, redis_command
+from .harness import RedisServer, SentinelServer, free_port, redis_command
 
 #: Quick renews and a short lease; the sentinels call a master down after 1 s.
 OPTIONS = {"lease": 3, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 0.5}
@@ -195,3 +195,31 @@ async def test_without_min_replicas_a_cut_off_master_keeps_its_leader_beside_the
     assert "min_replicas=0 through Sentinel" in caplog.text
     assert outcome.successor is not None, "nobody led after the failover"
     assert outcome.overlap > 1.0, f"two leaders for only {outcome.overlap:.2f}s"
+
+
+async def test_a_replica_promoted_by_hand_after_it_left_the_master_elects_a_second_leader() -> None:
+    """Breaks the promotion assumption (docs/guarantees.md register): a replica that left the master before the
+    grant, promoted by hand, never had the key. ``WAIT`` cannot see it; nothing in aioelect can."""
+    with contextlib.ExitStack() as stack:
+        master = stack.enter_context(RedisServer())
+        replicas = [stack.enter_context(RedisServer(replica_of=master.port)) for _ in range(2)]
+        with anyio.fail_after(30):
+            while not all("master_link_status:up" in r.command("INFO", "replication") for r in replicas):
+                await asyncio.sleep(0.1)
+        stray, kept = replicas
+        stray.command("REPLICAOF", "127.0.0.1", free_port())  # leaves the master: nothing listens there
+        with anyio.fail_after(10):
+            while f"port={stray.port}," in master.command("INFO", "replication"):
+                await asyncio.sleep(0.05)
+        name = unique_name()
+        async with RedisElector(master.url, name=name, identity="old", min_replicas=1, **OPTIONS) as old:  # type: ignore[arg-type]
+            lead = await old.acquire(timeout=10)  # confirmed by the one replica still there
+            stray.command("REPLICAOF", "NO", "ONE")  # an operator's failover to the replica that left
+            async with RedisElector(stray.url, name=name, identity="new", **OPTIONS) as new:  # type: ignore[arg-type]
+                second = await new.acquire(timeout=10)
+                both = lead.held and second.held
+                print(f"MEASURED redis replica promoted by hand after it left: two leaders at once: {both}")
+                await asyncio.sleep(1.0)
+                assert lead.held and second.held, "the promotion assumption broken, two leaders act at once"
+                assert kept.command("EXISTS", f"aioelect:{{{name}}}:lock") == 1
+                await second.release()
