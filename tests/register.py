@@ -204,6 +204,12 @@ REGISTER: tuple[Assumption, ...] = (
         "tests/test_redis_errors.py::test_a_server_timeout_shorter_than_the_renews_is_refused_naming_it",
     ),
     Assumption(
+        "Redis", "permission",
+        "the user may run `ROLE`, which every campaign try and every renew send",
+        REFUSED, "a denied `ROLE` is a `PermanentBackendError` at the first campaign try",
+        "tests/test_redis.py::test_an_acl_user_denied_role_is_refused_at_the_campaign",
+    ),
+    Assumption(
         "Redis", "operator",
         "nobody else deletes or overwrites the key",
         RENEW, "each renew compares the key's value",
@@ -224,10 +230,20 @@ REGISTER: tuple[Assumption, ...] = (
     # --- Redis Sentinel and Cluster -------------------------------------------------------------------
     Assumption(
         "Redis Sentinel", "topology",
-        "with `min_replicas=N`, a failover that loses at most N replicas with the master keeps the key and the "
-        "token",
-        CHECKED, "a grant stands only once `WAIT` counts N replicas",
+        "with `min_replicas=N`, a failover keeps the key and the token: every grant is on every replica the master "
+        "lists, and on at least N",
+        CHECKED, "a grant stands only once `WAIT` counts every replica `ROLE` lists, and at least N",
         "tests/test_redis_sentinel.py::test_failover_with_min_replicas_keeps_the_token_growing",
+    ),
+    Assumption(
+        "Redis Sentinel", "topology",
+        "a failover promotes only a replica that was connected to the master at the leader's last confirmed write "
+        "(Sentinel skips one disconnected for more than ten `down-after-milliseconds`, a Cluster one older than "
+        "its `cluster-replica-validity-factor`; a replica chosen by hand is not checked)",
+        DOCUMENTED,
+        "a replica that leaves the master ends the leadership at its renew deadline; a grant through Sentinel stands "
+        "only once a sentinel, asked after its `WAIT`, still names the master and does not hold it down",
+        "tests/test_redis_split.py::test_a_replica_promoted_by_hand_after_it_left_the_master_elects_a_second_leader",
     ),
     Assumption(
         "Redis Sentinel", "topology",
@@ -237,9 +253,14 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "Redis Sentinel", "network path",
-        "a master cut off from the sentinels while the leader still reaches it stops confirming the old leader",
-        RENEW, "none yet",
-        None,
+        "with `min_replicas` ≥ 1, a master cut off from the sentinels while the leader still reaches it stops "
+        "confirming the old leader before the promoted replica's copy of the key expires",
+        RENEW,
+        "each renew is sent with `WAIT` and `ROLE` in one round trip and counts only when every replica the master "
+        "lists (at least `min_replicas`) has it, none of the previous confirmation's replicas left, and the server "
+        "is a master; the sentinels, asked once per `check_interval`, must not name another master; "
+        "`min_replicas=0` through Sentinel logs a WARNING",
+        "tests/test_redis_split.py::test_without_min_replicas_a_cut_off_master_keeps_its_leader_beside_the_new_one",
     ),
     Assumption(
         "Redis Cluster", "topology",
@@ -249,8 +270,11 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "Redis Cluster", "network path",
-        "a master cut off from the cluster bus while clients reach it stops confirming the old leader",
-        DOCUMENTED, "none yet",
+        "with `min_replicas` ≥ 1, a master cut off from the cluster bus while clients reach it stops confirming the "
+        "old leader before the promoted replica's copy of the key expires",
+        RENEW,
+        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`); not tested with "
+        "a bus-only partition",
         None,
     ),
     # --- file ---------------------------------------------------------------------------------------------

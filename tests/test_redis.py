@@ -240,7 +240,8 @@ async def test_tls_with_a_verified_certificate(tls_redis: RedisServer, certs: Ce
 #: The least an elector needs, as docs/backends.md gives it (tests/test_redis_security.py runs the page's text).
 MINIMAL_ACL = (
     "elector on >pw resetkeys ~aioelect:* resetchannels &aioelect:* "
-    "-@all +eval +evalsha +get +set +del +incr +pexpire +pttl +publish +wait +subscribe +unsubscribe +ping +info"
+    "-@all +eval +evalsha +get +set +del +incr +pexpire +pttl +publish +wait +subscribe +unsubscribe +ping +info "
+    "+role"
 )
 
 
@@ -252,6 +253,9 @@ async def test_an_acl_user_limited_to_its_keys_campaigns_and_nothing_more() -> N
             lead = await a.acquire(timeout=5)
             assert await b.leader() == "a"
             assert await b.try_acquire() is None
+            # Past the renew deadline (0.7 x lease): held only if the renews (script and ROLE) confirmed.
+            await asyncio.sleep(0.7 * REDIS["lease"] + 0.5)
+            assert lead.held, lead.lost_reason
             await lead.release()
             seen = []
 
@@ -275,6 +279,15 @@ async def test_an_acl_user_limited_to_its_keys_campaigns_and_nothing_more() -> N
             with pytest.raises(PermanentBackendError, match=r"refused the campaign.*(?i:permission|can.t access)"):
                 await outside.acquire(timeout=5)
             assert time.monotonic() - started < 3, "a denied key is permanent, never retried"
+
+
+async def test_an_acl_user_denied_role_is_refused_at_the_campaign() -> None:
+    """Every renew reads ``ROLE``: a user without it is refused before it leads, not fenced at its first renew."""
+    with RedisServer(acl=[MINIMAL_ACL.replace(" +role", "")]) as server:
+        url = f"redis://elector:pw@127.0.0.1:{server.port}/0?assume_appendfsync=always&assume_timeout=0"
+        async with make(url, unique_name()) as elector:
+            with pytest.raises(PermanentBackendError, match=r"refused the campaign.*role"):
+                await elector.acquire(timeout=5)
 
 
 def test_a_sentinel_url_names_the_sentinels_and_the_master_never_the_password() -> None:

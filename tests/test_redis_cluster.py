@@ -212,7 +212,7 @@ async def test_an_acl_user_with_cluster_slots_and_the_documented_commands_campai
     user = unique_name("elector").replace("-", "_")
     rules = (
         "on >pw resetkeys ~aioelect:* resetchannels &aioelect:* -@all +eval +evalsha +get +set +del +incr +pexpire "
-        "+pttl +publish +wait +subscribe +unsubscribe +ping +info +cluster|slots"
+        "+pttl +publish +wait +subscribe +unsubscribe +ping +info +role +cluster|slots"
     )
     for node in cluster.nodes:
         node.command("ACL", "SETUSER", user, *rules.split())

@@ -27,8 +27,17 @@ Guarantees:
   :class:`~aioelect.PermanentBackendError` at once; a server that is
   loading, read-only (a replica, during a failover), without its master or
   out of memory, and a connection refused, reset or timed out, are retried;
-* with ``min_replicas=N`` a grant stands only once ``WAIT`` says N replicas
-  have it; otherwise the key is deleted again and the campaign retries;
+* with ``min_replicas=N`` a grant stands only once ``WAIT`` says every
+  replica the master lists (``ROLE``), and at least N, has it; otherwise
+  the key is deleted again and the campaign retries; every renew counts
+  only on the same condition (see :class:`RedisHold`), so a master cut off
+  from Sentinel or the cluster bus stops confirming its leader once a
+  replica is promoted;
+* every campaign try and every renew read ``ROLE``: a server that is not a
+  master never grants nor confirms; through Sentinel a grant stands only
+  once a sentinel, asked after its ``WAIT``, still names the master and
+  does not hold it down, and a waiting candidate moves to the master the
+  sentinels name;
 * a campaign that does not return a leadership (cancellation included)
   leaves no key and no connection behind.
 """
@@ -116,6 +125,10 @@ def _command(client: Redis, *args: str | int) -> Awaitable[Any]:
     return client.execute_command(*args)  # type: ignore[no-untyped-call, unused-ignore]
 
 
+#: The sentinels have not answered (yet): no opinion on the master.
+_UNKNOWN = object()
+
+
 def _cancel_if_swallowed() -> None:
     """Raise CancelledError if this task was cancelled during a request whose reply came back anyway.
 
@@ -135,16 +148,99 @@ class _NotConfirmed(Exception):
     """A grant that the server could not make durable or replicate in time (transient: the key is deleted again)."""
 
 
-class RedisHold(Hold):
-    """The lock key held under our owner prefix: renewed every ``check_interval``, released by an owner check."""
+class _NotMaster(Exception):
+    """The server is not the master the election must use (a replica, or one Sentinel no longer names): transient,
+    the retry's new connection asks again."""
 
-    def __init__(self, backend: RedisBackend, owner: str, token: int, acquired_at: float) -> None:
+
+def _replica_set(role: Any) -> frozenset[str] | None:
+    """The replicas (``ip:port``) a master's ``ROLE`` reply lists, or None when the server is not a master."""
+    if not isinstance(role, (list, tuple)) or not role or role[0] != "master":
+        return None
+    listed = role[2] if len(role) > 2 and isinstance(role[2], (list, tuple)) else ()
+    return frozenset(f"{r[0]}:{r[1]}" for r in listed if isinstance(r, (list, tuple)) and len(r) >= 2)
+
+
+class Renewal:
+    """What one renew exchange (the script, ``WAIT``, ``ROLE`` in one round trip) found.
+
+    ``mine``: the key still holds our value; ``problem``: why the renew is not a confirmation (None: it is);
+    ``replicas``: the replicas the master lists now (None: it is not a master); ``moved``: the connection must
+    be opened again (the server is not, or no longer, the master to use).
+    """
+
+    __slots__ = ("mine", "moved", "problem", "replicas")
+
+    def __init__(
+        self, mine: bool, replicas: frozenset[str] | None, problem: str | None = None, moved: bool = False
+    ) -> None:
+        self.mine = mine
+        self.replicas = replicas
+        self.problem = problem
+        self.moved = moved
+
+
+class RedisHold(Hold):
+    """The lock key held under our owner prefix: renewed every ``check_interval``, released by an owner check.
+
+    With ``min_replicas`` a renew is a confirmation only when ``WAIT`` says that every replica the master lists
+    (and at least ``min_replicas``) has it, and no replica that had the previous confirmed one has left the
+    master (it may have been promoted): each confirmed renew is then on every replica a failover can promote,
+    whose copy of the key outlives the renew deadline. Every renew also reads ``ROLE``: a server that is no
+    longer a master never confirms. Through Sentinel the sentinels are asked beside the renews, once per
+    ``check_interval``: a master they no longer name (another one, or one they hold down) never confirms either.
+    """
+
+    def __init__(
+        self, backend: RedisBackend, owner: str, token: int, acquired_at: float, replicas: frozenset[str] = frozenset()
+    ) -> None:
         self._backend = backend
         self.owner = owner
         self.token = token
         self.acquired_at = acquired_at
+        #: The replicas that had the last confirmed write: each must confirm the next renew.
+        self.replicas = replicas
+        #: How many replicas the next ``WAIT`` waits for (every one the master listed last).
+        self.expect = len(replicas)
+        #: What the sentinels said last: the master's address, None (held down, or none named), or unknown.
+        self.named: object = _UNKNOWN
 
     async def monitor(self, confirm: Confirm) -> str:
+        b = self._backend
+        async with anyio.create_task_group() as tg:
+            if b.settings.sentinels:
+                tg.start_soon(self._ask_sentinels)
+            try:
+                reason = await self._renew(confirm)
+            finally:
+                tg.cancel_scope.cancel()
+        return reason
+
+    async def _ask_sentinels(self) -> None:
+        """Every ``check_interval``, which master the sentinels name (beside the renews: never in their way)."""
+        b = self._backend
+        while True:
+            try:
+                with anyio.fail_after(b.timing.check_timeout):
+                    self.named = await b.named_master(b.lock_client())
+            except Exception as exc:
+                # No sentinel answers: no opinion (WAIT and ROLE still decide every renew).
+                self.named = _UNKNOWN
+                b.log.debug("asking the sentinels failed (%s)", b.describe(exc))
+            await anyio.sleep(b.timing.check_interval)
+
+    def _sentinel_problem(self) -> str | None:
+        named = self.named
+        if named is _UNKNOWN:
+            return None
+        if named is None:
+            return "the sentinels hold the master down (a failover is under way)"
+        here = self._backend.lock_address()
+        if isinstance(named, tuple) and here is not None and here != named:
+            return f"the sentinels name {named[0]}:{named[1]} as the master, not {here[0]}:{here[1]}"
+        return None
+
+    async def _renew(self, confirm: Confirm) -> str:
         b = self._backend
         t = b.timing
         pause = t.check_interval
@@ -153,7 +249,7 @@ class RedisHold(Hold):
             sent = monotonic()
             try:
                 with anyio.fail_after(t.check_timeout):
-                    mine = await b.run_script(b.lock_client(), RENEW, self.owner, b.lease_ms)
+                    found = await b.renew(self.owner, self.replicas, self.expect)
             except Exception as exc:
                 if b.permanent(exc):
                     return f"renew refused by Redis: {b.describe(exc)}"
@@ -164,8 +260,26 @@ class RedisHold(Hold):
                 b.log.warning("renew failed (%s); retrying in %.2fs", b.describe(exc), pause)
                 b.reporter_error(f"renew failed ({b.describe(exc)})")
                 continue
-            if not mine:
+            if not found.mine:
                 return "the lock key no longer holds our value (deleted, expired or changed on the server)"
+            problem = found.problem
+            moved = found.moved
+            if problem is None:
+                problem = self._sentinel_problem()
+                moved = problem is not None
+            if found.replicas is not None:
+                self.expect = max(self.expect, len(found.replicas))
+            if problem is not None:
+                # Not a confirmation: the keeper fences at the renew deadline unless a later renew confirms.
+                if moved:
+                    await b.drop_lock_connection()
+                pause = min(t.check_interval, 0.25)
+                b.log.warning("renew not confirmed (%s); retrying in %.2fs", problem, pause)
+                b.reporter_error(f"renew not confirmed ({problem})")
+                continue
+            if found.replicas is not None:
+                self.replicas = found.replicas
+                self.expect = len(found.replicas)
             pause = t.check_interval
             confirm(sent)
 
@@ -211,6 +325,7 @@ class RedisBackend(Backend):
         self._version: tuple[int, ...] | None = None
         self._volatile_warned = False
         self._unchecked_warned = False
+        self._failover_warned = False
         self._assumed_logged = False
         self._config_denied = False
         self._closed = False
@@ -325,6 +440,118 @@ class RedisBackend(Backend):
         client, self._lock = self._lock, None
         if client is not None:
             await self._close(client)
+
+    def lock_address(self) -> tuple[str, int] | None:
+        """The address the lock connection is connected to now, or None."""
+        client = self._lock
+        conn = client.connection if client is not None else None
+        if conn is None or not conn.is_connected:
+            return None
+        return str(conn.host), int(conn.port)
+
+    async def named_master(self, client: Redis) -> tuple[str, int] | None:
+        """The master the first sentinel that answers names for ``client`` (None: it holds that master down,
+        objectively, or names none); raises when no sentinel answers. Only for a ``redis+sentinel://`` client."""
+        manager = client.connection_pool.sentinel_manager  # type: ignore[attr-defined]
+        name = self.settings.master_name
+        errors: list[str] = []
+        for sentinel in list(manager.sentinels):
+
+            def ask(sentinel: Redis = sentinel) -> Awaitable[Any]:
+                return sentinel.sentinel_master(name)  # type: ignore[return-value, unused-ignore]
+
+            try:
+                state = await self.send("ask sentinels", ask)
+            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                errors.append(self.describe(exc))
+                continue
+            except rexc.ResponseError:  # this sentinel does not know the master
+                return None
+            if not isinstance(state, dict) or not state.get("is_master") or state.get("is_odown"):
+                return None
+            return str(state["ip"]), int(state["port"])
+        raise rexc.ConnectionError(f"no sentinel answered ({'; '.join(errors) or 'none listed'})")
+
+    async def _still_named(self, client: Redis, *, required: bool = False) -> None:
+        """Through Sentinel: raise :class:`_NotMaster` if the sentinels name another master than the one
+        ``client`` is connected to, or hold it down; when no sentinel answers, no opinion unless ``required``
+        (a grant: the master may have been abandoned in a failover that its replicas have not all followed)."""
+        if not self.settings.sentinels:
+            return
+        try:
+            with anyio.fail_after(self.timing.check_timeout):
+                named = await self.named_master(client)
+        except Exception as exc:
+            if required:
+                raise _NotMaster(f"no sentinel confirmed the master ({self.describe(exc)})") from None
+            self.log.debug("asking the sentinels failed (%s)", self.describe(exc))
+            return
+        here = self.lock_address() if client is self._lock else None
+        if named is None:
+            raise _NotMaster("the sentinels hold the master down (a failover is under way)")
+        if here is not None and here != named:
+            raise _NotMaster(f"the sentinels name {named[0]}:{named[1]} as the master, not {here[0]}:{here[1]}")
+
+    async def _pipelined(self, client: Redis, *commands: tuple[str | int, ...]) -> list[Any]:
+        """Send ``commands`` in one write on ``client``'s connection and read every reply in order: one round trip.
+        An error reply is returned in its place as its exception; a connection error is raised."""
+        await client.initialize()
+        conn = client.connection
+        assert conn is not None  # a single-connection client
+        replies: list[Any] = []
+        try:
+            await conn.send_packed_command(conn.pack_commands(commands))
+            for _ in commands:
+                try:
+                    replies.append(await conn.read_response())
+                except rexc.ResponseError as exc:
+                    replies.append(exc)
+        except BaseException:
+            # Replies may still be on their way (a timeout, a cancellation): the next request must not read them.
+            with anyio.CancelScope(shield=True):
+                await conn.disconnect(nowait=True)
+            raise
+        return replies
+
+    async def renew(self, owner: str, replicas: frozenset[str], expect: int) -> Renewal:
+        """One renew: the script, then (with ``min_replicas``) ``WAIT`` for every replica the master listed last
+        (``expect``, at least ``min_replicas``), then ``ROLE``, sent together in one round trip."""
+        client = self.lock_client()
+        keys = (self.settings.lock_key, self.settings.token_key)
+        wanted = self.settings.min_replicas
+        timeout_ms = max(1, round(self.timing.check_timeout * 500))
+        script: tuple[str | int, ...] = ("EVALSHA", _SHA[RENEW], 2, *keys, owner, self.lease_ms)
+        waited: tuple[tuple[str | int, ...], ...] = (("WAIT", max(wanted, expect), timeout_ms),) if wanted else ()
+
+        async def exchange() -> list[Any]:
+            replies = await self._pipelined(client, script, *waited, ("ROLE",))
+            if isinstance(replies[0], rexc.NoScriptError):
+                replies = await self._pipelined(client, ("EVAL", RENEW, *script[2:]), *waited, ("ROLE",))
+            return replies
+
+        replies = await self.send("renew", exchange)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        listed = _replica_set(replies[-1])
+        if listed is None:
+            role = replies[-1][0] if isinstance(replies[-1], list) and replies[-1] else replies[-1]
+            return Renewal(bool(int(replies[0])), None, f"the server is no longer a master (ROLE: {role})", True)
+        mine = bool(int(replies[0]))
+        if not mine or not wanted:
+            return Renewal(mine, listed)
+        got = int(replies[1])
+        gone = replicas - listed
+        if gone:
+            return Renewal(
+                True, listed, f"replica {', '.join(sorted(gone))} left the master: it may have been promoted", False
+            )
+        need = max(wanted, len(listed))
+        if got < need:
+            return Renewal(
+                True, listed, f"{got} of {need} replicas confirmed the renew in time (WAIT; min_replicas={wanted})"
+            )
+        return Renewal(True, listed)
 
     def send(self, what: str, call: Callable[[], Awaitable[Any]]) -> Awaitable[Any]:
         """``call()``, through the :attr:`interceptor` if there is one (``what`` names the exchange)."""
@@ -506,24 +733,64 @@ class RedisBackend(Backend):
             self.log.warning("volatile_tokens=True: %s; fencing tokens may repeat after a server crash", what)
         return False
 
-    async def _confirm_write(self, client: Redis, waitaof: bool) -> None:
-        """Raise :class:`_NotConfirmed` unless the grant is fsynced (``WAITAOF``) and on ``min_replicas`` replicas."""
+    async def _confirm_write(self, client: Redis, waitaof: bool) -> frozenset[str]:
+        """Raise :class:`_NotConfirmed` unless the grant is fsynced (``WAITAOF``) and, with ``min_replicas``, on
+        every replica the master lists and on at least ``min_replicas``; the replicas that have it."""
         timeout_ms = max(1, round(self.timing.check_timeout * 500))
         if waitaof:
             local, _ = await self.send("waitaof", lambda: _command(client, "WAITAOF", 1, 0, timeout_ms))
             if int(local) < 1:
                 raise _NotConfirmed("the server did not confirm the token's fsync (WAITAOF) in time")
         wanted = self.settings.min_replicas
-        if wanted:
-            got = int(await self.send("wait replicas", lambda: _command(client, "WAIT", wanted, timeout_ms)))
-            if got < wanted:
-                raise _NotConfirmed(f"only {got} of min_replicas={wanted} replicas confirmed the grant (WAIT)")
+        if not wanted:
+            return frozenset()
+        before = _replica_set(await self.send("read role", lambda: _command(client, "ROLE")))
+        need = max(wanted, len(before or ()))
+        got = int(await self.send("wait replicas", lambda: _command(client, "WAIT", need, timeout_ms)))
+        after = _replica_set(await self.send("read role", lambda: _command(client, "ROLE")))
+        if before is None or after is None:
+            raise _NotMaster("the server is not a master (ROLE)")
+        if got < wanted:
+            raise _NotConfirmed(f"only {got} of min_replicas={wanted} replicas confirmed the grant (WAIT)")
+        if got < len(after) or before - after:
+            raise _NotConfirmed(
+                f"{got} of the master's {len(after)} replicas confirmed the grant (WAIT): with min_replicas every "
+                "replica a failover could promote must have it"
+            )
+        return after
+
+    async def _replication(self, client: Redis) -> None:
+        """The connect-time replication check: a server whose ``ROLE`` is not master raises :class:`_NotMaster`
+        (transient: the retry asks again), and a user denied ``ROLE`` (which every renew sends) is refused here;
+        ``min_replicas=0`` through Sentinel or on a Redis Cluster is logged once at WARNING, with what the server's
+        ``min-replicas-to-write`` (seen in ``INFO replication``) bounds."""
+        role = await self.send("read role", lambda: _command(client, "ROLE"))
+        if _replica_set(role) is None:
+            shown = role[0] if isinstance(role, list) and role else role
+            raise _NotMaster(f"the server is a {shown}, not a master")
+        failover = bool(self.settings.sentinels or self.settings.cluster_nodes)
+        if failover and not self.settings.min_replicas and not self._failover_warned:
+            self._failover_warned = True
+            info = await self.send("read replication", lambda: _command(client, "INFO", "replication"))
+            guarded = isinstance(info, dict) and "min_slaves_good_slaves" in info  # only with min-replicas-to-write
+            self.log.warning(
+                "min_replicas=0 %s: a renew is not confirmed by any replica, so a master cut off from %s keeps "
+                "accepting the leader's renews after a replica is promoted, and two leaders can act until the old "
+                "master is demoted%s; pass min_replicas=1 or more",
+                "through Sentinel" if self.settings.sentinels else "on a Redis Cluster",
+                "the sentinels" if self.settings.sentinels else "the cluster bus",
+                " or refuses writes (its min-replicas-to-write stops them min-replicas-max-lag seconds after its "
+                "replicas left)"
+                if guarded
+                else "",
+            )
 
     # --- campaign ---------------------------------------------------------------------
 
     async def _try(self, client: Redis, owner: str, identity: str) -> tuple[RedisHold | None, str | None, int]:
         """One acquire script: (the hold or None, the key's value, its PTTL in ms)."""
         waitaof = await self._durable(client)
+        await self._replication(client)
         sent = monotonic()
         token, value, pttl = self._acquire_reply(
             await self.run_script(client, ACQUIRE, owner, identity, self.lease_ms, self.settings.channel)
@@ -532,12 +799,13 @@ class RedisBackend(Backend):
         if not token:
             return None, value, int(pttl)
         try:
-            await self._confirm_write(client, waitaof)
+            replicas = await self._confirm_write(client, waitaof)
+            await self._still_named(client, required=True)
         except BaseException:
             await self._withdraw(owner)
             raise
         _cancel_if_swallowed()
-        return RedisHold(self, owner, int(token), sent), value, int(pttl)
+        return RedisHold(self, owner, int(token), sent, replicas), value, int(pttl)
 
     def _acquire_reply(self, reply: Any) -> tuple[int, str | None, int]:
         """The acquire script's ``{token, value, pttl}``; PermanentBackendError for a reply of any other shape."""
@@ -579,6 +847,8 @@ class RedisBackend(Backend):
                         return hold
                     backoff.reset()
                     self._reporter.leader(identity_of(value))
+                    # A waiter follows a failover: on a master the sentinels no longer name, it asks again.
+                    await self._still_named(client)
                     # Without a release published, try again when the key can have expired.
                     wait = self.timing.poll_interval if pttl < 0 else min(self.timing.poll_interval, pttl / 1000)
                     await self._wait_change(pubsub, max(wait, 0.001))
