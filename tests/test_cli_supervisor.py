@@ -376,9 +376,9 @@ if mode == "double-fork":
     os.close(w)
     os.waitpid(middle, 0)
     pids.append(int(os.read(r, 64)))
+time.sleep(0.2)  # the worker has exec'd sleep, which ignores SIGTERM
 if mode == "stopped-worker":
     os.kill(worker.pid, signal.SIGSTOP)
-time.sleep(0.2)  # the worker has exec'd sleep (its marker and its state are final)
 with open(out + ".tmp", "w") as fh:
     fh.write(" ".join(map(str, pids)) + "\\n")
 os.replace(out + ".tmp", out)
@@ -427,17 +427,50 @@ def state_of(pid: int) -> str:
         return "gone"
 
 
+def cgroup2_mount() -> str | None:
+    """Where cgroup v2 is mounted here (None if nowhere)."""
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            if fields[fields.index("-") + 1] == "cgroup2":
+                return fields[4]
+    return None
+
+
+def start_contained(spawner: Spawner, containment: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    """``aioelect ARGS``; for "subreaper", in a mount namespace of its own where cgroup v2 is read-only."""
+    if containment == "cgroup":
+        return spawner.start(*args, **env)
+    mount = cgroup2_mount()
+    if mount is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup v2 mount to take away")
+    n = len(spawner.procs)
+    script = 'mount -o remount,bind,ro "$0" && exec "$@"'
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, mount, *aioelect_argv(*args)]
+    proc = subprocess.Popen(
+        argv,
+        stdout=open(spawner.tmp / f"proc{n}.out", "w"),  # noqa: SIM115 - closed with the process
+        stderr=open(spawner.tmp / f"proc{n}.err", "w"),  # noqa: SIM115
+        text=True,
+        env=_env(**env),
+        cwd=ROOT,
+    )
+    spawner.procs.append(proc)
+    return proc
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
 @pytest.mark.parametrize("mode", ["setsid", "cmd-exits", "stopped-worker", "double-fork", "traced-worker"])
 def test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts(
-    mode: str, spawner: Spawner, token: str, tmp_path: Path
+    mode: str, containment: str, spawner: Spawner, token: str, tmp_path: Path
 ) -> None:
     # --forever: after the loss the same supervisor releases, campaigns again and runs CMD again, which then
     # looks for the first tree's processes. Without --forever the first tree lived as long as aioelect did.
     script, out, seen, lock = tmp_path / "stopper.py", tmp_path / "tree-pids", tmp_path / "seen", tmp_path / "lock"
     script.write_text(STOPPER)
-    proc = spawner.start("run", "--file", str(lock), "--check-interval", "0.05", "--grace", "0.5", "--forever",
-                         "--restart-delay", "0.1", "--", sys.executable, str(script), str(out), mode, str(seen),
-                         **{MARKER: token})  # fmt: skip
+    proc = start_contained(spawner, containment, "run", "--file", str(lock), "--check-interval", "0.05",
+                           "--grace", "0.5", "--forever", "--restart-delay", "0.1",
+                           "--", sys.executable, str(script), str(out), mode, str(seen), **{MARKER: token})  # fmt: skip
     wait_until("CMD's tree to start", out.exists, 30)
     cmd, shim, *workers = map(int, out.read_text().split())
     tracing = traced(workers[0]) if mode == "traced-worker" else contextlib.nullcontext()
@@ -450,6 +483,8 @@ def test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts(
     assert scans(seen)[0] == "[]", f"the tree {states} still had {scans(seen)[0]} alive when the next CMD started"
     stderr = spawner.stderr(proc)
     assert "CMD was killed" not in stderr, stderr
+    expected = "in a cgroup v2 of its own" if containment == "cgroup" else "no writable cgroup"
+    assert expected in stderr, stderr
     for pid in workers:
         assert str(pid) in stderr, f"the log does not say what was killed ({pid}):\n{stderr}"
     proc.send_signal(signal.SIGTERM)

@@ -119,4 +119,8 @@ def create() -> Cgroup | OSError:
         os.mkdir(path, 0o755)
     except OSError as exc:
         return exc
+    if not os.path.exists(os.path.join(path, "cgroup.procs")):  # a plain directory: something hides cgroup2 there
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+        return OSError(errno.ENOTSUP, f"{parent} is not a cgroup v2 directory")
     return Cgroup(path)

@@ -190,8 +190,11 @@ def _join(cgroup: str) -> str:
     if cgroup == "-":
         return "-"
     try:
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as fh:
-            fh.write("0")
+        fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)  # never created: the kernel's, or none
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
     except OSError as exc:
         return str(exc.errno or 0)
     return "in"
