@@ -379,6 +379,16 @@ if mode == "double-fork":
 time.sleep(0.2)  # the worker has exec'd sleep, which ignores SIGTERM
 if mode == "stopped-worker":
     os.kill(worker.pid, signal.SIGSTOP)
+if mode == "cgroup-escape":  # root may move a process out of its cgroup: into the parent of CMD's
+    with open("/proc/self/cgroup") as fh:
+        mine = next(line[3:].strip() for line in fh if line.startswith("0::"))
+    with open("/proc/self/mountinfo") as fh:
+        mount = next(f[4] for f in map(str.split, fh) if f[f.index("-") + 1] == "cgroup2")
+    try:
+        with open(os.path.join(mount + os.path.dirname(mine), "cgroup.procs"), "w") as fh:
+            fh.write(str(worker.pid))
+    except OSError:
+        pass  # no cgroup of its own (read-only cgroup v2): nothing to escape
 with open(out + ".tmp", "w") as fh:
     fh.write(" ".join(map(str, pids)) + "\\n")
 os.replace(out + ".tmp", out)
@@ -460,7 +470,9 @@ def start_contained(spawner: Spawner, containment: str, *args: str, **env: str) 
 
 
 @pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
-@pytest.mark.parametrize("mode", ["setsid", "cmd-exits", "stopped-worker", "double-fork", "traced-worker"])
+@pytest.mark.parametrize(
+    "mode", ["setsid", "cmd-exits", "stopped-worker", "double-fork", "traced-worker", "cgroup-escape"]
+)
 def test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts(
     mode: str, containment: str, spawner: Spawner, token: str, tmp_path: Path
 ) -> None:
@@ -478,6 +490,8 @@ def test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts(
         if mode != "traced-worker":
             wait_until("CMD to stop its shim", lambda: state_of(shim) == "T", 10)
         states = {pid: state_of(pid) for pid in (cmd, shim, *workers)}
+        if mode == "cgroup-escape" and containment == "cgroup":
+            assert Path(f"/proc/{workers[0]}/cgroup").read_text() != Path(f"/proc/{shim}/cgroup").read_text()
         replace_lock_file(lock)
         wait_until("the next leader's CMD", lambda: bool(scans(seen)), 30)
     assert scans(seen)[0] == "[]", f"the tree {states} still had {scans(seen)[0]} alive when the next CMD started"
