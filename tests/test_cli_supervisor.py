@@ -493,7 +493,8 @@ def test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts(
         if mode == "cgroup-escape" and containment == "cgroup":
             assert Path(f"/proc/{workers[0]}/cgroup").read_text() != Path(f"/proc/{shim}/cgroup").read_text()
         replace_lock_file(lock)
-        wait_until("the next leader's CMD", lambda: bool(scans(seen)), 30)
+        took = wait_until("the next leader's CMD", lambda: bool(scans(seen)), 30)
+    print(f"MEASURED {mode} ({containment}): the next leader's CMD {took:.2f}s after the loss (grace 0.5s)")
     assert scans(seen)[0] == "[]", f"the tree {states} still had {scans(seen)[0]} alive when the next CMD started"
     stderr = spawner.stderr(proc)
     assert "CMD was killed" not in stderr, stderr
@@ -528,8 +529,11 @@ def test_a_cmd_that_stops_its_shim_is_gone_before_a_cut_off_leaders_successor_st
                               **{MARKER: token})  # fmt: skip
     time.sleep(1.0)
     assert not scans(seen), "the successor ran while the leader held the lock"
+    tree = [int(pid) for pid in out.read_text().split()]
     proxy.stall()
-    wait_until("the successor's CMD", lambda: bool(scans(seen)), 30)
+    gone = wait_until("the tree to be gone", lambda: all(state_of(pid) in ("gone", "Z") for pid in tree), 30)
+    successor_at = gone + wait_until("the successor's CMD", lambda: bool(scans(seen)), 30)
+    print(f"MEASURED stopped shim, MySQL lease 5: tree gone {gone:.2f}s after the cut, successor {successor_at:.2f}s")
     assert scans(seen) == ["[]"], f"the cut-off leader's tree still had {scans(seen)} alive"
     assert spawner.wait(successor, timeout=20) == 0
     assert "leadership lost" in spawner.stderr(leader), spawner.stderr(leader)
@@ -574,7 +578,7 @@ while :; do sleep 0.1; done
 def test_after_a_loss_the_exit_status_is_cmds_own(spawner: Spawner, tmp_path: Path) -> None:
     script, lock = tmp_path / "trap.sh", tmp_path / "lock"
     script.write_text(TRAP_EXIT_3)
-    statuses = []
+    statuses, logged = [], []
     for attempt in range(6):  # each process got SIGTERM twice: the second often killed CMD in its trap
         ready = tmp_path / f"ready-{attempt}"
         proc = spawner.start("run", "--file", str(lock), "--check-interval", "0.05", "--grace", "5",
@@ -583,5 +587,6 @@ def test_after_a_loss_the_exit_status_is_cmds_own(spawner: Spawner, tmp_path: Pa
         time.sleep(0.1)
         replace_lock_file(lock)
         statuses.append(spawner.wait(proc, timeout=20))
-        assert "CMD exited with status 3" in spawner.stderr(proc) or statuses[-1] != 3, spawner.stderr(proc)
+        logged.append("CMD exited with status 3" in spawner.stderr(proc))
     assert statuses == [3] * 6, statuses
+    assert all(logged)

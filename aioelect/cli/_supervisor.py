@@ -7,20 +7,27 @@ It knows nothing of leadership. It guarantees:
 * on Linux CMD runs under a shim (:mod:`aioelect.cli._shim`), a child
   subreaper between this process and CMD: every process CMD starts, even
   one that leaves CMD's process group or session or double-forks, stays
-  the shim's descendant; :meth:`ProcessGroup.terminate` and
-  :meth:`ProcessGroup.kill` reach all of them, and return once all are
-  gone (the shim exits only then);
+  the shim's descendant; where cgroup v2 is writable the shim and CMD's
+  tree also run in a cgroup of their own (:mod:`aioelect.cli._cgroup`),
+  which no fork, session or stop leaves;
+* :class:`ProcessTree` finds CMD's tree without the shim's help (the
+  cgroup, the shim's descendants in /proc, what a dead shim left to this
+  process), so a shim that CMD stopped, traced or killed changes nothing:
+  :meth:`ProcessGroup.terminate` (SIGTERM to each process once, SIGCONT to
+  the stopped, SIGKILL to all after ``grace``), :meth:`ProcessGroup.kill`
+  and :meth:`ProcessGroup.aclose` return only once no process of the tree,
+  the shim included, is alive, in whatever state it was; for as long as
+  one lives they keep killing it and log an error every :data:`KILL_WAIT`
+  seconds (the lock is released only after them);
+* CMD's exit status is its own whenever it exited by itself (from the
+  shim, or from CMD's zombie when the shim could not report it);
 * when this process dies, whatever kills it (SIGKILL included) or however
   it crashes, the shim SIGKILLs every descendant of CMD at once, and keeps
   the descriptors it was given (the lock's) open until they are all gone
   (Linux only: elsewhere CMD runs in its process group without a shim, and
   neither it nor its processes die with a SIGKILLed supervisor);
-* should the shim die of a signal, this process (a child subreaper while
-  CMD runs) inherits what is left of CMD's tree and
-  :meth:`ProcessTree.aclose` SIGKILLs it;
-* :meth:`ProcessGroup.terminate` sends SIGTERM, waits ``grace`` seconds,
-  then SIGKILL, and returns only once CMD's processes are gone (or
-  :data:`KILL_WAIT` after SIGKILL, logged as an error);
+* the log says which containment is used (INFO; WARNING when only the
+  subreaper is) and which processes were signalled, with their states;
 * :func:`reap_orphans` reaps the orphans the kernel hands to this process
   when it runs as PID 1 (in a container), so no zombies pile up;
 * :func:`child_environment` hands CMD the environment without aioelect's
@@ -255,15 +262,15 @@ def _cgroup_of(pid: int) -> str | None:
 
 
 class _Containment:
-    """How CMD's trees are contained here, said once in the log: a cgroup v2 of their own, or only a subreaper."""
+    """How CMD's trees are contained here, said in the log at the first CMD and whenever it changes."""
 
-    said = False
+    said: bool | None = None
 
     @classmethod
     def say(cls, cgroup: Cgroup | None, reason: str) -> None:
-        if cls.said:
+        if cls.said is (cgroup is not None):
             return
-        cls.said = True
+        cls.said = cgroup is not None
         if cgroup is not None:
             how = "cgroup.kill" if cgroup.killable else "SIGKILL to each member (no cgroup.kill before Linux 5.14)"
             log.info(
@@ -387,6 +394,9 @@ class ProcessTree(ProcessGroup):
             if not words:  # the shim is gone (or we closed the line): CMD is no longer running under it
                 if not self.exited.done():
                     if not self._closing:
+                        # Its descriptors close before it exits: once it has, CMD has its SIGKILL (death signal).
+                        with anyio.move_on_after(KILL_WAIT):
+                            await asyncio.shield(self._shim_exited)
                         log.warning(
                             "the process shim (pid %d) died before CMD (pid %d) was seen to exit: ending what is "
                             "left of CMD's tree",
