@@ -366,6 +366,9 @@ class ProcessTree(ProcessGroup):
             writer.close()  # the shim kills whatever it started
             with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_WAIT):
                 await shim.wait()
+            if cgroup is not None:
+                cgroup.kill()
+                cgroup.remove()
             raise
         if first[:1] == [b"pid"]:
             joined = first[2].decode() if len(first) > 2 else "-"
