@@ -487,7 +487,7 @@ def test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts(
     cmd, shim, *workers = map(int, out.read_text().split())
     tracing = traced(workers[0]) if mode == "traced-worker" else contextlib.nullcontext()
     with tracing:
-        if mode != "traced-worker":
+        if mode not in ("traced-worker", "cmd-exits"):  # CMD's exit under a stopped shim is seen without a loss
             wait_until("CMD to stop its shim", lambda: state_of(shim) == "T", 10)
         states = {pid: state_of(pid) for pid in (cmd, shim, *workers)}
         if mode == "cgroup-escape" and containment == "cgroup":
@@ -590,3 +590,21 @@ def test_after_a_loss_the_exit_status_is_cmds_own(spawner: Spawner, tmp_path: Pa
         logged.append("CMD exited with status 3" in spawner.stderr(proc))
     assert statuses == [3] * 6, statuses
     assert all(logged)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+def test_cmd_exiting_under_a_stopped_shim_is_seen_and_its_tree_ended(
+    containment: str, spawner: Spawner, token: str, tmp_path: Path
+) -> None:
+    # No loss: CMD stops its shim, which then cannot report CMD's exit; aioelect sees it all the same, ends the
+    # rest of the tree and exits with CMD's status.
+    script, out, seen = tmp_path / "stopper.py", tmp_path / "tree-pids", tmp_path / "seen"
+    script.write_text(STOPPER)
+    proc = start_contained(spawner, containment, "run", "--file", str(tmp_path / "lock"), "--grace", "0.5",
+                           "--", sys.executable, str(script), str(out), "cmd-exits", str(seen),
+                           **{MARKER: token})  # fmt: skip
+    wait_until("CMD's tree to start", out.exists, 30)
+    status = spawner.wait(proc, timeout=20)
+    assert status == 0, spawner.stderr(proc)
+    assert marked(token) == [], "a process of CMD's tree outlived aioelect run"
+    assert "is stopped" in spawner.stderr(proc), spawner.stderr(proc)

@@ -238,6 +238,8 @@ _STATES = {
 }
 #: How often the tree is looked at while it is being ended.
 _POLL = 0.02
+#: How often the shim is looked at while CMD runs: a stopped shim cannot report CMD's exit.
+_WATCH = 0.5
 #: Shims being started: until one is in SHIMS, it would look like a stray of another tree.
 _starting = 0
 
@@ -322,6 +324,7 @@ class ProcessTree(ProcessGroup):
         self._shim_exited: asyncio.Future[int] = asyncio.ensure_future(shim.wait())
         self._shim_exited.add_done_callback(lambda _: _SHIMS.discard(shim.pid))
         self._reading = asyncio.ensure_future(self._read(reader))
+        self._watching = asyncio.ensure_future(self._watch())
 
     @classmethod
     async def start_tree(cls, argv: Sequence[str], env: Mapping[str, str], *, hold: Sequence[int] = ()) -> ProcessTree:
@@ -411,6 +414,26 @@ class ProcessTree(ProcessGroup):
                 return
             if words[0] == b"exit" and len(words) == 3 and not self.exited.done():
                 self.returncode = int(words[1])
+                self.exited.set_result(self.returncode)
+
+    async def _watch(self) -> None:
+        """While CMD runs, look at the shim: stopped or traced, it cannot report CMD's exit, so look at CMD."""
+        said = False
+        while not self.exited.done():
+            await anyio.sleep(_WATCH)
+            shim = _stat(self.process.pid)
+            if self._shim_exited.done() or shim is None or shim[1] not in ("T", "t"):
+                continue
+            if not said:
+                log.warning(
+                    "the process shim above CMD (pid %d) is %s: CMD (pid %d) and its tree are watched without it",
+                    self.process.pid,
+                    "stopped" if shim[1] == "T" else "stopped by a tracer",
+                    self.pid,
+                )
+                said = True
+            self._note_zombie()
+            if self.returncode is not None and not self.exited.done():
                 self.exited.set_result(self.returncode)
 
     def _note_zombie(self) -> None:
@@ -578,6 +601,7 @@ class ProcessTree(ProcessGroup):
         removed and, with no shim left, this process stops being a child subreaper.
         """
         self._closing = True
+        self._watching.cancel()
         self._writer.close()
         with anyio.CancelScope(shield=True):
             shim = self.members().get(self.process.pid)
