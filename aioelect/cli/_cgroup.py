@@ -24,12 +24,16 @@ import contextlib
 import errno
 import itertools
 import os
+import secrets
 import signal
+import time
 
 __all__ = ["Cgroup", "create"]
 
-#: Prefix of the cgroups made here: ``aioelect-PID-N``, PID the supervisor's.
+#: Prefix of the cgroups made here: ``aioelect-PID-N-RANDOM``, PID the supervisor's (in its PID namespace).
 PREFIX = "aioelect-"
+#: A cgroup this recent is never taken for a stale one: its supervisor may live in another PID namespace.
+STALE_AFTER = 300.0
 _serial = itertools.count(1)
 
 
@@ -56,9 +60,12 @@ def _remove_stale(parent: str) -> None:
     with contextlib.suppress(OSError):
         for entry in os.listdir(parent):
             owner = entry[len(PREFIX) :].split("-", 1)[0]
-            if entry.startswith(PREFIX) and owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
-                with contextlib.suppress(OSError):
-                    os.rmdir(os.path.join(parent, entry))  # fails while populated: then it is left alone
+            if not entry.startswith(PREFIX) or not owner.isdigit() or os.path.exists(f"/proc/{owner}"):
+                continue
+            path = os.path.join(parent, entry)
+            with contextlib.suppress(OSError):
+                if time.time() - os.stat(path).st_mtime > STALE_AFTER:
+                    os.rmdir(path)  # fails while populated: then it is left alone
 
 
 class Cgroup:
@@ -115,7 +122,7 @@ def create() -> Cgroup | OSError:
     try:
         parent = _own_path()
         _remove_stale(parent)
-        path = os.path.join(parent, f"{PREFIX}{os.getpid()}-{next(_serial)}")
+        path = os.path.join(parent, f"{PREFIX}{os.getpid()}-{next(_serial)}-{secrets.token_hex(3)}")
         os.mkdir(path, 0o755)
     except OSError as exc:
         return exc
