@@ -3,7 +3,7 @@
 A process cannot leave a cgroup by forking, double-forking, starting a
 session or being stopped or traced; ``cgroup.kill`` (Linux 5.14+) SIGKILLs
 every member at once, forks racing with it included, and ``cgroup.events``
-says ``populated 0`` once none is left (a zombie no longer counts: it has
+says ``populated 0`` once none is left (a zombie does not count: it has
 closed every descriptor, the lock's included). Only root, or a user the
 cgroup is delegated to, can leave a cgroup by writing ``cgroup.procs``:
 the supervisor's subreaper keeps following such a process.
