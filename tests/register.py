@@ -293,9 +293,54 @@ REGISTER: tuple[Assumption, ...] = (
     # --- the supervisor (`aioelect run`, `aioelect shards`) ---------------------------------------------
     Assumption(
         "supervisor", "OS",
-        "every descendant of CMD is found, whatever session or process group it made (subreaper)",
-        CHECKED, "the shim is a child subreaper; the lock goes only once CMD's tree is gone",
+        "every process of CMD's tree is found, whatever session or process group it made, however it forked",
+        CHECKED, "the tree runs in a cgroup v2 of its own and under the shim, a child subreaper; the supervisor "
+        "walks both (and what a dead shim left it) and lets the lock go only once none is alive",
         "tests/test_cli_supervisor.py::test_setsid_and_double_forked_descendants_are_ended_before_the_release",
+    ),
+    Assumption(
+        "supervisor", "OS",
+        "the kernel hands an orphan of CMD's tree to the nearest living child subreaper above it "
+        "(`PR_SET_CHILD_SUBREAPER`, Linux 3.4+): the shim, else aioelect, never a process outside the tree",
+        CHECKED, "both set it before CMD starts; a shim killed by anyone leaves the rest of the tree to aioelect, "
+        "which kills and reaps it before the release",
+        "tests/test_cli_supervisor.py::test_setsid_and_double_forked_descendants_are_ended_before_the_release",
+    ),
+    Assumption(
+        "supervisor", "OS",
+        "cgroup v2 is mounted and writable here (containment that no fork, session or stop escapes, ended at "
+        "once with `cgroup.kill`, Linux 5.14+)",
+        CHECKED, "tried at every CMD start; INFO names the containment, WARNING says when only the subreaper "
+        "is left; without it each process found in /proc is killed until none is alive",
+        "tests/test_cli_supervisor.py::test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts",
+    ),
+    Assumption(
+        "supervisor", "operator",
+        "a process of CMD's tree leaves its cgroup only by a write to `cgroup.procs` (root, or a delegated user)",
+        CHECKED, "such a process is still the shim's descendant: the subreaper walk finds and kills it",
+        "tests/test_cli_supervisor.py::test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts",
+    ),
+    Assumption(
+        "supervisor", "process state",
+        "a CMD that stops (SIGSTOP) or traces its own shim or a descendant still ends before the lock goes",
+        CHECKED, "the tree is found without the shim's help; stopped processes get SIGCONT after SIGTERM, "
+        "everything (the shim included) SIGKILL after the grace, which ends stopped and traced processes alike",
+        "tests/test_cli_supervisor.py::test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts",
+    ),
+    Assumption(
+        "supervisor", "process state",
+        "a zombie holds no descriptor, so the lock may go while one is left (a tracer's to reap, or CMD's under "
+        "a stopped shim)",
+        CHECKED, "zombies are not waited for (cgroup `populated 0`, /proc state Z); CMD's status is read from "
+        "its zombie",
+        "tests/test_cli_supervisor.py::test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts",
+    ),
+    Assumption(
+        "supervisor", "process state",
+        "a process of CMD's tree in uninterruptible sleep (D) ends once SIGKILLed, within the safety margin",
+        DOCUMENTED, "the lock is kept and SIGKILL repeated for as long as it lives, an error logged every 2 s; "
+        "on etcd and Redis the lease may still expire meanwhile",
+        None,
     ),
     Assumption(
         "supervisor", "process state",
@@ -308,12 +353,6 @@ REGISTER: tuple[Assumption, ...] = (
         "orphans are reaped when aioelect runs as PID 1",
         CHECKED, "aioelect reaps every child it is given",
         "tests/test_cli_supervisor.py::test_as_pid_1_orphans_are_reaped",
-    ),
-    Assumption(
-        "supervisor", "process state",
-        "a CMD that stops its own shim (SIGSTOP) or one of its descendants still ends before the lock goes",
-        CHECKED, "none yet",
-        None,
     ),
 )
 

@@ -18,11 +18,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from .harness import EtcdServer, MariaDBServer, TCPProxy
 from .test_cli import ROOT, Spawner, _env, aioelect_argv, cli, wait_until
 
 MARKER = "AIOELECT_TEST_TREE"
@@ -260,7 +261,7 @@ def test_setsid_and_double_forked_descendants_are_ended_before_the_release(
     if ending == "cmd-exits":
         assert "still running" in spawner.stderr(proc), spawner.stderr(proc)
     if ending == "shim-killed":
-        assert "the process shim died" in spawner.stderr(proc), spawner.stderr(proc)
+        assert "the process shim (pid" in spawner.stderr(proc), spawner.stderr(proc)
 
 
 #: CMD as aioelect runs it as PID 1: leaves argv[3] orphans of its own (double forks whose middle exits at once),
@@ -328,3 +329,282 @@ def test_as_pid_1_orphans_are_reaped(tmp_path: Path) -> None:
         proc.wait(10)
     assert proc.returncode == 0, stderr
     assert out.read_text().split() == ["0"], f"zombies in the PID namespace: {out.read_text()}"
+
+
+# --- a CMD that stops its shim, stops or hides its workers: the lock still waits for the whole tree ---------
+
+#: CMD: with no argv[1] yet, starts a tree (MODE argv[2]), writes its pids to argv[1], stops its shim (its
+#: parent) and runs on (or exits, MODE "cmd-exits"); a later run (--forever), MODE "scan", or a run as identity
+#: "successor" appends to argv[3] the live processes carrying the marker, leaving out itself, its shim and the
+#: supervisors (which carry the marker too).
+STOPPER = f"""\
+import os, signal, subprocess, sys, time
+out, mode, seen = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "scan" or os.path.exists(out) or os.environ.get("AIOELECT_IDENTITY") == "successor":
+    ignore = {{str(os.getpid()), str(os.getppid())}}
+    needle, alive = b"\\0{MARKER}=" + os.environ["{MARKER}"].encode() + b"\\0", []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or entry in ignore:
+            continue
+        try:
+            with open(f"/proc/{{entry}}/environ", "rb") as fh:
+                env = b"\\0" + fh.read()
+            with open(f"/proc/{{entry}}/stat") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{{entry}}/cmdline", "rb") as fh:
+                supervisor = b"\\0-m\\0aioelect\\0" in fh.read()
+        except OSError:
+            continue
+        if needle in env and state != "Z" and not supervisor:
+            alive.append(f"{{entry}}:{{state}}")
+    with open(seen, "a") as fh:
+        fh.write("[" + " ".join(alive) + "]\\n")
+    sys.exit(0)
+stubborn = ["sh", "-c", 'trap "" {IGNORED}; exec sleep 300']
+worker = subprocess.Popen(stubborn, start_new_session=True)
+pids = [os.getpid(), os.getppid(), worker.pid]
+if mode == "double-fork":
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        grandchild = os.fork()
+        if grandchild == 0:
+            os.setsid()
+            os.execvp("sh", stubborn)
+        os.write(w, str(grandchild).encode())
+        os._exit(0)
+    os.close(w)
+    os.waitpid(middle, 0)
+    pids.append(int(os.read(r, 64)))
+time.sleep(0.2)  # the worker has exec'd sleep, which ignores SIGTERM
+if mode == "stopped-worker":
+    os.kill(worker.pid, signal.SIGSTOP)
+if mode == "cgroup-escape":  # root may move a process out of its cgroup: into the parent of CMD's
+    with open("/proc/self/cgroup") as fh:
+        mine = next(line[3:].strip() for line in fh if line.startswith("0::"))
+    with open("/proc/self/mountinfo") as fh:
+        mount = next(f[4] for f in map(str.split, fh) if f[f.index("-") + 1] == "cgroup2")
+    try:
+        with open(os.path.join(mount + os.path.dirname(mine), "cgroup.procs"), "w") as fh:
+            fh.write(str(worker.pid))
+    except OSError:
+        pass  # no cgroup of its own (read-only cgroup v2): nothing to escape
+with open(out + ".tmp", "w") as fh:
+    fh.write(" ".join(map(str, pids)) + "\\n")
+os.replace(out + ".tmp", out)
+if mode != "traced-worker":
+    os.kill(os.getppid(), signal.SIGSTOP)  # the shim
+if mode == "cmd-exits":
+    sys.exit(0)
+while True:
+    time.sleep(1)
+"""
+
+
+@contextlib.contextmanager
+def traced(pid: int) -> Iterator[None]:
+    """Keep ``pid`` in a ptrace stop (traced by this test) until the end of the block, then reap or detach it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    if libc.ptrace(_PTRACE_SEIZE, pid, None, None) != 0:
+        pytest.skip(f"ptrace not permitted here: {os.strerror(ctypes.get_errno())}")
+    try:
+        assert libc.ptrace(_PTRACE_INTERRUPT, pid, None, None) == 0, os.strerror(ctypes.get_errno())
+        os.waitpid(pid, _WALL)
+        yield
+    finally:
+        libc.ptrace(_PTRACE_DETACH, pid, None, None)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG | _WALL)  # killed while traced: its zombie is the tracer's to reap
+
+
+def replace_lock_file(path: Path) -> None:
+    """The file backend's loss: the lock file is replaced (the next campaign locks the new one)."""
+    new = path.with_name(path.name + ".new")
+    new.write_text("")
+    os.replace(new, path)
+
+
+def scans(seen: Path) -> list[str]:
+    return seen.read_text().splitlines() if seen.exists() else []
+
+
+def state_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def cgroup2_mount() -> str | None:
+    """Where cgroup v2 is mounted here (None if nowhere)."""
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            fields = line.split()
+            if fields[fields.index("-") + 1] == "cgroup2":
+                return fields[4]
+    return None
+
+
+def start_contained(spawner: Spawner, containment: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    """``aioelect ARGS``; for "subreaper", in a mount namespace of its own where cgroup v2 is read-only."""
+    if containment == "cgroup":
+        return spawner.start(*args, **env)
+    mount = cgroup2_mount()
+    if mount is None or os.geteuid() != 0:
+        pytest.skip("needs root and a cgroup v2 mount to take away")
+    n = len(spawner.procs)
+    script = 'mount -o remount,bind,ro "$0" && exec "$@"'
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, mount, *aioelect_argv(*args)]
+    proc = subprocess.Popen(
+        argv,
+        stdout=open(spawner.tmp / f"proc{n}.out", "w"),  # noqa: SIM115 - closed with the process
+        stderr=open(spawner.tmp / f"proc{n}.err", "w"),  # noqa: SIM115
+        text=True,
+        env=_env(**env),
+        cwd=ROOT,
+    )
+    spawner.procs.append(proc)
+    return proc
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+@pytest.mark.parametrize(
+    "mode", ["setsid", "cmd-exits", "stopped-worker", "double-fork", "traced-worker", "cgroup-escape"]
+)
+def test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts(
+    mode: str, containment: str, spawner: Spawner, token: str, tmp_path: Path
+) -> None:
+    # --forever: after the loss the same supervisor releases, campaigns again and runs CMD again, which then
+    # looks for the first tree's processes. Without --forever the first tree lived as long as aioelect did.
+    script, out, seen, lock = tmp_path / "stopper.py", tmp_path / "tree-pids", tmp_path / "seen", tmp_path / "lock"
+    script.write_text(STOPPER)
+    proc = start_contained(spawner, containment, "run", "--file", str(lock), "--check-interval", "0.05",
+                           "--grace", "0.5", "--forever", "--restart-delay", "0.1",
+                           "--", sys.executable, str(script), str(out), mode, str(seen), **{MARKER: token})  # fmt: skip
+    wait_until("CMD's tree to start", out.exists, 30)
+    cmd, shim, *workers = map(int, out.read_text().split())
+    tracing = traced(workers[0]) if mode == "traced-worker" else contextlib.nullcontext()
+    with tracing:
+        if mode not in ("traced-worker", "cmd-exits"):  # CMD's exit under a stopped shim is seen without a loss
+            wait_until("CMD to stop its shim", lambda: state_of(shim) == "T", 10)
+        states = {pid: state_of(pid) for pid in (cmd, shim, *workers)}
+        if mode == "cgroup-escape" and containment == "cgroup":
+            assert Path(f"/proc/{workers[0]}/cgroup").read_text() != Path(f"/proc/{shim}/cgroup").read_text()
+        replace_lock_file(lock)
+        took = wait_until("the next leader's CMD", lambda: bool(scans(seen)), 30)
+    print(f"MEASURED {mode} ({containment}): the next leader's CMD {took:.2f}s after the loss (grace 0.5s)")
+    assert scans(seen)[0] == "[]", f"the tree {states} still had {scans(seen)[0]} alive when the next CMD started"
+    stderr = spawner.stderr(proc)
+    assert "CMD was killed" not in stderr, stderr
+    expected = "in a cgroup v2 of its own" if containment == "cgroup" else "no writable cgroup"
+    assert expected in stderr, stderr
+    for pid in workers:
+        assert str(pid) in stderr, f"the log does not say what was killed ({pid}):\n{stderr}"
+    proc.send_signal(signal.SIGTERM)
+    spawner.wait(proc, timeout=20)
+
+
+def test_a_cmd_that_stops_its_shim_is_gone_before_a_cut_off_leaders_successor_starts(
+    mariadb: MariaDBServer,
+    tcp_proxy_factory: Callable[[str, int], TCPProxy],
+    spawner: Spawner,
+    token: str,
+    tmp_path: Path,
+) -> None:
+    # MySQL --lease 5: the cut-off leader learns of its loss 1.5 s before the server lets the lock go.
+    proxy = tcp_proxy_factory("127.0.0.1", mariadb.port)
+    name = f"stopper-{secrets.token_hex(4)}"
+    dsn = f"mysql://root@127.0.0.1:{{}}/{mariadb.database}"
+    script, out, seen = tmp_path / "stopper.py", tmp_path / "tree-pids", tmp_path / "seen"
+    script.write_text(STOPPER)
+    argv = [sys.executable, str(script), str(out), "setsid", str(seen)]
+    leader = spawner.start("run", "--mysql", dsn.format(proxy.port), "--lease", "5", "--name", name,
+                           "--forever", "--restart-delay", "60", "--", *argv, **{MARKER: token})  # fmt: skip
+    wait_until("CMD's tree to start", out.exists, 30)
+    wait_until("CMD to stop its shim", lambda: state_of(int(out.read_text().split()[1])) == "T", 10)
+    successor = spawner.start("run", "--mysql", dsn.format(mariadb.port), "--lease", "5", "--name", name,
+                              "--poll-interval", "0.1", "--identity", "successor", "--", *argv,
+                              **{MARKER: token})  # fmt: skip
+    time.sleep(1.0)
+    assert not scans(seen), "the successor ran while the leader held the lock"
+    tree = [int(pid) for pid in out.read_text().split()]
+    proxy.stall()
+    gone = wait_until("the tree to be gone", lambda: all(state_of(pid) in ("gone", "Z") for pid in tree), 30)
+    successor_at = gone + wait_until("the successor's CMD", lambda: bool(scans(seen)), 30)
+    print(f"MEASURED stopped shim, MySQL lease 5: tree gone {gone:.2f}s after the cut, successor {successor_at:.2f}s")
+    assert scans(seen) == ["[]"], f"the cut-off leader's tree still had {scans(seen)} alive"
+    assert spawner.wait(successor, timeout=20) == 0
+    assert "leadership lost" in spawner.stderr(leader), spawner.stderr(leader)
+
+
+@pytest.mark.timeout(120)
+def test_every_shards_cmd_that_stops_its_shim_is_gone_before_its_name_passes_on(
+    etcd: EtcdServer,
+    tcp_proxy_factory: Callable[[str, int], TCPProxy],
+    spawner: Spawner,
+    token: str,
+    tmp_path: Path,
+) -> None:
+    proxy = tcp_proxy_factory("127.0.0.1", etcd.port)
+    group = f"stopper-{secrets.token_hex(3)}"
+    script, out, seen = tmp_path / "stopper.py", tmp_path / "tree-pids", tmp_path / "seen"
+    script.write_text(STOPPER)
+    argv = [sys.executable, str(script), str(out), "setsid", str(seen)]
+    first = spawner.start("shards", "--etcd", proxy.endpoint, "--ttl", "3", "--name", group, "--names", "a",
+                          "--identity", "first", "--restart-delay", "60", "--", *argv, **{MARKER: token})  # fmt: skip
+    wait_until("CMD's tree to start", out.exists, 30)
+    wait_until("CMD to stop its shim", lambda: state_of(int(out.read_text().split()[1])) == "T", 10)
+    spawner.start("shards", "--etcd", etcd.endpoint, "--ttl", "3", "--name", group, "--names", "a",
+                  "--identity", "successor", "--restart-delay", "60", "--", *argv, **{MARKER: token})  # fmt: skip
+    time.sleep(1.0)
+    proxy.stall()  # whether the name moved to the successor on its own or not, the cut-off ends it
+    wait_until("the successor's CMD", lambda: bool(scans(seen)), 60)
+    assert scans(seen) == ["[]"], f"the first owner's tree still had {scans(seen)} alive"
+    assert "stopping CMD" in spawner.stderr(first), spawner.stderr(first)
+
+
+# --- CMD's own exit status ----------------------------------------------------------------------------------
+
+#: CMD: on SIGTERM, restores its default (a second SIGTERM would kill it), cleans up a moment, exits 3.
+TRAP_EXIT_3 = """\
+trap 'trap - TERM; sleep 0.05; exit 3' TERM
+touch "$1"
+while :; do sleep 0.1; done
+"""
+
+
+def test_after_a_loss_the_exit_status_is_cmds_own(spawner: Spawner, tmp_path: Path) -> None:
+    script, lock = tmp_path / "trap.sh", tmp_path / "lock"
+    script.write_text(TRAP_EXIT_3)
+    statuses, logged = [], []
+    for attempt in range(6):  # each process got SIGTERM twice: the second often killed CMD in its trap
+        ready = tmp_path / f"ready-{attempt}"
+        proc = spawner.start("run", "--file", str(lock), "--check-interval", "0.05", "--grace", "5",
+                             "--", "sh", str(script), str(ready))  # fmt: skip
+        wait_until("CMD to start", ready.exists, 30)
+        time.sleep(0.1)
+        replace_lock_file(lock)
+        statuses.append(spawner.wait(proc, timeout=20))
+        logged.append("CMD exited with status 3" in spawner.stderr(proc))
+    assert statuses == [3] * 6, statuses
+    assert all(logged)
+
+
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+def test_cmd_exiting_under_a_stopped_shim_is_seen_and_its_tree_ended(
+    containment: str, spawner: Spawner, token: str, tmp_path: Path
+) -> None:
+    # No loss: CMD stops its shim, which then cannot report CMD's exit; aioelect sees it all the same, ends the
+    # rest of the tree and exits with CMD's status.
+    script, out, seen = tmp_path / "stopper.py", tmp_path / "tree-pids", tmp_path / "seen"
+    script.write_text(STOPPER)
+    proc = start_contained(spawner, containment, "run", "--file", str(tmp_path / "lock"), "--grace", "0.5",
+                           "--", sys.executable, str(script), str(out), "cmd-exits", str(seen),
+                           **{MARKER: token})  # fmt: skip
+    wait_until("CMD's tree to start", out.exists, 30)
+    status = spawner.wait(proc, timeout=20)
+    assert status == 0, spawner.stderr(proc)
+    assert marked(token) == [], "a process of CMD's tree outlived aioelect run"
+    assert "is stopped" in spawner.stderr(proc), spawner.stderr(proc)

@@ -1,4 +1,4 @@
-"""The processes ``aioelect run`` inherits: orphans reaped as PID 1, strays of a killed shim ended.
+"""The processes ``aioelect run`` inherits: orphans reaped as PID 1, strays of a killed shim found.
 
 Every function here acts only on this process's children that are not
 shims (:data:`SHIMS`, which asyncio waits for), so a program embedding the
@@ -8,17 +8,13 @@ command line keeps its own children.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import signal
 
 import anyio
 
 from ._shim import descendants, processes
 
-__all__ = ["KILL_WAIT", "SHIMS", "end_strays", "reap_orphans", "start_time"]
-
-log = logging.getLogger("aioelect.cli")
+__all__ = ["KILL_WAIT", "SHIMS", "reap", "reap_orphans", "start_time", "strays"]
 
 #: How long processes killed with SIGKILL get to be gone.
 KILL_WAIT = 2.0
@@ -36,9 +32,13 @@ def start_time(pid: int) -> int | None:
         return None
 
 
-def _strays(me: int, since: int) -> tuple[list[tuple[int, bool]], list[int]]:
-    """The descendants of ``me`` under its children started at ``since`` or later that are not shims, as
-    ``(pid, alive)``; and those children that are zombies."""
+def strays(since: int) -> tuple[list[tuple[int, bool]], list[int]]:
+    """The descendants of this process under its children started at ``since`` or later that are not shims,
+    as ``(pid, alive)``; and those children that are zombies (which this process reaps with :func:`reap`).
+
+    They are what a dead shim left of CMD's tree: this process, a child subreaper while CMD runs, inherits it.
+    """
+    me = os.getpid()
     found: list[tuple[int, bool]] = []
     zombies: list[int] = []
     for pid, alive in descendants(me, depth=1):
@@ -52,28 +52,13 @@ def _strays(me: int, since: int) -> tuple[list[tuple[int, bool]], list[int]]:
     return found, zombies
 
 
-async def end_strays(since: int) -> None:
-    """SIGKILL and reap the processes :func:`_strays` finds until there are none (bounded: KILL_WAIT)."""
-    me = os.getpid()
-    with anyio.move_on_after(KILL_WAIT) as scope:
-        warned = False
-        while True:
-            strays, zombies = _strays(me, since)
-            if not strays:
-                break
-            live = [pid for pid, alive in strays if alive]
-            if live and not warned:
-                log.warning("the process shim died: killing %d process(es) of CMD's tree it left", len(live))
-                warned = True
-            for pid in live:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            for pid in zombies:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)  # noqa: ASYNC222 - a zombie: returns at once
-            await anyio.sleep(0.01)
-    if scope.cancelled_caught:
-        log.error("processes of CMD's tree survived SIGKILL for %gs", KILL_WAIT)
+def reap(pid: int) -> int | None:
+    """Reap ``pid``, a zombie child: its return code (-N for signal N); None if it is not waitable (yet)."""
+    try:
+        reaped, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return os.waitstatus_to_exitcode(status) if reaped == pid else None
 
 
 def _zombie_children() -> list[int]:

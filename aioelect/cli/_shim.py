@@ -1,11 +1,13 @@
 """Between ``aioelect run`` and CMD (Linux): a child subreaper that leaves no descendant of CMD behind.
 
 Started by :class:`aioelect.cli._supervisor.ProcessTree` as
-``python -I -S _shim.py FD HOLD CMD [ARGS...]``, FD being one end of a
+``python -I -S _shim.py FD HOLD CGROUP CMD [ARGS...]``, FD being one end of a
 socket pair whose other end only the supervisor holds, HOLD the
 comma-separated descriptors (or ``-``) it keeps open until it exits and
 does not pass on to CMD: the leadership's lock file or server session,
-which then cannot pass to another candidate while CMD's tree lives. It imports nothing but the
+which then cannot pass to another candidate while CMD's tree lives; CGROUP
+a cgroup v2 directory (or ``-``) it moves itself into before it starts CMD,
+so that CMD's whole tree is in it. It imports nothing but the
 standard library, so it starts in milliseconds, and nothing of aioelect.
 
 Guarantees:
@@ -18,16 +20,21 @@ Guarantees:
   their defaults, and gets SIGKILL if the shim dies (``PR_SET_PDEATHSIG``);
 * when the socket reaches end of file (the supervisor is gone, whatever
   killed it, SIGKILL included) or the supervisor sends ``kill``, it
-  SIGKILLs every descendant, again and again until none is left, and exits;
-* otherwise it exits once CMD has exited and no descendant is left, so its
-  own exit means the whole tree is gone.
+  SIGKILLs every descendant, again and again until none is left alive (a
+  zombie it cannot reap, one a tracer holds, is not alive), and exits;
+* otherwise it exits once CMD has exited and no descendant is left alive,
+  so its own exit means the whole tree is gone.
 
-It ignores the signals ``aioelect run`` forwards (the supervisor sends them
-to CMD's group itself). Messages, one line each: to the supervisor ``pid N``
-once CMD runs, ``error ERRNO`` if CMD could not be executed, and ``exit
-RETURNCODE LEFT`` when CMD has exited (RETURNCODE as :mod:`subprocess` gives
-it, -N for signal N; LEFT the descendants still alive then); from the
-supervisor ``signal N`` (send N to every descendant) and ``kill``.
+It cannot protect itself from CMD (which may stop, trace or kill it): the
+supervisor finds the tree without it (the cgroup, /proc) and kills it too.
+It ignores the signals ``aioelect run`` forwards (the supervisor signals
+CMD's processes itself, each once). Messages, one line each: to the
+supervisor ``pid N CGROUP`` once CMD runs (CGROUP ``in`` if the tree is in
+the cgroup, ``-`` if none was given, else the errno of the failed move),
+``error ERRNO`` if CMD could not be executed, and ``exit RETURNCODE LEFT``
+when CMD has exited (RETURNCODE as :mod:`subprocess` gives it, -N for
+signal N; LEFT the descendants still alive then); from the supervisor
+``kill``.
 """
 
 from __future__ import annotations
@@ -163,7 +170,7 @@ def _reap() -> tuple[list[tuple[int, int]], bool]:
 
 
 def _kill_all(group: int | None) -> None:
-    """SIGKILL every descendant until none is left (a process forking meanwhile is caught on the next pass).
+    """SIGKILL every descendant until none is left alive (a process forking meanwhile is caught on the next pass).
 
     ``group``: CMD's process group, while CMD is not reaped (so its id cannot have been reused).
     """
@@ -171,11 +178,26 @@ def _kill_all(group: int | None) -> None:
         with contextlib.suppress(OSError):
             os.killpg(group, signal.SIGKILL)  # at once, before the slower walk through /proc
     while True:
-        _signal_all(signal.SIGKILL)
-        _, left = _reap()
-        if not left:
+        killed = _signal_all(signal.SIGKILL)
+        _reap()
+        if not killed:
             return
         time.sleep(0.001)  # let the killed exit before the next pass
+
+
+def _join(cgroup: str) -> str:
+    """Move this process into ``cgroup`` (``-``: none): ``in``, ``-``, or the errno that prevented it."""
+    if cgroup == "-":
+        return "-"
+    try:
+        fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY)  # never created: the kernel's, or none
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        return str(exc.errno or 0)
+    return "in"
 
 
 def main(argv: list[str]) -> int:
@@ -183,7 +205,8 @@ def main(argv: list[str]) -> int:
     sock.set_inheritable(False)
     for held in argv[2].split(",") if argv[2] != "-" else ():
         os.set_inheritable(int(held), False)  # kept open here until the shim exits; CMD does not get it
-    cmd = argv[3:]
+    joined = _join(argv[3])
+    cmd = argv[4:]
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
     for sig in _IGNORED:
         signal.signal(sig, lambda signum, frame: None)
@@ -224,7 +247,7 @@ def main(argv: list[str]) -> int:
         os.waitpid(pid, 0)
         send(f"error {int(failed)}")
         return 127
-    if not send(f"pid {pid}"):
+    if not send(f"pid {pid} {joined}"):
         _kill_all(pid)
         return 1
     cmd_done = False
@@ -233,7 +256,7 @@ def main(argv: list[str]) -> int:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
             os.read(wake_r, 512)
-            exited, left = _reap()
+            exited, _ = _reap()
             for reaped, status in exited:
                 if reaped == pid:
                     cmd_done = True
@@ -241,7 +264,7 @@ def main(argv: list[str]) -> int:
                     if not send(f"exit {os.waitstatus_to_exitcode(status)} {running}"):
                         _kill_all(None if cmd_done else pid)
                         return 1
-            if cmd_done and not left:
+            if cmd_done and not any(alive for _, alive in descendants(me)):
                 return 0
         if sock.fileno() in readable:
             try:
@@ -258,8 +281,6 @@ def main(argv: list[str]) -> int:
                 if words[:1] == [b"kill"]:
                     _kill_all(None if cmd_done else pid)
                     return 0
-                if words[:1] == [b"signal"] and len(words) == 2:
-                    _signal_all(int(words[1]))
 
 
 if __name__ == "__main__":

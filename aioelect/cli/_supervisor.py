@@ -7,20 +7,27 @@ It knows nothing of leadership. It guarantees:
 * on Linux CMD runs under a shim (:mod:`aioelect.cli._shim`), a child
   subreaper between this process and CMD: every process CMD starts, even
   one that leaves CMD's process group or session or double-forks, stays
-  the shim's descendant; :meth:`ProcessGroup.terminate` and
-  :meth:`ProcessGroup.kill` reach all of them, and return once all are
-  gone (the shim exits only then);
+  the shim's descendant; where cgroup v2 is writable the shim and CMD's
+  tree also run in a cgroup of their own (:mod:`aioelect.cli._cgroup`),
+  which no fork, session or stop leaves;
+* :class:`ProcessTree` finds CMD's tree without the shim's help (the
+  cgroup, the shim's descendants in /proc, what a dead shim left to this
+  process), so a shim that CMD stopped, traced or killed changes nothing:
+  :meth:`ProcessGroup.terminate` (SIGTERM to each process once, SIGCONT to
+  the stopped, SIGKILL to all after ``grace``), :meth:`ProcessGroup.kill`
+  and :meth:`ProcessGroup.aclose` return only once no process of the tree,
+  the shim included, is alive, in whatever state it was; for as long as
+  one lives they keep killing it and log an error every :data:`KILL_WAIT`
+  seconds (the lock is released only after them);
+* CMD's exit status is its own whenever it exited by itself (from the
+  shim, or from CMD's zombie when the shim could not report it);
 * when this process dies, whatever kills it (SIGKILL included) or however
   it crashes, the shim SIGKILLs every descendant of CMD at once, and keeps
   the descriptors it was given (the lock's) open until they are all gone
   (Linux only: elsewhere CMD runs in its process group without a shim, and
   neither it nor its processes die with a SIGKILLed supervisor);
-* should the shim die of a signal, this process (a child subreaper while
-  CMD runs) inherits what is left of CMD's tree and
-  :meth:`ProcessTree.aclose` SIGKILLs it;
-* :meth:`ProcessGroup.terminate` sends SIGTERM, waits ``grace`` seconds,
-  then SIGKILL, and returns only once CMD's processes are gone (or
-  :data:`KILL_WAIT` after SIGKILL, logged as an error);
+* the log says which containment is used (INFO; WARNING when only the
+  subreaper is) and which processes were signalled, with their states;
 * :func:`reap_orphans` reaps the orphans the kernel hands to this process
   when it runs as PID 1 (in a container), so no zombies pile up;
 * :func:`child_environment` hands CMD the environment without aioelect's
@@ -44,10 +51,11 @@ from typing import cast
 import anyio
 
 from .._settings import is_secret
-from ._orphans import KILL_WAIT, reap_orphans, start_time
+from ._cgroup import Cgroup
+from ._cgroup import create as create_cgroup
+from ._orphans import KILL_WAIT, reap, reap_orphans, start_time, strays
 from ._orphans import SHIMS as _SHIMS
-from ._orphans import end_strays as _end_strays
-from ._shim import processes
+from ._shim import descendants, processes
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -216,10 +224,81 @@ class ProcessGroup:
             log.error("CMD's process group %d survived SIGKILL for %gs", self.pid, KILL_WAIT)
 
 
-class ProcessTree(ProcessGroup):
-    """CMD under the shim: :meth:`terminate` and :meth:`kill` reach every descendant, wherever it went.
+#: The states of /proc/PID/stat, as the log names them.
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in uninterruptible sleep",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "X": "dead",
+    "I": "idle",
+    "P": "parked",
+}
+#: How often the tree is looked at while it is being ended.
+_POLL = 0.02
+#: How often the shim is looked at while CMD runs: a stopped shim cannot report CMD's exit.
+_WATCH = 0.5
+#: Shims being started: until one is in SHIMS, it would look like a stray of another tree.
+_starting = 0
 
-    ``process`` is the shim's; CMD's exit status comes from the shim.
+
+def _stat(pid: int) -> list[str] | None:
+    """``[name, state, ppid, pgid, ...]`` of ``pid`` from /proc (the fields after the name); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            head, _, tail = fh.read().rpartition(b")")
+    except OSError:
+        return None
+    name = head.split(b"(", 1)[-1].decode(errors="replace")
+    return [name, *tail.decode(errors="replace").split()]
+
+
+def _cgroup_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup") as fh:
+            return next((line[3:].strip() for line in fh if line.startswith("0::")), None)
+    except OSError:
+        return None
+
+
+class _Containment:
+    """How CMD's trees are contained here, said in the log at the first CMD and whenever it changes."""
+
+    said: bool | None = None
+
+    @classmethod
+    def say(cls, cgroup: Cgroup | None, reason: str) -> None:
+        if cls.said is (cgroup is not None):
+            return
+        cls.said = cgroup is not None
+        if cgroup is not None:
+            how = "cgroup.kill" if cgroup.killable else "SIGKILL to each member (no cgroup.kill before Linux 5.14)"
+            log.info(
+                "containment: each CMD's tree runs in a cgroup v2 of its own (%s), ended with %s and waited for until "
+                "it is empty before the lock is released; a child subreaper follows processes moved out of it",
+                os.path.dirname(cgroup.path),
+                how,
+            )
+        else:
+            log.warning(
+                "containment: no writable cgroup v2 here (%s): CMD's tree is followed through a child subreaper "
+                "only (processes found in /proc and killed one by one until none is left)",
+                reason,
+            )
+
+
+class ProcessTree(ProcessGroup):
+    """CMD under the shim: :meth:`terminate` and :meth:`kill` reach every process of its tree, wherever it went.
+
+    The tree is every process in CMD's cgroup (where cgroup v2 is writable), every descendant of the shim, and
+    what a dead shim left to this process (a child subreaper); the shim is part of it. The tree is found
+    without the shim's help, so a shim that CMD stopped, traced or killed changes nothing: :meth:`terminate`,
+    :meth:`kill` and :meth:`aclose` return only once no process of the tree is alive, in whatever state it
+    was (they keep killing, and log an error every :data:`KILL_WAIT` seconds, for as long as one lives).
+
+    ``process`` is the shim's; CMD's exit status comes from the shim, or from CMD's zombie.
     """
 
     def __init__(
@@ -228,18 +307,24 @@ class ProcessTree(ProcessGroup):
         pid: int,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        cgroup: Cgroup | None,
     ) -> None:
         self.process = shim
         self.pid = pid
+        #: Done once CMD is no longer running under a live shim (the return code is a guess until status()).
         self.exited = asyncio.get_running_loop().create_future()
-        #: Descendants still alive when CMD exited.
-        self.left = 0
+        #: CMD's own return code, once known: from the shim, or read from its zombie.
+        self.returncode: int | None = None
+        #: Where CMD's tree is contained, besides the shim's and this process's subreapers.
+        self.cgroup = cgroup
         self._writer = writer
+        self._closing = False
         #: When the shim started: CMD's tree started no earlier.
         self._started = start_time(shim.pid) or 0
         self._shim_exited: asyncio.Future[int] = asyncio.ensure_future(shim.wait())
         self._shim_exited.add_done_callback(lambda _: _SHIMS.discard(shim.pid))
         self._reading = asyncio.ensure_future(self._read(reader))
+        self._watching = asyncio.ensure_future(self._watch())
 
     @classmethod
     async def start_tree(cls, argv: Sequence[str], env: Mapping[str, str], *, hold: Sequence[int] = ()) -> ProcessTree:
@@ -247,22 +332,31 @@ class ProcessTree(ProcessGroup):
 
         The shim keeps a duplicate of each descriptor of ``hold`` (not passed to CMD) until it exits, that
         is until CMD's whole tree is gone: a lock that ends with its descriptor's last close outlives a
-        supervisor killed with SIGKILL until then.
+        supervisor killed with SIGKILL until then. The shim and CMD's tree run in a cgroup v2 of their own
+        where one can be made.
         """
         if _prctl is not None:  # should the shim die, CMD's orphans come to us (see aclose())
             _prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        made = create_cgroup()
+        cgroup = made if isinstance(made, Cgroup) else None
+        global _starting
         ours, theirs = socket.socketpair()
         kept: list[int] = []
+        _starting += 1
         try:
             kept.extend(os.dup(fd) for fd in hold)  # duplicates of our own: the originals stay ours to close
             shim = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-S", _SHIM, str(theirs.fileno()), ",".join(map(str, kept)) or "-", *argv,
+                sys.executable, "-I", "-S", _SHIM, str(theirs.fileno()), ",".join(map(str, kept)) or "-",
+                cgroup.path if cgroup is not None else "-", *argv,
                 env=dict(env), pass_fds=(theirs.fileno(), *kept), preexec_fn=_shim_setup,
             )  # fmt: skip
         except BaseException:
             ours.close()
+            if cgroup is not None:
+                cgroup.remove()
             raise
         finally:
+            _starting -= 1
             theirs.close()
             for fd in kept:
                 os.close(fd)
@@ -275,11 +369,23 @@ class ProcessTree(ProcessGroup):
             writer.close()  # the shim kills whatever it started
             with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_WAIT):
                 await shim.wait()
+            if cgroup is not None:
+                cgroup.kill()
+                cgroup.remove()
             raise
         if first[:1] == [b"pid"]:
-            return cls(shim, int(first[1]), reader, writer)
+            joined = first[2].decode() if len(first) > 2 else "-"
+            if cgroup is not None and joined != "in":
+                reason = f"moving into {cgroup.path} failed: {os.strerror(int(joined)) if joined.isdigit() else joined}"
+                cgroup.remove()  # empty: the shim is not in it
+                cgroup = None
+                made = OSError(reason)
+            _Containment.say(cgroup, str(made))
+            return cls(shim, int(first[1]), reader, writer, cgroup)
         writer.close()
         await shim.wait()
+        if cgroup is not None:
+            cgroup.remove()
         if first[:1] == [b"error"]:
             code = int(first[1])
             raise OSError(code, os.strerror(code), argv[0])
@@ -287,15 +393,59 @@ class ProcessTree(ProcessGroup):
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         while True:
-            words = (await reader.readline()).split()
-            if not words:  # the shim is gone: so is CMD, killed by PR_SET_PDEATHSIG
+            try:
+                words = (await reader.readline()).split()
+            except OSError:  # reset: the shim was killed with our "kill" unread
+                words = []
+            if not words:  # the shim is gone (or we closed the line): CMD is no longer running under it
                 if not self.exited.done():
-                    log.error("the process shim above CMD (pid %d) died: CMD was killed", self.process.pid)
-                    self.exited.set_result(-signal.SIGKILL)
+                    if not self._closing:
+                        # Its descriptors close before it exits: once it has, CMD has its SIGKILL (death signal).
+                        with anyio.move_on_after(KILL_WAIT):
+                            await asyncio.shield(self._shim_exited)
+                        log.warning(
+                            "the process shim (pid %d) died before CMD (pid %d) was seen to exit: ending what is "
+                            "left of CMD's tree",
+                            self.process.pid,
+                            self.pid,
+                        )
+                    self._note_zombie()
+                    self.exited.set_result(self.returncode if self.returncode is not None else -signal.SIGKILL)
                 return
             if words[0] == b"exit" and len(words) == 3 and not self.exited.done():
-                self.left = int(words[2])
-                self.exited.set_result(int(words[1]))
+                self.returncode = int(words[1])
+                self.exited.set_result(self.returncode)
+
+    async def _watch(self) -> None:
+        """While CMD runs, look at the shim: stopped or traced, it cannot report CMD's exit, so look at CMD."""
+        said = False
+        while not self.exited.done():
+            await anyio.sleep(_WATCH)
+            shim = _stat(self.process.pid)
+            if self._shim_exited.done() or shim is None or shim[1] not in ("T", "t"):
+                continue
+            if not said:
+                log.warning(
+                    "the process shim above CMD (pid %d) is %s: CMD (pid %d) and its tree are watched without it",
+                    self.process.pid,
+                    "stopped" if shim[1] == "T" else "stopped by a tracer",
+                    self.pid,
+                )
+                said = True
+            self._note_zombie()
+            if self.returncode is not None and not self.exited.done():
+                self.exited.set_result(self.returncode)
+
+    def _note_zombie(self) -> None:
+        """If CMD is a zombie no one reaped (its shim stopped or killed), take its return code from /proc."""
+        if self.returncode is not None:
+            return
+        fields = _stat(self.pid)
+        # Field 52 of stat (exit_code): the wait status, for a zombie. CMD's pid cannot be reused before it
+        # is reaped; its start time rules out an older process.
+        if fields is None or fields[1] != "Z" or len(fields) < 51 or int(fields[20]) < self._started:
+            return
+        self.returncode = os.waitstatus_to_exitcode(int(fields[50]))
 
     def _send(self, line: str) -> None:
         if self._writer.is_closing():
@@ -312,55 +462,161 @@ class ProcessTree(ProcessGroup):
         if not self.exited.done():
             super().signal(sig)
 
-    def signal_tree(self, sig: int) -> None:
-        """Send ``sig`` to every process of CMD's tree (CMD's group, and through the shim every descendant)."""
-        self.signal(sig)
-        self._send(f"signal {int(sig)}")
+    async def status(self) -> int:
+        """CMD's exit status: its own whenever it was seen to exit; 128+SIGKILL if it was not."""
+        if self.returncode is not None:
+            return exit_status(self.returncode)
+        return await super().status()
+
+    def members(self) -> dict[int, list[str]]:
+        """Every live (not zombie) process of CMD's tree, the shim included, with its stat fields.
+
+        Found in CMD's cgroup, under the shim (a child subreaper: its descendants stay its descendants) and
+        under this process (a child subreaper too) among what a dead shim left; none of these needs the
+        shim to run.
+        """
+        pids: set[int] = set()
+        if self.cgroup is not None:
+            pids.update(self.cgroup.procs())
+        if not self._shim_exited.done():
+            pids.add(self.process.pid)
+            pids.update(pid for pid, alive in descendants(self.process.pid) if alive)
+        if not _starting:
+            found, _ = strays(self._started)
+            pids.update(pid for pid, alive in found if alive)
+        members: dict[int, list[str]] = {}
+        for pid in pids:
+            fields = _stat(pid)
+            if fields is not None and fields[1] not in ("Z", "X"):
+                members[pid] = fields
+        return members
+
+    def describe(self, members: Mapping[int, list[str]]) -> str:
+        """``pid (name, state)`` for each of ``members``, the shim and CMD named as such."""
+        parts = []
+        for pid, fields in sorted(members.items()):
+            role = "the shim" if pid == self.process.pid else "CMD" if pid == self.pid else fields[0]
+            parts.append(f"{pid} ({role}, {_STATES.get(fields[1], fields[1])})")
+        return ", ".join(parts) or "none"
 
     def alive(self) -> bool:
-        """Whether any process of CMD's tree still lives."""
+        """Whether any process of CMD's tree other than the shim lives."""
         if not self.exited.done():
             return True
-        return self.left > 0 and not self._shim_exited.done()
+        return any(pid != self.process.pid for pid in self.members())
+
+    def _empty(self) -> bool:
+        return not _starting and not self.members() and (self.cgroup is None or not self.cgroup.populated())
 
     async def gone(self, timeout: float) -> bool:  # noqa: ASYNC109
-        """Wait up to ``timeout`` for the shim to exit: CMD and every descendant are gone; True if it did."""
+        """Wait up to ``timeout`` for every process of CMD's tree, the shim included, to be gone; True if all are."""
         with anyio.move_on_after(timeout):
-            await asyncio.shield(self._shim_exited)
-            if not self.exited.done():
-                await asyncio.shield(self._reading)
+            while not self._empty():
+                self._reap_strays()
+                await anyio.sleep(_POLL)
+            self._reap_strays()
             return True
         return False
 
+    def _reap_strays(self) -> None:
+        """Reap the zombies a dead shim left to this process; CMD's gives its return code."""
+        _, zombies = strays(self._started)
+        for pid in zombies:
+            code = reap(pid)
+            if pid == self.pid and code is not None and self.returncode is None:
+                self.returncode = code
+
+    def _signal_each(self, sig: int, members: Mapping[int, list[str]]) -> list[int]:
+        """Send ``sig`` once to each process of the tree but the shim (CMD's group at once, while CMD is not
+        reaped); the pids it went to."""
+        grouped = not self.exited.done()
+        if grouped:
+            self.signal(sig)
+        sent = []
+        for pid, fields in members.items():
+            if pid == self.process.pid:
+                continue
+            sent.append(pid)
+            if grouped and int(fields[3]) == self.pid:
+                continue  # it had it with CMD's group: a second one could end a process that handles the first
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return sent
+
     async def kill(self) -> None:
-        """SIGKILL every process of CMD's tree at once and wait (bounded by :data:`KILL_WAIT`) for them."""
+        """SIGKILL every process of CMD's tree, the shim included, and return once none is alive.
+
+        Killing goes on (and an error is logged every :data:`KILL_WAIT` seconds) for as long as one lives: a
+        process in uninterruptible sleep dies only when it wakes, and until then the lock is kept.
+        """
+        self._note_zombie()
+        found = self.members()
         self.signal(signal.SIGKILL)
         self._send("kill")
-        if not await self.gone(KILL_WAIT):
-            log.error("CMD's processes survived SIGKILL for %gs", KILL_WAIT)
+        waited = 0.0
+        while True:
+            if self.cgroup is not None:
+                self.cgroup.kill()
+            for pid in self.members():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            if await self.gone(KILL_WAIT if waited else _POLL * 5):
+                break
+            waited += KILL_WAIT
+            log.error(
+                "processes of CMD's tree survived SIGKILL for %gs: %s; the lock is kept until they are gone",
+                waited,
+                self.describe(self.members()),
+            )
+        if found:
+            log.warning("killed CMD's tree with SIGKILL: %s", self.describe(found))
 
     async def terminate(self, grace: float) -> None:
-        """SIGTERM CMD's whole tree, SIGKILL after ``grace`` seconds; return once it is gone (or given up on)."""
-        self.signal_tree(signal.SIGTERM)
+        """SIGTERM each process of CMD's tree once, SIGCONT the stopped ones (the shim too), SIGKILL all after
+        ``grace`` seconds; return once none is alive."""
+        found = self.members()
+        termed = self._signal_each(signal.SIGTERM, found)
+        stopped = [pid for pid, fields in found.items() if fields[1] == "T"]
+        for pid in stopped:  # a stopped process handles SIGTERM only once continued; a stopped shim can't reap
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        log.info(
+            "stopping CMD's tree: SIGTERM to %s%s",
+            self.describe({pid: found[pid] for pid in termed}),
+            f"; SIGCONT to the stopped {', '.join(map(str, stopped))}" if stopped else "",
+        )
         if await self.gone(grace):
+            log.info("CMD's tree is gone")
             return
-        log.warning("CMD's processes still running %gs after SIGTERM: sending SIGKILL", grace)
+        log.warning(
+            "CMD's processes still running %gs after SIGTERM: %s: sending SIGKILL", grace, self.describe(self.members())
+        )
         await self.kill()
 
     async def aclose(self) -> None:
-        """Close the line to the shim (which then kills whatever is left) and wait for it, bounded.
+        """Close the line to the shim and return once no process of CMD's tree, the shim included, is alive.
 
-        If the shim died of a signal (killed by someone), SIGKILL what it left of CMD's tree: this
-        process is a child subreaper while CMD runs, so those processes became its children (the
-        children it has that were started after the shim). Then stop being a subreaper.
+        The shim kills whatever is left when the line closes; a shim that does not exit (stopped, traced)
+        is killed with what is left, and so is what a dead shim left to this process. Then the cgroup is
+        removed and, with no shim left, this process stops being a child subreaper.
         """
+        self._closing = True
+        self._watching.cancel()
         self._writer.close()
         with anyio.CancelScope(shield=True):
+            shim = self.members().get(self.process.pid)
+            if shim is not None and shim[1] == "T":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.process.pid, signal.SIGCONT)
+            if not await self.gone(KILL_WAIT / 4):
+                await self.kill()
             with anyio.move_on_after(KILL_WAIT):
                 await asyncio.shield(self._shim_exited)
                 await asyncio.shield(self._reading)
-            code = self.process.returncode
-            if code is None or code < 0:
-                await _end_strays(self._started)
+            self._reap_strays()
+            if self.cgroup is not None:
+                with anyio.move_on_after(KILL_WAIT):
+                    while not self.cgroup.remove():  # noqa: ASYNC110 - empty, but the kernel may lag a moment
+                        await anyio.sleep(_POLL)
         if not _SHIMS and _prctl is not None:
             _prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
