@@ -86,9 +86,10 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "MySQL / MariaDB", "server forgets",
-        "a session KILLed by our cleanup is ours, on the same server incarnation",
-        CHECKED, "the connection id with the server's start time; on doubt our own socket is closed",
-        "tests/test_mysql.py::test_a_session_holding_the_lock_is_killed_only_on_the_server_incarnation_it_was_opened_on",
+        "a session KILLed by our cleanup is ours, whatever id a restarted server hands out",
+        CHECKED, "the session's own marker lock (`IS_USED_LOCK`), checked on the connection that KILLs; else only "
+        "our socket is closed",
+        "tests/test_mysql.py::test_a_lost_request_after_a_fast_restart_never_kills_the_session_given_its_id",
     ),
     Assumption(
         "MySQL / MariaDB", "server forgets",
@@ -118,8 +119,9 @@ REGISTER: tuple[Assumption, ...] = (
     Assumption(
         "PostgreSQL", "topology",
         "the lock session is one server session, not lent per transaction by a pooler",
-        REFUSED, "a transaction-mode pooler is refused",
-        "tests/test_postgres.py::test_a_pooler_that_lends_server_sessions_per_transaction_is_refused",
+        REFUSED, "a probe's advisory lock must be seen held and then free, every statement in the session's own "
+        "backend: a transaction-mode pooler is refused every time",
+        "tests/test_postgres.py::test_a_transaction_pool_under_load_never_lets_a_candidate_lead",
     ),
     Assumption(
         "PostgreSQL", "server forgets",
