@@ -501,6 +501,9 @@ class Elector:
         self._state = _State.IDLE
         self._leadership: Leadership | None = None
         self._campaign_scope: anyio.CancelScope | None = None
+        #: Set when each campaign in progress has ended, a hold it won released or handed on: aclose() waits for
+        #: them before it closes the backend, which would leave such a hold to its lease.
+        self._campaigns: set[anyio.Event] = set()
         #: The keeper of each leadership and the leader watch of each campaign: cancelled and awaited by aclose().
         self._tasks = TaskSet()
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
@@ -698,6 +701,15 @@ class Elector:
                 await self._backend.close_observer()
 
     async def _campaign(self, once: bool = False) -> Hold | None:
+        over = anyio.Event()
+        self._campaigns.add(over)
+        try:
+            return await self._campaign_step(once)
+        finally:
+            over.set()
+            self._campaigns.discard(over)
+
+    async def _campaign_step(self, once: bool) -> Hold | None:
         # The previous leadership may still be letting go: the lock is ours until it has.
         while (previous := self._leadership) is not None and self._state is _State.LEADING and not previous.held:
             await previous._finished()
@@ -784,8 +796,10 @@ class Elector:
             return await asyncio.shield(task)
         except BaseException:
             scope.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.wait([task])
+            while not task.done():
+                # A second task.cancel() reaches even a shielded wait: the hold must still be given back.
+                with contextlib.suppress(asyncio.CancelledError), anyio.CancelScope(shield=True):
+                    await asyncio.wait([task])
             if not task.cancelled() and task.exception() is None:
                 await self._abandon(task.result())
             raise
@@ -905,6 +919,9 @@ class Elector:
         self._state = _State.CLOSED
         if self._campaign_scope is not None:
             self._campaign_scope.cancel()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
+            for over in list(self._campaigns):
+                await over.wait()
         if self._leadership is not None:
             await self._leadership.release()
         await self._tasks.aclose()

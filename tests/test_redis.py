@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import anyio
 import pytest
@@ -300,6 +301,38 @@ def test_a_sentinel_url_names_the_sentinels_and_the_master_never_the_password() 
     assert "pw" not in repr(backend) + repr(s) + backend.describe_timing()
     with pytest.raises(ValueError, match="name the master"):
         RedisBackend("redis+sentinel://127.0.0.1:26379", name="n")
+
+
+@pytest.mark.parametrize("once", [True, False], ids=["try_acquire", "acquire"])
+async def test_aclose_as_a_campaign_wins_gives_the_key_back_before_closing(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, once: bool
+) -> None:
+    """aclose() from another task, between the campaign step's win and the acquiring task resuming: the key is
+    given back, not left to its lease by a backend already closed."""
+    from aioelect import _tasks
+
+    name = unique_name()
+    elector = make(redis_server.url, name)
+    closers: list[asyncio.Task[None]] = []
+    start = _tasks.TaskSet.start
+
+    def hooked(self: _tasks.TaskSet, coro: Any, *, name: str, on_done: Any = None) -> asyncio.Task[Any]:
+        task = start(self, coro, name=name, on_done=on_done)
+        if name.startswith("aioelect-campaign-"):
+
+            def close_now(step: asyncio.Task[Any]) -> None:
+                if not step.cancelled() and step.exception() is None and step.result() is not None:
+                    closers.append(asyncio.get_running_loop().create_task(elector.aclose()))
+
+            task.add_done_callback(close_now)
+        return task
+
+    monkeypatch.setattr(_tasks.TaskSet, "start", hooked)
+    with pytest.raises(Exception, match="closed"):
+        await (elector.try_acquire() if once else elector.acquire())
+    assert closers, "the hook never saw the step win"
+    await asyncio.gather(*closers)
+    assert redis_server.command("EXISTS", lock_key(name)) == 0
 
 
 async def test_a_campaign_cancelled_as_its_grant_arrives_is_cancelled_and_leaves_no_key(
