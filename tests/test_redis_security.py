@@ -441,3 +441,20 @@ def test_master_hosts_and_the_name_a_master_must_carry() -> None:
     assert named.master_tls_host("10.9.9.9") == "redis.internal"
     bare = RedisSettings.parse("rediss+sentinel://s:26379/jobs/0", {"name": "n"})
     assert bare.master_tls_host("10.9.9.9") == "jobs", "never the address a Sentinel's reply gives"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "master_hosts=10.0.0.1/6379",  # a typo for :6379 would otherwise allow every port of the host
+        "master_hosts=10.0.0.1%2F..",
+        "master_hosts=%2010.0.0.1",
+        "master_hosts=10.0.0.1:6379,",
+        "master_tls_name=",
+        "master_tls_name=redis-jobs:6379",
+    ],
+)
+def test_a_master_host_or_tls_name_that_is_not_exactly_a_name_or_address_is_refused(query: str) -> None:
+    scheme = "rediss" if query.startswith("master_tls_name") else "redis"
+    with pytest.raises(ValueError, match="master_hosts must list|master_tls_name must be"):
+        RedisSettings.parse(f"{scheme}+sentinel://127.0.0.1:26379/m/0?{query}", {"name": "n"})

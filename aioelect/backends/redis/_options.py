@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -29,6 +30,11 @@ _MASTER_KEYS = ("master_tls_name", "master_hosts")
 #: URL parameters stating server settings a user without ``CONFIG GET`` cannot read (see :mod:`._bounds`).
 _ASSUME_KEYS = ("assume_appendfsync", "assume_timeout")
 _APPENDFSYNC = ("always", "everysec", "no")
+#: A host name, an IPv4 address or a bracketed IPv6 address (a ``master_tls_name``); with a port, a
+#: ``master_hosts`` entry.
+_HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?|\[[0-9A-Fa-f:.]+\])"
+_TLS_NAME = re.compile(_HOST)
+_MASTER_HOST = re.compile(_HOST + r"(?::[0-9]{1,5})?")
 #: How many keep-alive probes, one a second, declare a silent peer dead.
 KEEPALIVE_PROBES = 2
 
@@ -166,7 +172,9 @@ class RedisSettings:
         positive("lease", lease)
         sentinel_auth = _sentinel_credentials(options, sentinels)
         master_hosts = _master_hosts(parsed.query.get("master_hosts"))
-        master_tls_name = parsed.query.get("master_tls_name") or None
+        master_tls_name = parsed.query.get("master_tls_name")
+        if master_tls_name is not None and not _TLS_NAME.fullmatch(master_tls_name):
+            raise ValueError("master_tls_name must be the host name (or address) the master's certificate names")
         if master_tls_name is not None and not tls:
             raise ValueError("master_tls_name needs a rediss+sentinel:// URL")
         if sentinels and not tls and not master_hosts and (parsed.password is not None or parsed.user is not None):
@@ -328,7 +336,11 @@ def _master_hosts(text: str | None) -> tuple[tuple[str, int | None], ...]:
         return ()
     hosts: list[tuple[str, int | None]] = []
     for entry in text.split(","):
-        probe = parse_dsn(f"redis://{entry.strip()}/", "redis")
+        # Only a host name, an IPv4 address or a bracketed IPv6 address, and a port: anything else (a path, a
+        # query, white space) would be dropped by a URL parser and widen the list to every port of the host.
+        if not _MASTER_HOST.fullmatch(entry):
+            raise ValueError("master_hosts must list host or host:port (a name or an address), separated by commas")
+        probe = parse_dsn(f"redis://{entry}/", "redis")
         if not probe.host or probe.user is not None:
             raise ValueError("master_hosts must list host or host:port, separated by commas")
         hosts.append((probe.host, probe.port))
