@@ -456,5 +456,5 @@ def test_master_hosts_and_the_name_a_master_must_carry() -> None:
 )
 def test_a_master_host_or_tls_name_that_is_not_exactly_a_name_or_address_is_refused(query: str) -> None:
     scheme = "rediss" if query.startswith("master_tls_name") else "redis"
-    with pytest.raises(ValueError, match="master_hosts must list|master_tls_name must be"):
+    with pytest.raises(ValueError, match=r"master_hosts must list|master_tls_name must be"):
         RedisSettings.parse(f"{scheme}+sentinel://127.0.0.1:26379/m/0?{query}", {"name": "n"})
