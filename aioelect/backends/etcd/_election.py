@@ -263,8 +263,9 @@ class Election(Backend):
         The campaign's own transactions read the leader too (reported as they
         happen). Only when the leader is neither our key nor the one we wait
         for (three candidates or more) does this follow the leader itself
-        (:meth:`_follow`): one read when it starts, then the events of one
-        watch, so that a leader change costs no read per waiting candidate.
+        (:meth:`_follow`): one read when it starts for a key of ours, then the
+        events of one watch, so that a leader change costs no read per
+        waiting candidate, however the candidates arrived.
         """
         backoff = Backoff(first=0.1, maximum=2.0)
         while True:
@@ -272,8 +273,9 @@ class Election(Backend):
             if view is None or view.leader is None or view.leader in (view.ours, view.predecessor):
                 await changed.wait()
                 continue
+            settled: list[anyio.Event] = []
             try:
-                async for identity in self._follow(view):
+                async for identity in self._follow(view, settled):
                     yield identity
                 backoff.reset()
             except (Transient, Compacted) as exc:
@@ -282,19 +284,27 @@ class Election(Backend):
                 self.log.debug("leader watch interrupted (%s); reading again", exc)
                 await anyio.sleep(backoff.next_delay())
                 continue  # the leader may have changed meanwhile: read again for the view then current
-            if self.sight.current is view:
-                await changed.wait()  # followed as far as it goes: the campaign reads what comes next
+            if settled:
+                await settled[-1].wait()  # followed as far as it goes: the campaign reads what comes next
 
-    async def _follow(self, view: View) -> AsyncIterator[str | None]:
+    async def _follow(self, view: View, settled: list[anyio.Event]) -> AsyncIterator[str | None]:
         """Follow the leader from the candidates created before our key, kept up to date by one prefix watch.
 
         Only those candidates can lead before us, and only a delete or a put
         can change them (a key created later is never ahead of ours): the
         next leader is the oldest of them still standing, known without a
         read. Each change is recorded in the view (:meth:`Sight.read_later`); a put
-        of the leader's value is yielded. Returns when the campaign has read
-        the election anew, or when the leader is the key we wait for (or
-        nobody ahead is left): the campaign's own reads take it from there.
+        of the leader's value is yielded.
+
+        What is followed belongs to our key as created (``view.created``),
+        not to one read of it: when the campaign reads the election again
+        (campaigns started together find the store moved on, and read again
+        while this follows), following goes on from the view that read
+        made, without a read of its own. Returns when the campaign's view is
+        of another key (or none), or when following is the campaign's job:
+        the leader is the key we wait for, or nobody ahead is left. In the
+        latter case ``settled`` receives the event set at the view's next
+        change, to wait for before following again.
         """
         request = rpc.RangeRequest(key=self.prefix, range_end=self._prefix_end, max_create_revision=view.created - 1)
         reply = await self.conn.call(
@@ -305,18 +315,26 @@ class Election(Backend):
         )
         ahead = {bytes(kv.key): kv for kv in self._own(reply.kvs) if bytes(kv.key) != view.ours}
         revision = int(reply.header.revision)
+        ours = (view.ours, view.created)
         current = view
 
         def next_leader() -> bool:
-            """Record the oldest candidate ahead as the leader; False once following is the campaign's job."""
+            """Record the oldest candidate ahead as the leader; False once following is not ours to do."""
             nonlocal current
+            now = self.sight.current
+            if now is None or (now.ours, now.created) != ours:
+                return False  # the campaign ended, or put our key again: follow anew for the view it reads
+            current = now
             first = min(ahead.values(), key=lambda kv: int(kv.create_revision), default=None)
-            if first is None:
-                return False  # nobody ahead: our campaign leads next, and says so
-            if self.sight.current is current and bytes(first.key) != current.leader:
-                self.sight.read_later(current, first, revision)
+            if first is not None and bytes(first.key) != current.leader:
+                self.sight.read_later(current, first, revision)  # dropped if the campaign read after `revision`
                 current = self.sight.current or current
-            return self.sight.current is current and bytes(first.key) != current.predecessor
+            if first is None or current.leader in (None, current.ours, current.predecessor):
+                # Nobody ahead (our campaign leads next, and says so), or the leader is the key the campaign waits
+                # for: its own reads take it from there.
+                settled.append(self.sight.changed)
+                return False
+            return True
 
         if not next_leader():
             return
@@ -324,7 +342,7 @@ class Election(Backend):
             self.prefix, range_end=self._prefix_end, start_revision=revision + 1, lane=Lane.CAMPAIGN
         )
         async with watch as stream:
-            while self.sight.current is current:
+            while True:
                 response = await stream.next()
                 self._own([event.kv for event in response.events])
                 # The last event's revision, not the header's: events up to it have all arrived, later ones may not.
