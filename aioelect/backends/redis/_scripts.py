@@ -24,6 +24,10 @@ if held then
   return {0, held, redis.call('PTTL', KEYS[1])}
 end
 local token = redis.call('INCR', KEYS[2])
+-- Lua numbers are doubles: a counter past 2^53 would hand two leaders the same token.
+if token < 1 or token > 9007199254740991 then
+  return redis.error_reply('aioelect: the token counter ' .. KEYS[2] .. ' is out of range (1 to 2^53-1)')
+end
 local value = ARGV[1] .. token .. ':' .. ARGV[2]
 redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[3])
 redis.call('PUBLISH', ARGV[4], value)
