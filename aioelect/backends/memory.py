@@ -215,6 +215,9 @@ class MemoryBackend(Backend):
     """A candidate's view of the :class:`MemoryElection` of its name in the running event loop."""
 
     kind = "memory"
+    #: Each event loop starts its elections anew, tokens included: an elector used in two loops (two test
+    #: clients of one application) sees token 1 again.
+    tokens_may_repeat = True
 
     def __init__(
         self, name: str, *, renew_deadline: float = DEFAULT_RENEW_DEADLINE, check_interval: float | None = None

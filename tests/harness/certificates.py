@@ -52,7 +52,8 @@ class Certificates:
             f.write(leaf + "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n")
         client_ext = os.path.join(d, "client.ext")
         with open(client_ext, "w") as f:
-            f.write(leaf + "extendedKeyUsage=clientAuth\n")
+            # serverAuth too: the "misnamed server" tests serve this certificate from a server.
+            f.write(leaf + "extendedKeyUsage=clientAuth,serverAuth\n")
         for cert, key, cn, extfile in (
             (self.server_cert, self.server_key, "127.0.0.1", ext),
             (self.client_cert, self.client_key, client_cn, client_ext),
