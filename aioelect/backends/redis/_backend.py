@@ -458,7 +458,8 @@ class RedisBackend(Backend):
         for sentinel in list(manager.sentinels):
 
             def ask(sentinel: Redis = sentinel) -> Awaitable[Any]:
-                return sentinel.sentinel_master(name)  # type: ignore[return-value, unused-ignore]
+                asked: Any = sentinel.sentinel_master  # typed otherwise by each redis-py release
+                return asked(name)  # type: ignore[no-any-return]
 
             try:
                 state = await self.send("ask sentinels", ask)
