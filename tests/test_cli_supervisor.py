@@ -57,8 +57,9 @@ if sys.argv[2] == "exit":
 in_group.wait()
 """
 
-#: The next leader's CMD: writes the live (non-zombie) processes carrying marker argv[2] to argv[1] at once,
-#: leaving out the pids given after it (the old supervisor, which may still be on its way out).
+#: The next leader's CMD: writes the live processes (not zombies, or zombie main threads with live threads)
+#: carrying marker argv[2] to argv[1] at once, leaving out the pids given after it (the old supervisor, which
+#: may still be on its way out).
 SURVIVORS = f"""\
 import os, sys
 out, token, ignore = sys.argv[1], sys.argv[2].encode(), set(sys.argv[3:])
@@ -71,6 +72,9 @@ for entry in os.listdir("/proc"):
             env = b"\\0" + fh.read()
         with open(f"/proc/{{entry}}/stat") as fh:
             state = fh.read().rsplit(")", 1)[1].split()[0]
+        for task in os.listdir(f"/proc/{{entry}}/task") if state == "Z" else ():  # a main thread ended alone
+            with open(f"/proc/{{entry}}/task/{{task}}/stat") as fh:
+                state = "Z+" if fh.read().rsplit(")", 1)[1].split()[0] not in "ZX" else state
     except OSError:
         continue
     if needle in env and state != "Z":
@@ -81,7 +85,7 @@ with open(out, "w") as fh:
 
 
 def marked(token: str) -> list[int]:
-    """Live processes whose environment carries ``MARKER=token``."""
+    """Live processes (a zombie main thread with a live thread included) whose environment carries ``MARKER=token``."""
     needle = f"\0{MARKER}={token}\0".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -90,11 +94,10 @@ def marked(token: str) -> list[int]:
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 env = b"\0" + fh.read()
-            with open(f"/proc/{entry}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
+            state = state_of(int(entry))
         except OSError:
             continue
-        if needle in env and state != "Z":
+        if needle in env and state not in ("Z", "gone"):
             found.append(int(entry))
     return found
 
@@ -351,6 +354,9 @@ if mode == "scan" or os.path.exists(out) or os.environ.get("AIOELECT_IDENTITY") 
                 env = b"\\0" + fh.read()
             with open(f"/proc/{{entry}}/stat") as fh:
                 state = fh.read().rsplit(")", 1)[1].split()[0]
+            for task in os.listdir(f"/proc/{{entry}}/task") if state == "Z" else ():  # a main thread ended alone
+                with open(f"/proc/{{entry}}/task/{{task}}/stat") as fh:
+                    state = "Z+" if fh.read().rsplit(")", 1)[1].split()[0] not in "ZX" else state
             with open(f"/proc/{{entry}}/cmdline", "rb") as fh:
                 supervisor = b"\\0-m\\0aioelect\\0" in fh.read()
         except OSError:
@@ -430,9 +436,15 @@ def scans(seen: Path) -> list[str]:
 
 
 def state_of(pid: int) -> str:
+    """``pid``'s state in /proc; ``Z+`` for a zombie main thread whose other threads run; ``gone``."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        for task in os.listdir(f"/proc/{pid}/task") if state == "Z" else ():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return "Z+"
+        return state
     except OSError:
         return "gone"
 
