@@ -626,10 +626,10 @@ def test_cmd_exiting_under_a_stopped_shim_is_seen_and_its_tree_ended(
 
 #: CMD: the first run starts, double-forked in a session of its own, a "ghost" (its main thread ends with
 #: SYS_exit, so /proc/PID/stat says Z, while a second thread appends "PID TIME" to argv[1] every 50 ms and ends
-#: it all after 15 s), or executes argv[4], the racer; then sleeps. A later run (the next leader's) writes its
-#: start time to argv[3] and exits.
+#: it all after 15 s; it ignores every catchable signal), or executes argv[4], the racer; then sleeps. A later
+#: run (the next leader's) writes its start time to argv[3] and exits.
 HIDER = """\
-import ctypes, os, sys, threading, time
+import ctypes, os, signal, sys, threading, time
 beat, mode, report = sys.argv[1], sys.argv[2], sys.argv[3]
 if os.path.exists(beat + ".started"):
     with open(report, "w") as fh:
@@ -647,6 +647,8 @@ if os.fork() == 0:
         with open(beat, "a") as fh:
             fh.write(f"{os.getpid()} {time.time():.6f}\\n")
     if mode == "ghost":
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)  # only SIGKILL ends it
         def run():
             while time.time() < end:
                 write()
@@ -724,7 +726,11 @@ def test_a_hiding_process_of_cmds_tree_is_gone_before_the_next_leaders_cmd_start
     after = beats_after(beat, float(report.read_text()))
     proc.send_signal(signal.SIGTERM)
     spawner.wait(proc, timeout=30)
-    assert after == [], f"the {mode} still ran after the next leader's CMD started: {after}\n{spawner.stderr(proc)}"
+    stderr = spawner.stderr(proc)
+    assert after == [], f"the {mode} still ran after the next leader's CMD started: {after}\n{stderr}"
+    if mode == "ghost":  # it ignores SIGTERM: the log names it among the processes SIGKILLed
+        ghost = beat.read_text().split()[0]
+        assert f"{ghost} (python" in stderr and "main thread ended" in stderr, stderr
 
 
 @pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit is 60 on x86_64 only")
