@@ -333,9 +333,26 @@ REGISTER: tuple[Assumption, ...] = (
         "supervisor", "process state",
         "a zombie holds no descriptor, so the lock may go while one is left (a tracer's to reap, or CMD's under "
         "a stopped shim)",
-        CHECKED, "zombies are not waited for (cgroup `populated 0`, /proc state Z); CMD's status is read from "
+        CHECKED, "zombies are not waited for (cgroup `populated 0`, /proc state Z and no live thread; unreaped "
+        "children of a dead shim only once the same twice in a row); CMD's status is read from "
         "its zombie",
         "tests/test_cli_supervisor.py::test_a_cmd_that_stops_its_shim_is_gone_before_the_next_leaders_cmd_starts",
+    ),
+    Assumption(
+        "supervisor", "process state",
+        "a process whose /proc state is Z is gone only if none of its threads runs (a main thread that ended "
+        "alone with SYS_exit leaves the others running)",
+        CHECKED, "a process is alive while any thread in /proc/PID/task is not Z, and is signalled through its "
+        "live threads; CMD with a live thread is not taken for exited",
+        "tests/test_cli_supervisor.py::test_a_hiding_process_of_cmds_tree_is_gone_before_the_next_leaders_cmd_starts",
+    ),
+    Assumption(
+        "supervisor", "OS",
+        "a process that forks and lets its parent exit again and again, every pid gone before /proc is read, "
+        "always leaves a child to the nearest subreaper and stays in the process group of its session",
+        CHECKED, "the shim ends (and lets the lock go) only once waitpid says no child is left, aioelect only "
+        "once no child a dead shim left is unreaped; both SIGKILL the groups of sessions started in the tree",
+        "tests/test_cli_supervisor.py::test_a_hiding_process_is_gone_before_the_lock_of_a_sigkilled_supervisor_passes_on",
     ),
     Assumption(
         "supervisor", "process state",

@@ -57,8 +57,9 @@ if sys.argv[2] == "exit":
 in_group.wait()
 """
 
-#: The next leader's CMD: writes the live (non-zombie) processes carrying marker argv[2] to argv[1] at once,
-#: leaving out the pids given after it (the old supervisor, which may still be on its way out).
+#: The next leader's CMD: writes the live processes (not zombies, or zombie main threads with live threads)
+#: carrying marker argv[2] to argv[1] at once, leaving out the pids given after it (the old supervisor, which
+#: may still be on its way out).
 SURVIVORS = f"""\
 import os, sys
 out, token, ignore = sys.argv[1], sys.argv[2].encode(), set(sys.argv[3:])
@@ -71,6 +72,9 @@ for entry in os.listdir("/proc"):
             env = b"\\0" + fh.read()
         with open(f"/proc/{{entry}}/stat") as fh:
             state = fh.read().rsplit(")", 1)[1].split()[0]
+        for task in os.listdir(f"/proc/{{entry}}/task") if state == "Z" else ():  # a main thread ended alone
+            with open(f"/proc/{{entry}}/task/{{task}}/stat") as fh:
+                state = "Z+" if fh.read().rsplit(")", 1)[1].split()[0] not in "ZX" else state
     except OSError:
         continue
     if needle in env and state != "Z":
@@ -81,7 +85,7 @@ with open(out, "w") as fh:
 
 
 def marked(token: str) -> list[int]:
-    """Live processes whose environment carries ``MARKER=token``."""
+    """Live processes (a zombie main thread with a live thread included) whose environment carries ``MARKER=token``."""
     needle = f"\0{MARKER}={token}\0".encode()
     found = []
     for entry in os.listdir("/proc"):
@@ -90,11 +94,10 @@ def marked(token: str) -> list[int]:
         try:
             with open(f"/proc/{entry}/environ", "rb") as fh:
                 env = b"\0" + fh.read()
-            with open(f"/proc/{entry}/stat") as fh:
-                state = fh.read().rsplit(")", 1)[1].split()[0]
+            state = state_of(int(entry))
         except OSError:
             continue
-        if needle in env and state != "Z":
+        if needle in env and state not in ("Z", "gone"):
             found.append(int(entry))
     return found
 
@@ -351,6 +354,9 @@ if mode == "scan" or os.path.exists(out) or os.environ.get("AIOELECT_IDENTITY") 
                 env = b"\\0" + fh.read()
             with open(f"/proc/{{entry}}/stat") as fh:
                 state = fh.read().rsplit(")", 1)[1].split()[0]
+            for task in os.listdir(f"/proc/{{entry}}/task") if state == "Z" else ():  # a main thread ended alone
+                with open(f"/proc/{{entry}}/task/{{task}}/stat") as fh:
+                    state = "Z+" if fh.read().rsplit(")", 1)[1].split()[0] not in "ZX" else state
             with open(f"/proc/{{entry}}/cmdline", "rb") as fh:
                 supervisor = b"\\0-m\\0aioelect\\0" in fh.read()
         except OSError:
@@ -430,9 +436,15 @@ def scans(seen: Path) -> list[str]:
 
 
 def state_of(pid: int) -> str:
+    """``pid``'s state in /proc; ``Z+`` for a zombie main thread whose other threads run; ``gone``."""
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0]
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+        for task in os.listdir(f"/proc/{pid}/task") if state == "Z" else ():
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    return "Z+"
+        return state
     except OSError:
         return "gone"
 
@@ -608,3 +620,168 @@ def test_cmd_exiting_under_a_stopped_shim_is_seen_and_its_tree_ended(
     assert status == 0, spawner.stderr(proc)
     assert marked(token) == [], "a process of CMD's tree outlived aioelect run"
     assert "is stopped" in spawner.stderr(proc), spawner.stderr(proc)
+
+
+# --- a process that hides: a zombie main thread with a live thread, a pid that changes all the time ----------
+
+#: CMD: the first run starts, double-forked in a session of its own, a "ghost" (its main thread ends with
+#: SYS_exit, so /proc/PID/stat says Z, while a second thread appends "PID TIME" to argv[1] every 50 ms and ends
+#: it all after 15 s; it ignores every catchable signal), or executes argv[4], the racer; then sleeps. A later
+#: run (the next leader's) writes its start time to argv[3] and exits.
+HIDER = """\
+import ctypes, os, signal, sys, threading, time
+beat, mode, report = sys.argv[1], sys.argv[2], sys.argv[3]
+if os.path.exists(beat + ".started"):
+    with open(report, "w") as fh:
+        fh.write(f"{time.time():.6f}\\n")
+    sys.exit(0)
+open(beat + ".started", "w").close()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+    if mode == "racer":
+        os.execv(sys.argv[4], [sys.argv[4], beat])
+    end = time.time() + 15
+    def write():
+        with open(beat, "a") as fh:
+            fh.write(f"{os.getpid()} {time.time():.6f}\\n")
+    if mode == "ghost":
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)  # only SIGKILL ends it
+        def run():
+            while time.time() < end:
+                write()
+                time.sleep(0.05)
+            os._exit(0)
+        threading.Thread(target=run).start()
+        time.sleep(0.1)
+        ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86_64): this thread only
+while True:
+    time.sleep(1)
+"""
+
+
+#: The racer in C (a Python fork is too slow to hide): double-forked in a session of its own, forks and exits
+#: again and again, so every pid lives microseconds; appends "PID TIME" to argv[1] every 50 ms, ends after 15 s.
+RACER = r"""
+#include <stdio.h>
+#include <sys/time.h>
+#include <unistd.h>
+static double now(void) { struct timeval t; gettimeofday(&t, 0); return t.tv_sec + t.tv_usec / 1e6; }
+int main(int argc, char **argv) {
+    if (argc < 2 || fork() != 0) return 0;
+    setsid();
+    if (fork() != 0) _exit(0);
+    double start = now(), last = 0;
+    for (;;) {
+        double t = now();
+        if (t - start > 15) _exit(0);
+        if (t - last > 0.05) {
+            FILE *f = fopen(argv[1], "a");
+            if (f) { fprintf(f, "%d %.6f\n", getpid(), t); fclose(f); }
+            last = t;
+        }
+        pid_t c = fork();
+        if (c < 0) { usleep(1000); continue; }
+        if (c > 0) _exit(0);
+    }
+}
+"""
+
+
+def hider(tmp_path: Path, mode: str) -> list[str]:
+    """The argv of CMD: HIDER, whose first run starts a ghost (Python) or a racer (compiled from RACER)."""
+    script = tmp_path / "hider.py"
+    script.write_text(HIDER)
+    argv = [sys.executable, str(script), str(tmp_path / "beat"), mode, str(tmp_path / "report")]
+    if mode == "racer":
+        (tmp_path / "racer.c").write_text(RACER)
+        built = subprocess.run(["cc", "-O2", "-o", str(tmp_path / "racer"), str(tmp_path / "racer.c")],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert built.returncode == 0, built.stderr
+        argv.append(str(tmp_path / "racer"))
+    return argv
+
+
+def beats_after(beat: Path, start: float) -> list[str]:
+    return [line for line in beat.read_text().splitlines() if float(line.split()[1]) > start]
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit is 60 on x86_64 only")
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+@pytest.mark.parametrize("mode", ["ghost", "racer"])
+def test_a_hiding_process_of_cmds_tree_is_gone_before_the_next_leaders_cmd_starts(
+    mode: str, containment: str, spawner: Spawner, token: str, tmp_path: Path
+) -> None:
+    beat, report, lock = tmp_path / "beat", tmp_path / "report", tmp_path / "lock"
+    proc = start_contained(spawner, containment, "run", "--file", str(lock), "--check-interval", "0.05",
+                           "--grace", "0.5", "--forever", "--restart-delay", "0.1",
+                           "--", *hider(tmp_path, mode), **{MARKER: token})  # fmt: skip
+    wait_until("the hider to beat", lambda: beat.exists() and len(beat.read_text().splitlines()) > 3, 30)
+    replace_lock_file(lock)
+    took = wait_until("the next leader's CMD", report.exists, 30)
+    print(f"MEASURED {mode} ({containment}): the next leader's CMD {took:.2f}s after the loss (grace 0.5s)")
+    time.sleep(0.5)
+    after = beats_after(beat, float(report.read_text()))
+    proc.send_signal(signal.SIGTERM)
+    spawner.wait(proc, timeout=30)
+    stderr = spawner.stderr(proc)
+    assert after == [], f"the {mode} still ran after the next leader's CMD started: {after}\n{stderr}"
+    if mode == "ghost":  # it ignores SIGTERM: the log names it among the processes SIGKILLed
+        ghost = beat.read_text().split()[0]
+        assert f"{ghost} (python" in stderr and "main thread ended" in stderr, stderr
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit is 60 on x86_64 only")
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+@pytest.mark.parametrize("mode", ["ghost", "racer"])
+def test_a_hiding_process_is_gone_before_the_lock_of_a_sigkilled_supervisor_passes_on(
+    mode: str, containment: str, spawner: Spawner, token: str, tmp_path: Path
+) -> None:
+    beat, report, lock = tmp_path / "beat", tmp_path / "report", tmp_path / "lock"
+    argv = ["--", *hider(tmp_path, mode)]
+    proc = start_contained(spawner, containment, "run", "--file", str(lock), *argv, **{MARKER: token})
+    wait_until("the hider to beat", lambda: beat.exists() and len(beat.read_text().splitlines()) > 3, 30)
+    proc.send_signal(signal.SIGKILL)
+    spawner.wait(proc, timeout=20)
+    deadline = time.monotonic() + 30
+    while True:  # the lock passes on once the shim is gone
+        result = cli("run", "--file", str(lock), "--no-wait", *argv)
+        if result.returncode != 75 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert result.returncode == 0, result.stderr
+    time.sleep(0.5)
+    after = beats_after(beat, float(report.read_text()))
+    assert after == [], f"the {mode} still ran after the next leader's CMD started: {after}"
+
+
+#: CMD: stops its shim, then ends its main thread only while a second thread runs on for 3 s, then exits 7.
+LIAR = """\
+import ctypes, os, signal, sys, threading, time
+def run():
+    time.sleep(3)
+    os._exit(7)
+threading.Thread(target=run).start()
+time.sleep(0.3)
+os.kill(os.getppid(), signal.SIGSTOP)
+time.sleep(0.2)
+ctypes.CDLL(None).syscall(60, 0)  # SYS_exit (x86_64): this thread only
+"""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="SYS_exit is 60 on x86_64 only")
+@pytest.mark.parametrize("containment", ["cgroup", "subreaper"])
+def test_a_cmd_whose_main_thread_ended_is_not_taken_for_exited(
+    containment: str, spawner: Spawner, token: str, tmp_path: Path
+) -> None:
+    script = tmp_path / "liar.py"
+    script.write_text(LIAR)
+    started = time.monotonic()
+    proc = start_contained(spawner, containment, "run", "--file", str(tmp_path / "lock"),
+                           "--", sys.executable, str(script), **{MARKER: token})  # fmt: skip
+    status = spawner.wait(proc, timeout=30)
+    took = time.monotonic() - started
+    assert (status, "CMD exited with status 7" in spawner.stderr(proc)) == (7, True), spawner.stderr(proc)
+    assert took > 3, f"aioelect ended {took:.2f}s after it started, while CMD's thread still ran"

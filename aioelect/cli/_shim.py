@@ -20,10 +20,13 @@ Guarantees:
   their defaults, and gets SIGKILL if the shim dies (``PR_SET_PDEATHSIG``);
 * when the socket reaches end of file (the supervisor is gone, whatever
   killed it, SIGKILL included) or the supervisor sends ``kill``, it
-  SIGKILLs every descendant, again and again until none is left alive (a
-  zombie it cannot reap, one a tracer holds, is not alive), and exits;
-* otherwise it exits once CMD has exited and no descendant is left alive,
-  so its own exit means the whole tree is gone.
+  SIGKILLs every descendant (a process whose main thread ended alone
+  through its live threads; the process groups of the sessions started in
+  the tree at once), again and again until waitpid says no child is left
+  but zombies a tracer holds, and exits;
+* otherwise it exits once CMD has exited and no child is left (every
+  orphan of the tree is reparented to it), so its own exit means the whole
+  tree is gone.
 
 It cannot protect itself from CMD (which may stop, trace or kill it): the
 supervisor finds the tree without it (the cgroup, /proc) and kills it too.
@@ -47,7 +50,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -85,13 +88,68 @@ def processes() -> Iterator[tuple[int, list[bytes]]]:
         yield int(entry), fields
 
 
-def _alive(pid: int) -> bool | None:
-    """Whether ``pid`` is alive (not a zombie); None if it is gone."""
+def live_threads(pid: int) -> list[int]:
+    """The threads of ``pid`` that are neither zombies nor dead (a main thread that ended alone, with
+    SYS_exit, leaves ``stat`` saying Z while the process's other threads run on)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            found.append(int(task))
+    return found
+
+
+def live(pid: int, state: bytes) -> bool:
+    """Whether ``pid``, whose ``stat`` says ``state``, is alive: not a zombie, or a zombie main thread whose
+    process still has a live thread."""
+    return state not in (b"Z", b"X") or bool(live_threads(pid))
+
+
+def _stat_fields(pid: int) -> list[bytes] | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
-            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+            return fh.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None
+
+
+def _alive(pid: int) -> bool | None:
+    """Whether ``pid`` is alive (see :func:`live`); None if it is gone."""
+    fields = _stat_fields(pid)
+    return None if not fields else live(pid, fields[0])
+
+
+def signal_process(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid``; if its main thread has ended alone, to its live threads instead (SIGKILL to
+    each, any other signal to one: it is the process's either way)."""
+    fields = _stat_fields(pid)
+    tids = live_threads(pid) if fields and fields[0] in (b"Z", b"X") else []
+    for target in (tids if sig == signal.SIGKILL else tids[:1]) or [pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target, sig)
+
+
+def kill_sessions(pids: Iterable[int]) -> None:
+    """SIGKILL the process group of each of ``pids`` (zombies included) that is in a session other than this
+    process's: a session started inside CMD's tree (only its descendants can be in it), whose group outlives
+    any one pid, so a process that forks and lets its parent exit again and again is caught all the same."""
+    mine = os.getsid(0)
+    groups: set[int] = set()
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields and len(fields) > 3 and int(fields[3]) not in (mine, 0) and int(fields[2]) > 1:
+            groups.add(int(fields[2]))
+    for group in groups:
+        with contextlib.suppress(OSError):
+            os.killpg(group, signal.SIGKILL)
 
 
 def _children(pid: int) -> list[tuple[int, bool]] | None:
@@ -122,7 +180,7 @@ def _children_by_scan() -> Callable[[int], list[tuple[int, bool]] | None]:
     """What :func:`_children` gives, from one pass over every process's ``stat``."""
     table: dict[int, list[tuple[int, bool]]] = {}
     for pid, fields in processes():
-        table.setdefault(int(fields[1]), []).append((pid, fields[0] != b"Z"))
+        table.setdefault(int(fields[1]), []).append((pid, live(pid, fields[0])))
     return lambda pid: table.get(pid, [])
 
 
@@ -148,12 +206,15 @@ def descendants(root: int, depth: int | None = None) -> list[tuple[int, bool]]:
 
 
 def _signal_all(sig: int) -> int:
-    """Send ``sig`` to every live descendant; how many there were."""
-    live = [pid for pid, alive in descendants(os.getpid()) if alive]
-    for pid in live:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
-    return len(live)
+    """Send ``sig`` to every live descendant (SIGKILL also to the groups of the tree's own sessions); how many
+    live descendants there were."""
+    found = descendants(os.getpid())
+    if sig == signal.SIGKILL:
+        kill_sessions(pid for pid, _ in found)
+    running = [pid for pid, alive in found if alive]
+    for pid in running:
+        signal_process(pid, sig)
+    return len(running)
 
 
 def _reap() -> tuple[list[tuple[int, int]], bool]:
@@ -169,6 +230,27 @@ def _reap() -> tuple[list[tuple[int, int]], bool]:
         reaped.append((pid, status))
 
 
+def _no_child_left() -> bool:
+    """Whether, once reaped, no child is left but zombies a tracer holds (this process cannot reap them; they
+    have closed every descriptor): waitpid, not /proc, says whether a child is left, so a process that forks
+    and lets its parent exit again and again, whose every pid is gone by the time /proc is read, still counts.
+    The zombies must be the same twice 10 ms apart (such a process leaves new ones)."""
+    seen: set[int] | None = None
+    for _ in range(2):
+        _, left = _reap()
+        if not left:
+            return True
+        children = _children(os.getpid())
+        if children is None:
+            children = _children_by_scan()(os.getpid()) or []
+        now = {pid for pid, _ in children}
+        if not now or any(alive for _, alive in children) or (seen is not None and now != seen):
+            return False
+        seen = now
+        time.sleep(0.01)
+    return True
+
+
 def _kill_all(group: int | None) -> None:
     """SIGKILL every descendant until none is left alive (a process forking meanwhile is caught on the next pass).
 
@@ -179,8 +261,7 @@ def _kill_all(group: int | None) -> None:
             os.killpg(group, signal.SIGKILL)  # at once, before the slower walk through /proc
     while True:
         killed = _signal_all(signal.SIGKILL)
-        _reap()
-        if not killed:
+        if not killed and _no_child_left():
             return
         time.sleep(0.001)  # let the killed exit before the next pass
 
@@ -256,7 +337,7 @@ def main(argv: list[str]) -> int:
         readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
         if wake_r in readable:
             os.read(wake_r, 512)
-            exited, _ = _reap()
+            exited, left = _reap()
             for reaped, status in exited:
                 if reaped == pid:
                     cmd_done = True
@@ -264,7 +345,7 @@ def main(argv: list[str]) -> int:
                     if not send(f"exit {os.waitstatus_to_exitcode(status)} {running}"):
                         _kill_all(None if cmd_done else pid)
                         return 1
-            if cmd_done and not any(alive for _, alive in descendants(me)):
+            if cmd_done and (not left or _no_child_left()):
                 return 0
         if sock.fileno() in readable:
             try:

@@ -55,7 +55,7 @@ from ._cgroup import Cgroup
 from ._cgroup import create as create_cgroup
 from ._orphans import KILL_WAIT, reap, reap_orphans, start_time, strays
 from ._orphans import SHIMS as _SHIMS
-from ._shim import descendants, processes
+from ._shim import descendants, kill_sessions, live, live_threads, processes, signal_process
 
 __all__ = [
     "DEFAULT_GRACE",
@@ -138,9 +138,9 @@ def exit_status(returncode: int) -> int:
 
 
 def group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` has a live (not zombie) member."""
+    """Whether process group ``pgid`` has a live member (not a zombie; or a zombie main thread with live threads)."""
     if sys.platform.startswith("linux") and os.path.isdir("/proc/self"):
-        return any(fields[0] != b"Z" and int(fields[2]) == pgid for _, fields in processes())
+        return any(int(fields[2]) == pgid and live(pid, fields[0]) for pid, fields in processes())
     try:
         os.killpg(pgid, 0)
     except ProcessLookupError:
@@ -232,6 +232,7 @@ _STATES = {
     "T": "stopped",
     "t": "traced",
     "Z": "zombie",
+    "Z+": "main thread ended, other threads running",
     "X": "dead",
     "I": "idle",
     "P": "parked",
@@ -445,6 +446,8 @@ class ProcessTree(ProcessGroup):
         # is reaped; its start time rules out an older process.
         if fields is None or fields[1] != "Z" or len(fields) < 51 or int(fields[20]) < self._started:
             return
+        if live_threads(self.pid):  # its main thread ended alone: CMD runs on
+            return
         self.returncode = os.waitstatus_to_exitcode(int(fields[50]))
 
     def _send(self, line: str) -> None:
@@ -469,7 +472,8 @@ class ProcessTree(ProcessGroup):
         return await super().status()
 
     def members(self) -> dict[int, list[str]]:
-        """Every live (not zombie) process of CMD's tree, the shim included, with its stat fields.
+        """Every live process of CMD's tree, the shim included, with its stat fields: not a zombie, or a zombie
+        main thread whose other threads run (state ``Z+`` then).
 
         Found in CMD's cgroup, under the shim (a child subreaper: its descendants stay its descendants) and
         under this process (a child subreaper too) among what a dead shim left; none of these needs the
@@ -487,8 +491,13 @@ class ProcessTree(ProcessGroup):
         members: dict[int, list[str]] = {}
         for pid in pids:
             fields = _stat(pid)
-            if fields is not None and fields[1] not in ("Z", "X"):
-                members[pid] = fields
+            if fields is None:
+                continue
+            if fields[1] in ("Z", "X"):
+                if not live_threads(pid):
+                    continue
+                fields = [fields[0], "Z+", *fields[2:]]
+            members[pid] = fields
         return members
 
     def describe(self, members: Mapping[int, list[str]]) -> str:
@@ -509,14 +518,30 @@ class ProcessTree(ProcessGroup):
         return not _starting and not self.members() and (self.cgroup is None or not self.cgroup.populated())
 
     async def gone(self, timeout: float) -> bool:  # noqa: ASYNC109
-        """Wait up to ``timeout`` for every process of CMD's tree, the shim included, to be gone; True if all are."""
+        """Wait up to ``timeout`` for every process of CMD's tree, the shim included, to be gone; True if all are.
+
+        What a dead shim left to this process counts until reaped, zombies included: a process that forks and
+        lets its parent exit again and again is gone by the time /proc is read, but always leaves a child
+        here. Zombies this process cannot reap (a tracer's to reap first) count as gone once they stay the
+        same from one look to the next (such a process leaves new ones).
+        """
+        held: set[int] | None = None
         with anyio.move_on_after(timeout):
-            while not self._empty():
+            while True:
                 self._reap_strays()
+                zombies = self._zombie_strays()
+                if self._empty() and (not zombies or zombies == held):
+                    return True
+                held = zombies
                 await anyio.sleep(_POLL)
-            self._reap_strays()
-            return True
         return False
+
+    def _zombie_strays(self) -> set[int]:
+        """The children a dead shim left to this process that are zombies (not yet reaped)."""
+        if _starting:
+            return set()
+        found, _ = strays(self._started)
+        return {pid for pid, alive in found if not alive}
 
     def _reap_strays(self) -> None:
         """Reap the zombies a dead shim left to this process; CMD's gives its return code."""
@@ -537,10 +562,9 @@ class ProcessTree(ProcessGroup):
             if pid == self.process.pid:
                 continue
             sent.append(pid)
-            if grouped and int(fields[3]) == self.pid:
+            if grouped and int(fields[3]) == self.pid and fields[1] != "Z+":
                 continue  # it had it with CMD's group: a second one could end a process that handles the first
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+            signal_process(pid, sig)
         return sent
 
     async def kill(self) -> None:
@@ -557,9 +581,11 @@ class ProcessTree(ProcessGroup):
         while True:
             if self.cgroup is not None:
                 self.cgroup.kill()
-            for pid in self.members():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            members = self.members()
+            for pid in members:
+                signal_process(pid, signal.SIGKILL)
+            left = [pid for pid, _ in strays(self._started)[0]] if not _starting else []
+            kill_sessions([*members, *left])  # a pid that hops is caught through its process group
             if await self.gone(KILL_WAIT if waited else _POLL * 5):
                 break
             waited += KILL_WAIT
