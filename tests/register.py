@@ -154,6 +154,12 @@ REGISTER: tuple[Assumption, ...] = (
         CHECKED, "closing the connection wakes the monitor of every hold on it, which reports the loss at once",
         "tests/test_sql_shared.py::test_a_statement_that_closes_the_connection_loses_every_leadership_at_once",
     ),
+    Assumption(
+        "PostgreSQL", "operator",
+        "a terminated shared session is a loss seen at once by every leadership on it",
+        CHECKED, "the driver's end of the connection, seen between statements, wakes the monitor of every hold on it",
+        "tests/test_sql_shared.py::test_a_shared_postgres_session_terminated_by_the_server_loses_every_leadership_at_once",
+    ),
     # --- etcd ---------------------------------------------------------------------------------------------
     Assumption(
         "etcd", "server setting",

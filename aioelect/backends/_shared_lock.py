@@ -314,6 +314,10 @@ class SharedLockSession(SharedSession, Generic[_C]):
     async def _listen(self, conn: _C) -> None:
         """Subscribe ``conn`` to release notices (call :meth:`released` with each name)."""
 
+    def _on_end(self, conn: _C, ended: Callable[[], None]) -> None:
+        """Call ``ended`` as soon as the driver sees ``conn`` end between statements (the server ended the
+        session), where the dialect can; otherwise such an end is seen by the next statement or check round."""
+
     # --- electors ---------------------------------------------------------------------
 
     def backend(self, name: str, close: Callable[[], Coroutine[Any, Any, None]] | None = None) -> SharedLocks[_C]:
@@ -413,6 +417,7 @@ class SharedLockSession(SharedSession, Generic[_C]):
                 fresh.close()
                 raise
         self._conn = fresh
+        self._on_end(fresh, lambda: self._ended(fresh, self.template.lost_session))
         self.log.debug("shared lock session %s opened", fresh.session_id)
         return fresh
 
@@ -420,6 +425,12 @@ class SharedLockSession(SharedSession, Generic[_C]):
         """Close ``conn`` for good: every leadership on it is lost (fate sharing). Never interrupted, bounded."""
         if self._conn is conn:
             self._conn = None
+        self._ended(conn, why)
+        with anyio.CancelScope(shield=True):
+            await self.template._drop(conn)  # ends a session left with a lock request pending, once proven ours
+
+    def _ended(self, conn: _C, why: str) -> None:
+        """``conn`` ended: every leadership on it is lost, each monitor told at once."""
         lost = [name for name, hold in self._holds.items() if hold.conn is conn]
         for name in lost:  # the server freed their locks with the connection: wake each monitor now
             hold = self._holds.pop(name)
@@ -432,8 +443,6 @@ class SharedLockSession(SharedSession, Generic[_C]):
                 why,
                 len(lost),
             )
-        with anyio.CancelScope(shield=True):
-            await self.template._drop(conn)  # ends a session left with a lock request pending, once proven ours
 
     async def run(self, step: Callable[[_C], Awaitable[_T]]) -> _T:
         """``step(conn)`` alone on the shared connection; a failure that closed the connection loses it."""
