@@ -147,6 +147,19 @@ REGISTER: tuple[Assumption, ...] = (
         RENEW, "the closed connection ends the leadership",
         "tests/test_postgres.py::test_terminated_session_is_noticed_at_once",
     ),
+    Assumption(
+        "MySQL / MariaDB, PostgreSQL", "process state",
+        "when a shared session closes its connection (a statement failed or cut off, a release not answered), every "
+        "leadership on it ends before another candidate can take a lock the server freed with it",
+        CHECKED, "closing the connection wakes the monitor of every hold on it, which reports the loss at once",
+        "tests/test_sql_shared.py::test_a_statement_that_closes_the_connection_loses_every_leadership_at_once",
+    ),
+    Assumption(
+        "PostgreSQL", "operator",
+        "a terminated shared session is a loss seen at once by every leadership on it",
+        CHECKED, "the driver's end of the connection, seen between statements, wakes the monitor of every hold on it",
+        "tests/test_sql_shared.py::test_a_shared_postgres_session_terminated_by_the_server_loses_every_leadership_at_once",
+    ),
     # --- etcd ---------------------------------------------------------------------------------------------
     Assumption(
         "etcd", "server setting",

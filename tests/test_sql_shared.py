@@ -296,3 +296,98 @@ async def test_waiters_share_one_look_per_poll_interval(sql: Sql) -> None:
             assert not any(c.done() for c in campaigns)
         finally:
             await stop([*tasks, *campaigns])  # type: ignore[list-item]
+
+
+async def test_a_statement_that_closes_the_connection_loses_every_leadership_at_once(
+    sql: Sql, tcp_proxy_factory: Callable[[str, int], Any]
+) -> None:
+    """One elector's statement times out and closes the shared connection: the server frees every lock on it at
+    once, so every other leadership on it is lost at once too, before a candidate elsewhere can take its lock."""
+    slow: dict[str, Any] = {
+        "lease": 10, "check_interval": 3.0, "check_timeout": 0.5, "renew_deadline": 6.0, "poll_interval": 0.3
+    }  # fmt: skip
+    proxy = tcp_proxy_factory(sql.server.host, sql.server.port)
+    via_proxy = sql.dsn.replace(f":{sql.server.port}/", f":{proxy.port}/")
+    assert via_proxy != sql.dsn
+    jobs, mail = unique_name("jobs"), unique_name("mail")
+    other = MySQLElector if sql.kind == "mysql" else PostgresElector
+    session: Session = (
+        MySQLSession(via_proxy, identity="A", **slow)
+        if sql.kind == "mysql"
+        else PostgresSession(via_proxy, identity="A", **slow)
+    )
+    b_leads: list[tuple[Leadership, bool]] = []
+    async with session, other(sql.dsn, name=jobs, identity="B", **slow) as b:
+        a_jobs, a_mail = sql.elector(session, jobs), sql.elector(session, mail)
+        async with a_jobs, a_mail:
+            with anyio.fail_after(15):
+                la = await a_jobs.acquire()
+
+            async def follow() -> None:
+                lb = await b.acquire()
+                b_leads.append((lb, la.held))  # A's leadership, the moment B's starts
+                await asyncio.sleep(3600)  # B keeps it (a leadership ends with the task that took it)
+
+            task = asyncio.create_task(follow())
+            try:
+                await asyncio.sleep(0.5)  # B waits on the lock
+                proxy.delay(0.8)  # one slow moment on A's shared connection: longer than check_timeout
+                with anyio.fail_after(20), contextlib.suppress(ElectionError):
+                    await a_mail.try_acquire()
+                proxy.passthrough()
+                with anyio.fail_after(20):
+                    while not b_leads:
+                        await asyncio.sleep(0.01)
+                lb, a_held_then = b_leads[0]
+                assert lb.held
+                assert not a_held_then, "A still led when B took the lock: two leaders"
+                assert la.lost_kind is LossKind.CONNECTION_LOST
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_shared_postgres_session_terminated_by_the_server_loses_every_leadership_at_once(
+    postgres_dsn: str, postgres: Any
+) -> None:
+    """The server ends the shared session between two check rounds, freeing every lock on it: every leadership on
+    it is lost as soon as the driver sees the connection end, before a candidate elsewhere can take a lock."""
+    sql = Sql("postgres", postgres_dsn, postgres)
+    slow: dict[str, Any] = {
+        "lease": 10, "check_interval": 3.0, "check_timeout": 0.5, "renew_deadline": 6.0, "poll_interval": 0.3
+    }  # fmt: skip
+    jobs, mail = unique_name("jobs"), unique_name("mail")
+    b_leads: list[tuple[Leadership, bool]] = []
+    async with (
+        PostgresSession(postgres_dsn, identity="A", **slow) as session,
+        PostgresElector(postgres_dsn, name=jobs, identity="B", **slow) as b,
+    ):
+        a_jobs, a_mail = sql.elector(session, jobs), sql.elector(session, mail)
+        async with a_jobs, a_mail:
+            with anyio.fail_after(15):
+                la = await a_jobs.acquire()
+                lm = await a_mail.try_acquire()
+            assert lm is not None
+
+            async def follow() -> None:
+                lb = await b.acquire()
+                b_leads.append((lb, la.held))  # A's leadership, the moment B's starts
+                await asyncio.sleep(3600)  # B keeps it (a leadership ends with the task that took it)
+
+            task = asyncio.create_task(follow())
+            try:
+                await asyncio.sleep(0.5)  # B waits on the lock
+                conn = session._conn
+                assert conn is not None
+                sql.kill(conn.session_id)
+                with anyio.fail_after(20):
+                    while not b_leads:
+                        await asyncio.sleep(0.01)
+                lb, a_held_then = b_leads[0]
+                assert lb.held
+                assert not a_held_then, "A still led when B took the lock: two leaders"
+                assert la.lost_kind is LossKind.CONNECTION_LOST
+                assert lm.lost_kind is LossKind.CONNECTION_LOST  # fate sharing: the other leadership too
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)

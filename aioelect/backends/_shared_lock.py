@@ -32,7 +32,12 @@ electors on it campaign, hold and release through it. It guarantees:
   cancellation (it is shielded and bounded), and a grant that a cancelled
   campaign will not use is released before the cancellation goes on;
 * a release that the server does not answer (an error, a timeout) closes
-  the connection, which drops the lock, and with it every other lock on it.
+  the connection, which drops the lock, and with it every other lock on it;
+* whatever ends the connection (a statement that failed or was cut off, a
+  campaign's request, a release, a check round), every hold on it is
+  reported lost at once, not at its next check round: the server frees
+  every lock on a closed connection at once, so a candidate elsewhere may
+  take them at once.
 """
 
 from __future__ import annotations
@@ -178,6 +183,9 @@ class SharedHold(Hold, Generic[_C]):
         self.token = token
         self.acquired_at = at
         self.released = False
+        #: Set (with :attr:`ended_why`) when the session loses this hold's connection: its monitor reports at once.
+        self.ended = anyio.Event()
+        self.ended_why = ""
 
     @property
     def name(self) -> str:
@@ -188,9 +196,15 @@ class SharedHold(Hold, Generic[_C]):
         interval = b.check_interval
         last = self.acquired_at
         while True:
-            await anyio.sleep(max(0.0, last + interval - monotonic()))
+            # The server frees every lock on a closed connection at once: its loss must not wait for the next round.
+            with anyio.move_on_after(max(0.0, last + interval - monotonic())):
+                await self.ended.wait()
+            if self.ended.is_set():
+                return Loss(LossKind.CONNECTION_LOST, self.ended_why)
             # A round sent since half an interval after the last is recent enough: rounds are shared by every hold.
-            done = await self._session.confirmation(after=last + interval / 2)
+            done = await self._confirmation(after=last + interval / 2)
+            if done is None:
+                return Loss(LossKind.CONNECTION_LOST, self.ended_why or b.lost_session)
             if done.conn is not self.conn:
                 return Loss(LossKind.CONNECTION_LOST, b.lost_session)
             if done.failure is not None:
@@ -199,6 +213,29 @@ class SharedHold(Hold, Generic[_C]):
                 return Loss(LossKind.DEPOSED, b.lost_lock)
             confirm(done.sent)
             last = done.sent
+
+    async def _confirmation(self, after: float) -> _Round | None:
+        """The session's check round sent at ``after`` or later; None as soon as this hold's connection ended."""
+        done: _Round | None = None
+        failed: Exception | None = None
+        async with anyio.create_task_group() as tg:
+
+            async def check() -> None:
+                nonlocal done, failed
+                try:
+                    done = await self._session.confirmation(after)
+                except Exception as exc:  # raised as itself below, not wrapped in a group
+                    failed = exc
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(check)
+            await self.ended.wait()
+            tg.cancel_scope.cancel()
+        if self.ended.is_set():
+            return None
+        if failed is not None:
+            raise failed
+        return done
 
     async def release(self) -> None:
         if self.released:
@@ -276,6 +313,10 @@ class SharedLockSession(SharedSession, Generic[_C]):
 
     async def _listen(self, conn: _C) -> None:
         """Subscribe ``conn`` to release notices (call :meth:`released` with each name)."""
+
+    def _on_end(self, conn: _C, ended: Callable[[], None]) -> None:
+        """Call ``ended`` as soon as the driver sees ``conn`` end between statements (the server ended the
+        session), where the dialect can; otherwise such an end is seen by the next statement or check round."""
 
     # --- electors ---------------------------------------------------------------------
 
@@ -376,6 +417,7 @@ class SharedLockSession(SharedSession, Generic[_C]):
                 fresh.close()
                 raise
         self._conn = fresh
+        self._on_end(fresh, lambda: self._ended(fresh, self.template.lost_session))
         self.log.debug("shared lock session %s opened", fresh.session_id)
         return fresh
 
@@ -383,9 +425,17 @@ class SharedLockSession(SharedSession, Generic[_C]):
         """Close ``conn`` for good: every leadership on it is lost (fate sharing). Never interrupted, bounded."""
         if self._conn is conn:
             self._conn = None
+        self._ended(conn, why)
+        with anyio.CancelScope(shield=True):
+            await self.template._drop(conn)  # ends a session left with a lock request pending, once proven ours
+
+    def _ended(self, conn: _C, why: str) -> None:
+        """``conn`` ended: every leadership on it is lost, each monitor told at once."""
         lost = [name for name, hold in self._holds.items() if hold.conn is conn]
-        for name in lost:  # their monitors see the connection gone at the next round
-            del self._holds[name]
+        for name in lost:  # the server freed their locks with the connection: wake each monitor now
+            hold = self._holds.pop(name)
+            hold.ended_why = f"the shared lock connection ended: {why}"
+            hold.ended.set()
         if lost:
             self.log.warning(
                 "shared lock session %s ended (%s): every leadership on it (%d) is lost",
@@ -393,8 +443,6 @@ class SharedLockSession(SharedSession, Generic[_C]):
                 why,
                 len(lost),
             )
-        with anyio.CancelScope(shield=True):
-            await self.template._drop(conn)  # ends a session left with a lock request pending, once proven ours
 
     async def run(self, step: Callable[[_C], Awaitable[_T]]) -> _T:
         """``step(conn)`` alone on the shared connection; a failure that closed the connection loses it."""
@@ -452,32 +500,39 @@ class SharedLockSession(SharedSession, Generic[_C]):
             last = self._last
             if last is not None and last.sent >= after:
                 return last
-            with anyio.CancelScope(shield=True):  # a cancelled monitor must not cut the shared connection
-                done = await self._round()
+            done = await self._round()
             self._last = done
             return done
 
     async def _round(self) -> _Round:
+        # Waiting for the connection may be cancelled (a monitor that learnt its loss stops waiting); the round,
+        # once started, is not: a cancelled monitor must not cut the shared connection.
         async with self._statements:
-            conn = self._conn
-            sent = monotonic()
-            if conn is None:
-                return _Round(sent, conn, failure=self.template.lost_session)
-            if conn.broken:
-                await self._lose(conn, self.template.lost_session)
-                return _Round(sent, conn, failure=self.template.lost_session)
-            backends = [hold._backend for hold in self._holds.values() if hold.conn is conn]
-            try:
-                held = await self._held_many(conn, backends)
-            except TimeoutError:
-                why = f"lock check did not complete within {self.template.check_timeout:g}s"
-            except Exception as exc:
-                why = f"lock connection failed: {self.template.describe(exc)}"
-            else:
-                return _Round(sent, conn, held)
-            conn.close()
-            await self._lose(conn, why)
-            return _Round(sent, conn, failure=why)
+            with anyio.CancelScope(shield=True):
+                done = await self._round_on()
+        return done
+
+    async def _round_on(self) -> _Round:
+        """The check round itself (call with the statement lock held)."""
+        conn = self._conn
+        sent = monotonic()
+        if conn is None:
+            return _Round(sent, conn, failure=self.template.lost_session)
+        if conn.broken:
+            await self._lose(conn, self.template.lost_session)
+            return _Round(sent, conn, failure=self.template.lost_session)
+        backends = [hold._backend for hold in self._holds.values() if hold.conn is conn]
+        try:
+            held = await self._held_many(conn, backends)
+        except TimeoutError:
+            why = f"lock check did not complete within {self.template.check_timeout:g}s"
+        except Exception as exc:
+            why = f"lock connection failed: {self.template.describe(exc)}"
+        else:
+            return _Round(sent, conn, held)
+        conn.close()
+        await self._lose(conn, why)
+        return _Round(sent, conn, failure=why)
 
     async def release(self, hold: SharedHold[_C]) -> None:
         """Release ``hold``'s lock on its connection; a release the server does not answer closes the connection."""
@@ -488,6 +543,9 @@ class SharedLockSession(SharedSession, Generic[_C]):
             async with self._statements:
                 conn = hold.conn
                 if conn.broken:
+                    if conn is self._conn or any(h.conn is conn for h in self._holds.values()):
+                        # Ended unseen (the server closed it): the other holds on it are lost too.
+                        await self._lose(conn, self.template.lost_session)
                     return
                 try:
                     freed = await b._unlock(conn)

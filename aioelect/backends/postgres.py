@@ -56,7 +56,7 @@ import hashlib
 import math
 import secrets
 import ssl as _ssl
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
@@ -824,6 +824,9 @@ class PostgresSession(SharedLockSession[_PostgresConnection]):
         self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[PostgresSessionOptions]
     ) -> None:
         super().__init__(dsn, identity, options)
+
+    def _on_end(self, conn: _PostgresConnection, ended: Callable[[], None]) -> None:
+        conn.raw.add_termination_listener(lambda _raw: ended())  # asyncpg reads the socket even when idle
 
     async def _listen(self, conn: _PostgresConnection) -> None:
         """Prepare what the session runs while it holds locks, and listen for release notices."""
