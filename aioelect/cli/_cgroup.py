@@ -23,12 +23,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import logging
 import os
 import secrets
 import signal
 import time
 
-__all__ = ["Cgroup", "create"]
+__all__ = ["Cgroup", "Containment", "cgroup_of", "create"]
+
+log = logging.getLogger("aioelect.cli")
 
 #: Prefix of the cgroups made here: ``aioelect-PID-N-RANDOM``, PID the supervisor's (in its PID namespace).
 PREFIX = "aioelect-"
@@ -131,3 +134,37 @@ def create() -> Cgroup | OSError:
             os.rmdir(path)
         return OSError(errno.ENOTSUP, f"{parent} is not a cgroup v2 directory")
     return Cgroup(path)
+
+
+def cgroup_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup") as fh:
+            return next((line[3:].strip() for line in fh if line.startswith("0::")), None)
+    except OSError:
+        return None
+
+
+class Containment:
+    """How CMD's trees are contained here, said in the log at the first CMD and whenever it changes."""
+
+    said: bool | None = None
+
+    @classmethod
+    def say(cls, cgroup: Cgroup | None, reason: str) -> None:
+        if cls.said is (cgroup is not None):
+            return
+        cls.said = cgroup is not None
+        if cgroup is not None:
+            how = "cgroup.kill" if cgroup.killable else "SIGKILL to each member (no cgroup.kill before Linux 5.14)"
+            log.info(
+                "containment: each CMD's tree runs in a cgroup v2 of its own (%s), ended with %s and waited for until "
+                "it is empty before the lock is released; a child subreaper follows processes moved out of it",
+                os.path.dirname(cgroup.path),
+                how,
+            )
+        else:
+            log.warning(
+                "containment: no writable cgroup v2 here (%s): CMD's tree is followed through a child subreaper "
+                "only (processes found in /proc and killed one by one until none is left)",
+                reason,
+            )

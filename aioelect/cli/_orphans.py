@@ -14,13 +14,38 @@ import anyio
 
 from ._shim import descendants, processes
 
-__all__ = ["KILL_WAIT", "SHIMS", "reap", "reap_orphans", "start_time", "strays"]
+__all__ = ["KILL_WAIT", "SHIMS", "STATES", "reap", "reap_orphans", "start_time", "stat", "strays"]
 
 #: How long processes killed with SIGKILL get to be gone.
 KILL_WAIT = 2.0
 
+#: The states of /proc/PID/stat, as the log names them.
+STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in uninterruptible sleep",
+    "T": "stopped",
+    "t": "traced",
+    "Z": "zombie",
+    "Z+": "main thread ended, other threads running",
+    "X": "dead",
+    "I": "idle",
+    "P": "parked",
+}
+
 #: The shims running now: :func:`reap_orphans` leaves them to asyncio.
 SHIMS: set[int] = set()
+
+
+def stat(pid: int) -> list[str] | None:
+    """``[name, state, ppid, pgid, ...]`` of ``pid`` from /proc (the fields after the name); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            head, _, tail = fh.read().rpartition(b")")
+    except OSError:
+        return None
+    name = head.split(b"(", 1)[-1].decode(errors="replace")
+    return [name, *tail.decode(errors="replace").split()]
 
 
 def start_time(pid: int) -> int | None:

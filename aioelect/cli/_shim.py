@@ -1,6 +1,6 @@
 """Between ``aioelect run`` and CMD (Linux): a child subreaper that leaves no descendant of CMD behind.
 
-Started by :class:`aioelect.cli._supervisor.ProcessTree` as
+Started by :class:`aioelect.cli._tree.ProcessTree` as
 ``python -I -S _shim.py FD HOLD CGROUP CMD [ARGS...]``, FD being one end of a
 socket pair whose other end only the supervisor holds, HOLD the
 comma-separated descriptors (or ``-``) it keeps open until it exits and
