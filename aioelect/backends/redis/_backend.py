@@ -512,14 +512,20 @@ class RedisBackend(Backend):
             def ask() -> Awaitable[Any]:
                 return sentinel.sentinel_master(name)  # type: ignore[return-value, unused-ignore]
 
-            try:
-                state = await self.send("ask sentinels", ask)
-            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-                errors.append(self.describe(exc))
-                return
-            except rexc.ResponseError:  # this sentinel does not know the master
-                named.append(None)
-                return
+            state: Any = None
+            for attempt in (1, 2):
+                try:
+                    state = await self.send("ask sentinels", ask)
+                    break
+                except rexc.ResponseError:  # this sentinel does not know the master
+                    named.append(None)
+                    return
+                except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                    # A connection the sentinel closed (it does on a failover) is opened again, once.
+                    closed = isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.AuthenticationError)
+                    if attempt == 2 or not closed:
+                        errors.append(self.describe(exc))
+                        return
             if not isinstance(state, dict) or not state.get("is_master") or state.get("is_odown"):
                 named.append(None)
             else:
@@ -868,6 +874,8 @@ class RedisBackend(Backend):
         """One acquire script: (the hold or None, the key's value, its PTTL in ms)."""
         waitaof = await self._durable(client)
         await self._replication(client)
+        # Asked before the script too: a master they do not name (yet) is not sent an INCR that would be withdrawn.
+        await self._still_named(client, required=True)
         sent = monotonic()
         token, value, pttl = self._acquire_reply(
             await self.run_script(client, ACQUIRE, owner, identity, self.lease_ms, self.settings.channel)
