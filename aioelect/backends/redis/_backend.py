@@ -226,7 +226,7 @@ class Renewal:
 class RedisHold(Hold):
     """The lock key held under our owner prefix: renewed every ``check_interval``, released by an owner check.
 
-    With ``min_replicas`` a renew is a confirmation only when ``WAIT`` says that every replica the master lists
+    With ``min_replicas`` a renew is a confirmation only when ``WAIT`` says that every replica the master knows of
     (and at least ``min_replicas``) has it, and no replica that had the previous confirmed one has left the
     master (it may have been promoted): each confirmed renew is then on every replica a failover can promote,
     whose copy of the key outlives the renew deadline. Every renew also reads ``ROLE``: a server that is no
@@ -812,7 +812,7 @@ class RedisBackend(Backend):
 
     async def _confirm_write(self, client: Redis, waitaof: bool) -> frozenset[str]:
         """Raise :class:`_NotConfirmed` unless the grant is fsynced (``WAITAOF``) and, with ``min_replicas``, on
-        every replica the master lists and on at least ``min_replicas``; the replicas that have it."""
+        every replica the master knows of and on at least ``min_replicas``; the replicas that have it."""
         timeout_ms = max(1, round(self.timing.check_timeout * 500))
         if waitaof:
             local, _ = await self.send("waitaof", lambda: _command(client, "WAITAOF", 1, 0, timeout_ms))
