@@ -255,6 +255,7 @@ async def test_a_replica_still_in_its_first_sync_fences_the_leader_before_it_can
                 # The master holds new full syncs back: the next replica waits in wait_bgsave, unlisted by ROLE.
                 split.as_elector(master, "CONFIG", "SET", "repl-diskless-sync", "yes")
                 split.as_elector(master, "CONFIG", "SET", "repl-diskless-sync-delay", "60")
+                attached = time.monotonic()
                 syncing = stack.enter_context(
                     RedisServer(replica_of=master.port, acl=ACL, extra_args=(*REPLICA_AUTH, "--replica-priority", "1"))
                 )
@@ -282,11 +283,12 @@ async def test_a_replica_still_in_its_first_sync_fences_the_leader_before_it_can
                 with anyio.move_on_after(15):
                     while "new" not in sampled.first_at or time.monotonic() - sampled.first_at["new"] < 3:
                         await asyncio.sleep(0.05)
-                old_last = sampled.last_at.get("old", cut_at) - cut_at
+                old_last = sampled.last_at.get("old", attached) - attached
                 new_first = sampled.first_at.get("new")
                 print(
-                    f"MEASURED redis replica in its first sync promoted (port {promoted}, syncing {syncing.port}): "
-                    f"old leader last held {old_last:.2f}s after the cut; new leader "
+                    f"MEASURED redis replica in its first sync promoted (the syncing one: {promoted == syncing.port}): "
+                    f"old leader stopped {old_last:.2f}s after that replica attached ({cut_at - attached:.2f}s before "
+                    f"the cut); new leader "
                     f"{'never led' if new_first is None else f'led {new_first - cut_at:.2f}s after the cut'}; "
                     f"two leaders for {sampled.overlap:.2f}s"
                 )
@@ -379,6 +381,7 @@ async def test_a_minority_sentinel_that_still_names_the_old_master_confirms_no_g
             anyio.create_task_group() as tg,
         ):  # fmt: skip
             tg.start_soon(sampled.run)
+            began = time.monotonic()
 
             async def candidate(who: str, elector: RedisElector) -> None:
                 got = await elector.acquire()
@@ -388,10 +391,10 @@ async def test_a_minority_sentinel_that_still_names_the_old_master_confirms_no_g
             tg.start_soon(candidate, "C", c)
             tg.start_soon(candidate, "N", n)
             await asyncio.sleep(8)
+            led = {who: f"{sampled.first_at[who] - began:.2f}s" if who in sampled.first_at else "never" for who in "CN"}
             print(
-                f"MEASURED redis minority sentinel naming the old master: C first led "
-                f"{sampled.first_at.get('C', 'never')}, N first led {sampled.first_at.get('N', 'never')}; "
-                f"two leaders for {sampled.overlap:.2f}s"
+                f"MEASURED redis minority sentinel naming the old master: C (minority side) led {led['C']}, N "
+                f"(majority side) led {led['N']} after both campaigned; two leaders for {sampled.overlap:.2f}s"
             )
             tg.cancel_scope.cancel()
         assert sampled.overlap == 0, f"two leaders for {sampled.overlap:.2f}s"
