@@ -510,7 +510,8 @@ class RedisBackend(Backend):
 
         async def ask_one(sentinel: Redis) -> None:
             def ask() -> Awaitable[Any]:
-                return sentinel.sentinel_master(name)  # type: ignore[return-value, unused-ignore]
+                asked: Any = sentinel.sentinel_master  # typed otherwise by each redis-py release
+                return asked(name)  # type: ignore[no-any-return]
 
             state: Any = None
             for attempt in (1, 2):
