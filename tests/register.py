@@ -246,9 +246,31 @@ REGISTER: tuple[Assumption, ...] = (
     Assumption(
         "Redis Sentinel", "topology",
         "with `min_replicas=N`, a failover keeps the key and the token: every grant is on every replica the master "
-        "lists, and on at least N",
-        CHECKED, "a grant stands only once `WAIT` counts every replica `ROLE` lists, and at least N",
+        "knows of, and on at least N",
+        CHECKED, "a grant stands only once `WAIT` counts every replica `ROLE` or `INFO replication` lists, and at "
+        "least N",
         "tests/test_redis_sentinel.py::test_failover_with_min_replicas_keeps_the_token_growing",
+    ),
+    Assumption(
+        "Redis Sentinel", "topology",
+        "a replica still in its first full sync (which `ROLE` leaves out, and Sentinel may promote: a higher "
+        "priority, an operator's `SENTINEL FAILOVER`) never becomes master while a leader's last confirmed write is "
+        "not on it",
+        RENEW,
+        "`INFO replication` lists it in every state and `WAIT` must count it, which it cannot before it is in sync: "
+        "the leader's renews stop counting, and it fences at its renew deadline, while a replica syncs (the price: "
+        "no leader from a replica's attach until its sync ends plus a grant)",
+        "tests/test_redis_split.py::test_a_replica_still_in_its_first_sync_fences_the_leader_before_it_can_be_promoted",
+    ),
+    Assumption(
+        "Redis Sentinel", "topology",
+        "the URL lists the whole sentinel group, so that a majority of those listed includes a sentinel that took "
+        "part in any failover; with one sentinel listed, that one decides",
+        CHECKED,
+        "a grant stands, and a leader's renews count, only while a majority of the listed sentinels "
+        "(`len // 2 + 1`) answer and name the master, none holding it down; fewer answers: the grant is withdrawn "
+        "and retried, the leader fences at its renew deadline",
+        "tests/test_redis_split.py::test_a_minority_sentinel_that_still_names_the_old_master_confirms_no_grant",
     ),
     Assumption(
         "Redis Sentinel", "topology",
@@ -257,7 +279,7 @@ REGISTER: tuple[Assumption, ...] = (
         "its `cluster-replica-validity-factor`; a replica chosen by hand is not checked)",
         DOCUMENTED,
         "a replica that leaves the master ends the leadership at its renew deadline; a grant through Sentinel stands "
-        "only once a sentinel, asked after its `WAIT`, still names the master and does not hold it down",
+        "only once a majority of the listed sentinels, asked after its `WAIT`, name the master, none holding it down",
         "tests/test_redis_split.py::test_a_replica_promoted_by_hand_after_it_left_the_master_elects_a_second_leader",
     ),
     Assumption(
@@ -271,9 +293,10 @@ REGISTER: tuple[Assumption, ...] = (
         "with `min_replicas` ≥ 1, a master cut off from the sentinels while the leader still reaches it stops "
         "confirming the old leader before the promoted replica's copy of the key expires",
         RENEW,
-        "each renew is sent with `WAIT` and `ROLE` in one round trip and counts only when every replica the master "
-        "lists (at least `min_replicas`) has it, none of the previous confirmation's replicas left, and the server "
-        "is a master; the sentinels, asked once per `check_interval`, must not name another master; "
+        "each renew is sent with `WAIT`, `ROLE` and `INFO replication` in one round trip and counts only when every "
+        "replica the master knows of (at least `min_replicas`) has it, none of the previous confirmation's replicas "
+        "left, and the server is a master; a majority of the listed sentinels, asked once per `check_interval`, must "
+        "name this master; "
         "`min_replicas=0` through Sentinel logs a WARNING",
         "tests/test_redis_split.py::test_without_min_replicas_a_cut_off_master_keeps_its_leader_beside_the_new_one",
     ),

@@ -28,16 +28,17 @@ Guarantees:
   loading, read-only (a replica, during a failover), without its master or
   out of memory, and a connection refused, reset or timed out, are retried;
 * with ``min_replicas=N`` a grant stands only once ``WAIT`` says every
-  replica the master lists (``ROLE``), and at least N, has it; otherwise
+  replica the master knows of (``ROLE``, and ``INFO replication`` for one
+  still in its first sync), and at least N, has it; otherwise
   the key is deleted again and the campaign retries; every renew counts
   only on the same condition (see :class:`RedisHold`), so a master cut off
   from Sentinel or the cluster bus stops confirming its leader once a
   replica is promoted;
 * every campaign try and every renew read ``ROLE``: a server that is not a
   master never grants nor confirms; through Sentinel a grant stands only
-  once a sentinel, asked after its ``WAIT``, still names the master and
-  does not hold it down, and a waiting candidate moves to the master the
-  sentinels name;
+  once a majority of the configured sentinels (with one configured, that
+  one), asked after its ``WAIT``, answer and name the master, none holding
+  it down, and a waiting candidate moves to the master the sentinels name;
 * a campaign that does not return a leadership (cancellation included)
   leaves no key and no connection behind.
 """
@@ -125,6 +126,9 @@ def _command(client: Redis, *args: str | int) -> Awaitable[Any]:
     return client.execute_command(*args)  # type: ignore[no-untyped-call, unused-ignore]
 
 
+#: Read after each renew: whether the server is a master, and every replica it knows of.
+_ROLE_AND_INFO: tuple[tuple[str, ...], ...] = (("ROLE",), ("INFO", "replication"))
+
 #: The sentinels have not answered (yet): no opinion on the master.
 _UNKNOWN = object()
 
@@ -144,6 +148,15 @@ def _cancel_if_swallowed() -> None:
         raise asyncio.CancelledError
 
 
+class _NoMajority:
+    """The sentinels' last answer in a hold: fewer than a majority of them answered (``why``)."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
 class _NotConfirmed(Exception):
     """A grant that the server could not make durable or replicate in time (transient: the key is deleted again)."""
 
@@ -159,6 +172,36 @@ def _replica_set(role: Any) -> frozenset[str] | None:
         return None
     listed = role[2] if len(role) > 2 and isinstance(role[2], (list, tuple)) else ()
     return frozenset(f"{r[0]}:{r[1]}" for r in listed if isinstance(r, (list, tuple)) and len(r) >= 2)
+
+
+def _known_replicas(info: Any) -> frozenset[str]:
+    """Every replica (``ip:port``) a master's ``INFO replication`` lists, whatever its state: one still in its
+    first sync (``wait_bgsave``, ``send_bulk``) too, which ``ROLE`` leaves out but Sentinel can promote. ``info``
+    is the reply raw (a pipelined read) or parsed by redis-py."""
+    if isinstance(info, (bytes, str)):
+        text = info.decode() if isinstance(info, bytes) else info
+        pairs = [line.partition(":")[::2] for line in text.splitlines()]
+        fields: dict[str, Any] = {key: value for key, value in pairs}
+    elif isinstance(info, dict):
+        fields = info
+    else:
+        return frozenset()
+    known: set[str] = set()
+    for key, value in fields.items():
+        if not (key.startswith("slave") and key[5:].isdigit()):
+            continue
+        if isinstance(value, str):
+            value = dict(item.partition("=")[::2] for item in value.split(","))
+        if isinstance(value, dict) and "ip" in value and "port" in value:
+            known.add(f"{value['ip']}:{value['port']}")
+    return frozenset(known)
+
+
+def _all_replicas(role: Any, info: Any) -> frozenset[str] | None:
+    """The replicas ``ROLE`` lists and those ``INFO replication`` lists (in any state), or None when the server is
+    not a master."""
+    listed = _replica_set(role)
+    return None if listed is None else listed | _known_replicas(info)
 
 
 class Renewal:
@@ -183,12 +226,14 @@ class Renewal:
 class RedisHold(Hold):
     """The lock key held under our owner prefix: renewed every ``check_interval``, released by an owner check.
 
-    With ``min_replicas`` a renew is a confirmation only when ``WAIT`` says that every replica the master lists
+    With ``min_replicas`` a renew is a confirmation only when ``WAIT`` says that every replica the master knows of
     (and at least ``min_replicas``) has it, and no replica that had the previous confirmed one has left the
     master (it may have been promoted): each confirmed renew is then on every replica a failover can promote,
     whose copy of the key outlives the renew deadline. Every renew also reads ``ROLE``: a server that is no
-    longer a master never confirms. Through Sentinel the sentinels are asked beside the renews, once per
-    ``check_interval``: a master they no longer name (another one, or one they hold down) never confirms either.
+    longer a master never confirms, and ``INFO replication`` beside it: a replica still in its first sync (which
+    ``ROLE`` leaves out and cannot acknowledge) keeps every renew from counting until it is in sync. Through
+    Sentinel the sentinels are asked beside the renews, once per ``check_interval``: a renew counts only while a
+    majority of the configured sentinels answer and name this master (none holding it down).
     """
 
     def __init__(
@@ -224,8 +269,8 @@ class RedisHold(Hold):
                 with anyio.fail_after(b.timing.check_timeout):
                     self.named = await b.named_master(b.lock_client())
             except Exception as exc:
-                # No sentinel answers: no opinion (WAIT and ROLE still decide every renew).
-                self.named = _UNKNOWN
+                # No majority answers: the renews stop counting until one does (the keeper fences at the deadline).
+                self.named = _NoMajority(b.describe(exc))
                 b.log.debug("asking the sentinels failed (%s)", b.describe(exc))
             await anyio.sleep(b.timing.check_interval)
 
@@ -233,8 +278,10 @@ class RedisHold(Hold):
         named = self.named
         if named is _UNKNOWN:
             return None
+        if isinstance(named, _NoMajority):
+            return f"no majority of the sentinels confirmed the master ({named.why})"
         if named is None:
-            return "the sentinels hold the master down (a failover is under way)"
+            return "the sentinels hold the master down (a failover is under way), or no majority of them names it"
         here = self._backend.lock_address()
         if isinstance(named, tuple) and here is not None and here != named:
             return f"the sentinels name {named[0]}:{named[1]} as the master, not {here[0]}:{here[1]}"
@@ -450,28 +497,55 @@ class RedisBackend(Backend):
         return str(conn.host), int(conn.port)
 
     async def named_master(self, client: Redis) -> tuple[str, int] | None:
-        """The master the first sentinel that answers names for ``client`` (None: it holds that master down,
-        objectively, or names none); raises when no sentinel answers. Only for a ``redis+sentinel://`` client."""
+        """The master a majority of the configured sentinels (``len(sentinels) // 2 + 1``; with one configured, that
+        one) name for ``client``, every one asked at once. None: one that answers holds that master down, names
+        none or does not know it, or no address has a majority (they disagree, or a minority names one); raises
+        when fewer than a majority answer, so that a minority cut off with an abandoned master confirms nothing.
+        Only for a ``redis+sentinel://`` client."""
         manager = client.connection_pool.sentinel_manager  # type: ignore[attr-defined]
         name = self.settings.master_name
+        majority = len(self.settings.sentinels) // 2 + 1
         errors: list[str] = []
-        for sentinel in list(manager.sentinels):
+        named: list[tuple[str, int] | None] = []
 
-            def ask(sentinel: Redis = sentinel) -> Awaitable[Any]:
+        async def ask_one(sentinel: Redis) -> None:
+            def ask() -> Awaitable[Any]:
                 asked: Any = sentinel.sentinel_master  # typed otherwise by each redis-py release
                 return asked(name)  # type: ignore[no-any-return]
 
-            try:
-                state = await self.send("ask sentinels", ask)
-            except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
-                errors.append(self.describe(exc))
-                continue
-            except rexc.ResponseError:  # this sentinel does not know the master
-                return None
+            state: Any = None
+            for attempt in (1, 2):
+                try:
+                    state = await self.send("ask sentinels", ask)
+                    break
+                except rexc.ResponseError:  # this sentinel does not know the master
+                    named.append(None)
+                    return
+                except (rexc.ConnectionError, rexc.TimeoutError, OSError) as exc:
+                    # A connection the sentinel closed (it does on a failover) is opened again, once.
+                    closed = isinstance(exc, rexc.ConnectionError) and not isinstance(exc, rexc.AuthenticationError)
+                    if attempt == 2 or not closed:
+                        errors.append(self.describe(exc))
+                        return
             if not isinstance(state, dict) or not state.get("is_master") or state.get("is_odown"):
-                return None
-            return str(state["ip"]), int(state["port"])
-        raise rexc.ConnectionError(f"no sentinel answered ({'; '.join(errors) or 'none listed'})")
+                named.append(None)
+            else:
+                named.append((str(state["ip"]), int(state["port"])))
+
+        async with anyio.create_task_group() as tg:
+            for sentinel in list(manager.sentinels):
+                tg.start_soon(ask_one, sentinel)
+        if len(named) < majority:
+            raise rexc.ConnectionError(
+                f"{len(named)} of {len(self.settings.sentinels)} sentinels answered, not a majority of {majority} "
+                f"({'; '.join(errors) or 'none listed'})"
+            )
+        if None in named:
+            return None
+        for address in set(named):
+            if named.count(address) >= majority:
+                return address
+        return None
 
     async def _still_named(self, client: Redis, *, required: bool = False) -> None:
         """Through Sentinel: raise :class:`_NotMaster` if the sentinels name another master than the one
@@ -484,12 +558,14 @@ class RedisBackend(Backend):
                 named = await self.named_master(client)
         except Exception as exc:
             if required:
-                raise _NotMaster(f"no sentinel confirmed the master ({self.describe(exc)})") from None
+                raise _NotMaster(f"no majority of the sentinels confirmed the master ({self.describe(exc)})") from None
             self.log.debug("asking the sentinels failed (%s)", self.describe(exc))
             return
         here = self.lock_address() if client is self._lock else None
         if named is None:
-            raise _NotMaster("the sentinels hold the master down (a failover is under way)")
+            raise _NotMaster(
+                "the sentinels hold the master down (a failover is under way), or no majority of them names it"
+            )
         if here is not None and here != named:
             raise _NotMaster(f"the sentinels name {named[0]}:{named[1]} as the master, not {here[0]}:{here[1]}")
 
@@ -516,7 +592,8 @@ class RedisBackend(Backend):
 
     async def renew(self, owner: str, replicas: frozenset[str], expect: int) -> Renewal:
         """One renew: the script, then (with ``min_replicas``) ``WAIT`` for every replica the master listed last
-        (``expect``, at least ``min_replicas``), then ``ROLE``, sent together in one round trip."""
+        (``expect``, at least ``min_replicas``), then ``ROLE`` and ``INFO replication`` (every replica the master
+        knows of, one in its first sync too), sent together in one round trip."""
         client = self.lock_client()
         keys = (self.settings.lock_key, self.settings.token_key)
         wanted = self.settings.min_replicas
@@ -525,18 +602,18 @@ class RedisBackend(Backend):
         waited: tuple[tuple[str | int, ...], ...] = (("WAIT", max(wanted, expect), timeout_ms),) if wanted else ()
 
         async def exchange() -> list[Any]:
-            replies = await self._pipelined(client, script, *waited, ("ROLE",))
+            replies = await self._pipelined(client, script, *waited, *_ROLE_AND_INFO)
             if isinstance(replies[0], rexc.NoScriptError):
-                replies = await self._pipelined(client, ("EVAL", RENEW, *script[2:]), *waited, ("ROLE",))
+                replies = await self._pipelined(client, ("EVAL", RENEW, *script[2:]), *waited, *_ROLE_AND_INFO)
             return replies
 
         replies = await self.send("renew", exchange)
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
-        listed = _replica_set(replies[-1])
+        listed = _all_replicas(replies[-2], replies[-1])
         if listed is None:
-            role = replies[-1][0] if isinstance(replies[-1], list) and replies[-1] else replies[-1]
+            role = replies[-2][0] if isinstance(replies[-2], list) and replies[-2] else replies[-2]
             return Renewal(bool(int(replies[0])), None, f"the server is no longer a master (ROLE: {role})", True)
         mine = bool(int(replies[0]))
         if not mine or not wanted:
@@ -736,7 +813,7 @@ class RedisBackend(Backend):
 
     async def _confirm_write(self, client: Redis, waitaof: bool) -> frozenset[str]:
         """Raise :class:`_NotConfirmed` unless the grant is fsynced (``WAITAOF``) and, with ``min_replicas``, on
-        every replica the master lists and on at least ``min_replicas``; the replicas that have it."""
+        every replica the master knows of and on at least ``min_replicas``; the replicas that have it."""
         timeout_ms = max(1, round(self.timing.check_timeout * 500))
         if waitaof:
             local, _ = await self.send("waitaof", lambda: _command(client, "WAITAOF", 1, 0, timeout_ms))
@@ -745,20 +822,26 @@ class RedisBackend(Backend):
         wanted = self.settings.min_replicas
         if not wanted:
             return frozenset()
-        before = _replica_set(await self.send("read role", lambda: _command(client, "ROLE")))
+        before = await self._replicas_known(client)
         need = max(wanted, len(before or ()))
         got = int(await self.send("wait replicas", lambda: _command(client, "WAIT", need, timeout_ms)))
-        after = _replica_set(await self.send("read role", lambda: _command(client, "ROLE")))
+        after = await self._replicas_known(client)
         if before is None or after is None:
             raise _NotMaster("the server is not a master (ROLE)")
         if got < wanted:
             raise _NotConfirmed(f"only {got} of min_replicas={wanted} replicas confirmed the grant (WAIT)")
         if got < len(after) or before - after:
             raise _NotConfirmed(
-                f"{got} of the master's {len(after)} replicas confirmed the grant (WAIT): with min_replicas every "
-                "replica a failover could promote must have it"
+                f"{got} of the {len(after)} replicas the master knows of (one still in its first sync included) "
+                "confirmed the grant (WAIT): with min_replicas every replica a failover could promote must have it"
             )
         return after
+
+    async def _replicas_known(self, client: Redis) -> frozenset[str] | None:
+        """Every replica the master knows of (``ROLE`` and ``INFO replication``), or None if it is not a master."""
+        role = await self.send("read role", lambda: _command(client, "ROLE"))
+        info = await self.send("read replication", lambda: _command(client, "INFO", "replication"))
+        return _all_replicas(role, info)
 
     async def _replication(self, client: Redis) -> None:
         """The connect-time replication check: a server whose ``ROLE`` is not master raises :class:`_NotMaster`
@@ -792,6 +875,8 @@ class RedisBackend(Backend):
         """One acquire script: (the hold or None, the key's value, its PTTL in ms)."""
         waitaof = await self._durable(client)
         await self._replication(client)
+        # Asked before the script too: a master they do not name (yet) is not sent an INCR that would be withdrawn.
+        await self._still_named(client, required=True)
         sent = monotonic()
         token, value, pttl = self._acquire_reply(
             await self.run_script(client, ACQUIRE, owner, identity, self.lease_ms, self.settings.channel)
