@@ -98,11 +98,15 @@ def _pyenv_bin_dirs() -> list[str]:
 os.environ["PATH"] = os.pathsep.join([*_pyenv_bin_dirs(), _PATH])
 
 
+def selection_args(tests: dict[str, str | None]) -> list[str]:
+    """pytest's arguments for ``tests``: each file, whole (None) or only its tests that a ``-k`` filter selects."""
+    stem = {path: Path(path).stem for path in tests}
+    selected = [stem[path] if only is None else f"({stem[path]} and ({only}))" for path, only in tests.items()]
+    return [*tests, "-k", " or ".join(selected)]
+
+
 def no_server_args() -> list[str]:
-    files = list(NO_SERVER)
-    stem = {path: Path(path).stem for path in files}
-    selected = [stem[path] if only is None else f"({stem[path]} and ({only}))" for path, only in NO_SERVER.items()]
-    return [*files, "-k", " or ".join(selected)]
+    return selection_args(NO_SERVER)
 
 
 @nox.session(python=PYTHONS)
@@ -147,8 +151,9 @@ def _ranges(session: nox.Session, resolution: str) -> None:
     session.run("mypy", "--strict", "--no-incremental", "aioelect")
     workers = os.environ.get("PYTEST_WORKERS", "2")
     parallel = ["-n", workers, "--dist", "loadfile"] if workers != "0" else []
-    files = sorted({*NO_SERVER, *DEPENDENCY_TESTS})
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *parallel, *files, *session.posargs)
+    # The matrix's selection (the short soak is the whole suite's), with every driver suite whole.
+    tests = selection_args({**NO_SERVER, **dict.fromkeys(DEPENDENCY_TESTS)})
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *parallel, *tests, *session.posargs)
 
 
 @nox.session(python=PYTHONS[0])
