@@ -33,6 +33,22 @@ import aioelect
 
 from .register import Register
 
+#: How long gRPC's own status tasks of calls the closed channel ended may take to return.
+GRPC_SETTLE = 2.0
+
+
+async def leftover_tasks() -> list[str]:
+    """The tasks still running but the caller's, once gRPC has had :data:`GRPC_SETTLE` to finish the status
+    tasks of the calls its closed channel ended (on a loaded machine they return a few loop turns later);
+    any other task left is reported at once."""
+    me = asyncio.current_task()
+    deadline = time.monotonic() + GRPC_SETTLE
+    while True:
+        left = [task for task in asyncio.all_tasks() if task is not me]
+        if not left or time.monotonic() > deadline or any("_AioCall" not in repr(task) for task in left):
+            return [repr(task) for task in left]
+        await asyncio.sleep(0.01)
+
 
 class Events:
     """JSON lines, one per event, flushed at once (a SIGKILL loses nothing written)."""
@@ -93,9 +109,7 @@ async def main(args: argparse.Namespace) -> None:
             await stop.wait()
             tg.cancel_scope.cancel()
         await register.aclose()
-        me = asyncio.current_task()
-        left = [repr(task) for task in asyncio.all_tasks() if task is not me]
-        events.emit("exit", tasks=left)
+        events.emit("exit", tasks=await leftover_tasks())
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -30,7 +30,7 @@ import anyio
 
 import aioelect
 
-from .candidate import Events
+from .candidate import Events, leftover_tasks
 from .register import SharedRegister
 
 #: Member elections: more than the live candidates a run has at once (joins included).
@@ -113,9 +113,7 @@ async def main(args: argparse.Namespace) -> None:
                 await stop.wait()
                 tg.cancel_scope.cancel()
         await register.aclose()
-        me = asyncio.current_task()
-        left = [repr(task) for task in asyncio.all_tasks() if task is not me]
-        events.emit("exit", tasks=left)
+        events.emit("exit", tasks=await leftover_tasks())
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
