@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 import aioelect
+from aioelect import _backend as aioelect_backend
 from aioelect import _settings
 from aioelect.backends.etcd import EtcdOptions
 from aioelect.backends.file import FileOptions
@@ -277,9 +278,11 @@ async def test_the_file_backends_campaign_line_is_short(tmp_path: Path, caplog: 
 
 
 async def test_the_shared_session_warning_is_a_sentence_said_once(
-    postgres_dsn: str, caplog: pytest.LogCaptureFixture
+    postgres_dsn: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     caplog.set_level(logging.INFO, logger="aioelect")
+    # Said once per process: a test before this one in the same worker may have said it already.
+    monkeypatch.setattr(aioelect_backend, "_FATE_SHARING_SAID", set())
     env = {"AIOELECT_POSTGRES_DSN": postgres_dsn, "AIOELECT_NAME": f"g-{secrets.token_hex(3)}"}
     shards = aioelect.Shards(["a", "b"], environ=env, settle=0.1)
 
