@@ -44,9 +44,9 @@ def _in_history(commit: str) -> bool:
     return found.returncode == 0
 
 
-#: Under the locked dependency versions (grpcio 1.85.3, anyio 4.16, redis 8.2) the etcd seeds no longer meet the
-#: late-read interleaving on the old library (0 finds in 9 runs of seed 16): the case still runs, and reports
-#: XPASS when a seed finds it, until seeds are searched again.
+#: Under the locked dependency versions (grpcio 1.85.3, anyio 4.16, redis 8.2) the etcd seeds seldom meet the
+#: late-read interleaving on the old library (this test found it in 1 of 2 runs, seed 16 alone in 0 of 3): the
+#: case still runs, and reports XPASS when a seed finds it, until seeds are searched again.
 _NO_LONGER_FOUND = {"etcd-late-read"}
 
 
