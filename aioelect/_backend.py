@@ -314,10 +314,10 @@ class SharedSession(abc.ABC):
             raise UsageError(f"enter the {self.who} (async with) before its electors campaign")
 
     def _enter(self, share: str, lost: str) -> None:
-        """Mark the session entered (RuntimeError the second time); log that its electors ``share`` one thing and
+        """Mark the session entered (UsageError the second time); log that its electors ``share`` one thing and
         all lose their leadership when it is ``lost``."""
         if self._entered:
-            raise RuntimeError(f"{self.who} is entered once")
+            raise UsageError(f"the {self.who} is entered once")
         self._entered = True
         if self.who in _FATE_SHARING_SAID:
             return

@@ -39,7 +39,7 @@ import anyio.abc
 
 from ._config import validate_name
 from ._elector import Elector, Leadership, default_identity, leading_if_free, validate_identity
-from ._errors import BackendUnavailable, LeadershipLost
+from ._errors import BackendUnavailable, LeadershipLost, UsageError
 from ._factory import env_options, from_env, shared_sql_session
 from ._settings import Settings
 
@@ -357,7 +357,7 @@ class Shards:
         ``work`` or permanent backend error, raised after the same cleanup.
         """
         if self._running:
-            raise RuntimeError("Shards.run() is already running")
+            raise UsageError("Shards.run() is already running")
         self._running = True
         if self._open_session is None:
             await self._run(work)
