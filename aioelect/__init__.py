@@ -22,6 +22,7 @@ from ._errors import (
 )
 from ._events import Event
 from ._factory import from_env, new
+from ._main import run
 from ._shards import Shards
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ __all__ = [
     "from_env",
     "leadership",
     "new",
+    "run",
 ]
 
 #: The electors that resolve on first use, and the backend module (with its driver) each one needs.
