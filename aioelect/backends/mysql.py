@@ -35,7 +35,7 @@ import math
 import secrets
 import ssl as _ssl
 import warnings
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
@@ -219,16 +219,42 @@ class _MySQLConnection(LockConnection):
     def __init__(self, raw: aiomysql.Connection) -> None:
         self.raw = raw
         self._closed = False
+        self._ended_by_server = False
         self.marker = _MARKER_PREFIX + secrets.token_hex(16)
         #: Whether the server granted :attr:`marker` at connect (False: the session can never be proven, nor KILLed).
         self.marked = False
 
     @property
     def broken(self) -> bool:
-        return self._closed
+        return self._closed or self._ended_by_server
 
     def descriptor(self) -> int | None:
         return socket_fd(getattr(self.raw, "_writer", None))
+
+    def on_end(self, ended: Callable[[], None]) -> None:
+        """Call ``ended`` as soon as the transport sees the server end the session (its end of stream, or the
+        connection lost), whether or not a statement is waiting for an answer on it.
+
+        aiomysql reads the socket even when idle, but tells no one of its end
+        until the next statement: the hooks sit on the transport's protocol.
+        """
+        writer = getattr(self.raw, "_writer", None)
+        protocol = writer.transport.get_protocol() if writer is not None else None
+        if protocol is None:  # a driver without the stream: its end is seen by the next statement
+            return
+
+        def hooked(original: Callable[..., Any]) -> Callable[..., Any]:
+            def hook(*args: Any) -> Any:
+                try:
+                    return original(*args)
+                finally:
+                    self._ended_by_server = True
+                    ended()
+
+            return hook
+
+        for event in ("eof_received", "connection_lost"):
+            setattr(protocol, event, hooked(getattr(protocol, event)))
 
     def leaves_clean(self, exc: BaseException) -> bool:
         code = _code(exc)
@@ -721,6 +747,9 @@ class MySQLSession(SharedLockSession[_MySQLConnection]):
         self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[MySQLSessionOptions]
     ) -> None:
         super().__init__(dsn, identity, options)
+
+    def _on_end(self, conn: _MySQLConnection, ended: Callable[[], None]) -> None:
+        conn.on_end(ended)
 
     async def _held_many(self, conn: _MySQLConnection, backends: list[SharedLocks[_MySQLConnection]]) -> frozenset[str]:
         if not backends:

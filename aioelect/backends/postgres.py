@@ -65,6 +65,7 @@ from .._config import keepalive_bound, session_bounds, transport_warning, valida
 from .._errors import PermanentBackendError
 from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
 from ._postgres_tls import TLS_FILES, Tls, no_tls, resolve_tls, transport_fix
+from ._postgres_wire import EndWatch
 from ._session_lock import (
     Dialect,
     LockConnection,
@@ -252,16 +253,29 @@ class _PostgresConnection(LockConnection):
         self.statements: dict[str, Any] = {}
         #: The leaders table was found usable on this session (checked on it once, before it is first read).
         self.leaders_table_ok = False
-        # Set as soon as asyncpg sees the connection end (server terminated it, network, our close).
+        #: Set at the first sign of the session's end: the server's FATAL message (sent before it frees the
+        #: session's locks), the end of the stream, or asyncpg seeing the connection end (network, our close).
         self.ended = anyio.Event()
-        raw.add_termination_listener(self._on_end)
+        self._when_ended: list[Callable[[], None]] = []
+        raw.add_termination_listener(lambda _raw: self._on_end())
+        transport = getattr(raw, "_transport", None)
+        if transport is not None:  # connected and idle: the watch starts at a message's start
+            transport.set_protocol(EndWatch(transport.get_protocol(), self._on_end))
 
-    def _on_end(self, _raw: object) -> None:
+    def _on_end(self) -> None:
+        if self.ended.is_set():
+            return
         self.ended.set()
+        for ended in self._when_ended:
+            ended()
+
+    def on_end(self, ended: Callable[[], None]) -> None:
+        """Call ``ended`` (once) at the first sign of the session's end, as :attr:`ended` is set."""
+        self._when_ended.append(ended)
 
     @property
     def broken(self) -> bool:
-        return bool(self.raw.is_closed())
+        return self.ended.is_set() or bool(self.raw.is_closed())
 
     def descriptor(self) -> int | None:
         return socket_fd(self.raw)
@@ -826,7 +840,7 @@ class PostgresSession(SharedLockSession[_PostgresConnection]):
         super().__init__(dsn, identity, options)
 
     def _on_end(self, conn: _PostgresConnection, ended: Callable[[], None]) -> None:
-        conn.raw.add_termination_listener(lambda _raw: ended())  # asyncpg reads the socket even when idle
+        conn.on_end(ended)
 
     async def _listen(self, conn: _PostgresConnection) -> None:
         """Prepare what the session runs while it holds locks, and listen for release notices."""
