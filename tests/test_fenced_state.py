@@ -1,0 +1,96 @@
+"""Fenced state in the election's own backend (FencedStore), on real servers: a deposed leader's write is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+import aioelect
+from aioelect import Elector, FencedStore, LeadershipLost, UsageError
+from aioelect._backend import Written
+
+from .backends import CASES, BackendCase, Follower, unique_name
+
+#: The backends with fenced state, and the options their candidates need for it.
+FENCED = {"memory": {}, "etcd": {}, "redis": {}, "mysql": {}, "file": {}, "postgres": {"schema": "public"}}
+
+
+@pytest.fixture(params=sorted(FENCED))
+def case(request: pytest.FixtureRequest) -> BackendCase:
+    return CASES[request.param](request)
+
+
+def make(case: BackendCase, name: str, identity: str) -> Elector:
+    return case.make(name, identity=identity, **FENCED[case.kind])
+
+
+async def test_put_get_and_compare_and_set(case: BackendCase) -> None:
+    async with make(case, unique_name(), "a") as elector:
+        store = FencedStore(elector)
+        assert await store.get("cursor") is None
+        lead = await elector.acquire()
+        await store.put(lead, "cursor", {"at": 41, "names": ["x", "é"]})
+        assert await store.get("cursor") == {"at": 41, "names": ["x", "é"]}
+        assert await store.compare_and_set(lead, "cursor", {"names": ["x", "é"], "at": 41}, 42) is True
+        assert await store.compare_and_set(lead, "cursor", 41, 43) is False  # the value is 42: nothing written
+        assert await store.get("cursor") == 42
+        assert await store.compare_and_set(lead, "fresh", None, "first") is True  # None: no value yet
+        assert await store.compare_and_set(lead, "fresh", None, "second") is False
+        assert await store.get("fresh") == "first"
+        await lead.release()
+
+
+async def test_a_deposed_leaders_late_write_is_refused_and_the_successors_value_stands(case: BackendCase) -> None:
+    """Kleppmann's case in miniature: A is handed on while its write is in flight; the server refuses it."""
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b:
+        store_a, store_b = FencedStore(a), FencedStore(b)
+        lead_a = await a.acquire()
+        await store_a.put(lead_a, "last-tick", 1)
+        follower = Follower(b)
+        try:
+            await lead_a.release()  # A stops leading (its lease gone, or released); B takes over
+            lead_b = await follower.wait(timeout=30)
+            assert lead_b.token is not None and lead_a.token is not None and lead_b.token > lead_a.token
+            await store_b.put(lead_b, "last-tick", 2)
+            # A's write arrives now, sent by a leader that believed itself held when it sent it: the server's
+            # check, not A's own clock, refuses it.
+            late = await store_a._store.write(lead_a._hold, "last-tick", b"99", compare=False, expected=None)
+            assert late is Written.FENCED
+            late = await store_a._store.write(lead_a._hold, "last-tick", b"99", compare=True, expected=b"2")
+            assert late is Written.FENCED
+            with pytest.raises(LeadershipLost):
+                await store_a.put(lead_a, "last-tick", 99)
+            assert await store_a.get("last-tick") == 2
+            assert await store_b.get("last-tick") == 2
+        finally:
+            await follower.close()
+
+
+async def test_bad_input_writes_nothing(case: BackendCase) -> None:
+    name = unique_name()
+    async with make(case, name, "a") as elector, make(case, unique_name(), "other") as other:
+        store = FencedStore(elector)
+        lead = await elector.acquire()
+        await store.put(lead, "k", "kept")
+        with pytest.raises(ValueError, match="at most 65536"):
+            await store.put(lead, "k", "x" * 70_000)
+        with pytest.raises(TypeError, match="JSON"):
+            await store.put(lead, "k", {1.5: object()})
+        with pytest.raises(TypeError, match="JSON"):
+            await store.put(lead, "k", float("nan"))
+        with pytest.raises(ValueError, match="None"):
+            await store.put(lead, "k", None)
+        with pytest.raises(ValueError, match="key"):
+            await store.put(lead, "with space", 1)
+        other_lead = await other.acquire()
+        with pytest.raises(UsageError, match="another elector"):
+            await store.put(other_lead, "k", "from another election")
+        assert await store.get("k") == "kept"
+        await other_lead.release()
+        await lead.release()
+
+
+async def test_a_backend_without_fenced_state_says_so() -> None:
+    async with aioelect.LocalElector(name=unique_name()) as elector:
+        with pytest.raises(UsageError, match="local backend keeps no fenced state"):
+            FencedStore(elector)
