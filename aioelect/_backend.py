@@ -145,6 +145,8 @@ class Backend(abc.ABC):
     #: Whether a leadership may get a token not above one handed out before (an opt-in that says so); else the
     #: elector refuses such a leadership as a permanent error.
     tokens_may_repeat: bool = False
+    #: The fenced state, once :meth:`state_store` has made it.
+    _state_store: StateStore | None = None
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -259,10 +261,24 @@ class Backend(abc.ABC):
     def state_store(self) -> StateStore:
         """This election's fenced state on the backend's server (see :class:`StateStore`), made on first use.
 
-        Closed by :meth:`aclose`. A backend without fenced state raises
+        Closed by :meth:`close_state`. A backend without fenced state raises
         :class:`~aioelect.UsageError` saying so.
         """
+        store = self._state_store
+        if store is None:
+            store = self._state_store = self._new_state_store()
+        return store
+
+    def _new_state_store(self) -> StateStore:
         raise UsageError(f"the {self.kind} backend keeps no fenced state: use etcd, MySQL, PostgreSQL, Redis or a file")
+
+    async def close_state(self) -> None:
+        """Close the fenced state's connection, if one was opened (the elector calls this as it closes)."""
+        store = self._state_store
+        if store is not None:
+            self._state_store = None
+            with anyio.CancelScope(shield=True):
+                await store.aclose()
 
     async def aclose(self) -> None:  # noqa: B027 - most backends hold nothing between campaigns
         """Free every resource the backend holds outside a campaign or hold."""

@@ -281,7 +281,7 @@ class MemoryBackend(Backend):
         """This backend's election in the running event loop."""
         return election_of(self.name)
 
-    def state_store(self) -> StateStore:
+    def _new_state_store(self) -> StateStore:
         return MemoryStateStore(self)
 
     async def campaign(self, identity: str) -> Hold:

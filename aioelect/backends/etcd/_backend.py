@@ -364,7 +364,7 @@ class EtcdBackend(Election):
         if self.degraded is hold:
             self.degraded = None
 
-    def state_store(self) -> StateStore:
+    def _new_state_store(self) -> StateStore:
         return EtcdStateStore(self.name, self.conn, self.request_timeout)
 
     def local_leader(self) -> str | None:

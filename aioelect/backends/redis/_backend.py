@@ -484,7 +484,7 @@ class RedisBackend(Backend):
             bounded(asked)
         return bounded(client)
 
-    def state_store(self) -> StateStore:
+    def _new_state_store(self) -> StateStore:
         return RedisStateStore(self, self.settings.token_key, f"{self.settings.key_prefix}{{{self.name}}}:state")
 
     def state_client(self) -> Redis:
