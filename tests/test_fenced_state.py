@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 import aioelect
@@ -24,6 +25,7 @@ def make(case: BackendCase, name: str, identity: str) -> Elector:
 
 
 async def test_put_get_and_compare_and_set(case: BackendCase) -> None:
+    before = await case.leftovers() if case.leftovers is not None else None
     async with make(case, unique_name(), "a") as elector:
         store = FencedStore(elector)
         assert await store.get("cursor") is None
@@ -37,6 +39,35 @@ async def test_put_get_and_compare_and_set(case: BackendCase) -> None:
         assert await store.compare_and_set(lead, "fresh", None, "second") is False
         assert await store.get("fresh") == "first"
         await lead.release()
+    if case.leftovers is not None:  # the store's connection went with the elector (the server sees it soon after)
+        with anyio.fail_after(10):
+            while await case.leftovers() != before:
+                await anyio.sleep(0.05)
+
+
+async def test_a_leader_deposed_from_outside_cannot_write_once_the_next_one_leads(case: BackendCase) -> None:
+    """The lock taken away by the server or an operator (KILL, lease revoked, key deleted, lock file deleted)."""
+    assert case.depose is not None
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b:
+        store_a, store_b = FencedStore(a), FencedStore(b)
+        lead_a = await a.acquire()
+        await store_a.put(lead_a, "cursor", "a")
+        follower = Follower(b)
+        try:
+            await case.depose(a)
+            lead_b = await follower.wait(timeout=30)
+            late = await store_a._store.write(lead_a._hold, "cursor", b'"late"', compare=False, expected=None)
+            assert late is Written.FENCED
+            await store_b.put(lead_b, "cursor", "b")
+            assert await store_a._store.write(lead_a._hold, "cursor", b'"late"', compare=False, expected=None) is (
+                Written.FENCED
+            )
+            with pytest.raises(LeadershipLost):
+                await store_a.put(lead_a, "cursor", "late")
+            assert await store_b.get("cursor") == "b"
+        finally:
+            await follower.close()
 
 
 async def test_a_deposed_leaders_late_write_is_refused_and_the_successors_value_stands(case: BackendCase) -> None:
