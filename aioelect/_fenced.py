@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ._backend import StateStore, Written
-from ._elector import Elector, Leadership
-from ._errors import LeadershipLost, LossKind, UsageError
+from ._elector import Elector, Leadership, _State
+from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
 from ._values import check_key, decode, encode
 
 __all__ = ["FencedStore"]
@@ -47,14 +47,22 @@ class FencedStore:
         if not isinstance(elector, Elector):
             raise TypeError(f"FencedStore() takes an Elector, not {type(elector).__name__}")
         self._elector = elector
+        if elector._state is _State.CLOSED:
+            raise ElectorClosed(f"FencedStore() of {elector!r}: the elector is closed")
         self._store: StateStore = elector._backend.state_store()
 
     def __repr__(self) -> str:
         return f"<FencedStore {self._elector.backend}:{self._elector.name}>"
 
+    def _open(self) -> StateStore:
+        if self._elector._state is _State.CLOSED:
+            raise ElectorClosed(f"{self!r}: its elector is closed")
+        return self._store
+
     async def get(self, key: str) -> Any:
         """The value stored under ``key``, or None if it has none."""
-        return decode(await self._store.read(check_key(key)))
+        key = check_key(key)
+        return decode(await self._open().read(key))
 
     async def put(self, lead: Leadership, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` if ``lead``'s token is the newest: else LeadershipLost, nothing written."""
@@ -78,8 +86,9 @@ class FencedStore:
             )
         if lead.token is None:
             raise UsageError(f"{lead!r} has no fencing token (fencing=False): fenced state needs tokens")
+        store = self._open()
         lead.check()
-        written = await self._store.write(lead._hold, key, data, compare=compare, expected=expected)
+        written = await store.write(lead._hold, key, data, compare=compare, expected=expected)
         if written is Written.FENCED:
             raise LeadershipLost(
                 f"fenced write of {key!r} refused: the election has issued a token newer than {lead.token}",

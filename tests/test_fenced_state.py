@@ -12,7 +12,16 @@ from aioelect._backend import Written
 from .backends import CASES, BackendCase, Follower, unique_name
 
 #: The backends with fenced state, and the options their candidates need for it.
-FENCED = {"memory": {}, "etcd": {}, "redis": {}, "mysql": {}, "file": {}, "postgres": {"schema": "public"}}
+FENCED = {
+    "memory": {},
+    "etcd": {},
+    "redis": {},
+    "mysql": {},
+    "mysql-shared": {},
+    "file": {},
+    "postgres": {"schema": "public"},
+    "postgres-shared": {"schema": "public"},
+}
 
 
 @pytest.fixture(params=sorted(FENCED))
@@ -119,6 +128,8 @@ async def test_bad_input_writes_nothing(case: BackendCase) -> None:
         assert await store.get("k") == "kept"
         await other_lead.release()
         await lead.release()
+    with pytest.raises(aioelect.ElectorClosed):
+        await store.get("k")
 
 
 async def test_a_backend_without_fenced_state_says_so() -> None:
