@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
 import anyio
 import pytest
 
@@ -136,3 +140,63 @@ async def test_a_backend_without_fenced_state_says_so() -> None:
     async with aioelect.LocalElector(name=unique_name()) as elector:
         with pytest.raises(UsageError, match="local backend keeps no fenced state"):
             FencedStore(elector)
+
+
+class Gate:
+    """An interceptor at the backend's seam that holds the fenced write back while armed: a frozen leader's write."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.armed = False
+        self.held = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        if self.armed and what == self.what:
+            self.held.set()
+            await self.opened.wait()
+        return await send()
+
+
+#: Where each backend's fenced write passes the seam, and how it is named there.
+SEAMS: dict[str, tuple[Callable[[Elector], Any], str]] = {
+    "etcd": (lambda elector: elector._backend.conn, "write state"),
+    "redis": (lambda elector: elector._backend, "state write"),
+    "mysql": (lambda elector: elector._backend, ""),  # the state connection names no identity
+    "postgres": (lambda elector: elector._backend, ""),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SEAMS))
+async def test_a_frozen_leaders_write_in_flight_is_refused_by_the_server(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Kleppmann's case: A checks that it leads, freezes with its write in flight, is deposed and replaced; the
+    write arrives after B's and is refused, and B's value stands."""
+    case = CASES[kind](request)
+    assert case.depose is not None
+    seam, what = SEAMS[kind]
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b:
+        gate = Gate(what)
+        seam(a).interceptor = gate
+        store_a, store_b = FencedStore(a), FencedStore(b)
+        lead_a = await a.acquire()
+        await store_a.put(lead_a, "last-tick", 1)
+        gate.armed = True
+        late = asyncio.create_task(store_a.put(lead_a, "last-tick", 99))
+        follower = Follower(b)
+        try:
+            with anyio.fail_after(10):
+                await gate.held.wait()  # A passed its own check: its write is on its way
+            await case.depose(a)
+            lead_b = await follower.wait(timeout=30)
+            await store_b.put(lead_b, "last-tick", 2)
+            gate.opened.set()
+            with pytest.raises(LeadershipLost, match="newer than"):
+                await asyncio.wait_for(late, 30)
+            assert await store_b.get("last-tick") == 2
+        finally:
+            gate.opened.set()
+            await asyncio.gather(late, return_exceptions=True)
+            await follower.close()
