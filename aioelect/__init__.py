@@ -22,6 +22,8 @@ from ._errors import (
 )
 from ._events import Event
 from ._factory import from_env, new
+from ._fence import fenced
+from ._fenced import FencedStore
 from ._main import run
 from ._shards import Shards
 
@@ -39,6 +41,7 @@ __all__ = [
     "EtcdElector",
     "EtcdSession",
     "Event",
+    "FencedStore",
     "FileElector",
     "Leadership",
     "LeadershipLost",
@@ -53,6 +56,7 @@ __all__ = [
     "Shards",
     "UsageError",
     "current_leadership",
+    "fenced",
     "from_env",
     "leadership",
     "new",

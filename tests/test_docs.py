@@ -426,6 +426,8 @@ def run_fragments(
         env, context = fragment_case(where, request, directory)
         if name == "fencing-write":  # the application's database the block writes to
             env["APP_DATABASE"] = request.getfixturevalue("mysql_dsn")
+        if name == "fenced-transaction":
+            env["APP_DATABASE"] = request.getfixturevalue("postgres_dsn")
         module, holder = harness.beside
         if module:  # saved beside it, as the page tells the reader
             (directory / module).write_text(dict(fragments(document))[holder] + "\n")
