@@ -333,9 +333,6 @@ class Leadership:
         self._step(_Step.LET_GO)
         self._elector._ended(self)
 
-    def _descriptors(self) -> tuple[int, ...]:
-        """The descriptors whose last close ends this leadership (:meth:`Hold.descriptors`); empty once it ended."""
-        return self._hold.descriptors() if self._state in (_Lead.HELD, _Lead.RELEASING) else ()
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[anyio.CancelScope]:
@@ -973,3 +970,34 @@ async def _scope(lead: Leadership) -> AsyncIterator[Leadership]:
         with contextlib.suppress(ValueError):  # a generator finalized in another context: nothing to undo here
             _CURRENT.reset(current)
         await lead.release()
+
+
+# --- the seam for the modules above the core ------------------------------------------------------------
+# The wiring (Shards, FencedStore, fenced()) and the command line reach below an elector only through these, never
+# through its private attributes; users never need them.
+
+
+def backend_of(elector: Elector) -> Backend:
+    """The backend ``elector`` drives."""
+    return elector._backend
+
+
+def is_closed(elector: Elector) -> bool:
+    """Whether ``elector`` has been closed (it campaigns no more)."""
+    return elector._state is _State.CLOSED
+
+
+def elector_of(lead: Leadership) -> Elector:
+    """The elector that took ``lead``."""
+    return lead._elector
+
+
+def hold_of(lead: Leadership) -> Hold:
+    """What ``lead``'s backend holds for it (its token, its lock, its key)."""
+    return lead._hold
+
+
+def lock_descriptors(lead: Leadership) -> tuple[int, ...]:
+    """The descriptors whose last close ends ``lead`` (:meth:`Hold.descriptors`); empty once it has ended: a
+    process that inherits them keeps the lock until it too has closed them."""
+    return lead._hold.descriptors() if lead._state in (_Lead.HELD, _Lead.RELEASING) else ()

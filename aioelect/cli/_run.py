@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._elector import Elector, Leadership
+from .._elector import Elector, Leadership, lock_descriptors
 from .._settings import ENV_IDENTITY, ENV_TOKEN
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
@@ -236,7 +236,7 @@ class Runner:
             return None
         try:
             # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
-            self.group = group = await ProcessGroup.start(self.cmd, env, hold=lead._descriptors())
+            self.group = group = await ProcessGroup.start(self.cmd, env, hold=lock_descriptors(lead))
         except FileNotFoundError:
             log.error("CMD not found: %s", self.cmd[0])
             return EXIT_NOT_FOUND

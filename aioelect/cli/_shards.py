@@ -39,7 +39,7 @@ from typing import Any
 
 import anyio
 
-from .._elector import Elector, Leadership, current_leadership, default_identity
+from .._elector import Elector, Leadership, current_leadership, default_identity, lock_descriptors
 from .._errors import ElectionError
 from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from .._shards import Shards
@@ -233,7 +233,7 @@ class ShardsRunner:
         )
         try:
             # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
-            group = await ProcessGroup.start(self.cmd, env, hold=lead._descriptors())
+            group = await ProcessGroup.start(self.cmd, env, hold=lock_descriptors(lead))
         except FileNotFoundError:
             log.error("CMD not found: %s (exit status %d)", self.cmd[0], EXIT_NOT_FOUND)
             return None
