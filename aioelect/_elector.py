@@ -198,7 +198,9 @@ class Leadership:
 
     @property
     def lost(self) -> bool:
-        """True once leadership ended for a reason other than our own release."""
+        """True once leadership ended for a reason other than our own release: a loss the keeper reported (the
+        state), or the renew deadline gone by without a confirmation (the clock, read at each call, even before
+        the keeper has run). :attr:`lost_kind` says which: ``SELF_FENCED`` for the clock."""
         return self._state in _LOSS or (self._state is _Lead.HELD and self._deadline_passed())
 
     @property
