@@ -716,7 +716,7 @@ class Elector:
         self._emit("acquired", token=lead.token, wait=waited)
         return lead
 
-    async def _watch_leader(self, stopped: asyncio.Event) -> None:
+    async def _watch_leader(self, stopped: anyio.Event) -> None:
         """Report each change of leader until ``stopped`` (set, and this task cancelled, when the campaign ends).
 
         Ends by closing what it looked through, so that an idle elector holds
@@ -762,7 +762,7 @@ class Elector:
         self._emit("campaigning")
         hold: Hold | None = None
         watcher: asyncio.Task[None] | None = None
-        stopped = asyncio.Event()
+        stopped = anyio.Event()
         try:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
