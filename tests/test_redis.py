@@ -469,3 +469,26 @@ async def test_a_leader_that_releases_and_campaigns_again_lets_the_waiter_go_fir
             firsts.append(order[0])
     # A waiter slower than the wait (0.25 s at poll_interval=1) on a loaded machine may lose one round.
     assert firsts.count("b") >= 4, firsts
+
+
+async def test_a_key_deleted_by_an_operator_is_published_by_the_leaders_next_renew(redis_server: RedisServer) -> None:
+    """Nothing publishes a delete: the leader's renew that finds the key gone does, so a waiter (which otherwise
+    reads the key again only when it can have expired, 4 s here) takes over within about check_interval."""
+    name = unique_name()
+    async with make(redis_server.url, name, identity="a") as a, make(redis_server.url, name, identity="b") as b:
+        lead = await a.acquire(timeout=5)
+        async with anyio.create_task_group() as tg:
+            took: list[float] = []
+
+            async def wait_b() -> None:
+                got = await b.acquire(timeout=10)
+                took.append(time.monotonic())
+                await got.release()
+
+            tg.start_soon(wait_b)
+            await asyncio.sleep(0.5)  # b tried and waits
+            redis_server.command("DEL", lock_key(name))
+            deleted = time.monotonic()
+        assert took and took[0] - deleted < REDIS["check_interval"] + REDIS["check_timeout"] + 0.5, took[0] - deleted
+        with anyio.fail_after(5):
+            await lead.wait_lost()

@@ -13,7 +13,9 @@ Guarantees:
 * a release deletes the key only if it is ours and publishes on the
   election's channel, which every waiting candidate is subscribed to (one
   subscription per elector, kept across campaigns): the next one tries at
-  once; after a crash the key expires within ``lease``, and a waiter, which
+  once (a key deleted by anyone else is published by the leader's next
+  renew, or its release); after a crash the key expires within ``lease``,
+  and a waiter, which
   sleeps until the key can have expired and then reads its expiry
   (``PTTL``), tries once it has; a releaser that campaigns again lets a
   waiter go first (it waits for a grant to be published, at most
@@ -655,7 +657,7 @@ class RedisBackend(Backend):
         keys = (self.settings.lock_key, self.settings.token_key)
         wanted = self.settings.min_replicas
         timeout_ms = max(1, round(self.timing.check_timeout * 500))
-        script: tuple[str | int, ...] = ("EVALSHA", _SHA[RENEW], 2, *keys, owner, self.lease_ms)
+        script: tuple[str | int, ...] = ("EVALSHA", _SHA[RENEW], 2, *keys, owner, self.lease_ms, self.settings.channel)
         waited: tuple[tuple[str | int, ...], ...] = (("WAIT", max(wanted, expect), timeout_ms),) if wanted else ()
 
         async def exchange() -> list[Any]:

@@ -41,23 +41,30 @@ redis.call('PUBLISH', ARGV[4], value)
 return {token, value, tonumber(ARGV[3])}
 """
 
-#: ARGV: owner prefix, lease in ms. Sets (never adds to) the expiry if the key is ours: 1, else 0.
+#: ARGV: owner prefix, lease in ms, channel. Sets (never adds to) the expiry if the key is ours: 1, else 0. A key
+#: gone (deleted or expired: nothing published that) is published as a release, so that the waiters try at once.
 RENEW = """
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
+if not held then
+  redis.call('PUBLISH', ARGV[3], '')
+end
 return 0
 """
 
 #: ARGV: owner prefix, channel. Deletes the key if it is ours and tells the waiters: 1 + the number of subscribers
-#: that heard it, else 0.
+#: that heard it, else 0 (a key gone is published as a release, as by RENEW).
 RELEASE = """
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1 + redis.call('PUBLISH', ARGV[2], '')
+end
+if not held then
+  redis.call('PUBLISH', ARGV[2], '')
 end
 return 0
 """
