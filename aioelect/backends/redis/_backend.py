@@ -1022,7 +1022,10 @@ class RedisBackend(Backend):
                     if pubsub is None:
                         # Subscribed before the first try: a release published after it wakes us.
                         pubsub = await self._subscription()
-                        await self._let_waiters_go_first(pubsub)
+                        granted = await self._let_waiters_go_first(pubsub)
+                        if granted:  # a waiter leads now: no try until its key is gone or released
+                            self._reporter.leader(identity_of(granted))
+                            await self._wait_turn(client, pubsub, 0)
                     uncertain = True
                     hold, value, pttl = await self._try(client, owner, identity)
                     uncertain = False
@@ -1080,17 +1083,21 @@ class RedisBackend(Backend):
         others = heard - (1 if self._sub is not None else 0)
         self._first_try_after = monotonic() + self._handover if others > 0 else 0.0
 
-    async def _let_waiters_go_first(self, pubsub: PubSub) -> None:
+    async def _let_waiters_go_first(self, pubsub: PubSub) -> str | None:
         """A campaign that starts within ``min(2 * poll_interval, 0.25 s)`` of this elector's own release, heard by
         another subscriber, waits that long at most for a waiter's grant to be published before its first try: the
-        releaser, whose try would be sent before any waiter has woken, does not take the leadership straight back."""
+        releaser, whose try would be sent before any waiter has woken, does not take the leadership straight back.
+        The grant's value if one was published since that release, else None."""
         left = self._first_try_after - monotonic()
         self._first_try_after = 0.0
-        if left <= 0 or (self._last_published or "") != "":
-            return  # no release of ours to wait after, or a grant published since it
+        if self._last_published:
+            return self._last_published  # a grant published since our release (read from the kept subscription)
+        if left <= 0:
+            return None
         started = monotonic()
-        await self._wait_change(pubsub, left)
+        published = await self._wait_change(pubsub, left)
         self.log.debug("let waiting candidates go first for %.1f ms", (monotonic() - started) * 1000)
+        return published or None
 
     async def _subscription(self) -> PubSub:
         """The subscription to the election's channel, on a connection of its own kept across campaigns (closed
