@@ -61,8 +61,9 @@ REGISTER: tuple[Assumption, ...] = (
     Assumption(
         "every backend", "clock",
         "the leader's monotonic clock runs no slower than the server's clock that ends its lease or session",
-        DOCUMENTED, "the margin `lease - renew_deadline` absorbs rate differences; no check",
-        None,
+        DOCUMENTED, "the margin `lease - renew_deadline` absorbs rate differences; no check: a cut-off Redis "
+        "leader whose clock runs at 0.5x leads about 1 s beside its successor (at 0.8x, inside the margin, none)",
+        "tests/test_faults_clock.py::test_a_leader_whose_monotonic_clock_runs_slow_leads_past_its_key_when_the_margin_is_exceeded",
     ),
     Assumption(
         "every backend", "process state",
@@ -243,8 +244,9 @@ REGISTER: tuple[Assumption, ...] = (
     Assumption(
         "Redis", "clock",
         "the server's wall clock is not stepped forward by more than the margin",
-        DOCUMENTED, "the key's expiry is the server's wall clock; no check",
-        None,
+        DOCUMENTED, "the key's expiry is the server's wall clock; no check: a step of 2.5 s (margin 1 s) lets a "
+        "cut-off leader act about 1 s beside its successor, the token larger; a step of 0.5 s, none",
+        "tests/test_faults_clock.py::test_a_redis_server_clock_stepped_forward_past_the_margin_expires_a_leaders_key_while_it_leads",
     ),
     Assumption(
         "Redis", "server forgets",
@@ -404,8 +406,8 @@ REGISTER: tuple[Assumption, ...] = (
         "supervisor", "process state",
         "a process of CMD's tree in uninterruptible sleep (D) ends once SIGKILLed, within the safety margin",
         DOCUMENTED, "the lock is kept and SIGKILL repeated for as long as it lives, an error logged every 2 s; "
-        "on etcd and Redis the lease may still expire meanwhile",
-        None,
+        "on etcd and Redis the lease may still expire meanwhile, and the next leader's CMD starts beside it",
+        "tests/test_cli_supervisor.py::test_a_process_in_uninterruptible_sleep_keeps_the_lock_until_it_ends_but_not_a_lease",
     ),
     Assumption(
         "supervisor", "process state",
