@@ -69,8 +69,9 @@ REGISTER: tuple[Assumption, ...] = (
         "every backend", "process state",
         "a write already sent when the leader pauses past its deadline is refused only by a resource that "
         "checks the token",
-        DOCUMENTED, "tokens on every backend; the check is the resource's",
-        None,
+        DOCUMENTED, "tokens on every backend; the check is the resource's: two writes a leader sent into a "
+        "stalled link land after its successor's, the plain one over it, the token-checked one changing nothing",
+        "tests/test_faults_partition.py::test_a_write_sent_before_the_leader_is_cut_off_lands_after_its_successor_refused_only_by_the_token",
     ),
     # --- MySQL / MariaDB --------------------------------------------------------------------------------
     Assumption(
