@@ -326,9 +326,8 @@ REGISTER: tuple[Assumption, ...] = (
         "with `min_replicas` ≥ 1, a master cut off from the cluster bus while clients reach it stops confirming the "
         "old leader before the promoted replica's copy of the key expires",
         RENEW,
-        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`); not tested with "
-        "a bus-only partition",
-        None,
+        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`)",
+        "tests/test_redis_cluster.py::test_a_master_cut_off_from_the_cluster_bus_stops_its_leader_before_a_successor_leads",
     ),
     # --- file ---------------------------------------------------------------------------------------------
     Assumption(
