@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 import pytest
 
-from aioelect import PermanentBackendError, RedisElector, from_env
+from aioelect import Leadership, PermanentBackendError, RedisElector, from_env
 from aioelect.backends.redis import RedisBackend
 
 from .backends import unique_name
@@ -270,35 +270,45 @@ async def test_a_failover_of_the_slots_master_with_min_replicas_keeps_the_token_
         ):
             lead = await old.acquire(timeout=10)
             master = group.owner(lock_key(name))
-            won: list[tuple[float, int | None]] = []
+            fenced, at, token = await fail_over(group, name, lead, new, master, master.kill)
+            print(
+                f"MEASURED redis cluster failover (min_replicas=1): old leader stopped {fenced:.2f}s "
+                f"after the master's SIGKILL, successor led after {at:.2f}s on the promoted replica; "
+                f"tokens {lead.token} -> {token}"
+            )
 
-            async def follow() -> None:
-                got = await new.acquire()
-                won.append((time.monotonic(), got.token))
-                await asyncio.sleep(3600)
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(follow)
-                await asyncio.sleep(0.5)
-                killed = time.monotonic()
-                await anyio.to_thread.run_sync(master.kill)
-                with anyio.fail_after(10):
-                    await lead.wait_lost()
-                fenced = time.monotonic()
-                with anyio.fail_after(30):
-                    while not won:
-                        await asyncio.sleep(0.05)
-                at, token = won[0]
-                promoted = group.owner(lock_key(name))
-                print(
-                    f"MEASURED redis cluster failover (min_replicas=1): old leader stopped {fenced - killed:.2f}s "
-                    f"after the master's SIGKILL, successor led after {at - killed:.2f}s on the promoted replica; "
-                    f"tokens {lead.token} -> {token}"
-                )
-                assert promoted is not master
-                assert token is not None and lead.token is not None and token > lead.token
-                assert fenced < at, "the successor led before the old leader stopped"
-                tg.cancel_scope.cancel()
+async def fail_over(
+    group: RedisCluster, name: str, lead: Leadership, successor: RedisElector, master: RedisServer,
+    fault: Callable[[], None],
+) -> tuple[float, float, int]:  # fmt: skip
+    """Do ``fault`` to ``master``, the slot's, while ``lead`` leads and ``successor`` campaigns. The slot must
+    move to another node, the old leader stop before the successor leads, and the token grow; return how long
+    after the fault the old leader stopped and the successor led, and the successor's token."""
+    won: list[tuple[float, int | None]] = []
+
+    async def follow() -> None:
+        got = await successor.acquire()
+        won.append((time.monotonic(), got.token))
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow)
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        await anyio.to_thread.run_sync(fault)
+        with anyio.fail_after(10):
+            await lead.wait_lost()
+        fenced = time.monotonic()
+        with anyio.fail_after(30):
+            while not won:
+                await asyncio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    at, token = won[0]
+    assert group.owner(lock_key(name)) is not master, "the cluster did not fail the master over"
+    assert token is not None and lead.token is not None and token > lead.token, (lead.token, token)
+    assert fenced < at, "the successor led before the old leader stopped"
+    return fenced - started, at - started, token
 
 
 async def test_a_tls_cluster_through_rediss_cluster(certs: Certificates) -> None:
@@ -368,40 +378,21 @@ async def test_a_master_cut_off_from_the_cluster_bus_stops_its_leader_before_a_s
             master = group.owner(lock_key(name))
             proxies = await anyio.to_thread.run_sync(route_bus_through_proxies, group, master)
             assert lead.held, "the leadership did not outlive the bus links' move"
-            won: list[tuple[float, int | None]] = []
 
-            async def follow() -> None:
-                got = await new.acquire()
-                won.append((time.monotonic(), got.token))
-                await asyncio.sleep(3600)
+            def cut() -> None:
+                for node, proxy in proxies.items():
+                    if node is master:
+                        proxy.stall()  # nobody reaches its bus
+                    else:
+                        proxy.stall_from("127.0.0.2")  # it reaches nobody's
 
             try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(follow)
-                    await asyncio.sleep(0.5)
-                    cut = time.monotonic()
-                    for node, proxy in proxies.items():
-                        if node is master:
-                            proxy.stall()  # nobody reaches its bus
-                        else:
-                            proxy.stall_from("127.0.0.2")  # it reaches nobody's
-                    with anyio.fail_after(10):
-                        await lead.wait_lost()
-                    fenced = time.monotonic()
-                    with anyio.fail_after(30):
-                        while not won:
-                            await asyncio.sleep(0.05)
-                    at, token = won[0]
-                    promoted = group.owner(lock_key(name))
-                    print(
-                        f"MEASURED redis cluster bus cut (min_replicas=1): the old leader stopped {fenced - cut:.2f}s "
-                        f"after the cut, the successor led {at - cut:.2f}s after it; tokens {lead.token} -> {token}; "
-                        f"the old master still answers clients: {group.command(master, 'PING')}"
-                    )
-                    assert promoted is not master, "the cluster did not fail the cut-off master over"
-                    assert token is not None and lead.token is not None and token > lead.token
-                    assert fenced < at, "the successor led before the old leader stopped"
-                    tg.cancel_scope.cancel()
+                fenced, at, token = await fail_over(group, name, lead, new, master, cut)
+                print(
+                    f"MEASURED redis cluster bus cut (min_replicas=1): the old leader stopped {fenced:.2f}s after "
+                    f"the cut, the successor led {at:.2f}s after it; tokens {lead.token} -> {token}; the old "
+                    f"master still answers clients: {group.command(master, 'PING')}"
+                )
             finally:
                 for proxy in proxies.values():
                     proxy.close()
