@@ -366,16 +366,22 @@ def route_bus_through_proxies(group: RedisCluster, master: RedisServer) -> dict[
 async def test_a_master_cut_off_from_the_cluster_bus_stops_its_leader_before_a_successor_leads() -> None:
     """The master of the election's slot loses the cluster bus, not its clients: the other masters fail it over
     to its replica while the leader still reaches it. With ``min_replicas=1`` the leader stops before the
-    promoted replica's copy of its key expires, so the successor, granted there, never leads beside it."""
+    promoted replica's copy of its key expires, so the successor, granted there, never leads beside it.
+
+    The URL names the cut-off master first: it still answers ``CLUSTER SLOTS`` with itself and every command
+    with ``CLUSTERDOWN``, and a candidate that kept asking it which master owns the slot would never find the
+    promoted one while the cut lasts."""
     timing = {"lease": 3, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 0.5}
     with RedisCluster(replicas=1, node_timeout_ms=1000) as group:
         name = unique_name()
+        master = group.owner(lock_key(name))
+        first = [master, *(node for node in group.nodes if node is not master)]
+        url = "redis+cluster://" + ",".join(f"{LOOPBACK}:{node.port}" for node in first) + "/"
         async with (
-            make(group.url, name, identity="old", min_replicas=1, **timing) as old,
-            make(group.url, name, identity="new", **timing) as new,  # the promoted replica has no replica
+            make(url, name, identity="old", min_replicas=1, **timing) as old,
+            make(url, name, identity="new", **timing) as new,  # the promoted replica has no replica
         ):
             lead = await old.acquire(timeout=10)
-            master = group.owner(lock_key(name))
             proxies = await anyio.to_thread.run_sync(route_bus_through_proxies, group, master)
             assert lead.held, "the leadership did not outlive the bus links' move"
 
