@@ -305,7 +305,8 @@ async def fail_over(
                 await asyncio.sleep(0.05)
         tg.cancel_scope.cancel()
     at, token = won[0]
-    assert group.owner(lock_key(name)) is not master, "the cluster did not fail the master over"
+    others = next(node for node in group.nodes if node is not master and node.running)
+    assert group.owner(lock_key(name), asked=others) is not master, "the cluster did not fail the master over"
     assert token is not None and lead.token is not None and token > lead.token, (lead.token, token)
     assert fenced < at, "the successor led before the old leader stopped"
     return fenced - started, at - started, token
