@@ -213,10 +213,12 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "etcd", "topology",
-        "a member cut off from the others while a client still reaches it answers no linearizable request",
-        DOCUMENTED, "etcd's own guarantee; aioelect sends no serializable request: the leader on a member cut "
-        "off from its peers fences, a candidate on the other two leads, and only a serializable read is answered "
-        "there, from the cut-off member's stale view",
+        "a member cut off from the others while a client still reaches it answers no linearizable request; as "
+        "etcd's raft leader it still renews leases until it sees that it lost its quorum (a keep-alive is not "
+        "linearizable), and the others' new raft leader extends every lease by `ttl` plus an election timeout",
+        DOCUMENTED, "etcd's own guarantees; aioelect sends no serializable request: the leader on a cut-off raft "
+        "leader is confirmed past the cut, fences, and the candidate on the other two leads after it; only a "
+        "serializable read is answered there, from the member's stale view",
         "tests/test_etcd_partition.py::test_a_member_cut_off_from_the_others_answers_no_linearizable_request_and_its_leader_fences",
     ),
     # --- Redis (one master) ------------------------------------------------------------------------------
