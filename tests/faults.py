@@ -76,7 +76,6 @@ class EventProcess:
             except ValueError:
                 continue
             event["who"] = self.identity
-            event["seen"] = time.monotonic()  # this process's clock, for a candidate whose own clock is skewed
             self.events.append(event)
 
     def signal(self, sig: int) -> None:

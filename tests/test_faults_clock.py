@@ -37,9 +37,9 @@ class ClockedRedis(RedisServer):
 
 
 def acted(candidate: Candidate) -> list[tuple[float, int]]:
-    """When each of the candidate's leader actions reached this process (its own clock may be skewed), and
-    under which token."""
-    return [(e["seen"], e["token"]) for e in candidate.acts()]
+    """When each of the candidate's leader actions happened, on CLOCK_MONOTONIC_RAW (which no skew touches),
+    and under which token."""
+    return [(e["raw"], e["token"]) for e in candidate.acts()]
 
 
 def overlap_after_cut(
