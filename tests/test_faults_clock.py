@@ -61,12 +61,12 @@ def overlap_after_cut(
     return old[-1][0] - new[0][0]
 
 
-@pytest.mark.parametrize("rate", [0.8, 0.5], ids=["within-the-margin", "past-the-margin"])
+@pytest.mark.parametrize("rate", [0.8, 0.4], ids=["within-the-margin", "past-the-margin"])
 def test_a_leader_whose_monotonic_clock_runs_slow_leads_past_its_key_when_the_margin_is_exceeded(
     rate: float, fresh_redis: RedisServer
 ) -> None:
     # Cut off, the leader's renew deadline (2 s on its clock) takes 2/rate real seconds; its key expires after
-    # lease = 3 s. At rate 0.8 that is 2.5 s: it stops first. At 0.5 it is 4 s: it leads a second beside its
+    # lease = 3 s. At rate 0.8 that is 2.5 s: it stops first. At 0.4 it is 5 s: it leads about 2 s beside its
     # successor, and nothing in aioelect can see it (documented: the margin is the only defence).
     clock = SkewedClock(rate=rate)
     with (
@@ -88,12 +88,12 @@ def test_a_leader_whose_monotonic_clock_runs_slow_leads_past_its_key_when_the_ma
     clock.cleanup()
 
 
-@pytest.mark.parametrize("step", [0.5, 2.5], ids=["within-the-margin", "past-the-margin"])
+@pytest.mark.parametrize("step", [0.5, 2.9], ids=["within-the-margin", "past-the-margin"])
 def test_a_redis_server_clock_stepped_forward_past_the_margin_expires_a_leaders_key_while_it_leads(
     step: float,
 ) -> None:
     # The key's expiry is a wall-clock time on the server: a step forward shortens its life by the step. The
-    # cut-off leader stops 2 s after its last renew; the key, stepped 2.5 s, expires 0.5 s after it.
+    # cut-off leader stops 2 s after its last renew; the key, stepped 2.9 s, expires 0.1 s after it.
     clock = SkewedClock()
     with (
         ClockedRedis(clock) as server,
