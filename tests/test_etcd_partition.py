@@ -79,6 +79,7 @@ def test_a_member_cut_off_from_the_others_answers_no_linearizable_request_and_it
             isolated = candidates.start("isolated", prefix=("ip", "netns", "exec", netns))
             assert candidates.wait_leader(timeout=30) is isolated
             candidates.start("majority", target=",".join(m.endpoint for m in majority))
+            candidates.wait_ready()
             time.sleep(1.0)
             ip("netns", "exec", netns, "ip", "route", "del", subnet)  # the member's way to its peers
             ip("route", "del", subnet, "dev", host_link)  # the peers' way to it

@@ -77,6 +77,7 @@ def test_a_leader_whose_monotonic_clock_runs_slow_leads_past_its_key_when_the_ma
         leader = candidates.start("slow", target=via_proxy, prefix=clock.prefix())
         candidates.wait_for(lambda: bool(leader.acts()), 30, "the slow candidate leads")  # its "t" runs slow
         candidates.start("successor")
+        candidates.wait_ready()
         time.sleep(1.0)
         overlap = overlap_after_cut(candidates, leader, proxy, settle=RENEW_DEADLINE / rate + 1)
         print(f"MEASURED leader clock at {rate}x: its last action {overlap:+.2f}s from its successor's first")
@@ -104,6 +105,7 @@ def test_a_redis_server_clock_stepped_forward_past_the_margin_expires_a_leaders_
         leader = candidates.start("leader", target=via_proxy)
         assert candidates.wait_leader(timeout=30) is leader
         candidates.start("successor")
+        candidates.wait_ready()
         time.sleep(1.0)
         overlap = overlap_after_cut(candidates, leader, proxy, RENEW_DEADLINE + 1, then=lambda: clock.step(step))
         print(f"MEASURED server clock stepped {step}s: the leader's last action {overlap:+.2f}s from its successor's")

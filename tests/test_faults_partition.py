@@ -57,6 +57,7 @@ def test_network_partition_between_leader_and_server(
         assert candidates.wait_leader() is leader
         for i in range(2):
             candidates.start(f"direct-{i}")
+        candidates.wait_ready()
         time.sleep(0.5)
         stopped, successor, took = candidates.cut_off(leader, proxy, timeout=LEASE + 10)
         print(f"MEASURED {backend} partition: leader stops {stopped:.3f}s, takeover {took:.3f}s (lease {LEASE}s)")
