@@ -61,15 +61,17 @@ REGISTER: tuple[Assumption, ...] = (
     Assumption(
         "every backend", "clock",
         "the leader's monotonic clock runs no slower than the server's clock that ends its lease or session",
-        DOCUMENTED, "the margin `lease - renew_deadline` absorbs rate differences; no check",
-        None,
+        DOCUMENTED, "the margin `lease - renew_deadline` absorbs rate differences; no check: a cut-off Redis "
+        "leader whose clock runs at 0.4x leads about 2 s beside its successor (at 0.8x, inside the margin, none)",
+        "tests/test_faults_clock.py::test_a_leader_whose_monotonic_clock_runs_slow_leads_past_its_key_when_the_margin_is_exceeded",
     ),
     Assumption(
         "every backend", "process state",
         "a write already sent when the leader pauses past its deadline is refused only by a resource that "
         "checks the token",
-        DOCUMENTED, "tokens on every backend; the check is the resource's",
-        None,
+        DOCUMENTED, "tokens on every backend; the check is the resource's: two writes a leader sent into a "
+        "stalled link land after its successor's, the plain one over it, the token-checked one changing nothing",
+        "tests/test_faults_partition.py::test_a_write_sent_before_the_leader_is_cut_off_lands_after_its_successor_refused_only_by_the_token",
     ),
     # --- MySQL / MariaDB --------------------------------------------------------------------------------
     Assumption(
@@ -211,9 +213,13 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "etcd", "topology",
-        "a member cut off from the others while a client still reaches it answers no linearizable request",
-        DOCUMENTED, "etcd's own guarantee; aioelect sends no serializable request",
-        None,
+        "a member cut off from the others while a client still reaches it answers no linearizable request; as "
+        "etcd's raft leader it still renews leases until it sees that it lost its quorum (a keep-alive is not "
+        "linearizable), and the others' new raft leader extends every lease by `ttl` plus an election timeout",
+        DOCUMENTED, "etcd's own guarantees; aioelect sends no serializable request: the leader on a cut-off raft "
+        "leader is confirmed past the cut, fences, and the candidate on the other two leads after it; only a "
+        "serializable read is answered there, from the member's stale view",
+        "tests/test_etcd_partition.py::test_a_member_cut_off_from_the_others_answers_no_linearizable_request_and_its_leader_fences",
     ),
     # --- Redis (one master) ------------------------------------------------------------------------------
     Assumption(
@@ -243,8 +249,9 @@ REGISTER: tuple[Assumption, ...] = (
     Assumption(
         "Redis", "clock",
         "the server's wall clock is not stepped forward by more than the margin",
-        DOCUMENTED, "the key's expiry is the server's wall clock; no check",
-        None,
+        DOCUMENTED, "the key's expiry is the server's wall clock; no check: a step of 2.9 s (margin 1 s) lets a "
+        "cut-off leader act 1.4-1.8 s beside its successor, the token larger; a step of 0.5 s, none",
+        "tests/test_faults_clock.py::test_a_redis_server_clock_stepped_forward_past_the_margin_expires_a_leaders_key_while_it_leads",
     ),
     Assumption(
         "Redis", "server forgets",
@@ -321,9 +328,8 @@ REGISTER: tuple[Assumption, ...] = (
         "with `min_replicas` ≥ 1, a master cut off from the cluster bus while clients reach it stops confirming the "
         "old leader before the promoted replica's copy of the key expires",
         RENEW,
-        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`); not tested with "
-        "a bus-only partition",
-        None,
+        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`)",
+        "tests/test_redis_cluster.py::test_a_master_cut_off_from_the_cluster_bus_stops_its_leader_before_a_successor_leads",
     ),
     # --- file ---------------------------------------------------------------------------------------------
     Assumption(
@@ -404,8 +410,8 @@ REGISTER: tuple[Assumption, ...] = (
         "supervisor", "process state",
         "a process of CMD's tree in uninterruptible sleep (D) ends once SIGKILLed, within the safety margin",
         DOCUMENTED, "the lock is kept and SIGKILL repeated for as long as it lives, an error logged every 2 s; "
-        "on etcd and Redis the lease may still expire meanwhile",
-        None,
+        "on etcd and Redis the lease may still expire meanwhile, and the next leader's CMD starts beside it",
+        "tests/test_cli_supervisor.py::test_a_process_in_uninterruptible_sleep_keeps_the_lock_until_it_ends_but_not_a_lease",
     ),
     Assumption(
         "supervisor", "process state",
