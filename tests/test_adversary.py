@@ -25,6 +25,8 @@ from soak.adversary.network import Network, Profile
 from soak.adversary.run import OPTIONS, Loss, _attach, deposed, run_seed, tokens
 from soak.adversary.servers import SERVERS, EtcdTarget, MariaDBTarget
 from soak.adversary.shards import judge, run_shards
+from soak.adversary.stops import Beats, run_stops
+from soak.adversary.stops import judge as judge_trees
 from soak.checker import Act, Fault, Term
 from tests.harness import MariaDBServer, MissingBinaryError, RedisServer
 from tests.harness.plugin import server_unavailable, skip_if_external
@@ -39,6 +41,10 @@ NS = 1_000_000_000
 SEEDS = {"etcd": [1, 16, 18], "mysql": [3, 8, 18], "postgres": [1], "redis": [1, 2]}
 #: The CI seed of sharded leadership (Shards instances over 8 names), per backend.
 SHARD_SEEDS = {"etcd": [1]}
+#: The CI seeds of stopped processes (``aioelect run`` supervisors, soak/adversary/stops.py), per backend. Each
+#: found, on the library at f73605d^ (scripts/adversary-old.sh stopped-shim), a worker of a CMD that stopped its
+#: shim still running after the next leader's CMD started (overlap), in every run so far (docs/adversary.md).
+STOP_SEEDS = {"etcd": [1, 2]}
 SECONDS = 12.0
 
 
@@ -588,3 +594,67 @@ def test_redis_leader_whose_key_is_deleted_while_its_renews_fail_stops_by_its_re
     assert stopped <= options["renew_deadline"] + 0.5, stopped
     assert {"acquire", "renew", "read leader", "subscribe", "read persistence"} <= seen_a, seen_a
     assert {"acquire", "release", "release message"} <= seen_b, seen_b
+
+
+def _beats(who: str, token: int, role: str, start: float, end: float, pid: int = 100) -> Beats:
+    return Beats(who, token, role, pid, 1, int(start * NS), int(end * NS), 10)
+
+
+def _stop(who: str, start: float, heal: float, kind: str = "stop-supervisor") -> Fault:
+    return Fault(kind, who, int(start * NS), int(heal * NS), int(heal * NS), "pid 1", who)
+
+
+def test_stops_judge_reports_a_worker_of_the_earlier_tree_beyond_the_margin() -> None:
+    beats = [
+        _beats("s0", 5, "cmd", 0.0, 2.0),
+        _beats("s0", 5, "setsid", 0.0, 9.0, pid=7),
+        _beats("s1", 6, "cmd", 2.5, 9.0),
+    ]
+    found, terms, worst = judge_trees(beats, [], margin=2.5)
+    assert [v.kind for v in found] == ["overlap"], found
+    assert "s0's tree (token 5) worked for 6.50 s" in found[0].message and "setsid (pid 7)" in found[0].message
+    assert [t.token for t in terms] == [5, 6] and worst == pytest.approx(6.5)
+    # Within the margin, a handover; a stop of the later supervisor, or of the earlier one's shim, excuses nothing.
+    assert judge_trees([_beats("s0", 5, "cmd", 0.0, 4.0), _beats("s1", 6, "cmd", 2.0, 9.0)], [], 2.5)[0] == []
+    stops = [_stop("s1", 2.0, 8.0), _stop("s0", 2.0, 8.0, kind="stop-shim")]
+    assert len(judge_trees(beats, stops, margin=2.5)[0]) == 1
+
+
+def test_stops_judge_does_not_count_the_time_the_earlier_supervisor_was_stopped() -> None:
+    # A stopped aioelect stops nothing (its lease runs out): its tree may work until the margin after it woke.
+    beats = [_beats("s0", 5, "cmd", 0.0, 8.0), _beats("s1", 6, "cmd", 3.0, 9.0)]
+    assert judge_trees(beats, [_stop("s0", 0.5, 5.0)], margin=2.5)[0] == []
+    assert len(judge_trees(beats, [_stop("s0", 0.5, 2.0)], margin=2.5)[0]) == 1  # woke 6 s before its tree ended
+
+
+def test_stops_judge_reports_a_later_tree_with_a_smaller_token() -> None:
+    found, _, _ = judge_trees([_beats("s0", 5, "cmd", 0.0, 1.0), _beats("s1", 4, "cmd", 4.0, 5.0)], [], 2.5)
+    assert [v.kind for v in found] == ["token"]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("backend", sorted(STOP_SEEDS))
+def test_adversary_stops_seeds_find_no_tree_outliving_its_leadership(backend: str) -> None:
+    """aioelect run --forever supervisors whose every process (the supervisor, the shim, CMD, a worker, a setsid
+    worker) is stopped and continued, CMDs that stop their own shim, a leader deposed every few seconds: no tree
+    works on after the next leader's CMD started (beyond the margin), nothing is left after SIGTERM."""
+    skip_if_external(backend)
+    target = SERVERS[backend](f"adversary-ci-stops-{backend}")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+    try:
+        failures = []
+        for seed in STOP_SEEDS[backend]:
+            target.name = f"adversary-ci-stops-{seed}"
+            outcome = anyio.run(lambda: run_stops(target, seed, SECONDS))  # noqa: B023 - run at once
+            print(describe(outcome))
+            assert outcome.counts.get("cmd stops its shim", 0) >= 1, outcome.counts
+            assert outcome.counts.get("leadership", 0) >= 3, outcome.counts
+            if not outcome.ok:
+                failures.append(describe(outcome, trace=10.0))
+        assert not failures, "\n".join(failures)
+    finally:
+        target.cleanup()
