@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -23,7 +23,7 @@ from soak.adversary import redis_target
 from soak.adversary.__main__ import describe
 from soak.adversary.network import Network, Profile
 from soak.adversary.run import OPTIONS, Loss, _attach, deposed, run_seed, tokens
-from soak.adversary.servers import SERVERS, EtcdTarget, MariaDBTarget
+from soak.adversary.servers import SERVERS, EtcdTarget, MariaDBTarget, Target
 from soak.adversary.shards import judge, run_shards
 from soak.adversary.stops import Beats, run_stops
 from soak.adversary.stops import judge as judge_trees
@@ -228,49 +228,47 @@ def test_network_holds_the_read_after_a_cancelled_watch_until_overtaken() -> Non
     assert network.counts["cancelled watch"] == 1
 
 
-@pytest.mark.parametrize("backend", sorted(SEEDS))
-def test_adversary_seeds_find_no_violation(backend: str) -> None:
+@contextlib.contextmanager
+def _server(backend: str, name: str) -> Iterator[Target]:
+    """The backend's throwaway server for the adversary (a missing binary fails in CI, skips elsewhere)."""
     skip_if_external(backend)
-    target = SERVERS[backend](f"adversary-ci-{backend}")
+    target = SERVERS[backend](name)
     try:
         target.start()
     except MissingBinaryError as exc:
         target.cleanup()
         server_unavailable(str(exc))
     try:
-        failures = []
+        yield target
+    finally:
+        target.cleanup()
+
+
+@pytest.mark.parametrize("backend", sorted(SEEDS))
+def test_adversary_seeds_find_no_violation(backend: str) -> None:
+    failures = []
+    with _server(backend, f"adversary-ci-{backend}") as target:
         for seed in SEEDS[backend]:
             target.name = f"adversary-ci-{seed}"
             outcome = anyio.run(lambda: run_seed(target, seed, SECONDS))  # noqa: B023 - run at once
             if not outcome.ok:
                 failures.append(describe(outcome, trace=10.0))
-        assert not failures, "\n".join(failures)
-    finally:
-        target.cleanup()
+    assert not failures, "\n".join(failures)
 
 
 @pytest.mark.parametrize("backend", sorted(SHARD_SEEDS))
 def test_adversary_shards_seeds_find_no_name_owned_twice(backend: str) -> None:
     """Shards instances over 8 names join, leave, crash and are partitioned under the adversary: per name, no
     two owners acting at once beyond the margin, and tokens growing."""
-    skip_if_external(backend)
-    target = SERVERS[backend](f"adversary-ci-shards-{backend}")
-    try:
-        target.start()
-    except MissingBinaryError as exc:
-        target.cleanup()
-        server_unavailable(str(exc))
-    try:
-        failures = []
+    failures = []
+    with _server(backend, f"adversary-ci-shards-{backend}") as target:
         for seed in SHARD_SEEDS[backend]:
             target.name = f"adversary-ci-shards-{seed}"
             outcome = anyio.run(lambda: run_shards(target, seed, SECONDS))  # noqa: B023 - run at once
             assert outcome.counts.get("leadership", 0) >= 8, outcome.counts  # every name was owned
             if not outcome.ok:
                 failures.append(describe(outcome, trace=10.0))
-        assert not failures, "\n".join(failures)
-    finally:
-        target.cleanup()
+    assert not failures, "\n".join(failures)
 
 
 def test_deposed_counts_a_check_failed_by_the_server_not_one_failed_by_the_adversary() -> None:
@@ -638,15 +636,8 @@ def test_adversary_stops_seeds_find_no_tree_outliving_its_leadership(backend: st
     """aioelect run --forever supervisors whose every process (the supervisor, the shim, CMD, a worker, a setsid
     worker) is stopped and continued, CMDs that stop their own shim, a leader deposed every few seconds: no tree
     works on after the next leader's CMD started (beyond the margin), nothing is left after SIGTERM."""
-    skip_if_external(backend)
-    target = SERVERS[backend](f"adversary-ci-stops-{backend}")
-    try:
-        target.start()
-    except MissingBinaryError as exc:
-        target.cleanup()
-        server_unavailable(str(exc))
-    try:
-        failures = []
+    failures = []
+    with _server(backend, f"adversary-ci-stops-{backend}") as target:
         for seed in STOP_SEEDS[backend]:
             target.name = f"adversary-ci-stops-{seed}"
             outcome = anyio.run(lambda: run_stops(target, seed, SECONDS))  # noqa: B023 - run at once
@@ -655,6 +646,4 @@ def test_adversary_stops_seeds_find_no_tree_outliving_its_leadership(backend: st
             assert outcome.counts.get("leadership", 0) >= 3, outcome.counts
             if not outcome.ok:
                 failures.append(describe(outcome, trace=10.0))
-        assert not failures, "\n".join(failures)
-    finally:
-        target.cleanup()
+    assert not failures, "\n".join(failures)
