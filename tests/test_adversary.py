@@ -9,9 +9,14 @@ whose session was ended by nobody who meant it.
 from __future__ import annotations
 
 import contextlib
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -19,17 +24,18 @@ import pytest
 
 import aioelect
 from aioelect.backends.redis._options import RedisSettings
-from soak.adversary import redis_target
+from soak.adversary import redis_target, stop_cmd
 from soak.adversary.__main__ import describe
 from soak.adversary.network import Network, Profile
 from soak.adversary.run import OPTIONS, Loss, _attach, deposed, run_seed, tokens
 from soak.adversary.servers import SERVERS, EtcdTarget, MariaDBTarget, Target
 from soak.adversary.shards import judge, run_shards
-from soak.adversary.stops import Beats, run_stops
+from soak.adversary.stops import Beats, read_beats, run_stops, stop_margin
 from soak.adversary.stops import judge as judge_trees
 from soak.checker import Act, Fault, Term
 from tests.harness import MariaDBServer, MissingBinaryError, RedisServer
 from tests.harness.plugin import server_unavailable, skip_if_external
+from tests.harness.processes import popen
 
 NS = 1_000_000_000
 #: The CI seeds, per backend, and each one's seconds: about 3 minutes in all with the servers' starts. MySQL 3, 8
@@ -647,3 +653,56 @@ def test_adversary_stops_seeds_find_no_tree_outliving_its_leadership(backend: st
             if not outcome.ok:
                 failures.append(describe(outcome, trace=10.0))
     assert not failures, "\n".join(failures)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_supervisor_stops_nothing_its_cmd_works_on_beside_the_next_leaders(tmp_path: Path) -> None:
+    """aioelect run stopped past the lease: the lease runs out and the next leader's CMD starts while the stopped
+    supervisor's CMD works on (the fencing token is the protection there); once woken, it ends its tree. The
+    stops checker reports that overlap, and counts it out when told the supervisor was stopped."""
+    cmd = Path(stop_cmd.__file__)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def trees() -> set[str]:
+        return {b.who for b in read_beats(tmp_path)}
+
+    with _server("etcd", "adversary-stopped-supervisor") as target:
+        try:
+            for who in ("s0", "s1"):
+                argv = [sys.executable, "-m", "aioelect", "run", "--etcd", ",".join(target.target()), "--ttl", "3",
+                        "--name", target.name, "--identity", who, "--grace", "0.5", "--", sys.executable, "-I", "-S",
+                        str(cmd), str(tmp_path), "0", "worker", "cmd"]  # fmt: skip
+                procs[who] = popen(argv, log_path=str(tmp_path / f"{who}.log"), env=dict(os.environ))
+                assert _wait_for(lambda: "s0" in trees(), 30), "s0 never led"
+            stopped = time.monotonic_ns()
+            procs["s0"].send_signal(signal.SIGSTOP)
+            try:
+                assert _wait_for(lambda: "s1" in trees(), 30), "s1 never led"
+                time.sleep(4.0)  # both trees work, longer than the margin
+            finally:
+                procs["s0"].send_signal(signal.SIGCONT)
+            woken = time.monotonic_ns()
+            procs["s0"].wait(30)  # woken, it sees the loss, ends its tree and exits
+        finally:
+            for proc in procs.values():
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+            for proc in procs.values():
+                proc.wait(30)
+    beats = read_beats(tmp_path)
+    margin = stop_margin("etcd")
+    found, _, worst = judge_trees(beats, [], margin)
+    assert [v.kind for v in found] == ["overlap"], found
+    assert "s0's tree" in found[0].message and worst > margin, found
+    stop = Fault("stop-supervisor", "s0", stopped, woken, woken, "", "s0")
+    assert judge_trees(beats, [stop], margin)[0] == [], "the time s0 was stopped, and the margin after, count"
+    assert max(b.last for b in beats if b.who == "s0") < woken + int(margin * NS), "s0 ended its tree once woken"
