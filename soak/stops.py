@@ -19,6 +19,7 @@ from .adversary.__main__ import describe
 from .adversary.run import Outcome
 from .adversary.servers import SERVERS
 from .adversary.stops import run_stops
+from .report import _commit
 
 __all__ = ["BACKENDS", "soak_stops"]
 
@@ -43,7 +44,8 @@ def report(seed: int, minutes: float, wall: float, outcomes: list[Outcome]) -> s
     """The markdown report: one row per backend, then each backend's violations with the trace before them."""
     ok = all(o.ok for o in outcomes)
     lines = [
-        f"`make soak STOPS=1 SEED={seed} MINUTES={minutes:g}`: **{'passed' if ok else 'FAILED'}** "
+        f"`make soak STOPS=1 SEED={seed} MINUTES={minutes:g}` on commit `{_commit()}`: "
+        f"**{'passed' if ok else 'FAILED'}** "
         f"({wall / 60:.1f} minutes of wall time, the backends side by side).",
         "",
         "| backend | verdict | faults by kind | CMDs that stopped their shim | leaderships "
