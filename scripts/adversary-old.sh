@@ -17,8 +17,8 @@
 # The rest goes to `python -m soak.adversary`, or, after `pytest`, to pytest.
 #
 # The old commit is checked out once as a detached worktree under $ADVERSARY_OLD (default /tmp/aioelect-old),
-# with soak/adversary/old/seam-<commit>.patch applied where the old code lacks them: the interceptor seam the
-# adversary plugs into (and _config.confirmation_gap where missing), nothing else. Only that tree's aioelect package is imported;
+# with soak/adversary/old/seam-<commit>.patch applied: the interceptor seam the adversary plugs into (and
+# _config.confirmation_gap where missing), nothing else. Only that tree's aioelect package is imported;
 # soak/, tests/ and the servers' harness are this tree's.
 set -euo pipefail
 
@@ -41,8 +41,10 @@ if [ ! -f "$tree/.seam-applied" ]; then
   rm -rf "$root/$name"
   git -C "$here" worktree prune
   git -C "$here" worktree add --force --detach "$tree" "$commit^" >/dev/null
-  patch="$here/soak/adversary/old/seam-$commit.patch"
-  if [ -f "$patch" ]; then git -C "$tree" apply "$patch"; fi
+  # No patch: the old commit has the seam already.
+  if [ -f "$here/soak/adversary/old/seam-$commit.patch" ]; then
+    git -C "$tree" apply "$here/soak/adversary/old/seam-$commit.patch"
+  fi
   touch "$tree/.seam-applied"
   mkdir -p "$root/$name/path"
   ln -sfn "$tree/aioelect" "$root/$name/path/aioelect"
