@@ -383,6 +383,14 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "supervisor", "process state",
+        "aioelect itself is not stopped (SIGSTOP) or frozen past the lease while CMD runs: a stopped aioelect "
+        "stops nothing, so on the server backends the lease runs out while CMD's tree works on",
+        DOCUMENTED, "CMD gets the leadership's fencing token (`AIOELECT_TOKEN`) for the resources it writes to; "
+        "woken, aioelect sees the loss and ends the tree before it exits",
+        "tests/test_adversary.py::test_a_stopped_supervisor_stops_nothing_its_cmd_works_on_beside_the_next_leaders",
+    ),
+    Assumption(
+        "supervisor", "process state",
         "a zombie holds no descriptor, so the lock may go while one is left (a tracer's to reap, or CMD's under "
         "a stopped shim)",
         CHECKED, "zombies are not waited for (cgroup `populated 0`, /proc state Z and no live thread; unreaped "
