@@ -956,6 +956,7 @@ class Elector:
             await self._leadership.release()
         await self._tasks.aclose()
         with anyio.CancelScope(shield=True):
+            await self._backend.close_state()
             await self._backend.aclose()
 
     async def __aenter__(self: _E) -> _E:

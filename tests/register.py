@@ -156,9 +156,19 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "PostgreSQL", "operator",
-        "a terminated shared session is a loss seen at once by every leadership on it",
-        CHECKED, "the driver's end of the connection, seen between statements, wakes the monitor of every hold on it",
-        "tests/test_sql_shared.py::test_a_shared_postgres_session_terminated_by_the_server_loses_every_leadership_at_once",
+        "a terminated lock session, its own or shared, is lost before a waiting candidate can lead: the server sends "
+        "its FATAL message before it frees the session's locks",
+        CHECKED, "the FATAL message is read off the wire as it arrives (asyncpg reports only the socket's close, "
+        "after the locks are free) and wakes the monitor of every hold on the session",
+        "tests/test_postgres.py::test_a_terminated_leader_is_lost_before_a_waiting_candidate_leads",
+    ),
+    Assumption(
+        "MySQL / MariaDB, PostgreSQL", "operator",
+        "a shared session ended by the server (KILL, pg_terminate_backend) is lost by every leadership on it before "
+        "a candidate elsewhere leads; MariaDB closes a KILLed session's socket before it frees its locks",
+        CHECKED, "the transport's end of stream (MySQL) or the FATAL message (PostgreSQL), seen between statements, "
+        "wakes the monitor of every hold on it",
+        "tests/test_sql_shared.py::test_a_shared_session_ended_by_the_server_loses_every_leadership_at_once",
     ),
     # --- etcd ---------------------------------------------------------------------------------------------
     Assumption(

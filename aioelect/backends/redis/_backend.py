@@ -57,12 +57,13 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from ..._backend import Backend, Backoff, Confirm, Hold, Interceptor, monotonic
+from ..._backend import Backend, Backoff, Confirm, Hold, Interceptor, StateStore, monotonic
 from ..._errors import BackendMisconfigured, BackendUnavailable, ElectionError, PermanentBackendError
 from ._bounds import CONFIG_READ, config_problem, least_timeout
 from ._options import RedisOptions, RedisSettings
 from ._replies import bounded
 from ._scripts import ACQUIRE, RELEASE, RENEW
+from ._state import RedisStateStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -369,6 +370,7 @@ class RedisBackend(Backend):
             self.warnings.append(warning)
         self._lock: Redis | None = None
         self._look: Redis | None = None
+        self._state: Redis | None = None
         self._version: tuple[int, ...] | None = None
         self._volatile_warned = False
         self._unchecked_warned = False
@@ -481,6 +483,24 @@ class RedisBackend(Backend):
         for asked in self._sentinels.get(id(client), []):
             bounded(asked)
         return bounded(client)
+
+    def _new_state_store(self) -> StateStore:
+        return RedisStateStore(self, self.settings.token_key, f"{self.settings.key_prefix}{{{self.name}}}:state")
+
+    def state_client(self) -> Redis:
+        """The connection fenced state is read and written on, opened on first use, closed with the backend."""
+        if self._state is None:
+            self._state = self._bounded(self._client())
+        return self._state
+
+    async def drop_state_client(self) -> None:
+        client, self._state = self._state, None
+        if client is not None:
+            await self._close(client)
+
+    def failure(self, what: str, exc: BaseException) -> ElectionError:
+        """What to raise for ``exc``, caught while doing ``what``: refused (no retry can fix it) or unreachable."""
+        return self._refused(what, exc) if self.permanent(exc) else self._unreachable(exc)
 
     async def drop_lock_connection(self) -> None:
         """Close the lock connection (the next request opens a new one): an idle elector holds nothing."""
@@ -1090,4 +1110,5 @@ class RedisBackend(Backend):
     async def aclose(self) -> None:
         self._closed = True
         await self._drop_look()
+        await self.drop_state_client()
         await self.drop_lock_connection()

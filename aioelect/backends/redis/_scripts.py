@@ -9,7 +9,7 @@ never taken for each other.
 
 from __future__ import annotations
 
-__all__ = ["ACQUIRE", "RELEASE", "RENEW"]
+__all__ = ["ACQUIRE", "RELEASE", "RENEW", "STATE_WRITE"]
 
 #: ARGV: owner prefix, identity, lease in ms, channel. Returns {token, value, pttl}; token 0: another holds it.
 #: Our own key (a request of this campaign that ran although its reply was lost) gets its expiry set again.
@@ -53,4 +53,21 @@ if held and string.sub(held, 1, #ARGV[1]) == ARGV[1] then
   return 1
 end
 return 0
+"""
+
+
+#: Fenced state: ``KEYS[1]`` the token counter, ``KEYS[2]`` the state hash (same slot). ARGV: the writer's token,
+#: the field, the value, the mode (``put``, ``absent``: only if the field has no value, ``equal``: only if it holds
+#: ARGV[5]). Returns 1 written, 0 fenced (the counter has moved past the token), 2 the value differed.
+STATE_WRITE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+if ARGV[4] == 'absent' then
+  if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
+elseif ARGV[4] == 'equal' then
+  if redis.call('HGET', KEYS[2], ARGV[2]) ~= ARGV[5] then return 2 end
+end
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+return 1
 """
