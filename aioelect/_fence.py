@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from ._elector import Leadership
+from ._elector import Leadership, elector_of
 from ._errors import LeadershipLost, LossKind, PermanentBackendError, UsageError
 
 __all__ = ["FENCE_DDL_MYSQL", "FENCE_DDL_POSTGRES", "FENCE_TABLE", "fenced"]
@@ -204,7 +204,7 @@ async def _step(driver: _Driver, privilege: str, call: Callable[[], Awaitable[An
 
 async def _fence(driver: _Driver, lead: Leadership) -> None:
     """Lock the election's fence row and record ``lead``'s token there; LeadershipLost if a newer one is there."""
-    name = lead._elector.name
+    name = elector_of(lead).name
     token = lead.token
     assert token is not None
     stored = await _step(driver, _LOCK, lambda: driver.locked_token(name))

@@ -709,8 +709,9 @@ def redis_bounds_rows() -> list[str]:
         f"| Redis | {earliest[0]} | sets it to `lease` at every grant and renew | {earliest[1]:g} s |",
         "| Redis | `maxmemory-policy` (with `maxmemory` set) | reads it; refuses any policy but `noeviction`: an"
         " evicted key passes the lock on before its expiry (`PermanentBackendError`) | `noeviction` |",
-        "| Redis | `timeout` | reads it; refuses one below max(`check_interval`, `poll_interval`) + 1 s, which"
-        f" closes a connection between two renews (`PermanentBackendError`) | off; refused below {least:g} s |",
+        "| Redis | `timeout` | reads it; refuses one below max(`check_interval`, `poll_interval`, `lease`) + 1 s,"
+        " which closes a connection between two renews, or a waiting candidate's before the lock key can have"
+        f" expired (`PermanentBackendError`) | off; refused below {least:g} s |",
         "| Redis | `tcp-keepalive` | reads it; not a bound: a connection the server closes releases nothing, the"
         f" key keeps its expiry | {defaults['tcp-keepalive']} s |",
         f"| Redis | earliest bound, and the safety margin | | {earliest[1]:g} s ({earliest[0]}); margin"
