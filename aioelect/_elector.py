@@ -213,6 +213,10 @@ class Leadership:
         self._loss: Loss | None = None
         self._work: list[_Work] = []
         self._keeper: asyncio.Task[None] | None = None
+        #: The scope of the keeper's watch for a loss and for the deadline, while it runs; and whether a
+        #: release with no work to stop ended it.
+        self._watching: anyio.CancelScope | None = None
+        self._watch_ended = False
         self._owner: asyncio.Task[Any] | None = None
         #: Tasks that called release(): one may do so from inside its own work, and cannot wait for itself.
         self._releasers: set[asyncio.Task[Any]] = set()
@@ -276,7 +280,11 @@ class Leadership:
         task = asyncio.current_task()
         if task is not None and self._state not in LEADERSHIP_TRANSITIONS.final:
             self._releasers.add(task)
-        self._step(_Step.RELEASE)
+        if self._step(_Step.RELEASE) and self._watching is not None and not self._work_to_stop():
+            # No work to wait for, so no loss to watch for meanwhile: the watch ends now, and the keeper
+            # lets go as soon as it runs instead of first stopping the watch.
+            self._watch_ended = True
+            self._watching.cancel()
         with anyio.CancelScope(shield=True):
             await self._finished()
 
@@ -401,12 +409,18 @@ class Leadership:
         try:
             # Loss is watched for until the backend is told to let go, including while work stops.
             async with anyio.create_task_group() as tg:
+                self._watching = tg.cancel_scope
                 tg.start_soon(self._until_lost)
                 tg.start_soon(self._until_deadline)
                 await self._until(_ENDING)
                 await self._stop_work()
                 tg.cancel_scope.cancel()
+            if self._watch_ended:
+                # A release with no work to stop ended the watch at once (see release()): work registered
+                # since was cancelled as it started, and still stops before the backend lets go.
+                await self._stop_work()
         finally:
+            self._watching = None
             with anyio.CancelScope(shield=True):
                 await self._release_backend()
 
@@ -427,9 +441,12 @@ class Leadership:
             Loss(LossKind.SELF_FENCED, f"renew deadline of {self._deadline:g}s exceeded without confirmation")
         )
 
-    async def _stop_work(self) -> None:
+    def _work_to_stop(self) -> list[_Work]:
         # A task that called release() from inside its own work cannot wait for itself.
-        pending = [w for w in self._work if w.task not in self._releasers]
+        return [w for w in self._work if w.task not in self._releasers]
+
+    async def _stop_work(self) -> None:
+        pending = self._work_to_stop()
         for work in pending:
             work.scope.cancel()
         if not pending:
@@ -763,6 +780,12 @@ class Elector:
         hold: Hold | None = None
         watcher: asyncio.Task[None] | None = None
         stopped = anyio.Event()
+
+        def stop_watcher() -> None:
+            if watcher is not None and not stopped.is_set():
+                stopped.set()
+                watcher.cancel()
+
         try:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
@@ -772,7 +795,9 @@ class Elector:
                     watcher = self._tasks.start(
                         self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
                     )
-                    hold = await self._apart(self._backend.campaign(self._identity))
+                    # The watch stops as the campaign wins, in the campaign's task: its clean-up overlaps
+                    # the wake-up of this one.
+                    hold = await self._apart(self._backend.campaign(self._identity), then=stop_watcher)
             if scope.cancelled_caught:
                 raise ElectorClosed("elector closed while campaigning")
         except BaseException:
@@ -781,13 +806,13 @@ class Elector:
         finally:
             self._campaign_scope = None
             if watcher is not None:
-                stopped.set()
-                watcher.cancel()
+                stop_watcher()
                 try:
                     # Usually done at once; one still opening a connection finishes (and closes it) on its own,
                     # still owned by this elector: aclose() waits for it.
-                    with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
-                        await asyncio.wait([watcher])
+                    if not watcher.done():
+                        with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
+                            await asyncio.wait([watcher])
                 except BaseException:
                     # A cancel from outside anyio's scopes (task.cancel()) reaches even a shielded wait: the
                     # campaign is given up, and a lock it won is given back rather than held by nobody.
@@ -809,7 +834,9 @@ class Elector:
             raise PermanentBackendError(problem)
         return hold
 
-    async def _apart(self, step: Coroutine[Any, Any, Hold | None]) -> Hold | None:
+    async def _apart(
+        self, step: Coroutine[Any, Any, Hold | None], then: Callable[[], None] | None = None
+    ) -> Hold | None:
         """Run one campaign step in a task of this elector's and wait for it; a cancellation always ends the call.
 
         Drivers wait on the server inside ``asyncio.wait_for()``, which before Python 3.12 returns the reply
@@ -817,13 +844,16 @@ class Elector:
         for a task that was cancelled. Here the caller's task waits only for the step's, so its cancellation
         always reaches it. The step is then cancelled through a cancel scope of its own (anyio delivers that
         at every wait until the step has ended, and leaves its shielded clean-ups alone), waited for, and a
-        hold it won meanwhile is released.
+        hold it won meanwhile is released. ``then()`` is called in the step's task as soon as the step returns.
         """
         scope = anyio.CancelScope()
 
         async def run() -> Hold | None:
             with scope:
-                return await step
+                found = await step
+                if then is not None:
+                    then()
+                return found
             return None  # cancelled
 
         task = self._tasks.start(run(), name=f"aioelect-campaign-{self._identity}", on_done=consume)

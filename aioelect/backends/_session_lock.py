@@ -821,6 +821,8 @@ class SessionLockBackend(Backend, Generic[_C]):
 
     async def close_observer(self) -> None:
         """Drop the observer connection at once: the campaign that just won waits for this, so no goodbye."""
+        if self._observer is None and not self._observer_lock.locked():
+            return  # none, and no look opening one: nothing to wait for
         async with self._observer_lock:
             if self._observer is not None:
                 observer, self._observer = self._observer, None
