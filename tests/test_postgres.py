@@ -1110,3 +1110,31 @@ async def test_a_waiter_sends_one_statement_per_poll_and_follows_the_holder(
         )
         postgres.query(f"DROP DATABASE IF EXISTS {database}")
         postgres.query(f"DROP ROLE IF EXISTS {role}")
+
+
+async def test_a_waiter_whose_wait_function_is_dropped_makes_it_again(
+    postgres: PostgresServer, postgres_dsn: str
+) -> None:
+    """The waiter's temporary function dropped under it (a DISCARD TEMP, or an operator): its next wait makes the
+    function again, and it still takes over; never a permanent error that ends its campaign."""
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "first") as a, make(postgres_dsn, name, "waiter", poll_interval=0.5) as b:
+        lead = await a.acquire()
+        follower = Follower(b)
+        try:
+            await asyncio.sleep(1.2)  # the waiter's session has made its function and waits through it
+            dropped = postgres.query(  # the waiter's own temporary schema only: other tests share the server
+                "SELECT 'pg_temp_' || b.id FROM pg_catalog.pg_stat_get_backend_idset() AS b(id) "
+                "JOIN pg_catalog.pg_stat_activity a ON a.pid = pg_catalog.pg_stat_get_backend_pid(b.id) "
+                "WHERE a.application_name = 'waiter' AND a.query LIKE '%aioelect_wait%'"
+            )
+            assert dropped, "the waiter made no wait function"
+            for (schema,) in dropped:
+                postgres.query(f"DROP FUNCTION {schema}.aioelect_wait(pg_catalog.int8, pg_catalog.oid, pg_catalog.oid)")
+            await asyncio.sleep(1.5)  # its next waits
+            await lead.release()
+            with anyio.fail_after(10):
+                lead_b = await follower.wait()
+            assert lead_b.held and lead_b.token is not None and lead.token is not None and lead_b.token > lead.token
+        finally:
+            await follower.close()

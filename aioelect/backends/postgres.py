@@ -735,18 +735,28 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
 
     # --- the lock ----------------------------------------------------------------
 
-    async def _request(self, conn: _PostgresConnection) -> bool:
+    async def _request(self, conn: _PostgresConnection, again: bool = True) -> bool:
         if conn.waits is None:
             conn.waits = await self._prepare_wait(conn)
         if conn.waits:
-            row = await conn.fetchrow(
-                _WAIT,
-                self.key,
-                self.classid,
-                self.objid,
-                timeout=self.poll_interval + self.check_timeout,
-                pending=Pending.LOCK_REQUEST,
-            )
+            try:
+                row = await conn.fetchrow(
+                    _WAIT,
+                    self.key,
+                    self.classid,
+                    self.objid,
+                    timeout=self.poll_interval + self.check_timeout,
+                    pending=Pending.LOCK_REQUEST,
+                )
+            except (asyncpg.UndefinedFunctionError, asyncpg.InvalidSQLStatementNameError):
+                if not again:
+                    raise
+                # The session's temporary function (or its prepared statement) was dropped under it: a
+                # DISCARD, or an operator. Made again once, rather than a refusal that ends the campaign.
+                self.log.info("the session's wait function is gone; making it again")
+                conn.waits = None
+                conn.statements.pop(_WAIT, None)
+                return await self._request(conn, again=False)
             if row["got"]:
                 return True
             conn.seen_holder = row
