@@ -143,7 +143,7 @@ class EtcdSettings:
     @property
     def keepalive_interval(self) -> float:
         """Seconds between two keep-alives of a session: a third of the lease, as etcd's Go client."""
-        return self.ttl / 12
+        return self.ttl / 3
 
     @property
     def lead_interval(self) -> float:
