@@ -16,7 +16,6 @@ import contextlib
 import contextvars
 import enum
 import math
-import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -100,7 +99,8 @@ class _LoopLag:
     on, seen by a task that runs before the timer does, counts too.
     """
 
-    _of: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopLag]] = weakref.WeakKeyDictionary()
+    #: The loops in which a leadership needs the timer now: forgotten with their last such leadership.
+    _of: ClassVar[dict[asyncio.AbstractEventLoop, _LoopLag]] = {}
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -128,9 +128,12 @@ class _LoopLag:
     def drop(self) -> None:
         """One leadership fewer: the timer stops with the last."""
         self._users -= 1
-        if self._users <= 0 and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._users <= 0:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._of.get(self._loop) is self:
+                del self._of[self._loop]
 
     def _tick(self) -> None:
         now = monotonic()
@@ -400,6 +403,11 @@ class Leadership:
         return blocked if blocked >= self._deadline / 4 else 0.0
 
     def _confirm(self, sent_at: float) -> None:
+        if self._state is _Lead.HELD and self._deadline is not None and sent_at - self._confirmed_at >= self._deadline:
+            # Sent after the deadline (the loop was blocked past it, and the keeper has not run yet): too late to
+            # keep the leadership, whatever the server answers.
+            self._fence()
+            return
         if sent_at > self._confirmed_at:
             blocked = self._blocked()
             spare = self._confirmed_at + (self._deadline or 0.0) - monotonic()
@@ -539,6 +547,9 @@ class Leadership:
         # Confirmations move the deadline, so sleep to it again until it holds.
         while (left := self._confirmed_at + self._deadline - monotonic()) > 0:  # noqa: ASYNC110
             await anyio.sleep(left)
+        self._fence()
+
+    def _fence(self) -> None:
         self._mark_lost(
             Loss(LossKind.SELF_FENCED, f"renew deadline of {self._deadline:g}s exceeded without confirmation")
         )

@@ -24,12 +24,15 @@ from aioelect import Elector, LeadershipLost
 
 from .backends import CASES, BackendCase, unique_name
 
-#: What the bench calls the defaults, per backend: the keep test's options, and the lease they give.
+#: The keep test's options (every timing at its default but the lease; None overrides the suite's quick
+#: checks with the default) and the lease they give.
 DEFAULTS: dict[str, tuple[dict[str, Any], float]] = {
     "etcd": ({"ttl": 5}, 5.0),
-    "redis": ({"lease": 10, "check_interval": 1.0, "check_timeout": None}, 10.0),
-    "mysql": ({"lease": 10, "check_interval": 1.0, "check_timeout": None}, 10.0),
-    "postgres": ({"lease": 10, "check_interval": 1.0, "check_timeout": None}, 10.0),
+    # The bench's lease: a renew every 0.5 s (a tenth of the lease).
+    "redis": ({"lease": 5, "check_interval": None, "check_timeout": None}, 5.0),
+    # The default lease: a check every 1 s.
+    "mysql": ({"lease": 10, "check_interval": None, "check_timeout": None}, 10.0),
+    "postgres": ({"lease": 6, "check_interval": None, "check_timeout": None}, 6.0),
     # No lease: the lock lives with the process. Blocked for as long as etcd's half lease.
     "file": ({}, 5.0),
 }
@@ -43,11 +46,20 @@ SHORT: dict[str, tuple[dict[str, Any], float]] = {
 }
 
 
+def renew_interval(kind: str, options: dict[str, Any]) -> float:
+    """The leader's renew interval: etcd's lead_interval, else check_interval (by default a tenth of a lease
+    under 10 s)."""
+    if kind == "etcd":
+        return float(options["ttl"]) / 12
+    given = options.get("check_interval")
+    return float(given) if given is not None else min(1.0, float(options["lease"]) / 10)
+
+
 def next_renew(kind: str, options: dict[str, Any], arrival: float, latency: float) -> float:
     """When the renew after a confirmation that arrived at ``arrival`` is due (monotonic)."""
     if kind == "etcd":
-        return arrival - latency + float(options["ttl"]) / 12  # lead_interval after the send of the last
-    return arrival + float(options["check_interval"])  # check_interval after the answer
+        return arrival - latency + renew_interval(kind, options)  # after the send of the last
+    return arrival + renew_interval(kind, options)  # after the answer
 
 
 @dataclass
@@ -157,8 +169,7 @@ async def test_a_block_of_half_the_lease_keeps_the_leadership(
     assert won_at > record.released_at, "the follower led while the blocked leader still did"
     if kind != "file":
         # Aimed at the worst moment: the last confirmation was about one renew interval old when the block began.
-        interval = options["ttl"] / 12 if kind == "etcd" else options["check_interval"]
-        assert record.age_at_block >= interval * 0.8, record
+        assert record.age_at_block >= renew_interval(kind, options) * 0.8, record
         warnings = [r.getMessage() for r in caplog.records if "the event loop was blocked for" in r.getMessage()]
         assert any("leadership kept" in w for w in warnings), warnings
 
@@ -178,3 +189,38 @@ async def test_a_block_longer_than_the_lease_loses_it_without_overlap(
     assert record.lost_reason is not None and "the event loop was blocked for" in record.lost_reason, record
     lost = [r for r in caplog.records if r.levelno == logging.WARNING and "leadership lost" in r.getMessage()]
     assert any("the event loop was blocked for" in r.getMessage() for r in lost), [r.getMessage() for r in lost]
+
+
+async def test_the_loops_lag_names_a_block_that_nearly_cost_or_cost_a_leadership(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """In-memory (renew deadline 1 s, a confirmation every 0.25 s): a 0.1 s block is not named, a 0.6 s one is
+    a WARNING with the leadership kept, a 1.5 s one is named in the loss, and ``held`` is false on waking."""
+    from aioelect.testing import MemoryElector
+
+    caplog.set_level(logging.WARNING, logger="aioelect")
+
+    def blocks() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "the event loop was blocked for" in r.getMessage()]
+
+    async with MemoryElector(name=unique_name("lag"), renew_deadline=1.0, check_interval=0.25) as elector:
+        lead = await elector.acquire()
+        await asyncio.sleep(0.5)
+        time.sleep(0.1)  # noqa: ASYNC251 - a short synchronous call
+        await asyncio.sleep(0.5)
+        assert lead.held and blocks() == []
+        time.sleep(0.6)  # noqa: ASYNC251 - a long one, shorter than the renew deadline
+        assert lead.held
+        await asyncio.sleep(0.5)
+        assert lead.held
+        kept = blocks()
+        assert len(kept) == 1 and "leadership kept" in kept[0] and "blocked for 0." in kept[0], kept
+        time.sleep(1.5)  # noqa: ASYNC251 - longer than the renew deadline
+        assert not lead.held
+        with pytest.raises(LeadershipLost):
+            lead.check()
+        with anyio.fail_after(5):
+            await lead.wait_lost()
+        reason = lead.lost_reason
+        assert reason is not None and "the event loop was blocked for 1." in reason, reason
+        assert any("leadership lost" in m for m in blocks()), blocks()
