@@ -11,13 +11,14 @@ on the renew deadline, and leader work stopped before the lock is let go.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import enum
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 
@@ -51,6 +52,13 @@ STILL_RUNNING_LOG_INTERVAL = 10.0
 #: How long the end of a campaign waits for its watch of the leader to stop (it finishes on its own after).
 WATCH_STOP_WAIT = 0.5
 
+#: How often the loop-lag timer runs while a leadership with a renew deadline is held in the loop (seconds).
+LAG_TICK = 0.1
+#: A lag of the event loop at least this long is recorded as a block. One at least a quarter of a leadership's
+#: renew deadline is named in a loss that follows it, and in a WARNING when the leadership survived it with
+#: less than half its renew deadline to spare.
+BLOCK_MIN = 0.2
+
 #: The leadership whose leader work is running in this context (see :func:`current_leadership`).
 _CURRENT: contextvars.ContextVar[Leadership | None] = contextvars.ContextVar("aioelect_leadership", default=None)
 
@@ -78,6 +86,69 @@ def current_leadership() -> Leadership:
             "'async with aioelect.leadership(elector)', Elector.run(work) and the tasks they start"
         )
     return lead
+
+
+class _LoopLag:
+    """How long one event loop went without running its callbacks: its blocks, measured by the loop's lag.
+
+    One timer per loop, never a task: while a leadership with a renew
+    deadline is held in the loop it runs every :data:`LAG_TICK` seconds,
+    and each time it runs more than :data:`BLOCK_MIN` late it records a block
+    (when it ended, how late the timer ran). A block of ``B`` seconds is
+    measured as between ``B - LAG_TICK`` and ``B``. The block still going
+    on, seen by a task that runs before the timer does, counts too.
+    """
+
+    #: The loops in which a leadership needs the timer now: forgotten with their last such leadership.
+    _of: ClassVar[dict[asyncio.AbstractEventLoop, _LoopLag]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._users = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._beat = monotonic()
+        #: (ended at, lag) of the last blocks, oldest first.
+        self._blocks: collections.deque[tuple[float, float]] = collections.deque(maxlen=16)
+
+    @classmethod
+    def of_running_loop(cls) -> _LoopLag:
+        loop = asyncio.get_running_loop()
+        lag = cls._of.get(loop)
+        if lag is None:
+            lag = cls._of[loop] = cls(loop)
+        return lag
+
+    def hold(self) -> None:
+        """One more leadership in the loop needs the timer: started with the first."""
+        self._users += 1
+        if self._timer is None:
+            self._beat = monotonic()
+            self._timer = self._loop.call_later(LAG_TICK, self._tick)
+
+    def drop(self) -> None:
+        """One leadership fewer: the timer stops with the last."""
+        self._users -= 1
+        if self._users <= 0:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._of.get(self._loop) is self:
+                del self._of[self._loop]
+
+    def _tick(self) -> None:
+        now = monotonic()
+        lag = now - self._beat - LAG_TICK
+        if lag >= BLOCK_MIN:
+            self._blocks.append((now, lag))
+        self._beat = now
+        self._timer = self._loop.call_later(LAG_TICK, self._tick)
+
+    def longest_since(self, since: float) -> float:
+        """The longest block that ended after ``since`` or is going on now, in seconds (0.0: none)."""
+        now = monotonic()
+        current = now - self._beat - LAG_TICK if self._timer is not None else 0.0
+        longest = max((lag for ended, lag in self._blocks if ended > since), default=0.0)
+        return max(longest, current if current >= BLOCK_MIN else 0.0)
 
 
 class _State(enum.Enum):
@@ -203,6 +274,8 @@ class Leadership:
         self._log = log
         self._deadline = elector._backend.renew_deadline
         self._confirmed_at = hold.acquired_at or monotonic()
+        #: The loop's blocks, measured while a renew deadline can be lost to them (None: no deadline, or ended).
+        self._lag: _LoopLag | None = None
         #: Renewals that failed (and were retried) since the last confirmation, and when the first of them failed.
         self._failures = 0
         self._failing_since = 0.0
@@ -321,8 +394,32 @@ class Leadership:
                 self._failing_since = monotonic()
             self._failures += 1
 
+    def _blocked(self) -> float:
+        """The longest block of the event loop since the send of the last confirmation, if at least a quarter of
+        the renew deadline (0.0: none)."""
+        if self._lag is None or self._deadline is None:
+            return 0.0
+        blocked = self._lag.longest_since(self._confirmed_at)
+        return blocked if blocked >= self._deadline / 4 else 0.0
+
     def _confirm(self, sent_at: float) -> None:
+        if self._state is _Lead.HELD and self._deadline is not None and sent_at - self._confirmed_at >= self._deadline:
+            # Sent after the deadline (the loop was blocked past it, and the keeper has not run yet): too late to
+            # keep the leadership, whatever the server answers.
+            self._fence()
+            return
         if sent_at > self._confirmed_at:
+            blocked = self._blocked()
+            spare = self._confirmed_at + (self._deadline or 0.0) - monotonic()
+            if blocked and self._deadline is not None and 0 < spare < self._deadline / 2:
+                self._log.warning(
+                    "the event loop was blocked for %.1fs (measured by its lag): leadership kept with %.2fs of its "
+                    "renew deadline of %gs to spare; a longer block loses it. Move blocking calls off the loop "
+                    "(asyncio.to_thread)",
+                    blocked,
+                    spare,
+                    self._deadline,
+                )
             self._confirmed_at = sent_at
         latency = monotonic() - sent_at
         if self._failures:
@@ -341,6 +438,9 @@ class Leadership:
 
     def _start(self, owner: asyncio.Task[Any] | None) -> None:
         self._owner = owner
+        if self._deadline is not None:
+            self._lag = _LoopLag.of_running_loop()
+            self._lag.hold()
         if owner is not None:
             owner.add_done_callback(self._owner_done)
         self._keeper = self._elector._tasks.start(
@@ -370,6 +470,9 @@ class Leadership:
         """The one way a leadership ends: the backend let go (or the keeper gave up on it)."""
         self._step(_Step.RELEASE)  # from HELD only: a keeper stopped from outside lets go as a release
         self._step(_Step.LET_GO)
+        lag, self._lag = self._lag, None
+        if lag is not None:
+            lag.drop()
         self._elector._ended(self)
 
 
@@ -399,6 +502,13 @@ class Leadership:
     def _mark_lost(self, loss: Loss) -> None:
         if LEADERSHIP_TRANSITIONS.next(self._state, _Step.LOSS) is None:
             return
+        blocked = self._blocked()
+        if blocked:
+            loss = Loss(
+                loss.kind,
+                f"{loss.reason}; the event loop was blocked for {blocked:.1f}s (measured by its lag) since the last "
+                "confirmation was sent",
+            )
         self._loss = loss
         self._step(_Step.LOSS)
         reason = loss.reason
@@ -437,6 +547,9 @@ class Leadership:
         # Confirmations move the deadline, so sleep to it again until it holds.
         while (left := self._confirmed_at + self._deadline - monotonic()) > 0:  # noqa: ASYNC110
             await anyio.sleep(left)
+        self._fence()
+
+    def _fence(self) -> None:
         self._mark_lost(
             Loss(LossKind.SELF_FENCED, f"renew deadline of {self._deadline:g}s exceeded without confirmation")
         )

@@ -48,6 +48,14 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "every backend", "process state",
+        "the leader's event loop is never blocked for longer than `renew_deadline` less the age of its last "
+        "confirmation and one round trip (half the lease or more at the defaults), or it loses its leadership",
+        CHECKED, "confirmations dated from their send; `held` is judged on waking; the loop's lag is measured "
+        "and a block that cost or nearly cost the leadership is named in a WARNING",
+        "tests/test_blocked_loop.py::test_a_block_longer_than_the_lease_loses_it_without_overlap",
+    ),
+    Assumption(
+        "every backend", "process state",
         "the leader's work stops when its task is cancelled",
         CHECKED, "the work runs in the acquiring task, cancelled at a loss; a release waits for it",
         "tests/test_elector.py::test_release_waits_for_work_that_ignores_cancellation",

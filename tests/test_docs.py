@@ -734,14 +734,14 @@ def etcd_bounds_rows() -> list[str]:
     margin = ttl - deadline
     assert margin == settings.margin  # the margin run --grace and the campaign log use
     keepalive = (
-        "every `ttl`/3, each given up after min(`ttl`/3, `renew_deadline` \u2212 `ttl`/3)/2 (at least 0.1 s) "
-        "and retried"
+        "every `ttl`/3, `ttl`/12 while leading, each given up after min(`ttl`/3, `renew_deadline` \u2212 `ttl`/3)/2 "
+        "(at least 0.1 s) and retried"
     )
     return [
         f"| etcd | the lease's TTL | asks for `ttl`; refuses a shorter grant (`ElectionError`), revoking it "
         f"| {ttl} s |",
-        f"| etcd | (a renewal, not a bound) keep-alive | {keepalive} | every {settings.keepalive_interval:.3g} s, "
-        f"within {settings.keepalive_timeout:.3g} s |",
+        f"| etcd | (a renewal, not a bound) keep-alive | {keepalive} | every {settings.keepalive_interval:.3g} s "
+        f"({settings.lead_interval:.3g} s leading), within {settings.keepalive_timeout:.3g} s |",
         f"| etcd | (where the leader fences itself) `renew_deadline` | 2/3 \u00d7 `ttl` unless given; shorter than "
         f"`ttl`, longer than `ttl`/3 | {deadline:.3g} s |",
         f"| etcd | earliest bound, and the safety margin | | {ttl} s (the lease's TTL); margin **{margin:.3g} s** |",

@@ -49,7 +49,8 @@ class RedisOptions(_RedisElectionName, total=False):
 
     #: Seconds of the lock key's expiry (``PX``), set again by every renew (default 10).
     lease: float
-    #: Seconds between the leader's renews (default 1), and the bound on one request (default 2).
+    #: Seconds between the leader's renews (default 1, a tenth of a shorter lease), and the bound on one request
+    #: (default 2).
     check_interval: float
     check_timeout: float
     #: Seconds a leader may go without a confirmed renew before it fences itself (default 0.7 * lease).
@@ -145,7 +146,7 @@ class RedisSettings:
         lease = options.get("lease", 10.0)
         timing = LockTiming.checked(
             poll_interval=options.get("poll_interval", 1.0),
-            check_interval=options.get("check_interval", 1.0),
+            check_interval=options.get("check_interval"),
             check_timeout=options.get("check_timeout"),  # None: derived to fit renew_deadline
             connect_timeout=options.get("connect_timeout", 5.0),
             lease=lease,
