@@ -1,0 +1,57 @@
+"""Red team: fenced state on Redis with ``min_replicas`` is not confirmed on the replicas.
+
+A grant and every renew count only once ``WAIT`` says every replica has them
+(docs/guarantees.md, Redis Sentinel rows: "with min_replicas=N, a failover
+keeps the key and the token"). The fenced state script is sent alone, with no
+``WAIT``: a ``put`` the leader was told committed may be on no replica, and a
+failover that keeps the token (so the next leader is legitimately elected)
+loses the value. The next leader then reads the old value and redoes the work:
+the exactly-once promise of docs/exactly-once.md breaks across a failover that
+the token survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import anyio
+
+from aioelect import FencedStore, RedisElector
+
+from .backends import unique_name
+from .harness import RedisServer, TCPProxy
+
+OPTIONS = {"lease": 3, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 0.5}
+
+
+async def test_a_put_under_min_replicas_survives_a_failover_that_keeps_the_token() -> None:
+    with contextlib.ExitStack() as stack:
+        master = stack.enter_context(RedisServer())
+        link = TCPProxy("127.0.0.1", master.port)  # the replica's link to the master
+        stack.callback(link.close)
+        replica = stack.enter_context(RedisServer(replica_of=link.port))
+        with anyio.fail_after(30):
+            while "master_link_status:up" not in replica.command("INFO", "replication"):
+                await asyncio.sleep(0.1)
+        name = unique_name()
+        async with RedisElector(master.url, name=name, identity="a", min_replicas=1, **OPTIONS) as a:  # type: ignore[arg-type]
+            lead = await a.acquire(timeout=10)  # the grant is on the replica (WAIT)
+            store = FencedStore(a)
+            await store.put(lead, "last-tick", 6)
+            await asyncio.sleep(0.3)  # replicated
+            link.stall()  # the replica's link stays up on the master's side; no byte moves
+            with anyio.move_on_after(2.0) as scope:
+                await store.put(lead, "last-tick", 7)  # acknowledged: the tick is done
+            acknowledged = not scope.cancelled_caught
+            master.kill()  # the master dies before the link delivers; the replica is promoted
+            link.drop()
+            replica.command("REPLICAOF", "NO", "ONE")
+            token = replica.command("GET", f"aioelect:{{{name}}}:token")
+            value = replica.command("HGET", f"aioelect:{{{name}}}:state", "last-tick")
+            print(f"MEASURED put acknowledged={acknowledged}, promoted replica token={token!r} value={value!r}")
+            assert str(token) == str(lead.token), "the failover kept the token, as min_replicas promises"
+            assert not acknowledged or value in ("7", b"7"), (
+                f"a fenced put acknowledged under min_replicas=1 is not on the replica: after a failover that kept "
+                f"the token the next leader reads last-tick={value!r} and runs tick 7 again"
+            )
