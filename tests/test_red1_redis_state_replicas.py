@@ -56,3 +56,42 @@ async def test_a_put_under_min_replicas_survives_a_failover_that_keeps_the_token
                 f"a fenced put acknowledged under min_replicas=1 is not on the replica: after a failover that kept "
                 f"the token the next leader reads last-tick={value!r} and runs tick 7 again"
             )
+
+
+async def test_a_put_on_a_demoted_master_that_accepts_writes_is_refused() -> None:
+    """The acquire script grants only on a master, because a replica with ``replica-read-only no`` accepts writes
+    that no one else will ever see. The state script has no such check: a leader whose state connection still points
+    at its demoted master (an operator's switch-over, Sentinel's reconfiguration of the old master) is told that its
+    put committed, and the value is on no master."""
+    with contextlib.ExitStack() as stack:
+        old = stack.enter_context(RedisServer())
+        new = stack.enter_context(RedisServer(replica_of=old.port))
+        with anyio.fail_after(30):
+            while "master_link_status:up" not in new.command("INFO", "replication"):
+                await asyncio.sleep(0.1)
+        name = unique_name()
+        slow = {**OPTIONS, "lease": 20, "check_interval": 8.0, "renew_deadline": 15.0}  # no renew during the switch
+        async with RedisElector(old.url, name=name, identity="a", volatile_tokens=True, **slow) as a:  # type: ignore[arg-type]
+            lead = await a.acquire(timeout=10)
+            store = FencedStore(a)
+            await store.put(lead, "last-tick", 6)
+            await asyncio.sleep(0.3)
+            # A switch-over: the replica becomes the master, the old master its writable replica.
+            new.command("REPLICAOF", "NO", "ONE")
+            old.command("CONFIG", "SET", "replica-read-only", "no")
+            old.command("REPLICAOF", "127.0.0.1", str(new.port))
+            with anyio.fail_after(30):
+                while "master_link_status:up" not in old.command("INFO", "replication"):
+                    await asyncio.sleep(0.05)
+            acknowledged = False
+            try:
+                with anyio.move_on_after(2.0):
+                    await store.put(lead, "last-tick", 7)
+                    acknowledged = True
+            except ElectionError as exc:
+                print(f"refused: {exc!r}")
+            on_master = new.command("HGET", f"aioelect:{{{name}}}:state", "last-tick")
+            print(f"MEASURED put on a demoted writable master acknowledged={acknowledged}, master holds {on_master!r}")
+            assert not acknowledged or on_master in ("7", b"7"), (
+                f"a fenced put was acknowledged by a replica: the master holds last-tick={on_master!r}"
+            )
