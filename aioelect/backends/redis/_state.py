@@ -67,6 +67,9 @@ class RedisStateStore(StateStore):
                 return await client.eval(STATE_WRITE, 2, *self._keys, *args)  # type: ignore[arg-type, misc, unused-ignore]
 
         reply = await self._run("state write", script)
+        if reply == -1:
+            await self._backend.drop_state_client()  # the next write asks for the master again (through Sentinel)
+            raise BackendUnavailable(f"the fenced write of {key!r} was refused: the server is not a master")
         if reply == 1:
             # Durable and replicated as the grant was (WAITAOF, WAIT with min_replicas), or not acknowledged: a value
             # written only on the master would be lost by a failover that keeps the token.
