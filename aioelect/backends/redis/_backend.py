@@ -416,6 +416,8 @@ class RedisBackend(Backend):
         self._failover_warned = False
         self._assumed_logged = False
         self._config_denied = False
+        #: Whether writes need ``WAITAOF`` to be fsynced, as the last settings read said (fenced state's writes too).
+        self._waitaof = False
         self._closed = False
         self._sentinels: dict[int, list[Redis]] = {}
         self._masters_named: set[str] = set()
@@ -843,6 +845,11 @@ class RedisBackend(Backend):
         problem = config_problem(config, self.timing, server=self.settings.url)
         if problem is not None:
             raise PermanentBackendError(problem)
+        self._waitaof = self._judge_fsync(config)
+        return self._waitaof
+
+    def _judge_fsync(self, config: dict[str, str]) -> bool:
+        """Whether a write needs ``WAITAOF`` under ``config``; PermanentBackendError if tokens cannot be durable."""
         waitaof = self._version >= (7, 2)
         if config["appendonly"] == "yes" and config.get("appendfsync") == "always":
             return False
@@ -899,6 +906,12 @@ class RedisBackend(Backend):
                 "confirmed the grant (WAIT): with min_replicas every replica a failover could promote must have it"
             )
         return after
+
+    async def confirm_state_write(self, client: Redis) -> None:
+        """A fenced state write just done on ``client``, confirmed as a grant is (:meth:`_confirm_write`): fsynced
+        when the settings need ``WAITAOF``, and with ``min_replicas`` on every replica a failover could promote, so
+        that a failover that keeps the token keeps the value too. Raises if not confirmed (the write may stand)."""
+        await self._confirm_write(client, self._waitaof)
 
     async def _replicas_known(self, client: Redis) -> frozenset[str] | None:
         """Every replica the master knows of (``ROLE`` and ``INFO replication``), or None if it is not a master."""

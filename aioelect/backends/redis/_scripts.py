@@ -72,10 +72,15 @@ return 0
 
 #: Fenced state: ``KEYS[1]`` the token counter, ``KEYS[2]`` the state hash (same slot). ARGV: the writer's token,
 #: the field, the value, the mode (``put``, ``absent``: only if the field has no value, ``equal``: only if it holds
-#: ARGV[5]). Returns 1 written, 0 fenced (the counter has moved past the token), 2 the value differed.
+#: ARGV[5]). Returns 1 written, 0 fenced (the counter has moved past the token), 2 the value differed, -1 the server is
+#: not a master (nothing written: a replica that accepts writes, ``replica-read-only no``, keeps them to itself).
 STATE_WRITE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
+end
+local role = string.match(redis.call('INFO', 'replication'), 'role:(%w+)')
+if role ~= 'master' then
+  return -1
 end
 if ARGV[4] == 'absent' then
   if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 1 then return 2 end
