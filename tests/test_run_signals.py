@@ -132,5 +132,5 @@ def test_red1_a_signal_the_parent_ignores_stays_ignored(tmp_path: Path, ignored:
     running = proc.poll() is None
     other = signal.SIGTERM if ignored == signal.SIGINT else signal.SIGINT
     proc.send_signal(other)
-    code, out = finish(proc)
+    _, out = finish(proc)
     assert running, f"{ignored.name}, ignored by the parent, stopped the program: {out}"

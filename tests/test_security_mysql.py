@@ -346,7 +346,7 @@ async def test_red1_a_killed_shared_session_over_tls_loses_every_leadership_befo
             la = await a.acquire()
 
             async def follow() -> None:
-                lb = await b.acquire()
+                _lead = await b.acquire()  # held by this task until it is cancelled
                 seen.append(la.held)
                 await asyncio.sleep(3600)
 
