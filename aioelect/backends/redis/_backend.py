@@ -850,7 +850,7 @@ class RedisBackend(Backend):
 
     def _judge_fsync(self, config: dict[str, str]) -> bool:
         """Whether a write needs ``WAITAOF`` under ``config``; PermanentBackendError if tokens cannot be durable."""
-        waitaof = self._version >= (7, 2)
+        waitaof = (self._version or ()) >= (7, 2)
         if config["appendonly"] == "yes" and config.get("appendfsync") == "always":
             return False
         if waitaof and config["appendonly"] == "yes":
