@@ -357,6 +357,11 @@ class SessionLockHold(Hold, Generic[_C]):
         self.token = token
         self.acquired_at = acquired_at
 
+    @property
+    def session_id(self) -> int:
+        """The server's id of the session that holds the lock (MySQL's connection id, PostgreSQL's pid)."""
+        return int(self._conn.session_id)
+
     async def monitor(self, confirm: Confirm) -> Loss:
         b = self._backend
         while True:

@@ -131,6 +131,8 @@ _HELD_EXPR = (
     f"EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE {_LOCK_ROW} AND granted AND pid = pg_catalog.pg_backend_pid())"
 )
 _HELD_BY_ME = f"SELECT {_HELD_EXPR}"
+#: Whether the session with pid $3 holds the election's lock (a fenced state write checks its writer's).
+_HELD_BY_SESSION = f"SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE {_LOCK_ROW} AND granted AND pid = $3)"
 _HOLDER = f"""SELECT l.pid, a.application_name, a.backend_start
 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.database = {_CURRENT_DB} AND l.classid = $1 AND l.objid = $2
@@ -942,13 +944,23 @@ class _PostgresStateStore(SqlStateStore[_PostgresConnection]):
         return None if value is None else bytes(value)
 
     async def _transaction(
-        self, conn: _PostgresConnection, token: int, key: str, value: bytes, compare: bool, expected: bytes | None
+        self,
+        conn: _PostgresConnection,
+        token: int,
+        session: int | None,
+        key: str,
+        value: bytes,
+        compare: bool,
+        expected: bytes | None,
     ) -> Written:
         timeout, name = self._b.check_timeout, self._b.name
         await conn.execute("BEGIN", timeout=timeout)
         newest = await conn.fetchval(self._sql["token"], name, timeout=timeout)
+        held = session is None or await conn.fetchval(
+            _HELD_BY_SESSION, self._b.classid, self._b.objid, session, timeout=timeout
+        )
         written = Written.FENCED
-        if newest is not None and int(newest) == token:
+        if newest is not None and int(newest) == token and held:
             written = Written.DONE
             if compare:
                 stored = await conn.fetchval(self._sql["locked"], name, key, timeout=timeout)
