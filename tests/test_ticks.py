@@ -9,6 +9,8 @@ lock file deleted). The checker counts duplicate ticks (none) and lost ticks
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from typing import Any
 
@@ -296,3 +298,20 @@ def test_apscheduler_fenced_refuses_a_backend_without_fenced_state() -> None:
 
     with pytest.raises(UsageError):
         LeaderScheduler(AsyncIOScheduler(), aioelect.new(local=True, name=unique_name()), fenced=True)
+
+
+def test_soak_slice_a_frozen_leaders_late_write_is_refused_and_no_tick_runs_twice(
+    tmp_path: Any, request: pytest.FixtureRequest
+) -> None:
+    """The CI slice of ``python -m soak.ticks``: Redis leaders frozen after their check and killed, in processes."""
+    from soak.ticks import OPTIONS, Soak
+
+    url = os.environ.get("AIOELECT_REDIS_URL") or request.getfixturevalue("redis_server").url
+    soak = Soak("redis", url, tmp_path, random.randrange(1 << 30), OPTIONS["redis"])
+    soak.kinds = ["freeze", "kill"]
+    figures = soak.run(14)
+    assert figures.ok, figures
+    assert figures.duplicates == 0 and figures.lost == 0
+    froze = any(event["e"] == "freeze" for event in soak.read())  # a leader froze after its check passed
+    assert not froze or figures.late_writes > 0, figures
+    assert figures.late_refused == figures.late_writes and figures.late_accepted == 0
