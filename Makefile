@@ -87,8 +87,8 @@ test: venv servers lint docs matrix ranges pytest-etcd35 test-scale pytest
 # `make demo BACKEND=etcd` (or mysql, postgres, redis, file, local). Only a named server backend needs server
 # packages; the default demo uses a lock file.
 demo: demo-venv $(if $(filter mysql etcd postgres redis,$(BACKEND)),servers,)
-	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
 	$(BIN)/python -m soak.ticks --demo
+	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
 
 # What the demo needs and nothing more: the package (the lock file needs no extra), and a server backend's driver
 # (pymysql for the throwaway MariaDB's set-up). A venv that `make venv` filled already has everything.
