@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -23,6 +25,7 @@ from aioelect.integrations.jobs import LeaderOnly
 from aioelect.integrations.schedule import Every, Tick, Ticks
 
 from .backends import CASES, BackendCase, unique_name
+from .test_fence_sql import Db, connected
 from .test_fenced_state import FENCED
 
 PERIOD = 0.25
@@ -315,3 +318,55 @@ def test_soak_slice_a_frozen_leaders_late_write_is_refused_and_no_tick_runs_twic
     froze = any(event["e"] == "freeze" for event in soak.read())  # a leader froze after its check passed
     assert not froze or figures.late_writes > 0, figures
     assert figures.late_refused == figures.late_writes and figures.late_accepted == 0
+
+
+@pytest.fixture(params=["postgres", "mysql"])
+async def sql(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Db, str]]:
+    """A user database with a fence table, a data table and a ticks table (the election is elsewhere: in memory)."""
+    from aioelect.integrations.schedule import TICKS_DDL_MYSQL, TICKS_DDL_POSTGRES
+
+    found = Db(request.param, request.getfixturevalue("postgres_dsn" if request.param == "postgres" else "mysql_dsn"))
+    table = f"ticks_{secrets.token_hex(4)}"
+    admin = await found.connect()
+    try:
+        await found.setup(admin)
+        ddl = TICKS_DDL_POSTGRES if request.param == "postgres" else TICKS_DDL_MYSQL
+        await found.run(admin, ddl.format(table=table))
+        yield found, table
+        for name in (found.fence, found.data, table):
+            await found.run(admin, f"DROP TABLE {name}")
+    finally:
+        await found.close(admin)
+
+
+async def test_a_tick_and_the_jobs_writes_commit_together_or_not_at_all(sql: tuple[Db, str]) -> None:
+    """run_due_in: the record and the job's writes are one fenced transaction; a job that fails leaves the tick
+    unrecorded, and the next run (here the successor's) runs it once."""
+    from aioelect.testing import MemoryElector
+
+    db, table = sql
+    ticks = Ticks("job", Every(30, origin=time.time() - 0.01))  # tick 0 is due; tick 1 only in 30 s
+    name = unique_name()
+
+    async def crashes(tick: Tick) -> None:
+        await db.insert(conn, f"crashed-{tick.number}")
+        raise RuntimeError("the job failed half-way")
+
+    async def job(tick: Tick) -> None:
+        await db.insert(conn, f"ran-{tick.number}-{tick.token}")
+
+    async with MemoryElector(name=name) as a, MemoryElector(name=name) as b, connected(db) as conn:
+        lead_a = await a.acquire()
+        with pytest.raises(RuntimeError, match="half-way"):
+            await ticks.run_due_in(conn, lead_a, crashes, table=table, fence_table=db.fence)
+        assert await db.who(conn) == []  # the job's write rolled back, and the record with it
+        await lead_a.release()
+        lead_b = await b.acquire()
+        ran = await ticks.run_due_in(conn, lead_b, job, table=table, fence_table=db.fence)
+        assert [(t.number, t.token) for t in ran] == [(0, lead_b.token)]
+        assert await ticks.run_due_in(conn, lead_b, job, table=table, fence_table=db.fence) == []  # recorded: once
+        assert await db.who(conn) == [f"ran-0-{lead_b.token}"]
+        with pytest.raises(LeadershipLost):  # the deposed leader runs nothing
+            await ticks.run_due_in(conn, lead_a, job, table=table, fence_table=db.fence)
+        assert await db.who(conn) == [f"ran-0-{lead_b.token}"]
+        await lead_b.release()

@@ -61,10 +61,17 @@ from typing import Any, Literal, get_args
 import anyio
 
 from .._elector import Elector, Leadership
+from .._fence import _TABLE_RE, FENCE_TABLE, fenced
 from .._fenced import FencedStore
 from .._values import check_key
 
-__all__ = ["Every", "Misfire", "Tick", "Ticks"]
+__all__ = ["TICKS_DDL_MYSQL", "TICKS_DDL_POSTGRES", "Every", "Misfire", "Tick", "Ticks"]
+
+#: The table of :meth:`Ticks.run_due_in` in the user's database (``{table}`` is its name, ``aioelect_ticks``).
+TICKS_DDL_POSTGRES = "CREATE TABLE IF NOT EXISTS {table} (job text PRIMARY KEY, tick bigint NOT NULL)"
+TICKS_DDL_MYSQL = (
+    "CREATE TABLE IF NOT EXISTS {table} (job VARBINARY(255) NOT NULL PRIMARY KEY, tick BIGINT NOT NULL) ENGINE=InnoDB"
+)
 
 log = logging.getLogger("aioelect.integrations")
 
@@ -198,6 +205,59 @@ class Ticks:
                 log.info("%r: tick %d runs for the missed ticks %d..%d", self, number, first, number)
             ran.append(tick)
             await job(tick)
+        return ran
+
+    async def run_due_in(
+        self,
+        conn: Any,
+        lead: Leadership,
+        job: Callable[[Tick], Awaitable[Any]],
+        *,
+        table: str = "aioelect_ticks",
+        fence_table: str = FENCE_TABLE,
+    ) -> list[Tick]:
+        """Record and run the due ticks in one fenced transaction on ``conn`` (asyncpg or aiomysql), with the job's own
+        writes: exactly once for what the job writes on ``conn``.
+
+        The record is the row ``job`` of ``table`` in the user's database
+        (:data:`TICKS_DDL_POSTGRES`, :data:`TICKS_DDL_MYSQL`), read under
+        ``SELECT ... FOR UPDATE`` inside :func:`aioelect.fenced`, written, and
+        committed with what ``job(tick)`` wrote on ``conn`` -- or not at all:
+        a job that raises, a leadership lost by the end, or a deposed leader
+        (:class:`~aioelect.LeadershipLost`) rolls back the record and the
+        job's writes, and the next leader runs those ticks again. Effects the
+        job has outside ``conn`` are not undone. Returns the ticks run.
+        """
+        if not isinstance(table, str) or not _TABLE_RE.fullmatch(table):
+            raise ValueError(f"table must be a plain or schema-qualified SQL name, not {table!r}"[:200])
+        postgres = type(conn).__module__.split(".")[0] == "asyncpg"
+
+        async def one(sql: str, *args: Any) -> Any:
+            if postgres:
+                return await conn.fetchrow(sql, *args)
+            async with conn.cursor() as cursor:
+                await cursor.execute(sql, args)
+                return await cursor.fetchone()
+
+        mark = "$1" if postgres else "%s"
+        ran: list[Tick] = []
+        async with fenced(conn, lead, table=fence_table):
+            row = await one(f"SELECT tick FROM {table} WHERE job = {mark} FOR UPDATE", self.job)
+            steps = self._plan(None if row is None else int(row[0]), time.time())
+            if not steps:
+                return ran
+            newest = steps[-1][0]
+            if postgres:
+                upsert = f"INSERT INTO {table} (job, tick) VALUES ($1, $2) ON CONFLICT (job) DO UPDATE SET tick = $2"
+            else:
+                upsert = f"INSERT INTO {table} (job, tick) VALUES (%s, %s) ON DUPLICATE KEY UPDATE tick = VALUES(tick)"
+            await one(upsert, self.job, newest)
+            assert lead.token is not None  # fenced() refused a leadership without one
+            for number, first, run in steps:
+                if run:
+                    tick = Tick(number, first, self.schedule.due(number), lead.token)
+                    ran.append(tick)
+                    await job(tick)
         return ran
 
     async def run(self, lead: Leadership, job: Callable[[Tick], Awaitable[Any]]) -> None:
