@@ -149,12 +149,25 @@ class Figures:
     late_writes: int = 0
     late_refused: int = 0
     late_accepted: int = 0
+    #: Late writes that failed (the frozen leader's connection ended meanwhile), by tick and token: whether
+    #: their value is in the store afterwards is checked by :meth:`Soak.unwritten`.
+    late_failed: list[tuple[int, int]] = field(default_factory=list)
+    #: Of those, the ones whose value is in the store (written after all).
+    late_failed_written: int = 0
+    #: What the failed late writes said (distinct, shortened).
+    late_errors: set[str] = field(default_factory=set)
     writes: int = 0
     faults: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return self.runs > 0 and self.duplicates == 0 and self.lost == 0 and self.late_accepted == 0
+        return (
+            self.runs > 0
+            and self.duplicates == 0
+            and self.lost == 0
+            and self.late_accepted == 0
+            and self.late_failed_written == 0
+        )
 
 
 def check(events: list[dict[str, Any]]) -> Figures:
@@ -185,6 +198,9 @@ def check(events: list[dict[str, Any]]) -> Figures:
                 figures.late_refused += 1
             elif event["result"] == "done":
                 figures.late_accepted += 1
+            else:
+                figures.late_failed.append((event["tick"], event["token"]))
+                figures.late_errors.add(event["result"][:120])
     if covered:
         figures.ticks = len(covered)
         figures.duplicates = sum(n - 1 for n in covered.values())
@@ -287,14 +303,30 @@ class Soak:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-        return check(self.read())
+        figures = check(self.read())
+        figures.late_failed_written = asyncio.run(self.written(figures.late_failed))
+        return figures
+
+    async def written(self, late: list[tuple[int, int]]) -> int:
+        """How many of the ``late`` writes (tick, token) that failed are in the store all the same."""
+        if not late:
+            return 0
+        import aioelect
+        from aioelect.integrations.schedule import Every, Ticks
+
+        options: dict[str, Any] = {self.backend: self.target, **self.options}
+        async with aioelect.new(name=self.name, identity="checker", **options) as e:
+            store = Ticks("soak", Every(PERIOD)).store(e)
+            found = [await store.get(f"out/{tick}") for tick, _ in late]
+        return sum(1 for value, (_, token) in zip(found, late, strict=True) if value and value["token"] == token)
 
 
 def report(backend: str, figures: Figures) -> str:
     return (
         f"{backend}: {figures.runs} runs for {figures.ticks} ticks, duplicate ticks {figures.duplicates}, "
         f"lost ticks {figures.lost}; late writes {figures.late_writes}, refused by the fence {figures.late_refused}, "
-        f"accepted {figures.late_accepted}; faults {dict(sorted(figures.faults.items()))} -> "
+        f"accepted {figures.late_accepted}, failed {len(figures.late_failed)} (of which written after all: "
+        f"{figures.late_failed_written}); faults {dict(sorted(figures.faults.items()))} -> "
         f"{'OK' if figures.ok else 'FAILED'}"
     )
 
@@ -357,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
             target = str(Path(tmp) / "leader.lock") if backend == "file" else start_server(backend, stack)
             figures = Soak(backend, target, Path(tmp), seed, OPTIONS[backend]).run(args.seconds)
             print(report(backend, figures) + f" (seed {seed})", flush=True)
+            for error in sorted(figures.late_errors):
+                print(f"  a late write failed: {error}", flush=True)
             if not figures.ok:
                 for log in sorted(Path(tmp).glob("*.log")):
                     print(f"--- {log.name}\n{log.read_text(errors='replace')[-2000:]}", flush=True)

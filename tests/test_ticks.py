@@ -303,18 +303,23 @@ def test_apscheduler_fenced_refuses_a_backend_without_fenced_state() -> None:
         LeaderScheduler(AsyncIOScheduler(), aioelect.new(local=True, name=unique_name()), fenced=True)
 
 
+@pytest.mark.parametrize(("backend", "kinds"), [("redis", ["freeze", "kill"]), ("file", ["kill", "release"])])
 def test_soak_slice_a_frozen_leaders_late_write_is_refused_and_no_tick_runs_twice(
-    tmp_path: Any, request: pytest.FixtureRequest
+    backend: str, kinds: list[str], tmp_path: Any, request: pytest.FixtureRequest
 ) -> None:
-    """The CI slice of ``python -m soak.ticks``: Redis leaders frozen after their check and killed, in processes."""
+    """The CI slice of ``python -m soak.ticks``: leaders in processes frozen after their check (Redis), killed,
+    released; no tick twice, none lost, every late write refused."""
     from soak.ticks import OPTIONS, Soak
 
-    url = os.environ.get("AIOELECT_REDIS_URL") or request.getfixturevalue("redis_server").url
-    soak = Soak("redis", url, tmp_path, random.randrange(1 << 30), OPTIONS["redis"])
-    soak.kinds = ["freeze", "kill"]
+    if backend == "redis":
+        target = os.environ.get("AIOELECT_REDIS_URL") or request.getfixturevalue("redis_server").url
+    else:
+        target = str(tmp_path / "leader.lock")
+    soak = Soak(backend, target, tmp_path, random.randrange(1 << 30), OPTIONS[backend])
+    soak.kinds = kinds
     figures = soak.run(14)
     assert figures.ok, figures
-    assert figures.duplicates == 0 and figures.lost == 0
+    assert figures.duplicates == 0 and figures.lost == 0 and sum(figures.faults.values()) >= 2
     froze = any(event["e"] == "freeze" for event in soak.read())  # a leader froze after its check passed
     assert not froze or figures.late_writes > 0, figures
     assert figures.late_refused == figures.late_writes and figures.late_accepted == 0
