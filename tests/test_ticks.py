@@ -243,7 +243,7 @@ async def test_leader_only_ticks_run_on_the_leader_and_are_caught_up_by_the_succ
     assert check_runs(ran) == (0, 0), ran
 
 
-@pytest.mark.parametrize("kind", ["memory", "file"])
+@pytest.mark.parametrize("kind", ["memory", "file", "redis", "postgres"])
 async def test_apscheduler_fenced_runs_never_repeat_a_run_time_across_a_handover(
     kind: str, request: pytest.FixtureRequest
 ) -> None:
