@@ -183,14 +183,20 @@ class Ticks:
 
         Each tick is recorded by a fenced compare-and-set before ``job(tick)``
         is awaited: :class:`~aioelect.LeadershipLost` if ``lead`` is no longer
-        the newest leadership, with nothing recorded or run.
+        the newest leadership, with nothing recorded or run. The record is
+        shielded from cancellation: a caller cancelled while a tick is being
+        recorded starts the job once the record is written (the job sees the
+        cancellation at its first await).
         """
         store = self.store(lead._elector)
         ran: list[Tick] = []
         record = await store.get(self.key)
         for number, first, run in self._plan(None if record is None else int(record["tick"]), time.time()):
             value = {"tick": number, "token": lead.token}
-            if not await store.compare_and_set(lead, self.key, record, value):
+            # Shielded: a tick recorded is a tick started, even if the caller is cancelled (a release) meanwhile.
+            with anyio.CancelScope(shield=True):
+                recorded = await store.compare_and_set(lead, self.key, record, value)
+            if not recorded:
                 # Only a write of this leadership's own can have changed it (one whose answer was lost):
                 # read it again on the next pass rather than guess.
                 log.warning("%r: the record of %s changed under its leader; reading it again", self, self.job)
