@@ -10,7 +10,10 @@ exits with 0. The two bugs (docs/adversary.md, "Shown to find"):
   its old connection id, the session the restarted server had given that id,
   a healthy leader's (*deposed*);
 * ``etcd-late-read``: a waiter's late read of the leader replaced a newer
-  view, and the waiter led beside the real leader (*overlap*).
+  view, and the waiter led beside the real leader (*overlap*);
+* ``redis-split``: a Redis master cut off from its sentinels (the
+  candidates still reaching it) confirmed the old leader's renews while the
+  replica the sentinels promoted elected another leader (*overlap*).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from soak.adversary.servers import SERVERS
 from tests.harness.plugin import skip_if_external
 
 from .test_adversary import SECONDS, SEEDS
@@ -36,6 +40,7 @@ SCRIPT = ROOT / "scripts" / "adversary-old.sh"
 OLD = {
     "mysql-kill": ("79d808b", "mysql", SEEDS["mysql"], "deposed:"),
     "etcd-late-read": ("12e8962", "etcd", [16, 16, 16, 16, 18, 1], "overlap:"),
+    "redis-split": ("e8940ad", "redis-sentinel", [1, 7, 1, 7], "overlap:"),
 }
 
 
@@ -63,7 +68,7 @@ _NO_LONGER_FOUND = {"etcd-late-read"}
 def test_ci_seeds_find_the_bug_on_the_library_before_its_fix(old: str, tmp_path: Path) -> None:
     commit, backend, seeds, violation = OLD[old]
     assert set(seeds) <= set(SEEDS[backend]), "only CI seeds count"
-    skip_if_external(backend)
+    skip_if_external(SERVERS[backend].backend)
     if not _in_history(commit):
         pytest.skip(f"this checkout lacks {commit}^ (a shallow clone?): scripts/adversary-old.sh needs the history")
     where = tmp_path / "old"

@@ -11,6 +11,8 @@ the history. See docs/adversary.md.
 """
 
 from .redis_target import RedisTarget
+from .sentinel_target import SentinelTarget
 from .servers import SERVERS
 
-SERVERS["redis"] = RedisTarget  # beside the others, in a module of its own
+SERVERS["redis"] = RedisTarget  # beside the others, in modules of their own
+SERVERS["redis-sentinel"] = SentinelTarget

@@ -46,6 +46,7 @@ async def _main(args: argparse.Namespace) -> int:
     backends = list(SERVERS) if args.backend == "all" else [args.backend]
     first = args.seed if args.seed is not None else random.randrange(1_000_000)
     failed = 0
+    kinds: dict[str, int] = {}  # the operator's faults, by kind, over every seed
     for backend in backends:
         target: Target = SERVERS[backend](f"adversary-{first}")
         await anyio.to_thread.run_sync(target.start)
@@ -59,10 +60,13 @@ async def _main(args: argparse.Namespace) -> int:
                 else:
                     outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
                 print(describe(outcome, args.trace, full=args.full_trace), flush=True)
+                for fault in outcome.faults:
+                    kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
                 failed += not outcome.ok
                 seed += 1
         finally:
             await anyio.to_thread.run_sync(target.cleanup)
+    print("counts per fault kind: " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"), flush=True)
     return 1 if failed else 0
 
 

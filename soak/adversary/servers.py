@@ -45,6 +45,8 @@ class Target:
     #: Whether a restarted server hands out again the ids of sessions from before, which a session kept across
     #: the restart still carries (see :meth:`~.network.Profile.draw`).
     reuses_ids: ClassVar[bool] = False
+    #: Elector options beside the backend's (:data:`~.run.OPTIONS`).
+    extra_options: ClassVar[dict[str, Any]] = {}
     server: MariaDBServer | PostgresServer | EtcdServer
 
     def __init__(self, name: str) -> None:
@@ -59,6 +61,19 @@ class Target:
 
     def cleanup(self) -> None:
         self.server.cleanup()
+
+    def recover(self) -> None:
+        """After an action that failed: the server running again (a failed restart leaves it stopped)."""
+        self.server.start()
+
+    @property
+    def label(self) -> str:
+        """The name of this target in the output (its ``--backend``)."""
+        return self.backend
+
+    def draw(self, rng: random.Random) -> Any:
+        """A :class:`~.network.Profile` of this target's own for one seed, or None: :meth:`Profile.draw`'s."""
+        return None
 
     def target(self) -> Any:
         raise NotImplementedError
