@@ -40,7 +40,7 @@ SCRIPT = ROOT / "scripts" / "adversary-old.sh"
 OLD = {
     "mysql-kill": ("79d808b", "mysql", SEEDS["mysql"], "deposed:"),
     "etcd-late-read": ("12e8962", "etcd", [16, 16, 16, 16, 18, 1], "overlap:"),
-    "redis-split": ("e8940ad", "redis-sentinel", [1, 7, 1, 7], "overlap:"),
+    "redis-split": ("e8940ad", "redis-sentinel", [7, 1, 7, 1], "overlap:"),
 }
 
 
