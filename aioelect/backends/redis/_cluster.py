@@ -13,7 +13,6 @@ slot's master hears them.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis import exceptions as rexc
@@ -25,8 +24,6 @@ from ..._errors import PermanentBackendError
 from ._replies import bounded
 
 __all__ = ["SlotConnection", "SlotOwner", "SlotSSLConnection"]
-
-Resolve = Callable[[], Awaitable[tuple[str, int]]]
 
 
 class SlotOwner:
@@ -43,6 +40,18 @@ class SlotOwner:
         self.slot = key_slot(key.encode())
         self.options = {k: v for k, v in options.items() if k not in ("host", "port", "db")}
         self.shown = shown
+
+    def passed_over(self, host: str, port: int) -> None:
+        """Ask the node at ``host:port`` last from now on: it answered ``CLUSTERDOWN``.
+
+        A master split from the cluster's majority answers every command so
+        while the others promote its replica, and still names itself as the
+        slot's owner: asked first, it would keep the elector on its side of
+        the split until the split heals.
+        """
+        if (host, port) in self.nodes:
+            self.nodes.remove((host, port))
+            self.nodes.append((host, port))
 
     async def __call__(self) -> tuple[str, int]:
         error: BaseException | None = None
@@ -82,9 +91,10 @@ def _address(master: list[Any], asked: str) -> str:
 
 
 class SlotConnection(Connection):
-    """A connection to whichever master owns the election's slot when it connects (``resolve`` says which)."""
+    """A connection to whichever master owns the election's slot when it connects (``resolve`` says which); a
+    ``CLUSTERDOWN`` reply makes ``resolve`` ask that master last (:meth:`SlotOwner.passed_over`)."""
 
-    def __init__(self, *, resolve: Resolve, **kwargs: Any) -> None:
+    def __init__(self, *, resolve: SlotOwner, **kwargs: Any) -> None:
         self._resolve = resolve
         super().__init__(**kwargs)
 
@@ -92,6 +102,13 @@ class SlotConnection(Connection):
         if not self.is_connected:
             self.host, self.port = await self._resolve()
         await super().connect()  # type: ignore[no-untyped-call, unused-ignore]
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except rexc.ClusterDownError:
+            self._resolve.passed_over(self.host, self.port)
+            raise
 
 
 class SlotSSLConnection(SlotConnection, SSLConnection):
