@@ -20,6 +20,8 @@ from .servers import SERVERS, Target
 from .shards import run_shards
 
 _NS = 1_000_000_000
+#: The targets whose nodes are split from each other (several servers): sharded leadership is not played there.
+SPLIT = ("redis-sentinel", "etcd-cluster")
 
 
 def describe(outcome: Outcome, trace: float = 0.0, *, full: bool = False) -> str:
@@ -44,6 +46,8 @@ def describe(outcome: Outcome, trace: float = 0.0, *, full: bool = False) -> str
 
 async def _main(args: argparse.Namespace) -> int:
     backends = list(SERVERS) if args.backend == "all" else [args.backend]
+    if args.shards:
+        backends = [b for b in backends if b not in SPLIT]
     first = args.seed if args.seed is not None else random.randrange(1_000_000)
     failed = 0
     kinds: dict[str, int] = {}  # the operator's faults, by kind, over every seed
@@ -85,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-trace", action="store_true", help="the whole trace of every seed")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.shards and args.backend in SPLIT:
+        parser.error(f"--shards runs on one server: not on {args.backend}")
     logging.basicConfig(
         stream=sys.stderr, level=logging.DEBUG if args.verbose else logging.ERROR, format="%(asctime)s %(message)s"
     )
