@@ -311,8 +311,8 @@ REGISTER: tuple[Assumption, ...] = (
         "with `min_replicas` ≥ 1, a master cut off from the cluster bus while clients reach it stops confirming the "
         "old leader before the promoted replica's copy of the key expires",
         RENEW,
-        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`); not tested with "
-        "a bus-only partition",
+        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`); a bus-only "
+        "partition with `min_replicas=1` keeps one leader (`tests/test_redis_cluster_split.py`), no test breaks it yet",
         None,
     ),
     # --- file ---------------------------------------------------------------------------------------------
