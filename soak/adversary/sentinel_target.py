@@ -7,10 +7,9 @@ process, reach every node, and use ``redis+sentinel://`` with
 
 * cuts the master off from every sentinel for 4-8 s (*cut-sentinels*),
   most often right after a grant (it watches the token counter, up to
-  3 s):
-  they promote a replica, while the electors still reach the old master,
-  where an old leader may go on renewing; after the heal the sentinels
-  turn the old master into a replica of the new one;
+  3 s): they promote a replica, while the electors still reach the old
+  master, where an old leader may go on renewing; after the heal the
+  sentinels turn the old master into a replica of the new one;
 * cuts the master off from its replicas for 2-5 s (*cut-replicas*): no
   ``WAIT`` is answered, the sentinels see nothing wrong;
 * crash-loops a node (*crash-loop*, mostly the master): SIGKILL and start,
