@@ -48,6 +48,7 @@ NO_SERVER: dict[str, str | None] = {
     "tests/test_model.py": None,
     "tests/test_soak.py": "not short_soak",
     "tests/test_register.py": None,
+    "tests/test_fenced_state.py": "memory or file or without_fenced_state",
 }
 
 #: What ``lowest`` and ``newest`` run besides the tests that need no server: every suite that drives a driver
@@ -62,6 +63,8 @@ DEPENDENCY_TESTS = [
     "tests/test_redis_cluster.py",
     "tests/test_redis_errors.py",
     "tests/test_sql_shared.py",
+    "tests/test_fenced_state.py",
+    "tests/test_fence_sql.py",
     "tests/test_cli.py",
 ]
 

@@ -22,6 +22,9 @@ from ._errors import (
 )
 from ._events import Event
 from ._factory import from_env, new
+from ._fence import fenced
+from ._fenced import FencedStore
+from ._main import run
 from ._shards import Shards
 
 if TYPE_CHECKING:
@@ -38,6 +41,7 @@ __all__ = [
     "EtcdElector",
     "EtcdSession",
     "Event",
+    "FencedStore",
     "FileElector",
     "Leadership",
     "LeadershipLost",
@@ -52,9 +56,11 @@ __all__ = [
     "Shards",
     "UsageError",
     "current_leadership",
+    "fenced",
     "from_env",
     "leadership",
     "new",
+    "run",
 ]
 
 #: The electors that resolve on first use, and the backend module (with its driver) each one needs.

@@ -14,6 +14,7 @@ Nothing here or in a backend imports the elector.
 from __future__ import annotations
 
 import abc
+import enum
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
@@ -33,6 +34,8 @@ __all__ = [
     "Loss",
     "Reporter",
     "SharedSession",
+    "StateStore",
+    "Written",
     "monotonic",
     "until_recorded",
 ]
@@ -142,6 +145,8 @@ class Backend(abc.ABC):
     #: Whether a leadership may get a token not above one handed out before (an opt-in that says so); else the
     #: elector refuses such a leadership as a permanent error.
     tokens_may_repeat: bool = False
+    #: The fenced state, once :meth:`state_store` has made it.
+    _state_store: StateStore | None = None
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -253,8 +258,64 @@ class Backend(abc.ABC):
         elector holds nothing on the server.
         """
 
+    def state_store(self) -> StateStore:
+        """This election's fenced state on the backend's server (see :class:`StateStore`), made on first use.
+
+        Closed by :meth:`close_state`. A backend without fenced state raises
+        :class:`~aioelect.UsageError` saying so.
+        """
+        store = self._state_store
+        if store is None:
+            store = self._state_store = self._new_state_store()
+        return store
+
+    def _new_state_store(self) -> StateStore:
+        raise UsageError(f"the {self.kind} backend keeps no fenced state: use etcd, MySQL, PostgreSQL, Redis or a file")
+
+    async def close_state(self) -> None:
+        """Close the fenced state's connection, if one was opened (the elector calls this as it closes)."""
+        store = self._state_store
+        if store is not None:
+            self._state_store = None
+            with anyio.CancelScope(shield=True):
+                await store.aclose()
+
     async def aclose(self) -> None:  # noqa: B027 - most backends hold nothing between campaigns
         """Free every resource the backend holds outside a campaign or hold."""
+
+
+class Written(enum.Enum):
+    """What a fenced write did (:meth:`StateStore.write`)."""
+
+    #: Written, and committed on the server.
+    DONE = "done"
+    #: Nothing written: the election has issued a token newer than the writer's.
+    FENCED = "fenced"
+    #: Nothing written: the value stored was not the one expected.
+    CONFLICT = "conflict"
+
+
+class StateStore(abc.ABC):
+    """Small values kept beside one election on its server, written only under the newest token.
+
+    Keys and values arrive checked and encoded (:mod:`aioelect._values`):
+    a key is a short string, a value a few bytes of JSON. A backend makes
+    each write one atomic step on its server: the check that the writer's
+    token is still the newest the election has issued, the comparison with
+    the expected value, and the write, or nothing at all.
+    """
+
+    @abc.abstractmethod
+    async def read(self, key: str) -> bytes | None:
+        """The value stored under ``key``, or None."""
+
+    @abc.abstractmethod
+    async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
+        """Store ``value`` under ``key`` if ``hold``'s token is the newest the election issued, and (``compare``)
+        the value stored is ``expected`` (None: no value); else write nothing and say why."""
+
+    async def aclose(self) -> None:  # noqa: B027 - a store that keeps nothing open
+        """Close what the store keeps open."""
 
 
 def monotonic() -> float:
@@ -314,10 +375,10 @@ class SharedSession(abc.ABC):
             raise UsageError(f"enter the {self.who} (async with) before its electors campaign")
 
     def _enter(self, share: str, lost: str) -> None:
-        """Mark the session entered (RuntimeError the second time); log that its electors ``share`` one thing and
+        """Mark the session entered (UsageError the second time); log that its electors ``share`` one thing and
         all lose their leadership when it is ``lost``."""
         if self._entered:
-            raise RuntimeError(f"{self.who} is entered once")
+            raise UsageError(f"the {self.who} is entered once")
         self._entered = True
         if self.who in _FATE_SHARING_SAID:
             return

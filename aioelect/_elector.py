@@ -81,10 +81,39 @@ def current_leadership() -> Leadership:
 
 
 class _State(enum.Enum):
+    """The states of an :class:`Elector`; the value is how its repr and errors show it."""
+
     IDLE = "idle"
     CAMPAIGNING = "campaigning"
     LEADING = "leading"
     CLOSED = "closed"
+
+
+class _Do(enum.Enum):
+    """What moves an :class:`Elector` from one state to the next."""
+
+    CAMPAIGN = "campaign started"
+    STOP = "campaign ended without a leadership"
+    WIN = "campaign won"
+    END = "leadership ended"
+    CLOSE = "aclose()"
+
+
+#: Every transition of an :class:`Elector`. A step not listed for a state changes nothing: a campaign's end
+#: once the elector is closed, the end of a leadership that is not the current one.
+ELECTOR_TRANSITIONS: Transitions[_State, _Do] = Transitions(
+    start=_State.IDLE,
+    final=frozenset({_State.CLOSED}),
+    table={
+        (_State.IDLE, _Do.CAMPAIGN): _State.CAMPAIGNING,
+        (_State.CAMPAIGNING, _Do.STOP): _State.IDLE,
+        (_State.CAMPAIGNING, _Do.WIN): _State.LEADING,
+        (_State.LEADING, _Do.END): _State.IDLE,
+        (_State.IDLE, _Do.CLOSE): _State.CLOSED,
+        (_State.CAMPAIGNING, _Do.CLOSE): _State.CLOSED,
+        (_State.LEADING, _Do.CLOSE): _State.CLOSED,
+    },
+)
 
 
 class _Lead(enum.Enum):
@@ -198,7 +227,9 @@ class Leadership:
 
     @property
     def lost(self) -> bool:
-        """True once leadership ended for a reason other than our own release."""
+        """True once leadership ended for a reason other than our own release: a loss the keeper reported (the
+        state), or the renew deadline gone by without a confirmation (the clock, read at each call, even before
+        the keeper has run). :attr:`lost_kind` says which: ``SELF_FENCED`` for the clock."""
         return self._state in _LOSS or (self._state is _Lead.HELD and self._deadline_passed())
 
     @property
@@ -333,9 +364,6 @@ class Leadership:
         self._step(_Step.LET_GO)
         self._elector._ended(self)
 
-    def _descriptors(self) -> tuple[int, ...]:
-        """The descriptors whose last close ends this leadership (:meth:`Hold.descriptors`); empty once it ended."""
-        return self._hold.descriptors() if self._state in (_Lead.HELD, _Lead.RELEASING) else ()
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[anyio.CancelScope]:
@@ -498,7 +526,7 @@ class Elector:
         self._backend = backend
         self._identity = validate_identity(identity) if identity is not None else default_identity()
         self._stop_timeout = float(stop_timeout)
-        self._state = _State.IDLE
+        self._state = ELECTOR_TRANSITIONS.start
         self._leadership: Leadership | None = None
         self._campaign_scope: anyio.CancelScope | None = None
         #: Set when each campaign in progress has ended, a hold it won released or handed on: aclose() waits for
@@ -591,6 +619,14 @@ class Elector:
 
     # A timeout argument here, not only a scope around the call: asyncio.wait_for() on
     # Python 3.10 and 3.11 would bind the leadership to a task of its own.
+    def _move(self, step: _Do) -> bool:
+        """Take ``step`` if :data:`ELECTOR_TRANSITIONS` allows it from the current state; whether it moved."""
+        target = ELECTOR_TRANSITIONS.next(self._state, step)
+        if target is None:
+            return False
+        self._state = target
+        return True
+
     async def acquire(self, timeout: float | None = None) -> Leadership:  # noqa: ASYNC109
         """Campaign and return once this candidate is the leader.
 
@@ -670,7 +706,8 @@ class Elector:
     def _lead(self, hold: Hold, started: float) -> Leadership:
         lead = Leadership(self, hold, self._log)
         self._leadership = lead
-        self._state = _State.LEADING
+        moved = self._move(_Do.WIN)
+        assert moved, "a campaign returns a hold only while the elector campaigns"
         lead._start(asyncio.current_task())
         # Our own leadership is told by the "acquired" event, not a "leader" event.
         self._last_leader = self._identity
@@ -679,7 +716,7 @@ class Elector:
         self._emit("acquired", token=lead.token, wait=waited)
         return lead
 
-    async def _watch_leader(self, stopped: asyncio.Event) -> None:
+    async def _watch_leader(self, stopped: anyio.Event) -> None:
         """Report each change of leader until ``stopped`` (set, and this task cancelled, when the campaign ends).
 
         Ends by closing what it looked through, so that an idle elector holds
@@ -721,11 +758,11 @@ class Elector:
         if not self._timing_logged:
             self._timing_logged = True
             self._log.info("campaigning; %s", self._backend.describe_timing())
-        self._state = _State.CAMPAIGNING
+        self._move(_Do.CAMPAIGN)
         self._emit("campaigning")
         hold: Hold | None = None
         watcher: asyncio.Task[None] | None = None
-        stopped = asyncio.Event()
+        stopped = anyio.Event()
         try:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
@@ -739,8 +776,7 @@ class Elector:
             if scope.cancelled_caught:
                 raise ElectorClosed("elector closed while campaigning")
         except BaseException:
-            if self._state is _State.CAMPAIGNING:
-                self._state = _State.IDLE
+            self._move(_Do.STOP)
             raise
         finally:
             self._campaign_scope = None
@@ -758,16 +794,15 @@ class Elector:
                     await self._abandon(hold)
                     raise
         if hold is None:
-            if self._state is _State.CAMPAIGNING:
-                self._state = _State.IDLE
+            self._move(_Do.STOP)
             return None
-        if self._state is _State.CLOSED:  # closed as the campaign won: give it back
+        if is_closed(self):  # closed as the campaign won: give it back
             with anyio.CancelScope(shield=True):
                 await hold.release()
             raise ElectorClosed("elector closed while campaigning")
         problem = self._token_problem(hold.token)
         if problem is not None:
-            self._state = _State.IDLE
+            self._move(_Do.STOP)
             self._log.error("%s", problem)
             with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
                 await hold.release()
@@ -806,8 +841,7 @@ class Elector:
 
     async def _abandon(self, hold: Hold | None) -> None:
         """End a campaign that will not return: the elector campaigns no more, and ``hold`` is released."""
-        if self._state is _State.CAMPAIGNING:
-            self._state = _State.IDLE
+        self._move(_Do.STOP)
         if hold is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
                 await asyncio.shield(hold.release())
@@ -817,8 +851,7 @@ class Elector:
             self._leadership = None
             if self._last_leader == self._identity:
                 self._last_leader = None  # let go: who leads next is known at the next report
-            if self._state is _State.LEADING:
-                self._state = _State.IDLE
+            self._move(_Do.END)
 
     async def leader(self) -> str | None:
         """The current leader's identity as the backend sees it, or None.
@@ -914,9 +947,8 @@ class Elector:
 
     async def aclose(self) -> None:
         """Release any leadership, stop any campaign, and free every resource. Idempotent."""
-        if self._state is _State.CLOSED:
+        if not self._move(_Do.CLOSE):
             return
-        self._state = _State.CLOSED
         if self._campaign_scope is not None:
             self._campaign_scope.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
@@ -926,6 +958,7 @@ class Elector:
             await self._leadership.release()
         await self._tasks.aclose()
         with anyio.CancelScope(shield=True):
+            await self._backend.close_state()
             await self._backend.aclose()
 
     async def __aenter__(self: _E) -> _E:
@@ -972,3 +1005,34 @@ async def _scope(lead: Leadership) -> AsyncIterator[Leadership]:
         with contextlib.suppress(ValueError):  # a generator finalized in another context: nothing to undo here
             _CURRENT.reset(current)
         await lead.release()
+
+
+# --- the seam for the modules above the core ------------------------------------------------------------
+# The wiring (Shards, FencedStore, fenced()) and the command line reach below an elector only through these, never
+# through its private attributes; users never need them.
+
+
+def backend_of(elector: Elector) -> Backend:
+    """The backend ``elector`` drives."""
+    return elector._backend
+
+
+def is_closed(elector: Elector) -> bool:
+    """Whether ``elector`` has been closed (it campaigns no more)."""
+    return elector._state is _State.CLOSED
+
+
+def elector_of(lead: Leadership) -> Elector:
+    """The elector that took ``lead``."""
+    return lead._elector
+
+
+def hold_of(lead: Leadership) -> Hold:
+    """What ``lead``'s backend holds for it (its token, its lock, its key)."""
+    return lead._hold
+
+
+def lock_descriptors(lead: Leadership) -> tuple[int, ...]:
+    """The descriptors whose last close ends ``lead`` (:meth:`Hold.descriptors`); empty once it has ended: a
+    process that inherits them keeps the lock until it too has closed them."""
+    return lead._hold.descriptors() if lead._state in (_Lead.HELD, _Lead.RELEASING) else ()

@@ -49,6 +49,8 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
+from ._tasks import TaskSet
+
 __all__ = [
     "ACCEPT_RETRY_DELAY",
     "ERROR_LOG_INTERVAL",
@@ -156,8 +158,9 @@ class BoundedHTTPServer:
         self.accept_errors = 0
         self._log = log if log is not None else logging.getLogger(f"aioelect.{name}")
         self._sock: socket.socket | None = None
-        self._accepting: asyncio.Task[None] | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        #: The accept loop and one task per open connection, cancelled and awaited by aclose().
+        self._tasks = TaskSet()
+        #: Open connections per peer address.
         self._by_peer: dict[str, int] = {}
         self._unlogged = 0
         self._logged_at = -math.inf
@@ -170,7 +173,7 @@ class BoundedHTTPServer:
 
     @property
     def open_connections(self) -> int:
-        return len(self._connections)
+        return sum(self._by_peer.values())
 
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port``; OSError if it cannot."""
@@ -182,18 +185,15 @@ class BoundedHTTPServer:
         sock = socket.create_server(address[:2], family=family, backlog=128)
         sock.setblocking(False)
         self._sock = sock
-        self._accepting = asyncio.create_task(self._accept_loop(sock), name=f"aioelect-{self.name}-accept")
+        self._tasks.start(self._accept_loop(sock), name=f"aioelect-{self.name}-accept", on_done=self._ended)
 
     async def aclose(self) -> None:
         """Stop listening and close every connection. Idempotent."""
         sock, self._sock = self._sock, None
-        accepting, self._accepting = self._accepting, None
-        tasks = [*([accepting] if accepting is not None else []), *self._connections]
-        for task in tasks:
-            task.cancel()
-        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
-            if tasks:
-                await asyncio.wait(tasks)
+        self._tasks.cancel()
+        if not await self._tasks.wait(timeout=5):
+            left = len(self._tasks)
+            self._log.error("%s server: %d task(s) still running 5 s after they were cancelled", self.name, left)
         if sock is not None:
             sock.close()
 
@@ -214,28 +214,32 @@ class BoundedHTTPServer:
                 _reset(conn)
             else:
                 conn.setblocking(False)
-                task = asyncio.create_task(self._serve(conn))
-                self._connections.add(task)
                 self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
-                task.add_done_callback(functools.partial(self._gone, peer))
+                gone = functools.partial(self._gone, peer)
+                self._tasks.start(self._serve(conn), name=f"aioelect-{self.name}-connection", on_done=gone)
             # sock_accept() does not yield while connections are queued: a client reconnecting in a loop would
             # otherwise keep the event loop, and the election in it, from running.
             await asyncio.sleep(0)
 
     def _admits(self, peer: str) -> bool:
         """Whether a connection from ``peer`` may have a slot now (see the module's limits)."""
-        total, held = len(self._connections), self._by_peer.get(peer, 0)
+        total, held = self.open_connections, self._by_peer.get(peer, 0)
         if total >= self.max_connections or held >= self.max_per_peer:
             return False
         return held == 0 or total < self.max_connections - self.reserved
 
     def _gone(self, peer: str, task: asyncio.Task[None]) -> None:
-        self._connections.discard(task)
         left = self._by_peer.get(peer, 1) - 1
         if left > 0:
             self._by_peer[peer] = left
         else:
             self._by_peer.pop(peer, None)
+        self._ended(task)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """Log what a task of the server raised (a connection's is answered, so this is a bug), never lose it."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            self._log.error("%s server: %s failed: %r", self.name, task.get_name(), exc)
 
     def _accept_failed(self, exc: OSError) -> None:
         self.accept_errors += 1

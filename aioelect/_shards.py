@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import anyio.abc
 
 from ._config import validate_name
-from ._elector import Elector, Leadership, default_identity, leading_if_free, validate_identity
-from ._errors import BackendUnavailable, LeadershipLost
+from ._elector import Elector, Leadership, backend_of, default_identity, leading_if_free, validate_identity
+from ._errors import BackendUnavailable, LeadershipLost, UsageError
 from ._factory import env_options, from_env, shared_sql_session
 from ._settings import Settings
+from ._tasks import FirstFailure
 
 __all__ = ["Shards", "assign"]
 
@@ -110,10 +110,45 @@ class _Owner:
         return not (self.gone or self.scope.cancel_called)
 
 
+@dataclass
+class _Round:
+    """What one instance sees and does in one :meth:`Shards.run`: made new when a run starts and when it ends."""
+
+    #: What each member election's leader is, as last observed (None: nobody); filled by the observers.
+    seen: dict[int, str | None] = field(default_factory=dict)
+    #: Set once every member election has reported its leader.
+    all_seen: anyio.Event = field(default_factory=anyio.Event)
+    #: The member election this instance holds, if any.
+    slot: int | None = None
+    #: The live members and this instance's share, as last applied.
+    members: tuple[str, ...] = ()
+    target: frozenset[str] = frozenset()
+    #: (members with this instance last, each name's preferred owner) the orders below were computed for.
+    assigned: tuple[tuple[str, ...], dict[str, str]] | None = None
+    #: The names in the order they are asked for, those likely to come free here, and when they last changed.
+    order: tuple[str, ...] = ()
+    likely: tuple[str, ...] = ()
+    changed_at: float = 0.0
+    #: Members that joined with the last change: their preferred names are resigned first.
+    joined: frozenset[str] = frozenset()
+    #: The leadership of each name held, and the task of each name held, asked for or being let go.
+    held: dict[str, Leadership] = field(default_factory=dict)
+    owners: dict[str, _Owner] = field(default_factory=dict)
+    #: Who held each name when this instance last asked for it in vain (None: not reported).
+    holders: dict[str, str | None] = field(default_factory=dict)
+    #: Lock requests granted in this run.
+    grants: int = 0
+    #: Set on every change of what is seen (wakes the rebalance), when short (wakes the claims), and when a
+    #: request is answered.
+    wake: anyio.Event = field(default_factory=anyio.Event)
+    claim: anyio.Event = field(default_factory=anyio.Event)
+    answered: anyio.Event = field(default_factory=anyio.Event)
+
+
 def _session_identity(elector: Elector) -> tuple[str, bool] | None:
     """The identity of the shared SQL session ``elector`` is on, and whether the server reports the session's
     identity (not the elector's) as the leader of every election on it; None when it is on no such session."""
-    backend = getattr(elector, "_backend", None)
+    backend = backend_of(elector)
     identity = getattr(getattr(backend, "shared", None), "identity", None)
     if not isinstance(identity, str):
         return None
@@ -287,32 +322,14 @@ class Shards:
             raise ValueError(f"step must be an int >= 1, not {step!r}")
         self.step = step
         self._electors = electors
-        #: What each member election's leader is, as last observed (None: nobody); filled by the observers.
-        self._seen: dict[int, str | None] = {}
-        self._slot: int | None = None
-        self._held: dict[str, Leadership] = {}
-        self._owners: dict[str, _Owner] = {}
-        self._target: frozenset[str] = frozenset()
-        self._order: tuple[str, ...] = ()
-        self._likely: tuple[str, ...] = ()
-        #: Who held each name when this instance last asked for it in vain (None: not reported).
-        self._holders: dict[str, str | None] = {}
-        self._changed_at = 0.0
-        self._joined: frozenset[str] = frozenset()
-        self._members: tuple[str, ...] = ()
-        self._wake = anyio.Event()
-        self._claim = anyio.Event()
-        self._answered = anyio.Event()
-        self._grants = 0
-        self._all_seen = anyio.Event()
-        self._assigned: tuple[tuple[str, ...], dict[str, str]] | None = None
+        #: What this instance sees and does in its current run (an empty one between runs).
+        self._r = _Round()
         self._running = False
-        self._failure: BaseException | None = None
 
     def __repr__(self) -> str:
         return (
             f"<Shards {self.group} identity={self.identity!r} names={len(self.names)} "
-            f"members={len(self._members)} owned={len(self._held)}>"
+            f"members={len(self._r.members)} owned={len(self._r.held)}>"
         )
 
     # --- what this instance sees -------------------------------------------------------
@@ -329,22 +346,22 @@ class Shards:
     @property
     def members(self) -> tuple[str, ...]:
         """The live instances as this instance last saw them (sorted), itself included once it is a member."""
-        return self._members
+        return self._r.members
 
     @property
     def assigned(self) -> frozenset[str]:
         """The names :func:`assign` prefers here under :attr:`members`: as many as this instance's share, which it
         asks for first when short. The names it owns once settled are any of that count (see :attr:`owned`)."""
-        return self._target
+        return self._r.target
 
     @property
     def owned(self) -> frozenset[str]:
         """The names whose leadership this instance holds now (each :attr:`~aioelect.Leadership.held`)."""
-        return frozenset(n for n, lead in self._held.items() if lead.held)
+        return frozenset(n for n, lead in self._r.held.items() if lead.held)
 
     def leadership(self, name: str) -> Leadership | None:
         """The held leadership of ``name``, or None when this instance does not own it now."""
-        lead = self._held.get(name)
+        lead = self._r.held.get(name)
         return lead if lead is not None and lead.held else None
 
     # --- running -----------------------------------------------------------------------
@@ -357,7 +374,7 @@ class Shards:
         ``work`` or permanent backend error, raised after the same cleanup.
         """
         if self._running:
-            raise RuntimeError("Shards.run() is already running")
+            raise UsageError("Shards.run() is already running")
         self._running = True
         if self._open_session is None:
             await self._run(work)
@@ -372,48 +389,24 @@ class Shards:
 
     async def _run(self, work: ShardWork | None) -> None:
         self._running = True
+        self._r = _Round()
         slots: list[Elector] = []
-        self._failure = None
         try:
             for k in range(self.max_instances):
                 slots.append(await self._make(self.member_election(k), first=k == 0))
-            async with anyio.create_task_group() as tg:
+            async with FirstFailure() as tasks:
                 for k, slot in enumerate(slots):
-                    tg.start_soon(self._guarded, tg, self._observe, k, slot)
-                tg.start_soon(self._guarded, tg, self._membership, slots)
-                tg.start_soon(self._guarded, tg, self._claims, tg, work)
+                    tasks.start_soon(self._observe, k, slot)
+                tasks.start_soon(self._membership, slots)
+                tasks.start_soon(self._claims, tasks, work)
                 await self._rebalance()
         finally:
             with anyio.CancelScope(shield=True):
                 for slot in slots:
                     await slot.aclose()
-            self._held.clear()
-            self._owners.clear()
-            self._seen.clear()
-            self._slot = None
-            self._target = frozenset()
-            self._order = ()
-            self._likely = ()
-            self._holders.clear()
-            self._joined = frozenset()
-            self._members = ()
-            self._wake = anyio.Event()
-            self._claim = anyio.Event()
-            self._assigned = None
-            self._all_seen = anyio.Event()
+            self._r = _Round()
             self._running = False
-        if self._failure is not None:
-            raise self._failure
         raise AssertionError("the rebalance loop never returns")  # pragma: no cover
-
-    async def _guarded(self, tg: anyio.abc.TaskGroup, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
-        """Run ``fn(*args)``; its exception ends run() (kept, and raised as it is once every task has ended)."""
-        try:
-            await fn(*args)
-        except Exception as exc:
-            if self._failure is None:
-                self._failure = exc
-            tg.cancel_scope.cancel()
 
     async def _make(self, election: str, first: bool = False) -> Elector:
         elector = self._electors(election)
@@ -438,28 +431,28 @@ class Shards:
         return elector
 
     def _changed(self) -> None:
-        self._wake.set()
+        self._r.wake.set()
 
     async def _observe(self, k: int, slot: Elector) -> None:
         async for leader in slot.observe():
-            if self._seen.get(k, ...) != leader:
-                self._seen[k] = leader
-                if len(self._seen) == self.max_instances:
-                    self._all_seen.set()
+            if self._r.seen.get(k, ...) != leader:
+                self._r.seen[k] = leader
+                if len(self._r.seen) == self.max_instances:
+                    self._r.all_seen.set()
                 self._changed()
 
     async def _membership(self, slots: list[Elector]) -> None:
         """Hold one member election for as long as this runs; take another when it is lost."""
-        await self._all_seen.wait()
+        await self._r.all_seen.wait()
         while True:
             # Free-looking slots first: a held one would only refuse.
-            order = sorted(range(len(slots)), key=lambda k: self._seen.get(k) is not None)
+            order = sorted(range(len(slots)), key=lambda k: self._r.seen.get(k) is not None)
             for k in order:
                 try:
                     async with leading_if_free(slots[k]) as lead:
                         if lead is None:
                             continue
-                        self._slot = k
+                        self._r.slot = k
                         self._changed()
                         log.info("%s is a member of %s (member election %d)", self.identity, self.group, k)
                         await anyio.sleep_forever()
@@ -469,7 +462,7 @@ class Shards:
                     log.warning("member election %d of %s: %s; trying again", k, self.group, exc)
                     await anyio.sleep(FULL_RETRY)
                 finally:
-                    self._slot = None
+                    self._r.slot = None
                     self._changed()
                 break
             else:
@@ -482,46 +475,46 @@ class Shards:
                 await anyio.sleep(FULL_RETRY)
 
     async def _next_change(self) -> None:
-        await self._wake.wait()
-        self._wake = anyio.Event()
+        await self._r.wake.wait()
+        self._r.wake = anyio.Event()
 
     def _view(self) -> tuple[tuple[str, ...], frozenset[str]]:
         """The live members and the names :func:`assign` prefers here (as many as this instance's share)."""
-        if len(self._seen) < self.max_instances:
+        if len(self._r.seen) < self.max_instances:
             return (), frozenset()  # not every member election reported yet: nothing is known
-        members = tuple(sorted({m for m in self._seen.values() if m is not None}))
-        me = None if self._slot is None else self._seen.get(self._slot)
+        members = tuple(sorted({m for m in self._r.seen.values() if m is not None}))
+        me = None if self._r.slot is None else self._r.seen.get(self._r.slot)
         if me is None:
             return members, frozenset()  # not a member (yet): the others do not count on us
-        if self._assigned is None or self._assigned[0] != (*members, me):
+        if self._r.assigned is None or self._r.assigned[0] != (*members, me):
             owners = assign(self.names, members)
             mine = frozenset(n for n in self.names if owners.get(n) == me)
-            if self._assigned is None:
+            if self._r.assigned is None:
                 # Newly a member: the others had balanced the names among themselves.
                 seen = tuple(m for m in members if m != me)
                 before = assign(self.names, seen) if seen else {}
             else:
-                before, seen = self._assigned[1], self._assigned[0][:-1]
+                before, seen = self._r.assigned[1], self._r.assigned[0][:-1]
             departed = set(seen) - set(members)
             # Asked for in this order when short: the names that departed instances were preferred for (free
             # soonest), then those preferred here, then by this instance's own weight.
-            self._order = tuple(
+            self._r.order = tuple(
                 sorted(self.names, key=lambda n: (before.get(n) not in departed, n not in mine, -_score(me, n)))
             )
             # The names likely to come free here, asked for alone first: those preferred here, and those whose
             # preferred instance changed (an instance above its share resigns those first).
-            self._likely = tuple(n for n in self._order if n in mine or before.get(n, owners[n]) != owners[n])
-            self._changed_at = time.monotonic()
+            self._r.likely = tuple(n for n in self._r.order if n in mine or before.get(n, owners[n]) != owners[n])
+            self._r.changed_at = time.monotonic()
             # Resigned first when over: the names preferred by an instance that has just joined (short of them).
-            self._joined = frozenset(members) - frozenset(seen) if seen else frozenset()
-            self._assigned = ((*members, me), owners)
-        owners = self._assigned[1]
+            self._r.joined = frozenset(members) - frozenset(seen) if seen else frozenset()
+            self._r.assigned = ((*members, me), owners)
+        owners = self._r.assigned[1]
         # As this instance's member election reports it: a backend that shortens identities shortens ours too.
         return members, frozenset(n for n in self.names if owners.get(n) == me)
 
     def _short(self) -> int:
         """How many names this instance lacks for its share, counting the lock requests on their way."""
-        return len(self._target) - sum(o.counts for o in self._owners.values())
+        return len(self._r.target) - sum(o.counts for o in self._r.owners.values())
 
     async def _rebalance(self) -> None:
         backlog = False
@@ -545,7 +538,7 @@ class Shards:
         instance's that has just joined first), then those of least weight here.
         """
         members, target = self._view()
-        if members != self._members or target != self._target:
+        if members != self._r.members or target != self._r.target:
             log.info(
                 "%s: %d members, a share of %d of %d names here",
                 self.identity,
@@ -553,21 +546,22 @@ class Shards:
                 len(target),
                 len(self.names),
             )
-        self._members, self._target = members, target
-        active = [n for n, o in self._owners.items() if o.counts]
+        self._r.members, self._r.target = members, target
+        active = [n for n, o in self._r.owners.items() if o.counts]
         excess = len(active) - len(target)
         if excess > 0:
-            me = self._assigned[0][-1] if self._assigned is not None and target else self.identity
-            owners = self._assigned[1] if self._assigned is not None else {}
-            active.sort(key=lambda n: (n in self._held, n in target, owners.get(n) not in self._joined, _score(me, n)))
+            me = self._r.assigned[0][-1] if self._r.assigned is not None and target else self.identity
+            owners = self._r.assigned[1] if self._r.assigned is not None else {}
+            joined = self._r.joined
+            active.sort(key=lambda n: (n in self._r.held, n in target, owners.get(n) not in joined, _score(me, n)))
             for name in active[: min(excess, self.step)]:
-                self._owners[name].scope.cancel()
+                self._r.owners[name].scope.cancel()
             return excess > self.step
         if excess < 0:
-            self._claim.set()
+            self._r.claim.set()
         return False
 
-    async def _claims(self, tg: anyio.abc.TaskGroup, work: ShardWork | None) -> None:
+    async def _claims(self, tasks: FirstFailure, work: ShardWork | None) -> None:
         """While this instance is short of its share, ask for free names: passes over the names, in its order.
 
         A pass over the likely names alone (those preferred here, and those departed instances were preferred
@@ -579,14 +573,14 @@ class Shards:
         while True:
             if self._short() <= 0:
                 pause = 0.0
-                await self._claim.wait()
-            self._claim = anyio.Event()
+                await self._r.claim.wait()
+            self._r.claim = anyio.Event()
             if self._short() <= 0:
                 continue
-            if since != self._changed_at:
-                since, gave, exhausted = self._changed_at, False, False
+            if since != self._r.changed_at:
+                since, gave, exhausted = self._r.changed_at, False, False
             every = exhausted or time.monotonic() - since >= CLAIM_RETRY
-            won = await self._pass(tg, work, self._asking_order(every))
+            won = await self._pass(tasks, work, self._asking_order(every))
             if not every:
                 gave = gave or won > 0
                 exhausted = gave and not won
@@ -597,52 +591,52 @@ class Shards:
                     self.settle if won or (exhausted and not every) else min(max(2 * pause, self.settle), CLAIM_RETRY)
                 )
                 with anyio.move_on_after(pause):
-                    await self._claim.wait()
+                    await self._r.claim.wait()
 
     def _asking_order(self, every: bool) -> list[str]:
         """The names of the next pass: every name, or the likely ones; first those last seen held by an instance
         that is no longer a member, last those last seen held by a live one."""
-        live = set(self._members)
+        live = set(self._r.members)
 
         def rank(name: str) -> int:
-            holder = self._holders.get(name)
+            holder = self._r.holders.get(name)
             return 1 if holder is None else 2 if holder in live else 0
 
-        names = self._order if every else [*self._likely, *(n for n in self._order if rank(n) == 0)]
+        names = self._r.order if every else [*self._r.likely, *(n for n in self._r.order if rank(n) == 0)]
         return sorted(dict.fromkeys(names), key=rank)
 
-    async def _pass(self, tg: anyio.abc.TaskGroup, work: ShardWork | None, names: Sequence[str]) -> int:
+    async def _pass(self, tasks: FirstFailure, work: ShardWork | None, names: Sequence[str]) -> int:
         """Ask once for each of ``names`` that this instance does not hold, in order, while it is short: at most
         :attr:`step` requests at a time, never more than it lacks, and at most :attr:`step` requests and grants
         together per :attr:`settle` period. Returns how many were granted."""
-        first = self._grants
+        first = self._r.grants
         asking: list[_Owner] = []
-        period, base = time.monotonic(), self._grants
+        period, base = time.monotonic(), self._r.grants
         for name in names:
             while True:
-                self._answered = anyio.Event()
+                self._r.answered = anyio.Event()
                 asking = [o for o in asking if not o.asked.is_set()]
                 now = time.monotonic()
                 if now - period >= self.settle:
-                    period, base = now, self._grants
+                    period, base = now, self._r.grants
                 short = self._short()
                 if short <= 0 and not asking:
-                    return self._grants - first
-                if short > 0 and len(asking) + self._grants - base < self.step:
+                    return self._r.grants - first
+                if short > 0 and len(asking) + self._r.grants - base < self.step:
                     break
                 # Full, or no more to ask until the requests on their way are answered: a refused one is asked
                 # for again in its place.
                 with anyio.move_on_after(max(0.0, period + self.settle - now)):
-                    await self._answered.wait()
-            if name in self._owners:
+                    await self._r.answered.wait()
+            if name in self._r.owners:
                 continue  # held, asked for, or still being let go
             owner = _Owner()
-            self._owners[name] = owner
+            self._r.owners[name] = owner
             asking.append(owner)
-            tg.start_soon(self._guarded, tg, self._own, name, owner, work)
+            tasks.start_soon(self._own, name, owner, work)
         for owner in asking:
             await owner.asked.wait()
-        return self._grants - first
+        return self._r.grants - first
 
     async def _own(self, name: str, owner: _Owner, work: ShardWork | None) -> None:
         """Ask once for ``name``; if granted, hold it (and run its work) until resigned or lost."""
@@ -656,7 +650,7 @@ class Shards:
                     log.warning(
                         "%s lost %s (%s): it goes to whoever is short of its share", self.identity, name, exc.reason
                     )
-                    self._claim.set()
+                    self._r.claim.set()
                 except BackendUnavailable as exc:
                     owner.gone = True
                     log.info("%s: asking for %s failed (%s); asked again on the next pass", self.identity, name, exc)
@@ -665,26 +659,26 @@ class Shards:
                         await elector.aclose()
         finally:
             owner.asked.set()
-            self._answered.set()
+            self._r.answered.set()
             owner.done.set()
-            if self._owners.get(name) is owner:
-                del self._owners[name]
+            if self._r.owners.get(name) is owner:
+                del self._r.owners[name]
 
     async def _lead(self, name: str, owner: _Owner, elector: Elector, work: ShardWork | None) -> None:
         async with leading_if_free(elector) as lead:
             owner.gone = lead is None
             owner.asked.set()
-            self._answered.set()
+            self._r.answered.set()
             if lead is None:
-                self._holders[name] = elector.last_leader
+                self._r.holders[name] = elector.last_leader
                 return
-            self._holders.pop(name, None)
-            self._grants += 1
-            self._held[name] = lead
+            self._r.holders.pop(name, None)
+            self._r.grants += 1
+            self._r.held[name] = lead
             try:
                 if work is not None:
                     await work(name)
                 await anyio.sleep_forever()
             finally:
-                if self._held.get(name) is lead:
-                    del self._held[name]
+                if self._r.held.get(name) is lead:
+                    del self._r.held[name]

@@ -3,19 +3,23 @@
 Guarantees: every task started through a :class:`TaskSet` belongs to the
 object that holds the set, which cancels it and waits for it
 (:meth:`TaskSet.aclose`) before it ends itself, so that no task outlives its
-owner; :func:`first_of` returns the first of several waits and leaves none
-of the others running.
+owner; :class:`FirstFailure` is a task group that ends at its first
+exception and raises that one exception, as it is; :func:`first_of` returns
+the first of several waits and leaves none of the others running.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 
-__all__ = ["TaskSet", "consume", "first_of"]
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["FirstFailure", "TaskSet", "consume", "first_of"]
 
 T = TypeVar("T")
 
@@ -84,6 +88,47 @@ class TaskSet:
         while len(self._tasks - {asyncio.current_task()}):  # a task may start another while it stops
             self.cancel()
             await self.wait()
+
+
+class FirstFailure:
+    """An anyio task group whose first task exception cancels the rest and is raised as it is, not in a group.
+
+    ``async with FirstFailure() as tasks: tasks.start_soon(fn, *args)``: once
+    every task has ended, the block raises the first :class:`Exception` a
+    task raised (later ones are dropped: they are mostly the first one's
+    consequences), else what the block itself raised, cancellation included.
+    """
+
+    def __init__(self) -> None:
+        self._group = anyio.create_task_group()
+        self.failure: Exception | None = None
+
+    async def __aenter__(self) -> Self:
+        await self._group.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        try:
+            ended = await self._group.__aexit__(*exc_info)
+        except BaseException:
+            if self.failure is None:
+                raise
+            ended = None
+        if self.failure is not None:
+            raise self.failure
+        return ended
+
+    def start_soon(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``fn(*args)`` in the group; its exception, if the first, ends the group and is raised by it."""
+        self._group.start_soon(self._guard, fn, *args)
+
+    async def _guard(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        try:
+            await fn(*args)
+        except Exception as exc:
+            if self.failure is None:
+                self.failure = exc
+            self._group.cancel_scope.cancel()
 
 
 async def first_of(*waiters: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:

@@ -6,6 +6,7 @@
 #   scripts/adversary-old.sh mysql-kill      --backend mysql --seed 1 --seeds 20 --seconds 12
 #   scripts/adversary-old.sh redis-split     --backend redis-sentinel --seed 1 --seeds 20 --seconds 12
 #   scripts/adversary-old.sh mysql-kill pytest tests/test_adversary.py -k kept_session
+#   scripts/adversary-old.sh stopped-shim    --backend etcd  --stops --seed 1 --seeds 20 --seconds 12
 #
 # The first argument names the old code:
 #   etcd-late-read  12e8962^: a waiter's late read of the leader replaced a newer view, and a handover without
@@ -14,6 +15,8 @@
 #                   a session of the new server (the leader's)
 #   redis-split     e8940ad^: a Redis master cut off from its sentinels kept confirming the old leader's renews
 #                   while the sentinels' new master elected another (two Redis leaders)
+#   stopped-shim    f73605d^: a CMD that stopped its shim (kill -STOP $PPID) kept its workers running after the
+#                   supervisor let the lock go (the next leader's CMD ran beside them)
 # The rest goes to `python -m soak.adversary`, or, after `pytest`, to pytest.
 #
 # The old commit is checked out once as a detached worktree under $ADVERSARY_OLD (default /tmp/aioelect-old),
@@ -31,7 +34,8 @@ case "${1:-}" in
   etcd-late-read) commit=12e8962 ;;
   mysql-kill) commit=79d808b ;;
   redis-split) commit=e8940ad ;;
-  *) sed -n '2,22p' "$0" >&2; exit 2 ;;
+  stopped-shim) commit=f73605d ;;
+  *) sed -n '2,25p' "$0" >&2; exit 2 ;;
 esac
 name="$1"
 shift

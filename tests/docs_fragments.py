@@ -111,6 +111,56 @@ link.close()
     return _ASYNC_MAIN.format(body=_indent(setup + block + "\n" + after))
 
 
+def _fenced_store(block: str, ctx: dict[str, str]) -> str:
+    """``elector`` from the environment (on PostgreSQL with ``AIOELECT_SCHEMA``, as the page says); afterwards the
+    state shows the tick and the cursor, and a write under the released leadership is refused."""
+    setup = """\
+if "AIOELECT_POSTGRES_DSN" in os.environ:
+    os.environ["AIOELECT_SCHEMA"] = "public"  # fenced state checks the token row of the leaders table
+elector = aioelect.from_env()
+"""
+    after = """\
+print(f"tick {await store.get('last-tick')} recorded under token {lead.token}, cursor {await store.get('cursor')}")
+try:
+    await store.put(lead, "last-tick", 0)
+except aioelect.LeadershipLost:
+    print(f"a write under released token {lead.token} was refused; tick {await store.get('last-tick')}", flush=True)
+await elector.aclose()
+"""
+    return _ASYNC_MAIN.format(body=_indent(setup + block + "\n" + after))
+
+
+def _fenced_transaction(block: str, ctx: dict[str, str]) -> str:
+    """``conn`` an asyncpg connection to the application's PostgreSQL (``APP_DATABASE``) with the page's fence table
+    and a queued job; afterwards the job is dispatched and the fence row holds the leader's token."""
+    setup = """\
+import random
+
+import asyncpg
+
+conn = await asyncpg.connect(os.environ["APP_DATABASE"])
+for ddl in (
+    "CREATE TABLE IF NOT EXISTS aioelect_fence (name text PRIMARY KEY, token bigint NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS jobs (id bigint PRIMARY KEY, state text NOT NULL)",
+):
+    try:
+        await conn.execute(ddl)
+    except (asyncpg.UniqueViolationError, asyncpg.DuplicateTableError):
+        pass  # created by a program running beside this one
+job_id = random.randrange(1, 2**62)
+await conn.execute("INSERT INTO jobs (id, state) VALUES ($1, 'queued')", job_id)
+elector = aioelect.from_env()
+"""
+    after = """\
+state = await conn.fetchval("SELECT state FROM jobs WHERE id = $1", job_id)
+fence = await conn.fetchval("SELECT token FROM aioelect_fence WHERE name = $1", elector.name)
+print(f"job {job_id}: {state}; fence row {fence}, token {lead.token}", flush=True)
+await elector.aclose()
+await conn.close()
+"""
+    return _ASYNC_MAIN.format(body=_indent(setup + block + "\n" + after))
+
+
 def _as_printed(block: str, ctx: dict[str, str]) -> str:
     """The block is a whole program: it runs as printed."""
     return block + "\n"
@@ -247,6 +297,19 @@ HARNESSES: dict[str, Harness] = {
         _fencing_write,
         ("file", "mysql"),
         (r"^job \d+: dispatched with fence (\d+), token \1$", r"^a write under token \d+ matched 0 rows$"),
+    ),
+    "fenced-store": Harness(
+        _fenced_store,
+        ("file", "mysql", "postgres"),
+        (
+            r"^tick ([1-9]\d*) recorded under token [1-9]\d*, cursor \{'offset': 0\}$",
+            r"^a write under released token [1-9]\d* was refused; tick [1-9]\d*$",
+        ),
+    ),
+    "fenced-transaction": Harness(
+        _fenced_transaction,
+        ("mysql", "postgres"),
+        (r"^job \d+: dispatched; fence row (\d+), token \1$",),
     ),
     "shards-from-env": Harness(
         _as_printed,

@@ -12,6 +12,7 @@ import anyio
 import pytest
 
 from aioelect import ElectionError, MySQLElector, PermanentBackendError
+from aioelect.backends._mysql_tls import tls_from_query
 
 from .backends import unique_name
 from .harness import Certificates, DowngradeProxy, MariaDBServer
@@ -138,8 +139,13 @@ def test_unknown_or_contradictory_dsn_keys_are_refused_by_name(query: str, messa
 
 
 def test_ssl_mode_values_are_case_insensitive(certs: Certificates) -> None:
+    verified = tls_from_query({"ssl_mode": "verify_identity", "ssl_ca": certs.ca})
+    assert verified is not None
+    assert verified.check_hostname and verified.verify_mode == ssl.CERT_REQUIRED
+    required = tls_from_query({"ssl-mode": "required"})
+    assert required is not None and required.verify_mode == ssl.CERT_NONE
+    assert tls_from_query({"ssl-mode": "disabled"}) is None
     MySQLElector(f"mysql://u@127.0.0.1/db?ssl_mode=verify_identity&ssl_ca={quote(certs.ca)}", name="t")
-    MySQLElector("mysql://u@127.0.0.1/db?ssl-mode=disabled", name="t")
 
 
 # --- one WARNING for a connection that can be read or impersonated on the network -----------

@@ -347,20 +347,19 @@ async def test_a_statement_that_closes_the_connection_loses_every_leadership_at_
                 await asyncio.gather(task, return_exceptions=True)
 
 
-async def test_a_shared_postgres_session_terminated_by_the_server_loses_every_leadership_at_once(
-    postgres_dsn: str, postgres: Any
-) -> None:
-    """The server ends the shared session between two check rounds, freeing every lock on it: every leadership on
-    it is lost as soon as the driver sees the connection end, before a candidate elsewhere can take a lock."""
-    sql = Sql("postgres", postgres_dsn, postgres)
+async def test_a_shared_session_ended_by_the_server_loses_every_leadership_at_once(sql: Sql) -> None:
+    """The server ends the shared session between two check rounds (MySQL's KILL, PostgreSQL's
+    pg_terminate_backend), freeing every lock on it: every leadership on it is lost as soon as the driver sees the
+    connection end, before a candidate elsewhere can take a lock."""
     slow: dict[str, Any] = {
         "lease": 10, "check_interval": 3.0, "check_timeout": 0.5, "renew_deadline": 6.0, "poll_interval": 0.3
     }  # fmt: skip
     jobs, mail = unique_name("jobs"), unique_name("mail")
     b_leads: list[tuple[Leadership, bool]] = []
+    own = MySQLElector if sql.kind == "mysql" else PostgresElector
     async with (
-        PostgresSession(postgres_dsn, identity="A", **slow) as session,
-        PostgresElector(postgres_dsn, name=jobs, identity="B", **slow) as b,
+        sql.session(identity="A", **slow) as session,
+        own(sql.dsn, name=jobs, identity="B", **slow) as b,
     ):
         a_jobs, a_mail = sql.elector(session, jobs), sql.elector(session, mail)
         async with a_jobs, a_mail:

@@ -15,6 +15,9 @@ from .._errors import PermanentBackendError
 
 __all__ = [
     "FENCING_TABLE",
+    "STATE_TABLE",
+    "ensure_state_table",
+    "state_sql",
     "Queries",
     "ensure_table",
     "fencing_ddl",
@@ -66,6 +69,57 @@ LEFT JOIN pg_catalog.pg_roles o ON o.oid = CASE
   ELSE n.nspowner END
 LEFT JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid AND c.relname = '{FENCING_TABLE}'
 WHERE me.rolname = CURRENT_USER"""
+
+
+#: The table of fenced state (:class:`~aioelect.FencedStore`), beside the leaders table in ``schema=``.
+STATE_TABLE = "aioelect_state"
+
+
+def state_sql(schema: str) -> dict[str, str]:
+    """The statements of fenced state in ``schema``: ``ddl``, ``token`` (the token row, share-locked), ``read``,
+    ``locked`` (the value, locked), ``put``, ``owner`` (whether we own an ordinary state table)."""
+    state = f"{_ident(schema)}.{STATE_TABLE}"
+    return {
+        "ddl": f"""CREATE TABLE IF NOT EXISTS {state} (
+  name text NOT NULL,
+  skey text NOT NULL,
+  value bytea NOT NULL,
+  token bigint NOT NULL,
+  written_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+  PRIMARY KEY (name, skey)
+)""",
+        "token": f"SELECT token FROM {_table(schema)} WHERE name = $1 FOR SHARE",
+        "read": f"SELECT value FROM {state} WHERE name = $1 AND skey = $2",
+        "locked": f"SELECT value FROM {state} WHERE name = $1 AND skey = $2 FOR UPDATE",
+        "put": (
+            f"INSERT INTO {state} AS s (name, skey, value, token) VALUES ($1, $2, $3, $4) "
+            "ON CONFLICT (name, skey) DO UPDATE SET value = EXCLUDED.value, token = EXCLUDED.token, "
+            "written_at = pg_catalog.now()"
+        ),
+        "owner": (
+            "SELECT c.relowner = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = CURRENT_USER) "
+            "AND c.relkind = 'r' FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+            f"WHERE n.nspname = $1 AND c.relname = '{STATE_TABLE}'"
+        ),
+    }
+
+
+async def ensure_state_table(conn: Any, schema: str, timeout: float) -> None:
+    """Create the leaders table (each write checks its token row) and the state table if missing, each checked as
+    :func:`ensure_table` checks; the state table is used only if we own it."""
+    await ensure_table(conn, schema, timeout)
+    statements = state_sql(schema)
+    try:
+        await conn.execute(statements["ddl"], timeout=timeout * 5)
+    except Exception as exc:
+        if getattr(exc, "sqlstate", None) not in _CREATED_BY_ANOTHER:
+            raise
+    mine = await conn.fetchval(statements["owner"], schema, timeout=timeout)
+    if not mine:
+        raise PermanentBackendError(
+            f"table {schema}.{STATE_TABLE} is not an ordinary table owned by the connecting role: aioelect writes "
+            "fenced state only to a table its own role owns; drop it or use another schema"
+        )
 
 
 def record_sql(schema: str) -> str:

@@ -32,11 +32,11 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, Loss, monotonic
+from .._backend import Backend, Backoff, Confirm, Hold, Loss, StateStore, Written, monotonic
 from .._config import positive, validate_name
 from .._errors import BackendUnavailable, LossKind
 
-__all__ = ["MemoryBackend", "MemoryElection", "election_of"]
+__all__ = ["MemoryBackend", "MemoryElection", "MemoryStateStore", "election_of"]
 
 #: Seconds a leader may go without a confirmation; short, so that a stalled leader fences itself quickly in a test.
 DEFAULT_RENEW_DEADLINE = 0.5
@@ -82,6 +82,8 @@ class MemoryElection:
         #: Why the "server" is failing (see :meth:`fail`), or None while it works.
         self.failure: str | None = None
         self._last_token = 0
+        #: The election's fenced state (see :class:`MemoryStateStore`): key -> encoded value.
+        self.state: dict[str, bytes] = {}
         self._queue: deque[object] = deque()
         self._changed = anyio.Event()
 
@@ -118,6 +120,11 @@ class MemoryElection:
         self.holder = _MemoryHold(self, identity, self._last_token, check_interval)
         self._notify()
         return self.holder
+
+    @property
+    def last_token(self) -> int:
+        """The newest token this election has issued (0 before any)."""
+        return self._last_token
 
     def enqueue(self, ticket: object) -> None:
         self._queue.append(ticket)
@@ -211,6 +218,33 @@ def election_of(name: str) -> MemoryElection:
     return election
 
 
+class MemoryStateStore(StateStore):
+    """The fenced state of a :class:`MemoryElection`: a write checks the election's counter in the same step."""
+
+    def __init__(self, backend: MemoryBackend) -> None:
+        self._backend = backend
+
+    def _election(self) -> MemoryElection:
+        election = self._backend.election()
+        if election.failure is not None:
+            raise BackendUnavailable(f"memory election {election.name!r}: {election.failure}")
+        return election
+
+    async def read(self, key: str) -> bytes | None:
+        await anyio.lowlevel.checkpoint()
+        return self._election().state.get(key)
+
+    async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
+        await anyio.lowlevel.checkpoint()
+        election = self._election()
+        if hold.token != election.last_token:
+            return Written.FENCED
+        if compare and election.state.get(key) != expected:
+            return Written.CONFLICT
+        election.state[key] = value
+        return Written.DONE
+
+
 class MemoryBackend(Backend):
     """A candidate's view of the :class:`MemoryElection` of its name in the running event loop."""
 
@@ -246,6 +280,9 @@ class MemoryBackend(Backend):
     def election(self) -> MemoryElection:
         """This backend's election in the running event loop."""
         return election_of(self.name)
+
+    def _new_state_store(self) -> StateStore:
+        return MemoryStateStore(self)
 
     async def campaign(self, identity: str) -> Hold:
         election = self.election()

@@ -35,13 +35,14 @@ import math
 import secrets
 import ssl as _ssl
 import warnings
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
+from .._backend import StateStore, Written
 from .._config import session_bounds, transport_warning, validate_name
-from .._errors import PermanentBackendError
+from .._errors import ElectionError, PermanentBackendError, UsageError
 from ._mysql_tls import tls_from_query
 from ._session_lock import (
     Dialect,
@@ -55,6 +56,7 @@ from ._session_lock import (
     socket_fd,
 )
 from ._shared_lock import SharedLocks, SharedLockSession, held_names
+from ._sql_state import SqlStateStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -65,7 +67,16 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the extra
     raise ImportError("the MySQL backend needs aiomysql: pip install 'aioelect[mysql]'") from exc
 
-__all__ = ["FENCING_DDL", "FENCING_TABLE", "MySQLBackend", "MySQLOptions", "MySQLSession", "MySQLSessionOptions"]
+__all__ = [
+    "FENCING_DDL",
+    "FENCING_TABLE",
+    "STATE_DDL",
+    "STATE_TABLE",
+    "MySQLBackend",
+    "MySQLOptions",
+    "MySQLSession",
+    "MySQLSessionOptions",
+]
 
 #: The table that keeps fencing tokens and the holders' identities.
 FENCING_TABLE = "aioelect_leaders"
@@ -77,6 +88,24 @@ FENCING_DDL = f"""CREATE TABLE IF NOT EXISTS {FENCING_TABLE} (
   connection_id BIGINT UNSIGNED NOT NULL,
   acquired_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6)
 ) ENGINE=InnoDB"""
+
+#: The table of fenced state (:class:`~aioelect.FencedStore`): one row per election and key.
+STATE_TABLE = "aioelect_state"
+STATE_DDL = f"""CREATE TABLE IF NOT EXISTS {STATE_TABLE} (
+  name VARBINARY(64) NOT NULL,
+  skey VARBINARY(128) NOT NULL,
+  value MEDIUMBLOB NOT NULL,
+  token BIGINT UNSIGNED NOT NULL,
+  written_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6) ON UPDATE CURRENT_TIMESTAMP(6),
+  PRIMARY KEY (name, skey)
+) ENGINE=InnoDB"""
+# The token row, locked for the write's transaction: a new leader's bump waits until it has ended.
+_STATE_TOKEN = f"SELECT token FROM {FENCING_TABLE} WHERE name = %s LOCK IN SHARE MODE"
+_STATE_VALUE = f"SELECT value FROM {STATE_TABLE} WHERE name = %s AND skey = %s"
+_STATE_PUT = (
+    f"INSERT INTO {STATE_TABLE} (name, skey, value, token) VALUES (%s, %s, UNHEX(%s), %s) "
+    "ON DUPLICATE KEY UPDATE value = VALUES(value), token = VALUES(token)"
+)
 
 # Server and client error codes that no retry can fix.
 _PERMANENT = {
@@ -219,16 +248,42 @@ class _MySQLConnection(LockConnection):
     def __init__(self, raw: aiomysql.Connection) -> None:
         self.raw = raw
         self._closed = False
+        self._ended_by_server = False
         self.marker = _MARKER_PREFIX + secrets.token_hex(16)
         #: Whether the server granted :attr:`marker` at connect (False: the session can never be proven, nor KILLed).
         self.marked = False
 
     @property
     def broken(self) -> bool:
-        return self._closed
+        return self._closed or self._ended_by_server
 
     def descriptor(self) -> int | None:
         return socket_fd(getattr(self.raw, "_writer", None))
+
+    def on_end(self, ended: Callable[[], None]) -> None:
+        """Call ``ended`` as soon as the transport sees the server end the session (its end of stream, or the
+        connection lost), whether or not a statement is waiting for an answer on it.
+
+        aiomysql reads the socket even when idle, but tells no one of its end
+        until the next statement: the hooks sit on the transport's protocol.
+        """
+        writer = getattr(self.raw, "_writer", None)
+        protocol = writer.transport.get_protocol() if writer is not None else None
+        if protocol is None:  # a driver without the stream: its end is seen by the next statement
+            return
+
+        def hooked(original: Callable[..., Any]) -> Callable[..., Any]:
+            def hook(*args: Any) -> Any:
+                try:
+                    return original(*args)
+                finally:
+                    self._ended_by_server = True
+                    ended()
+
+            return hook
+
+        for event in ("eof_received", "connection_lost"):
+            setattr(protocol, event, hooked(getattr(protocol, event)))
 
     def leaves_clean(self, exc: BaseException) -> bool:
         code = _code(exc)
@@ -613,6 +668,13 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
                 f"server refused {refusal}: grant ALTER and INSERT on {table} for one start"
             ) from None
 
+    # --- fenced state --------------------------------------------------------------
+
+    def _new_state_store(self) -> StateStore:
+        if not self.fencing:
+            raise UsageError("fenced state on MySQL needs fencing tokens: fencing=False turns them off")
+        return _MySQLStateStore(self)
+
     # --- who leads -----------------------------------------------------------------
 
     @property
@@ -644,6 +706,82 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
             "SELECT HOST FROM information_schema.PROCESSLIST WHERE ID = %s", (holder,), timeout=self.check_timeout
         )
         return f"connection {holder}" + (f" from {host}" if host else "")
+
+
+class _MySQLStateStore(SqlStateStore[_MySQLConnection]):
+    """Fenced state in table ``aioelect_state``, each write checked against the token row in its transaction."""
+
+    def __init__(self, backend: MySQLBackend) -> None:
+        super().__init__()
+        self._b = backend
+
+    async def _open(self) -> _MySQLConnection:
+        b = self._b
+        conn = await b._open("state")
+        try:
+            lease = int(b.lease)
+            await conn.scalar(_SET_TIMEOUTS, (lease, lease, lease), timeout=b.check_timeout)
+            try:
+                with warnings.catch_warnings():  # "table already exists" is expected
+                    warnings.simplefilter("ignore")
+                    await conn.scalar(STATE_DDL, timeout=b.check_timeout * 5)
+            except pymysql.err.MySQLError as exc:
+                if _code(exc) not in _DENIED:
+                    raise
+                await conn.scalar(f"SELECT 1 FROM {STATE_TABLE} LIMIT 0", timeout=b.check_timeout)
+        except pymysql.err.MySQLError as exc:
+            conn.close()
+            raise self._denied(exc) or exc from None
+        except BaseException:
+            conn.close()
+            raise
+        conn.interceptor = b.interceptor
+        return conn
+
+    def _denied(self, exc: BaseException) -> PermanentBackendError | None:
+        refusal = _denied(exc)
+        if refusal is None:
+            return None
+        database = self._b._connect_args.get("db")
+        return PermanentBackendError(
+            f"fenced state needs SELECT, INSERT and UPDATE on table {database}.{STATE_TABLE} (and CREATE on "
+            f"database {database} unless it exists) and SELECT on {database}.{FENCING_TABLE}; the server refused "
+            f"{refusal}"
+        )
+
+    def _close(self, conn: _MySQLConnection) -> None:
+        conn.close()
+
+    def _broken(self, conn: _MySQLConnection) -> bool:
+        return conn.broken
+
+    def _failure(self, exc: Exception, what: str) -> ElectionError:
+        return self._denied(exc) or self._b.failure(exc, what)
+
+    async def _read(self, conn: _MySQLConnection, key: str) -> bytes | None:
+        value = await conn.scalar(_STATE_VALUE, (self._b.name, key), timeout=self._b.check_timeout)
+        return None if value is None else bytes(value)
+
+    async def _transaction(
+        self, conn: _MySQLConnection, token: int, key: str, value: bytes, compare: bool, expected: bytes | None
+    ) -> Written:
+        timeout, name = self._b.check_timeout, self._b.name
+        await conn.scalar("START TRANSACTION", timeout=timeout)
+        newest = await conn.scalar(_STATE_TOKEN, (name,), timeout=timeout)
+        written = Written.FENCED
+        if newest is not None and int(newest) == token:
+            written = Written.DONE
+            if compare:
+                stored = await conn.scalar(_STATE_VALUE + " FOR UPDATE", (name, key), timeout=timeout)
+                if (None if stored is None else bytes(stored)) != expected:
+                    written = Written.CONFLICT
+        if written is Written.DONE:
+            # As hex digits: the bytes arrive as they are, whatever the connection's character set.
+            await conn.write(_STATE_PUT, (name, key, value.hex(), token), timeout=timeout)
+            await conn.scalar("COMMIT", timeout=timeout)
+        else:
+            await conn.scalar("ROLLBACK", timeout=timeout)
+        return written
 
 
 #: Locks one check statement confirms at most (MySQL allows 4,096 columns in a result).
@@ -721,6 +859,9 @@ class MySQLSession(SharedLockSession[_MySQLConnection]):
         self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[MySQLSessionOptions]
     ) -> None:
         super().__init__(dsn, identity, options)
+
+    def _on_end(self, conn: _MySQLConnection, ended: Callable[[], None]) -> None:
+        conn.on_end(ended)
 
     async def _held_many(self, conn: _MySQLConnection, backends: list[SharedLocks[_MySQLConnection]]) -> frozenset[str]:
         if not backends:

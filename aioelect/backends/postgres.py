@@ -61,10 +61,21 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
+from .._backend import StateStore, Written
 from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
-from .._errors import PermanentBackendError
-from ._postgres_table import FENCING_TABLE, ensure_table, fencing_ddl, record_sql, recorded_holder_sql, table_usable
+from .._errors import ElectionError, PermanentBackendError, UsageError
+from ._postgres_table import (
+    FENCING_TABLE,
+    ensure_state_table,
+    ensure_table,
+    fencing_ddl,
+    record_sql,
+    recorded_holder_sql,
+    state_sql,
+    table_usable,
+)
 from ._postgres_tls import TLS_FILES, Tls, no_tls, resolve_tls, transport_fix
+from ._postgres_wire import EndWatch
 from ._session_lock import (
     Dialect,
     LockConnection,
@@ -78,6 +89,7 @@ from ._session_lock import (
     tls_error,
 )
 from ._shared_lock import SharedLocks, SharedLockSession
+from ._sql_state import SqlStateStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -252,16 +264,29 @@ class _PostgresConnection(LockConnection):
         self.statements: dict[str, Any] = {}
         #: The leaders table was found usable on this session (checked on it once, before it is first read).
         self.leaders_table_ok = False
-        # Set as soon as asyncpg sees the connection end (server terminated it, network, our close).
+        #: Set at the first sign of the session's end: the server's FATAL message (sent before it frees the
+        #: session's locks), the end of the stream, or asyncpg seeing the connection end (network, our close).
         self.ended = anyio.Event()
-        raw.add_termination_listener(self._on_end)
+        self._when_ended: list[Callable[[], None]] = []
+        raw.add_termination_listener(lambda _raw: self._on_end())
+        transport = getattr(raw, "_transport", None)
+        if transport is not None:  # connected and idle: the watch starts at a message's start
+            transport.set_protocol(EndWatch(transport.get_protocol(), self._on_end))
 
-    def _on_end(self, _raw: object) -> None:
+    def _on_end(self) -> None:
+        if self.ended.is_set():
+            return
         self.ended.set()
+        for ended in self._when_ended:
+            ended()
+
+    def on_end(self, ended: Callable[[], None]) -> None:
+        """Call ``ended`` (once) at the first sign of the session's end, as :attr:`ended` is set."""
+        self._when_ended.append(ended)
 
     @property
     def broken(self) -> bool:
-        return bool(self.raw.is_closed())
+        return self.ended.is_set() or bool(self.raw.is_closed())
 
     def descriptor(self) -> int | None:
         return socket_fd(self.raw)
@@ -719,6 +744,26 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
             await conn.fetchval(record_sql(self.schema), self.name, token, identity, timeout=self.check_timeout)
         return token if self.fencing else None
 
+    # --- fenced state --------------------------------------------------------------
+
+    def _new_state_store(self) -> StateStore:
+        if self.schema is None or not self.fencing:
+            raise UsageError(
+                "fenced state on PostgreSQL checks each write against the token row of the leaders table: it needs "
+                "fencing tokens and schema= (see Choosing a backend)"
+            )
+        return _PostgresStateStore(self, self.schema)
+
+    def _state_settings(self) -> dict[str, str]:
+        """The state session's settings: a transaction left open (a frozen leader) ends after ``lease``."""
+        return {
+            "idle_in_transaction_session_timeout": str(_ms(self.lease)),
+            "synchronous_commit": "on",
+            "tcp_keepalives_idle": str(self._keepalive[0]),
+            "tcp_keepalives_interval": str(self._keepalive[1]),
+            "tcp_keepalives_count": str(self._keepalive[2]),
+        }
+
     # --- who leads -----------------------------------------------------------------
 
     @property
@@ -760,6 +805,64 @@ FROM unnest($1::pg_catalog.oid[], $2::pg_catalog.oid[]) AS w(classid, objid)
 JOIN pg_catalog.pg_locks l ON l.locktype = 'advisory' AND l.database = {_CURRENT_DB}
   AND l.classid = w.classid AND l.objid = w.objid AND l.objsubid = 1 AND l.granted
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid"""
+
+
+class _PostgresStateStore(SqlStateStore[_PostgresConnection]):
+    """Fenced state in ``<schema>.aioelect_state``, each write checked against the token row in its transaction."""
+
+    def __init__(self, backend: PostgresBackend, schema: str) -> None:
+        super().__init__()
+        self._b = backend
+        self._schema = schema
+        self._sql = state_sql(schema)
+
+    async def _open(self) -> _PostgresConnection:
+        conn = await self._b._open_as("aioelect-state", self._b._state_settings())
+        try:
+            await ensure_state_table(conn, self._schema, self._b.check_timeout)
+        except BaseException:
+            conn.close()
+            raise
+        conn.interceptor = self._b.interceptor
+        return conn
+
+    def _close(self, conn: _PostgresConnection) -> None:
+        conn.close()
+
+    def _broken(self, conn: _PostgresConnection) -> bool:
+        return conn.broken
+
+    def _failure(self, exc: Exception, what: str) -> ElectionError:
+        if getattr(exc, "sqlstate", None) == "42501":
+            return PermanentBackendError(
+                f"fenced state needs SELECT, INSERT and UPDATE on {self._schema}.aioelect_state and SELECT and UPDATE "
+                f"on {self._schema}.{FENCING_TABLE} (owned by the connecting role): {self._b.describe(exc)}"
+            )
+        return self._b.failure(exc, what)
+
+    async def _read(self, conn: _PostgresConnection, key: str) -> bytes | None:
+        value = await conn.fetchval(self._sql["read"], self._b.name, key, timeout=self._b.check_timeout)
+        return None if value is None else bytes(value)
+
+    async def _transaction(
+        self, conn: _PostgresConnection, token: int, key: str, value: bytes, compare: bool, expected: bytes | None
+    ) -> Written:
+        timeout, name = self._b.check_timeout, self._b.name
+        await conn.execute("BEGIN", timeout=timeout)
+        newest = await conn.fetchval(self._sql["token"], name, timeout=timeout)
+        written = Written.FENCED
+        if newest is not None and int(newest) == token:
+            written = Written.DONE
+            if compare:
+                stored = await conn.fetchval(self._sql["locked"], name, key, timeout=timeout)
+                if (None if stored is None else bytes(stored)) != expected:
+                    written = Written.CONFLICT
+        if written is Written.DONE:
+            await conn.fetchval(self._sql["put"], name, key, value, token, timeout=timeout)
+            await conn.execute("COMMIT", timeout=timeout)
+        else:
+            await conn.execute("ROLLBACK", timeout=timeout)
+        return written
 
 
 class _SharedPostgresBackend(SharedLocks[_PostgresConnection], PostgresBackend):
@@ -826,7 +929,7 @@ class PostgresSession(SharedLockSession[_PostgresConnection]):
         super().__init__(dsn, identity, options)
 
     def _on_end(self, conn: _PostgresConnection, ended: Callable[[], None]) -> None:
-        conn.raw.add_termination_listener(lambda _raw: ended())  # asyncpg reads the socket even when idle
+        conn.on_end(ended)
 
     async def _listen(self, conn: _PostgresConnection) -> None:
         """Prepare what the session runs while it holds locks, and listen for release notices."""

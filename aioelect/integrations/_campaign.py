@@ -21,7 +21,7 @@ import anyio
 from .._api import leadership
 from .._config import redact_dsn
 from .._elector import Elector, Leadership
-from .._errors import BackendUnavailable, ElectionError, LeadershipLost
+from .._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
 from .._tasks import TaskSet, consume
 
 __all__ = ["Campaign", "LeaderWork", "Role", "Status"]
@@ -184,7 +184,7 @@ class Campaign:
     async def start(self) -> None:
         """Start campaigning in a background task of the running event loop (returns at once)."""
         if self._task is not None:
-            raise RuntimeError("Campaign.start() called twice")
+            raise UsageError("Campaign.start() called twice")
         self._task = self._tasks.start(self._run(), name=f"aioelect campaign {self.elector.name}", on_done=consume)
 
     async def stop(self, *, close: bool = True) -> None:

@@ -46,7 +46,7 @@ from typing import Any
 import anyio
 
 from .._elector import Elector
-from .._errors import BackendUnavailable, ElectionError
+from .._errors import BackendUnavailable, ElectionError, UsageError
 from .._events import Event
 from .._http import MAX_CONNECTIONS, MAX_REQUEST, REQUEST_TIMEOUT, BoundedHTTPServer
 from ._campaign import Campaign, Role, Status
@@ -97,13 +97,13 @@ class HealthServer:
     def port(self) -> int:
         """The port listened on (useful after :meth:`start` with port 0)."""
         if not self._started:
-            raise RuntimeError("HealthServer is not started")
+            raise UsageError("HealthServer is not started")
         return self.http.port
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         """Listen on ``host:port`` (loopback and a free port by default). Raises OSError if it cannot."""
         if self._started:
-            raise RuntimeError("HealthServer.start() called twice")
+            raise UsageError("HealthServer.start() called twice")
         await self.http.start(host, port)
         self._started = True
 

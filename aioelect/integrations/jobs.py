@@ -55,7 +55,7 @@ from typing import Any, ParamSpec, TypeVar
 import anyio
 
 from .._elector import Elector, Leadership
-from .._errors import LeadershipLost
+from .._errors import LeadershipLost, UsageError
 from ._campaign import Campaign
 
 __all__ = ["LeaderOnly"]
@@ -96,7 +96,7 @@ class LeaderOnly:
 
     async def __aenter__(self) -> LeaderOnly:
         if self.campaign is not None:
-            raise RuntimeError("LeaderOnly entered twice at once")
+            raise UsageError("LeaderOnly entered twice at once")
         self._owned = not isinstance(self._source, Elector)
         elector = self._source() if self._owned else self._source  # type: ignore[operator]
         if not isinstance(elector, Elector):

@@ -7,7 +7,6 @@ Run it on each instance; SIGTERM or Ctrl-C stops it and hands the leadership ove
 
 import asyncio
 import logging
-import signal
 
 import aioelect
 from aioelect.integrations.jobs import LeaderOnly
@@ -26,16 +25,12 @@ async def send_digest() -> None:
 
 
 async def main() -> None:
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stopping.set)
     async with leader_only:
-        while not stopping.is_set():
+        while True:
             await send_digest()  # runs on the leader; returns None at once on the others
-            await asyncio.wait([asyncio.ensure_future(stopping.wait())], timeout=1)
+            await asyncio.sleep(1)
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(main())
+    aioelect.run(main())  # SIGTERM or Ctrl-C cancels main(): the job stops, then the leadership is released

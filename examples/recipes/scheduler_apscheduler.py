@@ -7,7 +7,6 @@ Run it on each instance; SIGTERM or Ctrl-C stops it and hands the leadership ove
 
 import asyncio
 import logging
-import signal
 
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 
@@ -47,15 +46,11 @@ def build_scheduler() -> AsyncIOScheduler:
 
 
 async def main() -> None:
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stopping.set)
     # Resumes the scheduler while this instance leads, pauses it otherwise; leaving releases the leadership.
     async with LeaderScheduler(build_scheduler(), aioelect.from_env()):
-        await stopping.wait()
+        await asyncio.Event().wait()  # until SIGTERM or Ctrl-C
 
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(main())
+    aioelect.run(main())  # SIGTERM or Ctrl-C cancels main(): the jobs stop, then the leadership is released

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import anyio
 from aetcd import rpc
 
-from ..._backend import Backoff, Hold, monotonic
+from ..._backend import Backoff, Hold, StateStore, monotonic
 from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
 from ..._tasks import first_of
@@ -47,6 +47,7 @@ from ._leases import LeaseMode, OwnLeases, SharedLease
 from ._options import EtcdOptions, EtcdSettings, _EtcdElectionName
 from ._session import Session, connect
 from ._shared import EtcdSession
+from ._state import EtcdStateStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -362,6 +363,9 @@ class EtcdBackend(Election):
     def _undegrade(self, hold: DegradedHold) -> None:
         if self.degraded is hold:
             self.degraded = None
+
+    def _new_state_store(self) -> StateStore:
+        return EtcdStateStore(self.name, self.conn, self.request_timeout)
 
     def local_leader(self) -> str | None:
         return self.degraded.identity if self.degraded is not None else None

@@ -64,12 +64,13 @@ from typing import TYPE_CHECKING, TypedDict
 import anyio
 import anyio.to_thread
 
-from ..._backend import Backend, Backoff, Hold, monotonic, until_recorded
+from ..._backend import Backend, Backoff, Hold, StateStore, monotonic, until_recorded
 from ..._config import DEFAULT_NAME, check_options, positive, validate_name
 from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
 from ._inotify import LockFileSignals, Watcher, Watching
 from ._lock import FileHold, LockFile
 from ._paths import MODES, PERMANENT_ERRNOS, directory_problem, open_checked, resolve
+from ._state import FileStateStore
 from ._waiters import Attempt, announce, rejoin
 
 if TYPE_CHECKING:
@@ -322,6 +323,9 @@ class FileBackend(Backend):
                     await closed.wait()
             else:
                 await anyio.sleep(max(self.poll_interval, 1.0))
+
+    def _new_state_store(self) -> StateStore:
+        return FileStateStore(self._lockfile)
 
     async def close_observer(self) -> None:
         self._lockfile.close_probe()

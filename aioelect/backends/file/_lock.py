@@ -123,16 +123,21 @@ class LockFile:
             "host": socket.gethostname(),
             "acquired_at": time.time(),
         }
-        tmp = f"{self.sidecar}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        self.replace(self.sidecar, json.dumps(data).encode() + b"\n")
+        return token
+
+    def replace(self, path: str, content: bytes) -> None:
+        """Make ``path`` (beside the lock file) hold ``content``, atomically and durably: a new file renamed over it."""
+        tmp = f"{path}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, self.mode)
         try:
             try:
                 os.fchmod(out, self.mode)  # what the umask removed
-                os.write(out, json.dumps(data).encode() + b"\n")
+                os.write(out, content)
                 os.fsync(out)
             finally:
                 os.close(out)
-            os.replace(tmp, self.sidecar)
+            os.replace(tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
@@ -146,7 +151,6 @@ class LockFile:
                 os.close(dir_fd)
         except OSError:
             pass  # best effort: the rename itself is atomic
-        return token
 
     def _locked(self) -> bool:
         """True if someone holds the lock: a shared lock cannot be taken without blocking.
@@ -221,6 +225,8 @@ class FileHold(Hold):
         self._fd = fd
         self.token = token
         self.acquired_at = acquired_at
+        #: Held by a fenced write and by release(): the descriptor (and with it the lock) stays through a write.
+        self.writing = anyio.Lock()
         _fork.track(self)
 
     async def monitor(self, confirm: Confirm) -> Loss:
@@ -243,7 +249,16 @@ class FileHold(Hold):
     def descriptors(self) -> tuple[int, ...]:
         return () if self._fd < 0 else (self._fd,)
 
+    @property
+    def fd(self) -> int:
+        """The locked descriptor; -1 once released."""
+        return self._fd
+
     async def release(self) -> None:
+        async with self.writing:
+            await self._release()
+
+    async def _release(self) -> None:
         fd, self._fd = self._fd, -1
         _fork.untrack(self)
         if fd < 0:

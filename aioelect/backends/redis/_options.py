@@ -56,7 +56,9 @@ class RedisOptions(_RedisElectionName, total=False):
     renew_deadline: float | None
     #: Seconds to connect (default 5).
     connect_timeout: float
-    #: Seconds a waiting candidate sleeps at most between tries when no release is published (default 1).
+    #: Seconds between an observer's reads, a waiting candidate's reads of a lock key without an expiry, and at
+    #: most between retries after an error (default 1). A waiter otherwise tries when a grant or release is
+    #: published, or when the key can have expired.
     poll_interval: float
     #: Prefix of every key and channel (default ``aioelect:``); an ACL may limit the user to ``~{prefix}*``.
     key_prefix: str

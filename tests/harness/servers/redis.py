@@ -227,8 +227,7 @@ class RedisCluster(Started):
     replica is in sync with its master.
 
     Each node is a :class:`RedisServer` (``appendonly yes``, ``appendfsync always``) with its cluster bus on a
-    free port of its own; each can be killed, stopped and started again individually, and placed in a network
-    namespace of its own before :meth:`start` (:meth:`RedisServer.place`).
+    free port of its own; each can be killed, stopped and started again individually.
     """
 
     def __init__(
@@ -272,21 +271,20 @@ class RedisCluster(Started):
     @property
     def url(self) -> str:
         """``redis+cluster://`` (``rediss+cluster://`` with TLS) listing every node."""
-        nodes = ",".join(f"{n.host}:{n.port}" for n in self.nodes)
+        nodes = ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes)
         if self.tls is not None:
             return f"rediss+cluster://{nodes}/?ssl_ca_certs={self.tls.ca}"
         return f"redis+cluster://{nodes}/"
 
     def command(self, node: RedisServer, *args: Any, timeout: float = 5.0) -> Any:
         """Run one command on ``node`` as the default user (over TLS on a TLS cluster)."""
-        ca = self.tls.ca if self.tls is not None else None
-        return redis_command(node.port, *args, host=node.host, timeout=timeout, ca=ca)
+        return redis_command(node.port, *args, timeout=timeout, ca=self.tls.ca if self.tls is not None else None)
 
     def start(self) -> None:
         for node in self.nodes:
             node.start()
         log = os.path.join(self.nodes[0].directory, "cluster-create.log")
-        argv = [self._cli, "--cluster", "create", *(f"{n.host}:{n.port}" for n in self.nodes)]
+        argv = [self._cli, "--cluster", "create", *(f"{LOOPBACK}:{n.port}" for n in self.nodes)]
         if self.tls is not None:
             argv += ["--tls", "--cacert", self.tls.ca]
         run_bounded(
@@ -318,11 +316,11 @@ class RedisCluster(Started):
                 raise ServerStartError(f"the Redis Cluster did not form: {states}")
             time.sleep(0.1)
 
-    def owner(self, key: str) -> RedisServer:
-        """The node that owns ``key``'s slot now."""
+    def owner(self, key: str, asked: RedisServer | None = None) -> RedisServer:
+        """The node that owns ``key``'s slot now (as ``asked`` sees it, by default the first running node)."""
         running = [n for n in self.nodes if n.running]
         slot = int(self.command(running[0], "CLUSTER", "KEYSLOT", key))
-        for node in running:
+        for node in [asked] if asked is not None else running:
             for start, end, master, *_ in self.command(node, "CLUSTER", "SLOTS"):
                 if start <= slot <= end:
                     return next(n for n in self.nodes if n.port == int(master[1]))

@@ -1,0 +1,95 @@
+"""Fenced state on the session-lock databases: a table beside the token row, written in one transaction with it.
+
+A write runs on a connection of its own (never the lock session, which the
+keeper confirms on) in one transaction: the election's token row is read
+under a lock, the write is refused unless it holds the writer's token, the
+expected value is compared, and the value written; the token row's lock
+makes a new leader's token bump wait until that transaction has ended, so
+a write either commits before the next leadership is handed out or not at
+all. The connection's idle bounds are the election's ``lease``: a leader
+frozen inside that transaction holds the next grant up for ``lease`` at most.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Generic, TypeVar
+
+import anyio
+
+from .._backend import Hold, StateStore, Written
+from .._errors import ElectionError
+
+__all__ = ["SqlStateStore"]
+
+_C = TypeVar("_C")
+
+
+class SqlStateStore(StateStore, Generic[_C]):
+    """One connection, opened on first use, one transaction at a time; a dialect says the statements."""
+
+    def __init__(self) -> None:
+        self._conn: _C | None = None
+        self._lock = anyio.Lock()
+
+    @abc.abstractmethod
+    async def _open(self) -> _C:
+        """A new connection with the session's bounds set to ``lease``, the state table ready."""
+
+    @abc.abstractmethod
+    def _close(self, conn: _C) -> None:
+        """Drop ``conn`` at once (the server rolls back what it had open)."""
+
+    @abc.abstractmethod
+    def _broken(self, conn: _C) -> bool:
+        """Whether ``conn`` can no longer be used."""
+
+    @abc.abstractmethod
+    def _failure(self, exc: Exception, what: str) -> ElectionError:
+        """What to raise for ``exc``, caught while doing ``what``."""
+
+    @abc.abstractmethod
+    async def _read(self, conn: _C, key: str) -> bytes | None:
+        """The value of ``key``, read outside any transaction."""
+
+    @abc.abstractmethod
+    async def _transaction(
+        self, conn: _C, token: int, key: str, value: bytes, compare: bool, expected: bytes | None
+    ) -> Written:
+        """The fenced write as one transaction, begun and ended (committed or rolled back) here."""
+
+    async def _connection(self) -> _C:
+        if self._conn is not None and not self._broken(self._conn):
+            return self._conn
+        with anyio.CancelScope(shield=True):  # a connect cut off half-way would leave a session behind
+            fresh = await self._open()
+        self._conn = fresh
+        return fresh
+
+    async def read(self, key: str) -> bytes | None:
+        async with self._lock:
+            try:
+                return await self._read(await self._connection(), key)
+            except Exception as exc:
+                self._drop()
+                raise self._failure(exc, "the state read") from exc
+
+    async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
+        assert hold.token is not None
+        async with self._lock:
+            try:
+                return await self._transaction(await self._connection(), hold.token, key, value, compare, expected)
+            except BaseException as exc:
+                # Whatever the transaction left open ends with the session: nothing half-written commits.
+                self._drop()
+                if isinstance(exc, Exception):
+                    raise self._failure(exc, "the fenced write") from exc
+                raise
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._close(conn)
+
+    async def aclose(self) -> None:
+        self._drop()

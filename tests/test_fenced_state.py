@@ -1,0 +1,202 @@
+"""Fenced state in the election's own backend (FencedStore), on real servers: a deposed leader's write is refused."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import pytest
+
+import aioelect
+from aioelect import Elector, FencedStore, LeadershipLost, UsageError
+from aioelect._backend import Written
+
+from .backends import CASES, BackendCase, Follower, unique_name
+
+#: The backends with fenced state, and the options their candidates need for it.
+FENCED = {
+    "memory": {},
+    "etcd": {},
+    "redis": {},
+    "mysql": {},
+    "mysql-shared": {},
+    "file": {},
+    "postgres": {"schema": "public"},
+    "postgres-shared": {"schema": "public"},
+}
+
+
+@pytest.fixture(params=sorted(FENCED))
+def case(request: pytest.FixtureRequest) -> BackendCase:
+    return CASES[request.param](request)
+
+
+def make(case: BackendCase, name: str, identity: str) -> Elector:
+    return case.make(name, identity=identity, **FENCED[case.kind])
+
+
+async def test_put_get_and_compare_and_set(case: BackendCase) -> None:
+    before = await case.leftovers() if case.leftovers is not None else None
+    async with make(case, unique_name(), "a") as elector:
+        store = FencedStore(elector)
+        assert await store.get("cursor") is None
+        lead = await elector.acquire()
+        await store.put(lead, "cursor", {"at": 41, "names": ["x", "é"]})
+        assert await store.get("cursor") == {"at": 41, "names": ["x", "é"]}
+        assert await store.compare_and_set(lead, "cursor", {"names": ["x", "é"], "at": 41}, 42) is True
+        assert await store.compare_and_set(lead, "cursor", 41, 43) is False  # the value is 42: nothing written
+        assert await store.get("cursor") == 42
+        assert await store.compare_and_set(lead, "fresh", None, "first") is True  # None: no value yet
+        assert await store.compare_and_set(lead, "fresh", None, "second") is False
+        assert await store.get("fresh") == "first"
+        await lead.release()
+    if case.leftovers is not None:  # the store's connection went with the elector (the server sees it soon after)
+        with anyio.fail_after(10):
+            while await case.leftovers() != before:
+                await anyio.sleep(0.05)
+
+
+async def test_a_leader_deposed_from_outside_cannot_write_once_the_next_one_leads(case: BackendCase) -> None:
+    """The lock taken away by the server or an operator (KILL, lease revoked, key deleted, lock file deleted)."""
+    assert case.depose is not None
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b:
+        store_a, store_b = FencedStore(a), FencedStore(b)
+        lead_a = await a.acquire()
+        await store_a.put(lead_a, "cursor", "a")
+        follower = Follower(b)
+        try:
+            await case.depose(a)
+            lead_b = await follower.wait(timeout=30)
+            late = await store_a._store.write(lead_a._hold, "cursor", b'"late"', compare=False, expected=None)
+            assert late is Written.FENCED
+            await store_b.put(lead_b, "cursor", "b")
+            assert await store_a._store.write(lead_a._hold, "cursor", b'"late"', compare=False, expected=None) is (
+                Written.FENCED
+            )
+            with pytest.raises(LeadershipLost):
+                await store_a.put(lead_a, "cursor", "late")
+            assert await store_b.get("cursor") == "b"
+        finally:
+            await follower.close()
+
+
+async def test_a_deposed_leaders_late_write_is_refused_and_the_successors_value_stands(case: BackendCase) -> None:
+    """Kleppmann's case in miniature: A is handed on while its write is in flight; the server refuses it."""
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b:
+        store_a, store_b = FencedStore(a), FencedStore(b)
+        lead_a = await a.acquire()
+        await store_a.put(lead_a, "last-tick", 1)
+        follower = Follower(b)
+        try:
+            await lead_a.release()  # A stops leading (its lease gone, or released); B takes over
+            lead_b = await follower.wait(timeout=30)
+            assert lead_b.token is not None and lead_a.token is not None and lead_b.token > lead_a.token
+            await store_b.put(lead_b, "last-tick", 2)
+            # A's write arrives now, sent by a leader that believed itself held when it sent it: the server's
+            # check, not A's own clock, refuses it.
+            late = await store_a._store.write(lead_a._hold, "last-tick", b"99", compare=False, expected=None)
+            assert late is Written.FENCED
+            late = await store_a._store.write(lead_a._hold, "last-tick", b"99", compare=True, expected=b"2")
+            assert late is Written.FENCED
+            with pytest.raises(LeadershipLost):
+                await store_a.put(lead_a, "last-tick", 99)
+            assert await store_a.get("last-tick") == 2
+            assert await store_b.get("last-tick") == 2
+        finally:
+            await follower.close()
+
+
+async def test_bad_input_writes_nothing(case: BackendCase) -> None:
+    name = unique_name()
+    async with make(case, name, "a") as elector, make(case, unique_name(), "other") as other:
+        store = FencedStore(elector)
+        lead = await elector.acquire()
+        await store.put(lead, "k", "kept")
+        with pytest.raises(ValueError, match="at most 65536"):
+            await store.put(lead, "k", "x" * 70_000)
+        with pytest.raises(TypeError, match="JSON"):
+            await store.put(lead, "k", {1.5: object()})
+        with pytest.raises(TypeError, match="JSON"):
+            await store.put(lead, "k", float("nan"))
+        with pytest.raises(ValueError, match="None"):
+            await store.put(lead, "k", None)
+        with pytest.raises(ValueError, match="key"):
+            await store.put(lead, "with space", 1)
+        other_lead = await other.acquire()
+        with pytest.raises(UsageError, match="another elector"):
+            await store.put(other_lead, "k", "from another election")
+        assert await store.get("k") == "kept"
+        await other_lead.release()
+        await lead.release()
+    with pytest.raises(aioelect.ElectorClosed):
+        await store.get("k")
+
+
+async def test_a_backend_without_fenced_state_says_so() -> None:
+    async with aioelect.LocalElector(name=unique_name()) as elector:
+        with pytest.raises(UsageError, match="local backend keeps no fenced state"):
+            FencedStore(elector)
+
+
+class Gate:
+    """An interceptor at the backend's seam that holds the fenced write back while armed: a frozen leader's write."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.armed = False
+        self.held = asyncio.Event()
+        self.opened = asyncio.Event()
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        if self.armed and what == self.what:
+            self.held.set()
+            await self.opened.wait()
+        return await send()
+
+
+#: Where each backend's fenced write passes the seam, and how it is named there.
+SEAMS: dict[str, tuple[Callable[[Elector], Any], str]] = {
+    "etcd": (lambda elector: elector._backend.conn, "write state"),
+    "redis": (lambda elector: elector._backend, "state write"),
+    "mysql": (lambda elector: elector._backend, ""),  # the state connection names no identity
+    "postgres": (lambda elector: elector._backend, ""),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SEAMS))
+async def test_a_frozen_leaders_write_in_flight_is_refused_by_the_server(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Kleppmann's case: A checks that it leads, freezes with its write in flight, is deposed and replaced; the
+    write arrives after B's and is refused, and B's value stands."""
+    case = CASES[kind](request)
+    assert case.depose is not None
+    seam, what = SEAMS[kind]
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b:
+        gate = Gate(what)
+        seam(a).interceptor = gate
+        store_a, store_b = FencedStore(a), FencedStore(b)
+        lead_a = await a.acquire()
+        await store_a.put(lead_a, "last-tick", 1)
+        gate.armed = True
+        late = asyncio.create_task(store_a.put(lead_a, "last-tick", 99))
+        follower = Follower(b)
+        try:
+            with anyio.fail_after(10):
+                await gate.held.wait()  # A passed its own check: its write is on its way
+            await case.depose(a)
+            lead_b = await follower.wait(timeout=30)
+            await store_b.put(lead_b, "last-tick", 2)
+            gate.opened.set()
+            with pytest.raises(LeadershipLost, match="newer than"):
+                await asyncio.wait_for(late, 30)
+            assert await store_b.get("last-tick") == 2
+        finally:
+            gate.opened.set()
+            await asyncio.gather(late, return_exceptions=True)
+            await follower.close()
