@@ -44,7 +44,16 @@ NS = 1_000_000_000
 #: (tests/test_adversary_old.py runs them there). etcd 1, 16 and 18 each found, on the library at 12e8962^
 #: (scripts/adversary-old.sh etcd-late-read), a waiter's late read of the leader making a second leader (overlap);
 #: the list found it again in 4 replays of 6 (docs/adversary.md, "Shown to find").
-SEEDS = {"etcd": [1, 16, 18], "mysql": [3, 8, 18], "postgres": [1], "redis": [1, 2]}
+#: redis-sentinel 1 and 7 each find, on the library at e8940ad^ (scripts/adversary-old.sh redis-split), a master cut
+#: off from its sentinels confirming the old leader's renews beside the promoted replica's leader (overlap).
+SEEDS = {
+    "etcd": [1, 16, 18],
+    "mysql": [3, 8, 18],
+    "postgres": [1],
+    "redis": [1, 2],
+    "redis-sentinel": [1, 7],
+    "etcd-cluster": [1, 2],
+}
 #: The CI seed of sharded leadership (Shards instances over 8 names), per backend.
 SHARD_SEEDS = {"etcd": [1]}
 #: The CI seeds of stopped processes (``aioelect run`` supervisors, soak/adversary/stops.py), per backend. Each
@@ -237,7 +246,7 @@ def test_network_holds_the_read_after_a_cancelled_watch_until_overtaken() -> Non
 @contextlib.contextmanager
 def _server(backend: str, name: str) -> Iterator[Target]:
     """The backend's throwaway server for the adversary (a missing binary fails in CI, skips elsewhere)."""
-    skip_if_external(backend)
+    skip_if_external(SERVERS[backend].backend)
     target = SERVERS[backend](name)
     try:
         target.start()
