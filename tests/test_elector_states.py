@@ -98,8 +98,10 @@ async def test_a_campaign_started_while_a_cancelled_one_gives_its_grant_back_kee
     second: list[asyncio.Task[Any]] = []
 
     async def take() -> Any:
-        lead = await elector.acquire()
-        return lead, elector._state
+        lead = await elector.acquire()  # bound to this task: seen held here, released before it ends
+        seen = (lead.held, elector._state, elector.leading)
+        await lead.release()
+        return seen
 
     async def cancelled_as_granted(identity: str) -> Any:
         hold = await campaign(identity)
@@ -114,9 +116,8 @@ async def test_a_campaign_started_while_a_cancelled_one_gives_its_grant_back_kee
         with anyio.fail_after(10):
             await asyncio.gather(first[0], return_exceptions=True)
             assert first[0].cancelled()
-            lead, state = await second[0]
-        assert lead.held and state is _State.LEADING and elector.leading
-        await lead.release()
+            seen = await second[0]
+        assert seen == (True, _State.LEADING, True)
         assert elector._state is _State.IDLE and elector._leadership is None
     finally:
         closing = asyncio.get_running_loop().create_task(elector.aclose())
