@@ -641,6 +641,17 @@ def test_stops_judge_does_not_count_the_time_the_earlier_supervisor_was_stopped(
     assert len(judge_trees(beats, [_stop("s0", 0.5, 2.0)], margin=2.5)[0]) == 1  # woke 6 s before its tree ended
 
 
+def test_stops_judge_lets_a_tree_work_only_the_margin_after_its_stopped_supervisor_woke() -> None:
+    # The time s0 was stopped and the margin after it woke are excused; the margin was then allowed once more on
+    # top, so a tree could work on for twice the margin after its supervisor woke (here 2.4 s past wake + margin,
+    # 4.9 s after the wake) and pass: a supervisor that, once woken, takes four times its grace and kill to end
+    # its tree went unreported.
+    beats = [_beats("s0", 5, "cmd", 0.0, 9.9), _beats("s1", 6, "cmd", 3.0, 12.0)]
+    assert judge_trees(beats, [_stop("s0", 0.5, 5.0)], margin=2.5)[0] != [], "worked 2.4 s past wake + margin"
+    ended = [_beats("s0", 5, "cmd", 0.0, 7.4), _beats("s1", 6, "cmd", 3.0, 12.0)]
+    assert judge_trees(ended, [_stop("s0", 0.5, 5.0)], margin=2.5)[0] == []  # ended within the margin after it woke
+
+
 def test_stops_judge_reports_a_later_tree_with_a_smaller_token() -> None:
     found, _, _ = judge_trees([_beats("s0", 5, "cmd", 0.0, 1.0), _beats("s1", 4, "cmd", 4.0, 5.0)], [], 2.5)
     assert [v.kind for v in found] == ["token"]

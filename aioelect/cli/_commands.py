@@ -31,7 +31,7 @@ from ._orphans import reaper
 from ._output import json_line, out
 from ._run import Runner, choose_grace, serve_health, serve_metrics
 from ._status import EXIT_NO_LEADER, BackendError
-from ._supervisor import STOP_SIGNALS
+from ._supervisor import STOP_SIGNALS, stop_timeout_for
 
 __all__ = ["execute"]
 
@@ -131,6 +131,14 @@ async def execute(
         if runner is not None:
             runner.grace = choose_grace(args.grace, elector, config.kind)
             log.debug("--grace %gs", runner.grace)
+            needed = stop_timeout_for(runner.grace)
+            if config.options.get("stop_timeout", 0.0) < needed:
+                # A grace chosen from the margin (half of it, none given) may outlast the stop_timeout the
+                # elector was built with: after a loss its keeper would let the lock go while CMD still runs.
+                config.options["stop_timeout"] = needed
+                with anyio.CancelScope(shield=True):
+                    await elector.aclose()
+                elector = runner.elector = config.build()
         if runner is not None and args.metrics_port is not None:
             metrics = await serve_metrics(elector, args.metrics_host, args.metrics_port)
         if runner is not None and getattr(args, "health_port", None) is not None:
