@@ -636,9 +636,9 @@ def test_stops_judge_reports_a_worker_of_the_earlier_tree_beyond_the_margin() ->
 
 def test_stops_judge_does_not_count_the_time_the_earlier_supervisor_was_stopped() -> None:
     # A stopped aioelect stops nothing (its lease runs out): its tree may work until the margin after it woke.
-    beats = [_beats("s0", 5, "cmd", 0.0, 8.0), _beats("s1", 6, "cmd", 3.0, 9.0)]
-    assert judge_trees(beats, [_stop("s0", 0.5, 5.0)], margin=2.5)[0] == []
-    assert len(judge_trees(beats, [_stop("s0", 0.5, 2.0)], margin=2.5)[0]) == 1  # woke 6 s before its tree ended
+    beats = [_beats("s0", 5, "cmd", 0.0, 7.0), _beats("s1", 6, "cmd", 3.0, 9.0)]
+    assert judge_trees(beats, [_stop("s0", 0.5, 5.0)], margin=2.5)[0] == []  # ended 2 s after it woke
+    assert len(judge_trees(beats, [_stop("s0", 0.5, 2.0)], margin=2.5)[0]) == 1  # woke 5 s before its tree ended
 
 
 def test_stops_judge_lets_a_tree_work_only_the_margin_after_its_stopped_supervisor_woke() -> None:
