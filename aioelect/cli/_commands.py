@@ -22,6 +22,7 @@ from typing import Any, cast
 import anyio
 
 from .._backend import Backoff
+from .._early import take
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 from .._http import BoundedHTTPServer
@@ -126,6 +127,8 @@ async def execute(
     handled = STOP_SIGNALS if runner is not None else (signal.SIGINT, signal.SIGTERM)
     for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
+    for sig in take(handled):  # received while the command was starting (python -m aioelect held them)
+        on_signal(sig)
     reaping = reaper() if runner is not None else None
     try:
         if runner is not None:

@@ -39,6 +39,7 @@ from typing import Any
 
 import anyio
 
+from .._early import take
 from .._elector import Elector, Leadership, current_leadership, default_identity, lock_descriptors
 from .._errors import ElectionError
 from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
@@ -205,6 +206,8 @@ class ShardsRunner:
         with anyio.CancelScope() as scope:
             for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, self.on_signal, sig, scope)
+            for sig in take(STOP_SIGNALS):  # received while the command was starting
+                self.on_signal(sig, scope)
             try:
                 if session_out:
                     async with session_out[0]:

@@ -150,8 +150,9 @@ def _excused(stops: list[tuple[int, int]], a: int, b: int) -> int:
 
 def judge(beats: list[Beats], faults: list[Fault], margin: float) -> tuple[list[Violation], list[Term], float]:
     """Trees that worked on after the next tree's CMD started, beyond ``margin`` s (the time the earlier tree's
-    supervisor was stopped not counted: once woken it has ``margin`` to end its tree); tokens that do not grow. Also the trees
-    as terms (``who`` the supervisor, the token, first and last heartbeat) and the longest such time (s)."""
+    supervisor was stopped not counted: once woken it has ``margin`` to end its tree); tokens that do not grow.
+    Also the trees as terms (``who`` the supervisor, the token, first and last heartbeat) and the longest such
+    time (s)."""
     trees: dict[tuple[str, int], list[Beats]] = {}
     for b in beats:
         trees.setdefault((b.who, b.token), []).append(b)
