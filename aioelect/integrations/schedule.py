@@ -150,9 +150,26 @@ class Ticks:
         return kept[1]
 
     async def last(self, elector: Elector) -> int | None:
-        """The number of the last tick recorded (run or skipped), or None before the first."""
-        record = await self.store(elector).get(self.key)
-        return None if record is None else int(record["tick"])
+        """The number of the last tick recorded (run or skipped), or None before the first.
+
+        A record written under another ``Every`` (a deploy that changed the
+        period or origin) is read by time: the newest tick of this schedule due
+        no later than the recorded tick was.
+        """
+        return self._last(await self.store(elector).get(self.key))
+
+    def _last(self, record: Any) -> int | None:
+        if record is None:
+            return None
+        number = int(record["tick"])
+        every = record.get("every") if isinstance(record, dict) else None
+        if every is None or (float(every[0]), float(every[1])) == (self.schedule.seconds, self.schedule.origin):
+            return number
+        due = Every(float(every[0]), float(every[1])).due(number)
+        last = self.schedule.tick_at(due)
+        if self.schedule.due(last + 1) <= due:  # a rounding at a common boundary
+            last += 1
+        return last
 
     def _plan(self, last: int | None, now: float) -> list[tuple[int, int, bool]]:
         """The steps due at ``now`` after tick ``last``: (number, first, run) each, oldest first."""
@@ -191,8 +208,8 @@ class Ticks:
         store = self.store(lead._elector)
         ran: list[Tick] = []
         record = await store.get(self.key)
-        for number, first, run in self._plan(None if record is None else int(record["tick"]), time.time()):
-            value = {"tick": number, "token": lead.token}
+        for number, first, run in self._plan(self._last(record), time.time()):
+            value = {"tick": number, "token": lead.token, "every": [self.schedule.seconds, self.schedule.origin]}
             # Shielded: a tick recorded is a tick started, even if the caller is cancelled (a release) meanwhile.
             with anyio.CancelScope(shield=True):
                 recorded = await store.compare_and_set(lead, self.key, record, value)
