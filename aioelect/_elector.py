@@ -403,9 +403,10 @@ class Leadership:
         return blocked if blocked >= self._deadline / 4 else 0.0
 
     def _confirm(self, sent_at: float) -> None:
-        if self._state is _Lead.HELD and self._deadline is not None and sent_at - self._confirmed_at >= self._deadline:
-            # Sent after the deadline (the loop was blocked past it, and the keeper has not run yet): too late to
-            # keep the leadership, whatever the server answers.
+        if self._state is _Lead.HELD and self._deadline_passed():
+            # Read after the deadline (sent after it: the loop was blocked past it, and the keeper has not run yet;
+            # or sent before it and its answer left unread by a block): too late to keep the leadership, whatever
+            # the server answers. Meanwhile held was False, and it never becomes True again.
             self._fence()
             return
         if sent_at > self._confirmed_at:
