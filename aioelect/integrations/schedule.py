@@ -51,10 +51,11 @@ early; neither runs a recorded tick again.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
@@ -77,6 +78,8 @@ log = logging.getLogger("aioelect.integrations")
 
 Misfire = Literal["run_once", "run_each", "skip"]
 _MISFIRES: tuple[str, ...] = get_args(Misfire)
+#: Unix times up to about the year 3200: an Every must number its ticks exactly until then.
+_HORIZON = 4e10
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,12 @@ class Every:
             raise ValueError(f"Every(seconds) must be a finite number > 0, not {self.seconds!r}")
         if not math.isfinite(self.origin):
             raise ValueError(f"Every(origin=) must be finite, not {self.origin!r}")
+        if (abs(self.origin) + _HORIZON) / self.seconds >= 2**53:
+            # Tick numbers are computed in floating point: past 2**53 they are no longer exact (and overflow soon).
+            raise ValueError(
+                f"Every({self.seconds!r}, origin={self.origin!r}): its tick numbers would not be exact "
+                "(a period this small, or an origin this far, numbers ticks past 2**53)"
+            )
 
     def tick_at(self, when: float) -> int:
         """The newest tick due at ``when``."""
@@ -171,29 +180,35 @@ class Ticks:
             last += 1
         return last
 
-    def _plan(self, last: int | None, now: float) -> list[tuple[int, int, bool]]:
-        """The steps due at ``now`` after tick ``last``: (number, first, run) each, oldest first."""
+    def _plan(self, last: int | None, now: float) -> Iterator[tuple[int, int, bool]]:
+        """The steps due at ``now`` after tick ``last``: (number, first, run) each, oldest first.
+
+        Lazy, and bounded by the ticks run: a long outage costs no list of the ticks it missed ("skip" records
+        them in one step, worked out from the grace, not by looking at each).
+        """
         current = self.schedule.tick_at(now)
         first = current if last is None else last + 1
         if current < first:
-            return []
+            return
         if self.misfire == "run_once":
-            return [(current, first, True)]
-        steps = []
-        for number in range(first, current + 1):
-            late = now - self.schedule.due(number)
-            run = self.misfire == "run_each" or (self.grace is not None and late <= self.grace)
-            steps.append((number, number, run))
-        if self.misfire == "skip":
-            # Skipped ticks are recorded in one write, up to the newest of them.
-            merged: list[tuple[int, int, bool]] = []
-            for step in steps:
-                if merged and not step[2] and not merged[-1][2]:
-                    merged[-1] = (step[0], merged[-1][1], False)
-                else:
-                    merged.append(step)
-            steps = merged
-        return steps
+            yield (current, first, True)
+            return
+        if self.misfire == "run_each":
+            for number in range(first, current + 1):
+                yield (number, number, True)
+            return
+        grace = self.grace or 0.0
+        # The newest tick more than grace late (lateness falls as the number grows): every tick up to it is
+        # skipped, in one write; the later ones run.
+        late = self.schedule.tick_at(now - grace)
+        while late >= first and now - self.schedule.due(late) <= grace:
+            late -= 1
+        while late + 1 <= current and now - self.schedule.due(late + 1) > grace:
+            late += 1
+        if late >= first:
+            yield (late, first, False)
+        for number in range(max(first, late + 1), current + 1):
+            yield (number, number, now - self.schedule.due(number) <= grace)
 
     async def run_due(self, lead: Leadership, job: Callable[[Tick], Awaitable[Any]]) -> list[Tick]:
         """Record and run the ticks due now (the misfire policy applied); return the ticks run.
@@ -266,17 +281,19 @@ class Ticks:
         ran: list[Tick] = []
         async with fenced(conn, lead, table=fence_table):
             row = await one(f"SELECT tick FROM {table} WHERE job = {mark} FOR UPDATE", self.job)
-            steps = self._plan(None if row is None else int(row[0]), time.time())
-            if not steps:
+            now = time.time()
+            steps = self._plan(None if row is None else int(row[0]), now)
+            step = next(steps, None)
+            if step is None:
                 return ran
-            newest = steps[-1][0]
+            newest = self.schedule.tick_at(now)
             if postgres:
                 upsert = f"INSERT INTO {table} (job, tick) VALUES ($1, $2) ON CONFLICT (job) DO UPDATE SET tick = $2"
             else:
                 upsert = f"INSERT INTO {table} (job, tick) VALUES (%s, %s) ON DUPLICATE KEY UPDATE tick = VALUES(tick)"
             await one(upsert, self.job, newest)
             assert lead.token is not None  # fenced() refused a leadership without one
-            for number, first, run in steps:
+            for number, first, run in itertools.chain([step], steps):
                 if run:
                     tick = Tick(number, first, self.schedule.due(number), lead.token)
                     ran.append(tick)
