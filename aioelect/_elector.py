@@ -113,6 +113,9 @@ class _LoopLag:
     @classmethod
     def of_running_loop(cls) -> _LoopLag:
         loop = asyncio.get_running_loop()
+        for closed in [other for other in cls._of if other.is_closed()]:
+            # Closed with a leadership still held in it (its keeper never ended): nothing will drop it.
+            del cls._of[closed]
         lag = cls._of.get(loop)
         if lag is None:
             lag = cls._of[loop] = cls(loop)
