@@ -35,9 +35,10 @@ async def test_a_successor_with_a_longer_period_runs_the_tick_due_after_the_reco
     async def job(tick: Tick) -> None:
         ran.append(tick)
 
-    async with case.make(name, identity="a", **FENCED["redis"]) as a, case.make(
-        name, identity="b", **FENCED["redis"]
-    ) as b:
+    async with (
+        case.make(name, identity="a", **FENCED["redis"]) as a,
+        case.make(name, identity="b", **FENCED["redis"]) as b,
+    ):
         lead = await a.acquire()
         assert len(await before.run_due(lead, job)) == 1
         await lead.release()
@@ -62,9 +63,10 @@ async def test_a_successor_with_a_shorter_period_does_not_rerun_the_covered_tick
         if len(ran) > 5:
             raise RuntimeError("ran far too many ticks")
 
-    async with case.make(name, identity="a", **FENCED["redis"]) as a, case.make(
-        name, identity="b", **FENCED["redis"]
-    ) as b:
+    async with (
+        case.make(name, identity="a", **FENCED["redis"]) as a,
+        case.make(name, identity="b", **FENCED["redis"]) as b,
+    ):
         lead = await a.acquire()
         assert [t.number for t in await before.run_due(lead, job)] == [10]
         await lead.release()
