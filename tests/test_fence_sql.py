@@ -215,8 +215,8 @@ async def test_a_missing_privilege_is_named(db: Db) -> None:
                 await db.run(admin, f"DROP USER '{role}'@'%'")
 
 
-async def test_red1_a_long_election_name_is_fenced_on_mysql_too(db: Db, redis_url: str) -> None:
-    """Red team: Redis takes names up to 512 characters, etcd 1024; the MySQL fence table's name is VARBINARY(255).
+async def test_a_long_election_name_is_fenced_on_mysql_too(db: Db, redis_url: str) -> None:
+    """Redis takes names up to 512 characters, etcd 1024; the MySQL fence table's name is VARBINARY(255).
     INSERT IGNORE truncates the name silently, the row is never found again, and every fenced() fails with an
     AssertionError (under python -O: a TypeError comparing None with the token) instead of working or saying why."""
     from aioelect import RedisElector

@@ -203,10 +203,10 @@ async def test_a_frozen_leaders_write_in_flight_is_refused_by_the_server(
 
 
 @pytest.mark.parametrize("kind", ["mysql", "postgres"])
-async def test_red1_a_late_write_is_refused_while_a_candidate_without_fencing_leads(
+async def test_a_late_write_is_refused_while_a_candidate_without_fencing_leads(
     kind: str, request: pytest.FixtureRequest
 ) -> None:
-    """Red team: a candidate of the same election with ``fencing=False`` (a rolling change of the option, a cron job
+    """a candidate of the same election with ``fencing=False`` (a rolling change of the option, a cron job
     run with ``--no-fencing``) takes no token and leaves the token row alone (MySQL), or bumps it with no token of its
     own. A deposed leader's write in flight then commits while that candidate leads, although the exactly-once page
     says a write commits before the next leadership starts, or not at all."""

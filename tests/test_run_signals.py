@@ -112,8 +112,8 @@ def test_outside_the_main_thread_it_runs_and_warns(caplog: pytest.LogCaptureFixt
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("ignored", [signal.SIGINT, signal.SIGTERM])
-def test_red1_a_signal_the_parent_ignores_stays_ignored(tmp_path: Path, ignored: signal.Signals) -> None:
-    """Red team: a shell starts a background job (``app &``) with SIGINT ignored, so that the terminal's Ctrl-C
+def test_a_signal_the_parent_ignores_stays_ignored(tmp_path: Path, ignored: signal.Signals) -> None:
+    """a shell starts a background job (``app &``) with SIGINT ignored, so that the terminal's Ctrl-C
     stops only the foreground; asyncio.run keeps a SIGINT that is ignored ignored (its handler goes in only over
     Python's default one). aioelect.run installed its handler over SIG_IGN: the background leader was stopped."""
     script = tmp_path / "program.py"

@@ -323,10 +323,10 @@ async def test_mysql_pwd_is_never_read(mariadb: MariaDBServer, monkeypatch: pyte
 
 
 @pytest.mark.parametrize("attempt", range(3))
-async def test_red1_a_killed_shared_session_over_tls_loses_every_leadership_before_another_leads(
+async def test_a_killed_shared_session_over_tls_loses_every_leadership_before_another_leads(
     tls_mariadb: MariaDBServer, certs: Certificates, attempt: int
 ) -> None:
-    """Red team: the shared session's end hooks sit on aiomysql's transport protocol; over TLS that is the app
+    """the shared session's end hooks sit on aiomysql's transport protocol; over TLS that is the app
     protocol of an SSL transport. A KILLed shared session over TLS must still be lost before B takes the lock."""
     import asyncio
 

@@ -522,10 +522,10 @@ async def test_tokens_grow_across_a_server_crash(fresh_postgres: PostgresServer)
 
 
 @pytest.mark.parametrize("attempt", range(4))
-async def test_red1_a_terminated_leader_over_tls_is_lost_before_a_waiting_candidate_leads(
+async def test_a_terminated_leader_over_tls_is_lost_before_a_waiting_candidate_leads(
     tls_postgres: PostgresServer, attempt: int
 ) -> None:
-    """Red team: the FATAL watch (EndWatch) sits on asyncpg's transport; over TLS that is the SSL transport, and the
+    """the FATAL watch (EndWatch) sits on asyncpg's transport; over TLS that is the SSL transport, and the
     FATAL arrives as TLS records. A terminated leader over TLS must still be lost before a waiting candidate leads."""
     import asyncio
 

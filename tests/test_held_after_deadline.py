@@ -1,10 +1,8 @@
-"""Red team 3: ``held`` goes back to True after it was False (PostgreSQL, a real server).
+"""Once ``held`` is False past the renew deadline it never becomes True again (PostgreSQL, a real server).
 
-The leader's check is sent, and the loop blocks in the same breath (another task's synchronous call, scheduled
-right after the send): the answer waits unread. On waking, past the renew deadline of the last confirmation,
-``held`` is False (the leader is told to stop). The answer is then read: its send came before the deadline, so
-it is accepted, and ``held`` is True again, the leadership never lost. A program that stopped its leader work
-on ``held`` being False sees a leader that is not lost, and ``check()`` passes again.
+The leader's check is sent and the loop blocks in the same breath, so that its answer waits unread; on waking,
+past the deadline, ``held`` is False. An answer read after the deadline ends the leadership, even one sent before
+it: a program that stopped its leader work on ``held`` being False never sees ``check()`` pass again.
 """
 
 from __future__ import annotations

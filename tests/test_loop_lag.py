@@ -1,8 +1,8 @@
-"""Red team 3: the loop-lag timer's registry keeps an event loop closed while a leadership was held in it.
+"""The loop-lag timer's registry forgets an event loop that was closed while a leadership was held in it.
 
-``_LoopLag._of`` (class-level) forgets a loop with its last leadership's end; a loop closed without running its
-tasks to their end (``loop.close()`` after ``run_until_complete``, a thread's own loop) never ends them, so the
-closed loop, its timer and everything they reach stay in the registry for the life of the process.
+A loop closed without running its tasks to their end (``loop.close()`` after ``run_until_complete``, a thread's
+own loop) never ends its leaderships: the registry drops closed loops when the next leadership starts, so that
+no closed loop, its timer or what they reach stays for the life of the process.
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""Red team 3: the ticks record holds a tick *number* only, so an instance whose Every(seconds, origin) differs
-from the one that wrote it (a rolling deploy that changes the period or origin of a job) reads it in its own
-numbering: on Redis, a real server.
+"""A job's schedule changed between deploys reads the ticks record by time, not by number (Redis, a real server).
 
-* a longer period on the successor: its tick numbers are far below the record's, so it runs nothing
-  (run_once loses every tick, for centuries);
-* a shorter period on the successor: its tick numbers are far above, so run_each re-runs, one by one, every
-  tick since the recorded one's number (hours of ticks the predecessor already covered), and "skip" builds a
-  list of them all before it writes.
+The record keeps the ``Every(seconds, origin)`` that wrote it; a leader whose schedule differs (a rolling deploy
+that changes the period or origin) reads the recorded tick by when it was due, so that a longer period loses no
+tick under run_once and a shorter one re-runs none of the ticks the predecessor covered under run_each.
 """
 
 from __future__ import annotations

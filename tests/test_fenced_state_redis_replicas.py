@@ -1,13 +1,9 @@
-"""Red team: fenced state on Redis with ``min_replicas`` is not confirmed on the replicas.
+"""Fenced state on Redis with ``min_replicas`` is confirmed on the replicas, and written only on a master.
 
-A grant and every renew count only once ``WAIT`` says every replica has them
-(docs/guarantees.md, Redis Sentinel rows: "with min_replicas=N, a failover
-keeps the key and the token"). The fenced state script is sent alone, with no
-``WAIT``: a ``put`` the leader was told committed may be on no replica, and a
-failover that keeps the token (so the next leader is legitimately elected)
-loses the value. The next leader then reads the old value and redoes the work:
-the exactly-once promise of docs/exactly-once.md breaks across a failover that
-the token survives.
+A grant and every renew count only once ``WAIT`` says every replica has them (docs/guarantees.md, Redis Sentinel
+rows); a fenced ``put`` is confirmed the same way, so that a failover that keeps the token keeps the value too,
+and a put that is not confirmed raises rather than reporting success. A server that is no longer a master (one
+demoted with ``replica-read-only no``) refuses the write.
 """
 
 from __future__ import annotations
