@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import enum
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from ._backend import Backend, Hold, Loss, Reporter, monotonic
 from ._config import default_identity, positive, validate_identity
 from ._errors import ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
 from ._events import Event, EventKind, Listener
+from ._handover import Gate, Note
 from ._log import ElectionLog
 from ._tasks import TaskSet, consume, first_of
 from ._transitions import Transitions
@@ -189,6 +191,9 @@ class Leadership:
         self._releasers: set[asyncio.Task[Any]] = set()
         self.identity: str = elector.identity
         self.token: int | None = hold.token
+        #: The step-down under way, and how it ended (None: it succeeded): a second one shares its outcome.
+        self._stepping: anyio.Event | None = None
+        self._stepped: BaseException | None = None
 
     def __repr__(self) -> str:
         return (
@@ -248,6 +253,53 @@ class Leadership:
         self._step(_Step.RELEASE)
         with anyio.CancelScope(shield=True):
             await self._finished()
+
+    async def step_down(self, to: str | None = None, *, timeout: float = 30.0, reason: str = "requested") -> None:
+        """Stop leader work and release, leaving a handover note: until ``timeout``, only ``to`` may lead next.
+
+        Without ``to``, any other candidate may lead next, and this elector
+        stays out until another leads or ``timeout`` has passed. The note is
+        a fenced write (a deposed leader leaves none, and gets
+        :class:`LeadershipLost`); the release is the ordinary one, so the
+        successor leads as soon as the work has stopped, with a larger token.
+        Called from inside the leader work, that work is cancelled once the
+        release is done (the rest of it would run without leadership).
+
+        Raises :class:`~aioelect.UsageError` if this leadership is not held
+        (released, or lost), or the backend keeps no handover notes (local,
+        fencing off, PostgreSQL without ``schema=``). A second call while one
+        is under way waits for it and has its outcome; one after it raises
+        UsageError, as the leadership is no longer held.
+        """
+        if to is not None:
+            to = validate_identity(to)
+        timeout = positive("timeout", timeout)
+        if self._stepping is not None and not self._stepping.is_set():
+            await self._stepping.wait()
+            if self._stepped is not None:
+                raise self._stepped
+            return
+        if not self.held:
+            state = "lost: " + (self.lost_reason or "") if self.lost else self._state.value
+            raise UsageError(f"step_down(): {self._elector.name!r} is not led by this leadership ({state})")
+        self._stepping = anyio.Event()
+        mine = [w for w in self._work if w.task is asyncio.current_task()]
+        try:
+            note = Note(self.identity, self.token or 0, to, time.time() + timeout, timeout, reason)
+            if not await self._elector._gate.leave(self._hold, note):
+                raise LeadershipLost("step_down(): a newer leader exists; nothing handed over", LossKind.DEPOSED)
+            self._log.info("stepping down (%s): %s", reason, note.describe())
+            self._elector._emit("handover_requested", token=self.token, reason=reason, successor=to)
+            await self.release()
+            self._elector._emit("stepped_down", token=self.token, reason=reason, successor=to)
+        except BaseException as exc:
+            self._stepped = exc
+            raise
+        finally:
+            self._stepping.set()
+        for work in mine:
+            work.scope.cancel()
+        await anyio.lowlevel.checkpoint()
 
     async def _finished(self) -> None:
         """Return once the backend has let go (or the keeper gave up on it) and the keeper has ended."""
@@ -507,6 +559,8 @@ class Elector:
         #: The keeper of each leadership and the leader watch of each campaign: cancelled and awaited by aclose().
         self._tasks = TaskSet()
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
+        #: The handover rule every grant passes before it becomes a leadership.
+        self._gate = Gate(backend, self._log)
         backend.attach(Reporter(self._log, self._backend_error, on_leader=self._saw_leader))
         for warning in backend.warnings:
             self._log.warning("%s", warning)
@@ -730,12 +784,12 @@ class Elector:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
                 if once:
-                    hold = await self._apart(self._backend.try_campaign(self._identity))
+                    hold = await self._apart(self._gate.try_campaign(self._identity))
                 else:
                     watcher = self._tasks.start(
                         self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
                     )
-                    hold = await self._apart(self._backend.campaign(self._identity))
+                    hold = await self._apart(self._gate.campaign(self._identity))
             if scope.cancelled_caught:
                 raise ElectorClosed("elector closed while campaigning")
         except BaseException:
