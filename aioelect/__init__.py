@@ -25,6 +25,7 @@ from ._factory import from_env, new
 from ._fence import fenced
 from ._fenced import FencedStore
 from ._main import run
+from ._requests import request_step_down, serve_step_downs
 from ._shards import Shards
 
 if TYPE_CHECKING:
@@ -60,7 +61,9 @@ __all__ = [
     "from_env",
     "leadership",
     "new",
+    "request_step_down",
     "run",
+    "serve_step_downs",
 ]
 
 #: The electors that resolve on first use, and the backend module (with its driver) each one needs.

@@ -254,7 +254,10 @@ class Leadership:
         with anyio.CancelScope(shield=True):
             await self._finished()
 
-    async def step_down(self, to: str | None = None, *, timeout: float = 30.0, reason: str = "requested") -> None:
+    # ``timeout`` is the length of the handover window, not a bound on this call.
+    async def step_down(
+        self, to: str | None = None, *, timeout: float = 30.0, reason: str = "requested"  # noqa: ASYNC109
+    ) -> None:
         """Stop leader work and release, leaving a handover note: until ``timeout``, only ``to`` may lead next.
 
         Without ``to``, any other candidate may lead next, and this elector
@@ -271,6 +274,22 @@ class Leadership:
         is under way waits for it and has its outcome; one after it raises
         UsageError, as the leadership is no longer held.
         """
+        await self._step_down(to, timeout, reason, None)
+
+    async def _step_down(
+        self,
+        to: str | None,
+        timeout: float,  # noqa: ASYNC109 - the window's length, as in step_down()
+        reason: str,
+        request: str | None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """:meth:`step_down`, the note naming the step-down ``request`` it answers (None: asked in-process).
+
+        ``wait=False`` returns once the release is asked for (the keeper stops the work and lets go): for a
+        caller that runs inside the leader work's task group, which must end before the release can.
+        """
         if to is not None:
             to = validate_identity(to)
         timeout = positive("timeout", timeout)
@@ -283,15 +302,21 @@ class Leadership:
             state = "lost: " + (self.lost_reason or "") if self.lost else self._state.value
             raise UsageError(f"step_down(): {self._elector.name!r} is not led by this leadership ({state})")
         self._stepping = anyio.Event()
-        mine = [w for w in self._work if w.task is asyncio.current_task()]
+        caller = asyncio.current_task()
+        mine = [w for w in self._work if w.task is caller] if wait else []
         try:
-            note = Note(self.identity, self.token or 0, to, time.time() + timeout, timeout, reason)
+            note = Note(self.identity, self.token or 0, to, time.time() + timeout, timeout, reason, request=request)
             if not await self._elector._gate.leave(self._hold, note):
                 raise LeadershipLost("step_down(): a newer leader exists; nothing handed over", LossKind.DEPOSED)
             self._log.info("stepping down (%s): %s", reason, note.describe())
             self._elector._emit("handover_requested", token=self.token, reason=reason, successor=to)
-            await self.release()
-            self._elector._emit("stepped_down", token=self.token, reason=reason, successor=to)
+            if wait and caller is not None:
+                self._releasers.add(caller)  # as release(): its own work is not waited for
+            self._step(_Step.RELEASE)
+            announced = self._elector._tasks.start(self._stepped_down(reason, to), name="aioelect-step-down")
+            if wait:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait([announced])
         except BaseException as exc:
             self._stepped = exc
             raise
@@ -299,7 +324,13 @@ class Leadership:
             self._stepping.set()
         for work in mine:
             work.scope.cancel()
-        await anyio.lowlevel.checkpoint()
+        if mine:
+            await anyio.lowlevel.checkpoint()
+
+    async def _stepped_down(self, reason: str, to: str | None) -> None:
+        await self._finished()
+        if self._state is _Lead.RELEASED:
+            self._elector._emit("stepped_down", token=self.token, reason=reason, successor=to)
 
     async def _finished(self) -> None:
         """Return once the backend has let go (or the keeper gave up on it) and the keeper has ended."""

@@ -31,10 +31,12 @@ from ._errors import BackendUnavailable, ElectionError, UsageError
 from ._log import ElectionLog
 from ._values import encode
 
-__all__ = ["NOTE_KEY", "Gate", "Note"]
+__all__ = ["NOTE_KEY", "REQUEST_KEY", "Gate", "Note", "Request"]
 
 #: The fenced state key of the handover note (the store's own keys are the user's: this one is reserved).
 NOTE_KEY = "aioelect.handover"
+#: The key of a step-down request (posted, not fenced: any process may ask).
+REQUEST_KEY = "aioelect.step-down"
 #: How often a candidate an open note excludes reads it again.
 POLL_INTERVAL = 0.5
 #: Bound on one read or write of the note: past it the note is treated as absent (a preference, never a wait).
@@ -57,6 +59,8 @@ class Note:
     reason: str
     #: The candidate that led under the note: from then on it excludes nobody.
     taken_by: str | None = None
+    #: The step-down request (its id) the note answers, if one asked for it.
+    request: str | None = None
 
     def encode(self) -> bytes:
         return encode(dataclasses.asdict(self))
@@ -82,6 +86,30 @@ class Note:
     def describe(self) -> str:
         to = f"to {self.successor!r}" if self.successor is not None else "to any other candidate"
         return f"handover from {self.source!r} (token {self.token}) {to}, reason {self.reason!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A step-down asked of whoever leads, as posted under :data:`REQUEST_KEY`; it lapses at ``until``."""
+
+    id: str
+    successor: str | None
+    timeout: float
+    until: float
+    by: str
+
+    def encode(self) -> bytes:
+        return encode(dataclasses.asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Request:
+        try:
+            request = cls(**json.loads(raw))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"not a step-down request: {raw[:120]!r}") from exc
+        if not isinstance(request.id, str) or not isinstance(request.timeout, (int, float)):
+            raise ValueError(f"not a step-down request: {raw[:120]!r}")
+        return request
 
 
 class Gate:
@@ -206,18 +234,45 @@ class Gate:
                 return
             await anyio.sleep(min(POLL_INTERVAL, left))
 
+    async def post(self, request: Request) -> None:
+        """Post ``request`` for whoever leads; UsageError where the backend keeps no notes."""
+        store = self._notes_store()
+        await store.post(REQUEST_KEY, request.encode())
+
+    async def pending(self) -> Request | None:
+        """The step-down request the leader should act on now: posted, not lapsed, not answered by the note."""
+        store = self.store()
+        if store is None:
+            return None
+        raw = await store.read_posted(REQUEST_KEY)
+        if raw is None:
+            return None
+        try:
+            request = Request.decode(raw)
+        except ValueError as exc:
+            self._log.warning("%s: ignored", exc)
+            return None
+        if request.until <= time.time():
+            return None
+        note, _ = await self.read()
+        return None if note is not None and note.request == request.id else request
+
+    def _notes_store(self) -> StateStore:
+        store = self.store()
+        if store is None:
+            raise UsageError(
+                f"the {self._backend.kind} backend keeps no handover note (it needs fenced state: etcd, MySQL, "
+                "PostgreSQL with schema=, Redis, file, memory, with fencing tokens)"
+            )
+        return store
+
     async def leave(self, hold: Hold, note: Note) -> bool:
         """Write ``note`` under ``hold``'s token: True; False if the token is not the newest (nothing written).
 
         UsageError where the backend keeps no notes; BackendUnavailable if the
         write did not finish within :data:`NOTE_TIMEOUT`.
         """
-        store = self.store()
-        if store is None or hold.token is None:
-            raise UsageError(
-                f"the {self._backend.kind} backend keeps no handover note (it needs fenced state: etcd, MySQL, "
-                "PostgreSQL with schema=, Redis, file, memory, with fencing tokens)"
-            )
+        store = self._notes_store()
         written: Written | None = None
         with anyio.move_on_after(NOTE_TIMEOUT):
             written = await store.write(hold, NOTE_KEY, note.encode(), compare=False, expected=None)

@@ -11,7 +11,17 @@ from typing import Protocol
 
 from ._events import Event
 
-__all__ = ["ACQUIRE_WAIT", "CHECK_LATENCY", "ERRORS", "HANDOVERS", "IS_LEADER", "LABELS", "TRANSITIONS", "Sink", "record"]
+__all__ = [
+    "ACQUIRE_WAIT",
+    "CHECK_LATENCY",
+    "ERRORS",
+    "HANDOVERS",
+    "IS_LEADER",
+    "LABELS",
+    "TRANSITIONS",
+    "Sink",
+    "record",
+]
 
 #: The labels (attributes) of every series.
 LABELS = ("backend", "name")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 
 import anyio
 import pytest
 
+import aioelect
 from aioelect import Elector, Event, LocalElector, UsageError
 
 from .backends import CASES, BackendCase, Follower, unique_name
@@ -51,7 +53,11 @@ async def test_step_down_to_a_named_candidate_passes_over_the_others(case: Backe
             await asyncio.sleep(1.0)  # b, excluded, never led meanwhile
             assert not follower_b.won.is_set()
             assert not [e for e in events if e.kind == "acquired" and e.identity == "b"]
-            kinds = [(e.kind, e.identity, e.successor, e.reason) for e in events if e.kind in ("handover_requested", "stepped_down")]
+            kinds = [
+                (e.kind, e.identity, e.successor, e.reason)
+                for e in events
+                if e.kind in ("handover_requested", "stepped_down")
+            ]
             assert kinds == [("handover_requested", "a", "c", "requested"), ("stepped_down", "a", "c", "requested")]
             # The successor let go: the note is taken, so b leads next as usual.
             await follower_c.close()
@@ -152,3 +158,48 @@ async def test_a_backend_without_notes_says_so() -> None:
         with pytest.raises(UsageError, match="keeps no handover note"):
             await lead.step_down(to="b")
         assert lead.held
+
+
+async def test_a_step_down_asked_from_outside_moves_leadership_once(case: BackendCase) -> None:
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b, make(case, name, "c") as c:
+        events = record(a)
+        follower_b: Follower | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def leader_a() -> None:
+                    async with aioelect.leadership(a) as lead, anyio.create_task_group() as inner:
+                        inner.start_soon(functools.partial(aioelect.serve_step_downs, lead, interval=0.1))
+                        await lead.wait_lost()  # the work: until it is cancelled by the step-down
+
+                tg.start_soon(leader_a)
+                with anyio.fail_after(10):
+                    while await c.leader() != "a":
+                        await anyio.sleep(0.05)
+                follower_b = Follower(b)
+                await aioelect.request_step_down(c, to="b", timeout=30)
+                lead_b = await follower_b.wait(timeout=case.takeover_bound + 10)
+                assert lead_b.held
+                tg.cancel_scope.cancel()
+            stepped = [e for e in events if e.kind == "stepped_down"]
+            assert [(e.reason, e.successor) for e in stepped] == [("request", "b")]
+            # The request is answered: b serving requests now does not step down for it.
+            with anyio.move_on_after(0.5):
+                await aioelect.serve_step_downs(lead_b, interval=0.1)
+            assert lead_b.held
+        finally:
+            if follower_b is not None:
+                await follower_b.close()
+
+
+async def test_a_request_with_nobody_leading_lapses() -> None:
+    from aioelect.testing import MemoryElector
+
+    async with MemoryElector(name=unique_name(), identity="a") as a:
+        await aioelect.request_step_down(a, lapse=0.2)
+        await anyio.sleep(0.3)
+        lead = await a.acquire()
+        with anyio.move_on_after(0.3):
+            await aioelect.serve_step_downs(lead, interval=0.05)
+        assert lead.held  # the lapsed request was not acted on
