@@ -362,7 +362,39 @@ def build_parser() -> Parsers:
         formatter_class=fmt,
     )
     observe.add_argument("--json", action="store_true", help='print JSON lines {"time", "leader", ...}')
-    return Parsers(parser, {"run": run, "shards": shards, "leader": leader, "observe": observe})
+    step_down = sub.add_parser(
+        "step-down",
+        parents=[common],
+        help="ask whoever leads to step down, optionally to --to ID",
+        description=(
+            "Ask the instance that leads, wherever it runs, to stop its work and release, through the backend "
+            "(a request the leader polls: `aioelect run` does). With --to, only that candidate may lead next for "
+            "--window seconds; then the election opens to all. Prints the new leader; exit 1 if nobody leads, "
+            "4 if the leader did not step down within --wait seconds."
+        ),
+        epilog=EPILOG,
+        formatter_class=fmt,
+    )
+    step_down.add_argument("--to", metavar="ID", help="the candidate that alone may lead next")
+    step_down.add_argument(
+        "--window",
+        type=_number(float, lambda n: n > 0, "a number of seconds > 0"),
+        default=30.0,
+        metavar="SECONDS",
+        help="how long only --to (or, without it, anyone but the leader) may lead next (default 30)",
+    )
+    step_down.add_argument(
+        "--wait",
+        type=_number(float, lambda n: n > 0, "a number of seconds > 0"),
+        default=10.0,
+        metavar="SECONDS",
+        help="how long the leader has to act on the request before it lapses, and how long the new leader is "
+        "waited for after (default 10)",
+    )
+    step_down.add_argument("--json", action="store_true", help='print {"leader": NEW-LEADER-or-null, ...}')
+    return Parsers(
+        parser, {"run": run, "shards": shards, "leader": leader, "observe": observe, "step-down": step_down}
+    )
 
 
 def _version() -> str:

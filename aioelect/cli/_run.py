@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._elector import Elector, Leadership
+from .._requests import serve_step_downs
 from .._settings import ENV_IDENTITY, ENV_TOKEN
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
@@ -247,14 +248,17 @@ class Runner:
         if self.signals:  # arrived while CMD was being started
             group.signal(forwarded_signal(self.signals[-1]))
         lost = asyncio.ensure_future(lead.wait_lost())
+        # `aioelect step-down` asks through the backend; acting on it releases through the keeper.
+        requests = asyncio.ensure_future(serve_step_downs(lead))
         # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
         # lock only once CMD's whole tree is gone (the finally below).
         with lead.guard():
             try:
-                either: set[asyncio.Future[Any]] = {group.exited, lost}
+                either: set[asyncio.Future[Any]] = {group.exited, lost, requests}
                 await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 lost.cancel()
+                requests.cancel()
                 with anyio.CancelScope(shield=True):
                     try:
                         await self._stop_group(lead, group)
@@ -267,6 +271,10 @@ class Runner:
     async def _stop_group(self, lead: Leadership, group: ProcessGroup) -> None:
         """Leave nothing of CMD's tree running; called before every release."""
         if not group.exited.done():
+            if lead._stepping is not None:  # a planned step-down: CMD gets its grace, as on a loss
+                log.info("stepping down: stopping CMD (pid %d)", group.pid)
+                await group.terminate(self.grace)
+                return
             if not lead.lost:  # cancelled ourselves: never leave CMD running
                 await group.kill()
                 return
