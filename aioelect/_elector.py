@@ -27,6 +27,7 @@ from ._config import default_identity, positive, validate_identity
 from ._errors import ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
 from ._events import Event, EventKind, Listener
 from ._handover import Gate, Note
+from ._health import Health
 from ._log import ElectionLog
 from ._tasks import TaskSet, consume, first_of
 from ._transitions import Transitions
@@ -601,6 +602,27 @@ class Elector:
         #: The largest fencing token this elector has held.
         self._highest_token: int | None = None
 
+    def set_health(
+        self,
+        check: Callable[[], Awaitable[object]] | None,
+        *,
+        failures: int = 3,
+        interval: float = 5.0,
+        timeout: float = 2.0,
+        backoff: float = 30.0,
+    ) -> None:
+        """Campaign only while ``await check()`` passes, and step down after ``failures`` failures in a row.
+
+        A check passes unless it returns False, raises, or runs past
+        ``timeout`` seconds. While leading it runs every ``interval`` seconds;
+        after ``failures`` failures in a row the leader steps down (reason
+        ``unhealthy``: its work stops, it releases) and stays out of the
+        election for ``backoff`` seconds. A candidate campaigns only once a
+        check passes. Each change is logged with its reason. None removes
+        the check. Takes effect at the next campaign or leadership.
+        """
+        self._gate.health = None if check is None else Health(check, failures, interval, timeout, backoff)
+
     def lock_timing(self) -> tuple[float, float, float] | None:
         """``(margin, lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was
         cut off (``lease``), how long the leader goes without a confirmation before it fences itself, and the
@@ -762,6 +784,17 @@ class Elector:
         waited = monotonic() - started
         self._log.info("leadership acquired after %.3fs; token=%s", waited, lead.token)
         self._emit("acquired", token=lead.token, wait=waited)
+        health = self._gate.health
+        if health is not None:
+
+            async def aside() -> None:
+                try:
+                    await lead._step_down(None, health.backoff, "unhealthy", None, wait=False)
+                except UsageError:  # no handover notes on this backend: the back-off alone keeps it out
+                    await lead.release()
+
+            watch = health.watch(lambda: lead.held, aside, self._log)
+            self._tasks.start(watch, name=f"aioelect-health-{lead.identity}")
         return lead
 
     async def _watch_leader(self, stopped: asyncio.Event) -> None:

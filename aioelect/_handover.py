@@ -28,6 +28,7 @@ import anyio
 
 from ._backend import Backend, Hold, StateStore, Written, monotonic
 from ._errors import BackendUnavailable, ElectionError, UsageError
+from ._health import Health
 from ._log import ElectionLog
 from ._values import encode
 
@@ -128,6 +129,8 @@ class Gate:
         self._log = log
         #: When this candidate first saw each note (by source and token), on its monotonic clock.
         self._first_seen: dict[tuple[str, int], float] = {}
+        #: The health check that must pass before each campaign, if any.
+        self.health: Health | None = None
 
     def store(self) -> StateStore | None:
         """The election's fenced state, or None where the backend keeps none."""
@@ -166,12 +169,20 @@ class Gate:
     async def campaign(self, identity: str) -> Hold:
         """The backend's campaign, until a grant passes the handover rule."""
         while True:
+            if self.health is not None:
+                await self.health.until_healthy(self._log)
             hold = await self._backend.campaign(identity)
             if await self._closing_state(self._admit(hold, identity, wait=True)):
                 return hold
 
     async def try_campaign(self, identity: str) -> Hold | None:
         """The backend's one campaign step; None also when an open note excludes ``identity`` (grant given back)."""
+        if self.health is not None:
+            why = "staying out after stepping down unhealthy" if self.health.out_until > monotonic() else None
+            why = why or await self.health.problem()
+            if why is not None:
+                self._log.warning("not campaigning: %s", why)
+                return None
         hold = await self._backend.try_campaign(identity)
         if hold is None or await self._closing_state(self._admit(hold, identity, wait=False)):
             return hold
