@@ -81,3 +81,29 @@ def test_a_handover_in_progress_shows_in_leader_and_observe(
     spawner.wait(leader)  # without --forever, run ends once CMD has stopped
     watcher.send_signal(signal.SIGINT)
     assert spawner.wait(watcher) == 0
+
+
+def test_health_cmd_failing_moves_cmd_to_a_healthy_instance(target: Target, spawner: Spawner, tmp_path: Path) -> None:
+    lines = Lines(tmp_path / "ticks")
+    backend = [*target.with_name(), *target.tuning, *handover_options(target)]
+    flags = {ident: tmp_path / f"{ident}.healthy" for ident in ("cand-a", "cand-b")}
+    flags["cand-a"].touch()
+    health = ["--health-interval", "0.2", "--health-timeout", "5", "--health-failures", "2", "--health-backoff", "30"]
+    procs = {
+        ident: spawner.run_cmd(
+            *backend, *health, "--health-cmd", f"test -e {flag}", "--identity", ident, out=lines.path, mode="graceful"
+        )
+        for ident, flag in flags.items()
+    }
+    wait_until("cand-a to run the command", lambda: bool(lines.of("cand-a", "start")), 30)
+    time.sleep(1.0)
+    assert not lines.of("cand-b"), "cand-b is unhealthy: it must not campaign"
+    flags["cand-b"].touch()
+    flags["cand-a"].unlink()  # cand-a fails its check: it steps down, and its command is stopped with SIGTERM
+    wait_until("cand-b to run the command", lambda: bool(lines.of("cand-b", "start")), 15)
+    assert lines.of("cand-a", f"signal-{int(signal.SIGTERM)}")
+    assert "stepping down: unhealthy" in spawner.stderr(procs["cand-a"])
+    assert "not campaigning: health check returned False" in spawner.stderr(procs["cand-b"])
+    for proc in procs.values():
+        proc.send_signal(signal.SIGTERM)
+        spawner.wait(proc)

@@ -284,6 +284,37 @@ def build_parser() -> Parsers:
         metavar="HOST",
         help="address the metrics listen on (default 127.0.0.1: this machine only)",
     )
+    health = run.add_argument_group("health")
+    health.add_argument(
+        "--health-cmd",
+        metavar="CMD",
+        help="a command (split as a shell would, run without one) that exits 0 while this instance is healthy: "
+        "it campaigns only then, and as leader steps down after --health-failures failures in a row",
+    )
+    health.add_argument(
+        "--health-interval", type=_positive, default=5.0, metavar="SECONDS", help="between two checks (default 5)"
+    )
+    health.add_argument(
+        "--health-timeout",
+        type=_positive,
+        default=2.0,
+        metavar="SECONDS",
+        help="a check still running then is killed and has failed (default 2)",
+    )
+    health.add_argument(
+        "--health-failures",
+        type=_number(int, lambda n: n >= 1, "a whole number >= 1"),
+        default=3,
+        metavar="N",
+        help="failures in a row that make the leader step down (default 3)",
+    )
+    health.add_argument(
+        "--health-backoff",
+        type=_positive,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a leader that stepped down unhealthy stays out (default 30)",
+    )
     probes = run.add_argument_group("probes (Kubernetes)")
     probes.add_argument(
         "--health-port",

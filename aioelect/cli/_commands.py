@@ -32,9 +32,9 @@ from .._requests import request_step_down
 from ..integrations.health import HealthServer
 from ._configure import Config, first_contact
 from ._output import json_line, out
-from ._run import Runner, choose_grace, serve_health, serve_metrics
+from ._run import Runner, choose_grace, command_check, serve_health, serve_metrics
 from ._status import EXIT_NO_LEADER, EXIT_NOT_STEPPED_DOWN, BackendError, UsageError
-from ._supervisor import STOP_SIGNALS, reap_orphans
+from ._supervisor import STOP_SIGNALS, child_environment, reap_orphans
 
 __all__ = ["execute"]
 
@@ -176,6 +176,15 @@ async def execute(
         loop.add_signal_handler(sig, on_signal, sig)
     reaper = asyncio.ensure_future(reap_orphans()) if runner is not None and os.getpid() == 1 else None
     try:
+        if runner is not None and args.health_cmd is not None:
+            checks_env = child_environment(environ, pass_secrets=args.pass_secret, extra={})
+            elector.set_health(
+                command_check(args.health_cmd, checks_env),
+                failures=args.health_failures,
+                interval=args.health_interval,
+                timeout=args.health_timeout,
+                backoff=args.health_backoff,
+            )
         if runner is not None:
             runner.grace = choose_grace(args.grace, elector, config.kind)
             log.debug("--grace %gs", runner.grace)

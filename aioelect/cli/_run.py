@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import shlex
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -137,6 +139,31 @@ def forwarded_signal(sig: int) -> int:
     to CMD, and many runtimes (Python's among them) ignore it.
     """
     return signal.SIGTERM if sig == signal.SIGPIPE else sig
+
+
+def command_check(command: str, environ: Mapping[str, str]) -> Callable[[], Awaitable[bool]]:
+    """A health check that runs ``command`` (split as a shell would) and passes if it exits 0.
+
+    A check cancelled (its timeout) kills the command and reaps it before it returns: none outlives its check.
+    """
+    argv = shlex.split(command)
+    if not argv:
+        raise UsageError("--health-cmd is empty")
+
+    async def check() -> bool:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, env=dict(environ)
+        )
+        try:
+            return await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                with anyio.CancelScope(shield=True):
+                    await proc.wait()
+
+    return check
 
 
 class Runner:
