@@ -24,9 +24,9 @@ import anyio
 
 from ._backend import Backend, Hold, Loss, Reporter, monotonic
 from ._config import default_identity, positive, validate_identity
-from ._errors import ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
+from ._errors import ElectionError, ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
 from ._events import Event, EventKind, Listener
-from ._handover import Gate, Note
+from ._handover import Gate, Note, Priority, Request
 from ._health import Health
 from ._log import ElectionLog
 from ._tasks import TaskSet, consume, first_of
@@ -328,6 +328,14 @@ class Leadership:
         if mine:
             await anyio.lowlevel.checkpoint()
 
+    async def _answer(self, request: Request) -> None:
+        """Step down as a step-down ``request`` asks; not waiting: this may run inside the leader work's task group,
+        which must end before the release can."""
+        try:
+            await self._step_down(request.successor, request.timeout, request.reason, request.id, wait=False)
+        except ElectionError as exc:
+            self._log.warning("step-down request %s not acted on: %s", request.id, exc)
+
     async def _stepped_down(self, reason: str, to: str | None) -> None:
         await self._finished()
         if self._state is _Lead.RELEASED:
@@ -623,6 +631,21 @@ class Elector:
         """
         self._gate.health = None if check is None else Health(check, failures, interval, timeout, backoff)
 
+    def set_priority(self, priority: int | None, *, settle: float = 10.0) -> None:
+        """Give this candidate a priority: while it waits and is healthy, every ``settle`` seconds it asks a leader of
+        strictly lower priority to hand over to it; while it leads, it records its priority and acts on such requests.
+
+        Leadership only ever moves to a higher priority, so it never flaps
+        between candidates. A leader without a priority counts as 0. None
+        removes it. Needs a backend with handover notes.
+        """
+        if priority is None:
+            self._gate.priority = None
+            return
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be a whole number, not {priority!r}")
+        self._gate.priority = Priority(priority, positive("settle", settle))
+
     def lock_timing(self) -> tuple[float, float, float] | None:
         """``(margin, lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was
         cut off (``lease``), how long the leader goes without a confirmation before it fences itself, and the
@@ -795,6 +818,9 @@ class Elector:
 
             watch = health.watch(lambda: lead.held, aside, self._log)
             self._tasks.start(watch, name=f"aioelect-health-{lead.identity}")
+        if self._gate.priority is not None:
+            serve = self._gate.lead(hold, lead.identity, lambda: lead.held, lead._answer)
+            self._tasks.start(serve, name=f"aioelect-priority-{lead.identity}")
         return lead
 
     async def _watch_leader(self, stopped: asyncio.Event) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,12 +33,16 @@ from ._health import Health
 from ._log import ElectionLog
 from ._values import encode
 
-__all__ = ["NOTE_KEY", "REQUEST_KEY", "Gate", "Note", "Request"]
+__all__ = ["LEADER_KEY", "NOTE_KEY", "REQUEST_KEY", "Gate", "Note", "Priority", "Request"]
 
 #: The fenced state key of the handover note (the store's own keys are the user's: this one is reserved).
 NOTE_KEY = "aioelect.handover"
 #: The key of a step-down request (posted, not fenced: any process may ask).
 REQUEST_KEY = "aioelect.step-down"
+#: The key where a leader with a priority records it (fenced: only the newest leader's record can be there).
+LEADER_KEY = "aioelect.leader"
+#: The window a higher-priority candidate asks for: only it may lead next, for this long.
+PRIORITY_WINDOW = 30.0
 #: How often a candidate an open note excludes reads it again.
 POLL_INTERVAL = 0.5
 #: Bound on one read or write of the note: past it the note is treated as absent (a preference, never a wait).
@@ -98,6 +103,7 @@ class Request:
     timeout: float
     until: float
     by: str
+    reason: str = "request"
 
     def encode(self) -> bytes:
         return encode(dataclasses.asdict(self))
@@ -111,6 +117,14 @@ class Request:
         if not isinstance(request.id, str) or not isinstance(request.timeout, (int, float)):
             raise ValueError(f"not a step-down request: {raw[:120]!r}")
         return request
+
+
+@dataclasses.dataclass(frozen=True)
+class Priority:
+    """A candidate's priority, and how long it waits (healthy) before it asks a lower-priority leader to hand over."""
+
+    value: int
+    settle: float = 10.0
 
 
 class Gate:
@@ -131,6 +145,8 @@ class Gate:
         self._first_seen: dict[tuple[str, int], float] = {}
         #: The health check that must pass before each campaign, if any.
         self.health: Health | None = None
+        #: This candidate's priority, if it has one.
+        self.priority: Priority | None = None
 
     def store(self) -> StateStore | None:
         """The election's fenced state, or None where the backend keeps none."""
@@ -171,9 +187,102 @@ class Gate:
         while True:
             if self.health is not None:
                 await self.health.until_healthy(self._log)
-            hold = await self._backend.campaign(identity)
+            hold = await self._campaign_asking(identity)
             if await self._closing_state(self._admit(hold, identity, wait=True)):
                 return hold
+
+    async def _campaign_asking(self, identity: str) -> Hold:
+        """The backend's campaign; with a priority, a lower-priority leader is asked to hand over meanwhile."""
+        if self.priority is None:
+            return await self._backend.campaign(identity)
+        hold: Hold | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._ask_when_settled, identity, self.priority)
+                hold = await self._backend.campaign(identity)
+                tg.cancel_scope.cancel()
+        except BaseException:
+            if hold is not None:
+                await _give_back(hold)
+            raise
+        assert hold is not None
+        return hold
+
+    async def _ask_when_settled(self, identity: str, priority: Priority) -> None:
+        """Every ``settle`` seconds of waiting (healthy), ask a leader of lower priority to hand over to us.
+
+        Only a strictly lower priority is asked: leadership moves only
+        upwards, so it never flaps between two candidates. A leader that
+        recorded no priority counts as priority 0.
+        """
+        while True:
+            await anyio.sleep(priority.settle)
+            try:
+                if self.health is not None and await self.health.problem() is not None:
+                    continue
+                leader = await self._backend.leader()
+                if leader is None or leader == identity:
+                    continue
+                theirs = await self.leader_priority(leader)
+                if theirs >= priority.value:
+                    continue
+                note, _ = await self.read()
+                if note is not None and note.taken_by is None and self.left(note) > 0:
+                    continue  # a handover is under way
+                self._log.info(
+                    "priority %d above leader %r's %d after %gs waiting: asking it to hand over",
+                    priority.value,
+                    leader,
+                    theirs,
+                    priority.settle,
+                )
+                request = Request(
+                    secrets.token_hex(8), identity, PRIORITY_WINDOW, time.time() + priority.settle, identity, "priority"
+                )
+                await self.post(request)
+            except ElectionError as exc:
+                self._log.warning("priority: the leader could not be asked (%s); trying again", exc)
+
+    async def leader_priority(self, leader: str) -> int:
+        """The priority ``leader`` recorded as it took the lead; 0 if it recorded none."""
+        store = self.store()
+        raw = None if store is None else await store.read(LEADER_KEY)
+        try:
+            record = json.loads(raw) if raw is not None else None
+            if isinstance(record, dict) and record.get("identity") == leader:
+                return int(record["priority"])
+        except (TypeError, ValueError, KeyError):
+            pass
+        return 0
+
+    async def lead(
+        self, hold: Hold, identity: str, held: Callable[[], bool], act: Callable[[Request], Awaitable[None]]
+    ) -> None:
+        """While leading with a priority: record it, then act on step-down requests as they come."""
+        store = self.store()
+        if store is not None and self.priority is not None:
+            record = encode({"identity": identity, "priority": self.priority.value})
+            try:
+                await store.write(hold, LEADER_KEY, record, compare=False, expected=None)
+            except ElectionError as exc:
+                self._log.warning("priority not recorded (%s): candidates count this leader as priority 0", exc)
+        await self.serve(held, act)
+
+    async def serve(
+        self, held: Callable[[], bool], act: Callable[[Request], Awaitable[None]], interval: float = POLL_INTERVAL * 2
+    ) -> None:
+        """While ``held()``, poll every ``interval`` for a step-down request and ``act`` on the first one."""
+        while held():
+            try:
+                request = await self.pending()
+            except ElectionError as exc:
+                self._log.warning("step-down requests unread (%s); retrying in %gs", exc, interval)
+                request = None
+            if request is not None and held():
+                self._log.info("step-down requested by %s (request %s, %s)", request.by, request.id, request.reason)
+                await act(request)
+                return
+            await anyio.sleep(interval)
 
     async def try_campaign(self, identity: str) -> Hold | None:
         """The backend's one campaign step; None also when an open note excludes ``identity`` (grant given back)."""

@@ -8,20 +8,14 @@ only while it runs :func:`serve_step_downs` (``aioelect run`` always does).
 
 from __future__ import annotations
 
-import logging
 import secrets
 import time
 
-import anyio
-
 from ._config import default_identity, positive, validate_identity
 from ._elector import Elector, Leadership
-from ._errors import ElectionError
 from ._handover import Request
 
 __all__ = ["request_step_down", "serve_step_downs"]
-
-log = logging.getLogger("aioelect")
 
 #: How long a request waits for a leader to act on it before it lapses, unless told.
 DEFAULT_LAPSE = 10.0
@@ -31,7 +25,7 @@ async def request_step_down(
     elector: Elector,
     *,
     to: str | None = None,
-    timeout: float = 30.0,  # noqa: ASYNC109 - the handover window's length, as in Leadership.step_down()
+    timeout: float = 30.0,
     lapse: float = DEFAULT_LAPSE,
 ) -> str:
     """Ask whoever leads ``elector``'s election to step down (to ``to``, for ``timeout``); return the request's id.
@@ -61,20 +55,4 @@ async def serve_step_downs(lead: Leadership, *, interval: float = 1.0) -> None:
     that cannot be read is retried at the next poll (logged at WARNING).
     """
     interval = positive("interval", interval)
-    gate = lead._elector._gate
-    while lead.held:
-        try:
-            request = await gate.pending()
-        except ElectionError as exc:
-            lead._log.warning("step-down requests unread (%s); retrying in %gs", exc, interval)
-            request = None
-        if request is not None and lead.held:
-            lead._log.info("step-down requested by %s (request %s)", request.by, request.id)
-            try:
-                # Not waiting: this may run inside the leader work, which must end before the release can.
-                await lead._step_down(request.successor, request.timeout, "request", request.id, wait=False)
-            except ElectionError as exc:
-                lead._log.warning("step-down request %s not acted on: %s", request.id, exc)
-            return
-        with anyio.move_on_after(interval):
-            await lead.wait_lost()
+    await lead._elector._gate.serve(lambda: lead.held, lead._answer, interval)
