@@ -28,9 +28,12 @@ async def test_a_higher_priority_candidate_takes_over_once_and_it_never_flaps(ca
             await asyncio.sleep(1.0)  # same priority: old-2 waits, never asks
             assert lead_old.held
             followers += [Follower(new1), Follower(new2)]  # the new version starts
-            done, _ = await asyncio.wait(
-                [asyncio.ensure_future(f.won.wait()) for f in followers], timeout=case.takeover_bound + 10
+            waits = [asyncio.ensure_future(f.won.wait()) for f in followers]
+            done, pending = await asyncio.wait(
+                waits, timeout=case.takeover_bound + 10, return_when=asyncio.FIRST_COMPLETED
             )
+            for wait in pending:
+                wait.cancel()
             assert done, "no higher-priority candidate took over"
             await asyncio.sleep(2.0)  # settle times pass: nobody asks any more
             acquired = [e.identity for e in events if e.kind == "acquired"]
