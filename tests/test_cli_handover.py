@@ -107,3 +107,32 @@ def test_health_cmd_failing_moves_cmd_to_a_healthy_instance(target: Target, spaw
     for proc in procs.values():
         proc.send_signal(signal.SIGTERM)
         spawner.wait(proc)
+
+
+def test_a_rolling_deploy_with_priorities_moves_leadership_once(
+    target: Target, spawner: Spawner, tmp_path: Path
+) -> None:
+    lines = Lines(tmp_path / "ticks")
+    backend = [*target.with_name(), *target.tuning, *handover_options(target)]
+    old = {
+        ident: spawner.run_cmd(*backend, "--identity", ident, "--forever", out=lines.path, mode="graceful")
+        for ident in ("old-1", "old-2")
+    }
+    wait_until("an old instance to run the command", lambda: bool(lines.rows()), 30)
+    new = {
+        ident: spawner.run_cmd(
+            *backend, "--identity", ident, "--priority-settle", "0.3", "--forever", out=lines.path, mode="graceful",
+            AIOELECT_PRIORITY="1",
+        )
+        for ident in ("new-1", "new-2")
+    }  # fmt: skip
+    wait_until("a new instance to run the command", lambda: any(lines.of(i, "start") for i in new), 20)
+    for proc in old.values():  # the old ones go, one at a time
+        proc.send_signal(signal.SIGTERM)
+        spawner.wait(proc)
+    time.sleep(2.0)
+    starts = [row[0] for row in lines.rows() if row[3] == "start"]
+    assert len(starts) == 2 and starts[0].startswith("old-") and starts[1].startswith("new-"), starts
+    for proc in new.values():
+        proc.send_signal(signal.SIGTERM)
+        spawner.wait(proc)

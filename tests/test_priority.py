@@ -57,3 +57,14 @@ async def test_bad_priorities_are_refused() -> None:
             a.set_priority(1.5)  # type: ignore[arg-type]
         with pytest.raises(ValueError):
             a.set_priority(1, settle=0)
+
+
+def test_aioelect_priority_is_read_by_from_env_and_checked(tmp_path: object) -> None:
+    import aioelect
+
+    env = {"AIOELECT_BACKEND": "memory", "AIOELECT_NAME": unique_name(), "AIOELECT_PRIORITY": "7"}
+    elector = aioelect.from_env(env)
+    assert elector._gate.priority is not None and elector._gate.priority.value == 7
+    assert aioelect.from_env(env, priority=2)._gate.priority.value == 2  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="AIOELECT_PRIORITY must be a whole number"):
+        aioelect.from_env({**env, "AIOELECT_PRIORITY": "high"})

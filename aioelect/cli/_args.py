@@ -315,6 +315,20 @@ def build_parser() -> Parsers:
         metavar="SECONDS",
         help="how long a leader that stepped down unhealthy stays out (default 30)",
     )
+    run.add_argument(
+        "--priority",
+        type=int,
+        metavar="N",
+        help="this instance's priority: waiting and healthy, it asks a leader of lower priority to hand over to it "
+        "(after --priority-settle seconds); leadership only moves upwards [AIOELECT_PRIORITY]",
+    )
+    run.add_argument(
+        "--priority-settle",
+        type=_positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long this instance waits, healthy, before it asks (default 10)",
+    )
     probes = run.add_argument_group("probes (Kubernetes)")
     probes.add_argument(
         "--health-port",

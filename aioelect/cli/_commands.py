@@ -26,6 +26,7 @@ from .._backend import Backoff
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 from .._errors import UsageError as LibraryUsageError
+from .._factory import ENV_PRIORITY, priority_from
 from .._handover import note_fields
 from .._http import BoundedHTTPServer
 from .._requests import request_step_down
@@ -186,6 +187,12 @@ async def execute(
                 backoff=args.health_backoff,
             )
         if runner is not None:
+            try:
+                priority = args.priority if args.priority is not None else priority_from(environ.get(ENV_PRIORITY))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            if priority is not None:
+                elector.set_priority(priority, settle=args.priority_settle)
             runner.grace = choose_grace(args.grace, elector, config.kind)
             log.debug("--grace %gs", runner.grace)
         if runner is not None and args.metrics_port is not None:
