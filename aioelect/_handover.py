@@ -28,7 +28,7 @@ from typing import Any
 import anyio
 
 from ._backend import Backend, Hold, StateStore, Written, monotonic
-from ._errors import BackendUnavailable, ElectionError, UsageError
+from ._errors import BackendUnavailable, ElectionError, PermanentBackendError, UsageError
 from ._health import Health
 from ._log import ElectionLog
 from ._values import encode
@@ -271,13 +271,22 @@ class Gate:
     async def serve(
         self, held: Callable[[], bool], act: Callable[[Request], Awaitable[None]], interval: float = POLL_INTERVAL * 2
     ) -> None:
-        """While ``held()``, poll every ``interval`` for a step-down request and ``act`` on the first one."""
+        """While ``held()``, poll every ``interval`` for a step-down request and ``act`` on the first one.
+
+        Returns only once it acted or ``held()`` is False: a backend that refuses the requests' table for good
+        (a privilege missing) is said once, at WARNING, and not asked again.
+        """
+        refused = False
         while held():
+            request = None
             try:
-                request = await self.pending()
+                if not refused:
+                    request = await self.pending()
+            except PermanentBackendError as exc:
+                self._log.warning("step-down requests cannot be read (%s): this leader does not serve them", exc)
+                refused = True
             except ElectionError as exc:
                 self._log.warning("step-down requests unread (%s); retrying in %gs", exc, interval)
-                request = None
             if request is not None and held():
                 self._log.info("step-down requested by %s (request %s, %s)", request.by, request.id, request.reason)
                 await act(request)
