@@ -125,20 +125,24 @@ test-scale: venv servers
 # The nemesis soak (soak/): random faults against candidates writing to a fenced register, then the checker.
 # SEED replays a schedule; MINUTES is how long each backend runs (the backends run side by side).
 # SHARDS=1 runs the shards workload (aioelect.Shards over 12 names, a register row per name) on etcd and PostgreSQL.
+# STOPS=1 runs aioelect run supervisors whose every process is stopped and continued at random (soak/stops.py).
 SEED ?=
 MINUTES ?= 20
 SHARDS ?=
+STOPS ?=
 soak: venv servers
-	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),) $(if $(SHARDS),--shards,)
+	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),) $(if $(SHARDS),--shards,) \
+		$(if $(STOPS),--stops,)
 
 # The message-level adversary (soak/adversary/): seeded faults on every request, reply and watch message, an
 # operator on the server, several electors in one process. SEED is the first seed (seeds follow one another),
 # MINUTES how long each backend runs, BACKEND one of etcd, mysql, postgres, redis (default: all four, one after
-# another), SHARDS=1 Shards instances over 8 names instead of single electors.
+# another), SHARDS=1 Shards instances over 8 names instead of single electors, STOPS=1 aioelect run supervisors
+# whose every process is stopped and continued (etcd, mysql, postgres).
 # (BACKEND is defined, empty, at the top for `make demo`: hence $(or ...), not ?=.)
 adversary: venv servers
 	$(BIN)/python -m soak.adversary --minutes $(MINUTES) --backend $(or $(BACKEND),all) $(if $(SEED),--seed $(SEED),) \
-		$(if $(SHARDS),--shards,)
+		$(if $(SHARDS),--shards,) $(if $(STOPS),--stops,)
 
 clean:
 	rm -rf $(VENV) .nox .pytest_cache .mypy_cache .ruff_cache site

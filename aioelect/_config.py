@@ -287,6 +287,8 @@ def parse_dsn(dsn: str, *schemes: str) -> DSN:
 
 #: The default bound on one lock check of a session-lock backend, in seconds.
 CHECK_TIMEOUT = 2.0
+#: The default time between two confirmations of a leader, in seconds (a tenth of a shorter lease).
+CHECK_INTERVAL = 1.0
 #: The least check_timeout derived from a short renew deadline; below it the default is kept (and refused).
 MIN_DERIVED_CHECK_TIMEOUT = 0.5
 
@@ -323,7 +325,7 @@ class LockTiming:
         cls,
         *,
         poll_interval: float,
-        check_interval: float,
+        check_interval: float | None,
         check_timeout: float | None,
         connect_timeout: float,
         lease: float,
@@ -333,6 +335,13 @@ class LockTiming:
         whole_lease: bool,
     ) -> LockTiming:
         """Validate the options (ValueError saying why); ``renew_deadline`` defaults to 0.7 * lease.
+
+        ``check_interval`` defaults to :data:`CHECK_INTERVAL` (1 s), or a
+        tenth of a lease shorter than 10 s: at the default renew deadline a
+        leader whose event loop blocks for half the lease then keeps it while
+        ``check_interval + 2 * round trip <= 0.2 * lease`` (the last
+        confirmation is at most ``check_interval`` and a round trip old when
+        the block starts, and the first check after it needs one more).
 
         ``check_timeout`` defaults to :data:`CHECK_TIMEOUT` (2 s), or, where
         the renew deadline is too short for it, to the most that fits,
@@ -348,7 +357,9 @@ class LockTiming:
             raise ValueError(f"lease must be a whole number of seconds (it becomes {server_timeout}), not {lease!r}")
         if lease < min_lease:
             raise ValueError(f"lease must be at least {min_lease:g} seconds (it becomes {server_timeout})")
-        check_interval = positive("check_interval", check_interval)
+        check_interval = positive(
+            "check_interval", check_interval if check_interval is not None else min(CHECK_INTERVAL, lease / 10)
+        )
         deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else lease * 0.7
         if check_timeout is None:
             fits = (deadline - check_interval) / 2

@@ -11,6 +11,7 @@ on the renew deadline, and leader work stopped before the lock is let go.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import enum
@@ -18,7 +19,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 
@@ -54,6 +55,13 @@ STILL_RUNNING_LOG_INTERVAL = 10.0
 #: How long the end of a campaign waits for its watch of the leader to stop (it finishes on its own after).
 WATCH_STOP_WAIT = 0.5
 
+#: How often the loop-lag timer runs while a leadership with a renew deadline is held in the loop (seconds).
+LAG_TICK = 0.1
+#: A lag of the event loop at least this long is recorded as a block. One at least a quarter of a leadership's
+#: renew deadline is named in a loss that follows it, and in a WARNING when the leadership survived it with
+#: less than half its renew deadline to spare.
+BLOCK_MIN = 0.2
+
 #: The leadership whose leader work is running in this context (see :func:`current_leadership`).
 _CURRENT: contextvars.ContextVar[Leadership | None] = contextvars.ContextVar("aioelect_leadership", default=None)
 
@@ -83,11 +91,103 @@ def current_leadership() -> Leadership:
     return lead
 
 
+class _LoopLag:
+    """How long one event loop went without running its callbacks: its blocks, measured by the loop's lag.
+
+    One timer per loop, never a task: while a leadership with a renew
+    deadline is held in the loop it runs every :data:`LAG_TICK` seconds,
+    and each time it runs more than :data:`BLOCK_MIN` late it records a block
+    (when it ended, how late the timer ran). A block of ``B`` seconds is
+    measured as between ``B - LAG_TICK`` and ``B``. The block still going
+    on, seen by a task that runs before the timer does, counts too.
+    """
+
+    #: The loops in which a leadership needs the timer now: forgotten with their last such leadership.
+    _of: ClassVar[dict[asyncio.AbstractEventLoop, _LoopLag]] = {}
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._users = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._beat = monotonic()
+        #: (ended at, lag) of the last blocks, oldest first.
+        self._blocks: collections.deque[tuple[float, float]] = collections.deque(maxlen=16)
+
+    @classmethod
+    def of_running_loop(cls) -> _LoopLag:
+        loop = asyncio.get_running_loop()
+        lag = cls._of.get(loop)
+        if lag is None:
+            lag = cls._of[loop] = cls(loop)
+        return lag
+
+    def hold(self) -> None:
+        """One more leadership in the loop needs the timer: started with the first."""
+        self._users += 1
+        if self._timer is None:
+            self._beat = monotonic()
+            self._timer = self._loop.call_later(LAG_TICK, self._tick)
+
+    def drop(self) -> None:
+        """One leadership fewer: the timer stops with the last."""
+        self._users -= 1
+        if self._users <= 0:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._of.get(self._loop) is self:
+                del self._of[self._loop]
+
+    def _tick(self) -> None:
+        now = monotonic()
+        lag = now - self._beat - LAG_TICK
+        if lag >= BLOCK_MIN:
+            self._blocks.append((now, lag))
+        self._beat = now
+        self._timer = self._loop.call_later(LAG_TICK, self._tick)
+
+    def longest_since(self, since: float) -> float:
+        """The longest block that ended after ``since`` or is going on now, in seconds (0.0: none)."""
+        now = monotonic()
+        current = now - self._beat - LAG_TICK if self._timer is not None else 0.0
+        longest = max((lag for ended, lag in self._blocks if ended > since), default=0.0)
+        return max(longest, current if current >= BLOCK_MIN else 0.0)
+
+
 class _State(enum.Enum):
+    """The states of an :class:`Elector`; the value is how its repr and errors show it."""
+
     IDLE = "idle"
     CAMPAIGNING = "campaigning"
     LEADING = "leading"
     CLOSED = "closed"
+
+
+class _Do(enum.Enum):
+    """What moves an :class:`Elector` from one state to the next."""
+
+    CAMPAIGN = "campaign started"
+    STOP = "campaign ended without a leadership"
+    WIN = "campaign won"
+    END = "leadership ended"
+    CLOSE = "aclose()"
+
+
+#: Every transition of an :class:`Elector`. A step not listed for a state changes nothing: a campaign's end
+#: once the elector is closed, the end of a leadership that is not the current one.
+ELECTOR_TRANSITIONS: Transitions[_State, _Do] = Transitions(
+    start=_State.IDLE,
+    final=frozenset({_State.CLOSED}),
+    table={
+        (_State.IDLE, _Do.CAMPAIGN): _State.CAMPAIGNING,
+        (_State.CAMPAIGNING, _Do.STOP): _State.IDLE,
+        (_State.CAMPAIGNING, _Do.WIN): _State.LEADING,
+        (_State.LEADING, _Do.END): _State.IDLE,
+        (_State.IDLE, _Do.CLOSE): _State.CLOSED,
+        (_State.CAMPAIGNING, _Do.CLOSE): _State.CLOSED,
+        (_State.LEADING, _Do.CLOSE): _State.CLOSED,
+    },
+)
 
 
 class _Lead(enum.Enum):
@@ -177,6 +277,8 @@ class Leadership:
         self._log = log
         self._deadline = elector._backend.renew_deadline
         self._confirmed_at = hold.acquired_at or monotonic()
+        #: The loop's blocks, measured while a renew deadline can be lost to them (None: no deadline, or ended).
+        self._lag: _LoopLag | None = None
         #: Renewals that failed (and were retried) since the last confirmation, and when the first of them failed.
         self._failures = 0
         self._failing_since = 0.0
@@ -187,6 +289,10 @@ class Leadership:
         self._loss: Loss | None = None
         self._work: list[_Work] = []
         self._keeper: asyncio.Task[None] | None = None
+        #: The scope of the keeper's watch for a loss and for the deadline, while it runs; and whether a
+        #: release with no work to stop ended it.
+        self._watching: anyio.CancelScope | None = None
+        self._watch_ended = False
         self._owner: asyncio.Task[Any] | None = None
         #: Tasks that called release(): one may do so from inside its own work, and cannot wait for itself.
         self._releasers: set[asyncio.Task[Any]] = set()
@@ -204,7 +310,9 @@ class Leadership:
 
     @property
     def lost(self) -> bool:
-        """True once leadership ended for a reason other than our own release."""
+        """True once leadership ended for a reason other than our own release: a loss the keeper reported (the
+        state), or the renew deadline gone by without a confirmation (the clock, read at each call, even before
+        the keeper has run). :attr:`lost_kind` says which: ``SELF_FENCED`` for the clock."""
         return self._state in _LOSS or (self._state is _Lead.HELD and self._deadline_passed())
 
     @property
@@ -251,7 +359,11 @@ class Leadership:
         task = asyncio.current_task()
         if task is not None and self._state not in LEADERSHIP_TRANSITIONS.final:
             self._releasers.add(task)
-        self._step(_Step.RELEASE)
+        if self._step(_Step.RELEASE) and self._watching is not None and not self._work_to_stop():
+            # No work to wait for, so no loss to watch for meanwhile: the watch ends now, and the keeper
+            # lets go as soon as it runs instead of first stopping the watch.
+            self._watch_ended = True
+            self._watching.cancel()
         with anyio.CancelScope(shield=True):
             await self._finished()
 
@@ -374,8 +486,32 @@ class Leadership:
                 self._failing_since = monotonic()
             self._failures += 1
 
+    def _blocked(self) -> float:
+        """The longest block of the event loop since the send of the last confirmation, if at least a quarter of
+        the renew deadline (0.0: none)."""
+        if self._lag is None or self._deadline is None:
+            return 0.0
+        blocked = self._lag.longest_since(self._confirmed_at)
+        return blocked if blocked >= self._deadline / 4 else 0.0
+
     def _confirm(self, sent_at: float) -> None:
+        if self._state is _Lead.HELD and self._deadline is not None and sent_at - self._confirmed_at >= self._deadline:
+            # Sent after the deadline (the loop was blocked past it, and the keeper has not run yet): too late to
+            # keep the leadership, whatever the server answers.
+            self._fence()
+            return
         if sent_at > self._confirmed_at:
+            blocked = self._blocked()
+            spare = self._confirmed_at + (self._deadline or 0.0) - monotonic()
+            if blocked and self._deadline is not None and 0 < spare < self._deadline / 2:
+                self._log.warning(
+                    "the event loop was blocked for %.1fs (measured by its lag): leadership kept with %.2fs of its "
+                    "renew deadline of %gs to spare; a longer block loses it. Move blocking calls off the loop "
+                    "(asyncio.to_thread)",
+                    blocked,
+                    spare,
+                    self._deadline,
+                )
             self._confirmed_at = sent_at
         latency = monotonic() - sent_at
         if self._failures:
@@ -394,6 +530,9 @@ class Leadership:
 
     def _start(self, owner: asyncio.Task[Any] | None) -> None:
         self._owner = owner
+        if self._deadline is not None:
+            self._lag = _LoopLag.of_running_loop()
+            self._lag.hold()
         if owner is not None:
             owner.add_done_callback(self._owner_done)
         self._keeper = self._elector._tasks.start(
@@ -423,11 +562,11 @@ class Leadership:
         """The one way a leadership ends: the backend let go (or the keeper gave up on it)."""
         self._step(_Step.RELEASE)  # from HELD only: a keeper stopped from outside lets go as a release
         self._step(_Step.LET_GO)
+        lag, self._lag = self._lag, None
+        if lag is not None:
+            lag.drop()
         self._elector._ended(self)
 
-    def _descriptors(self) -> tuple[int, ...]:
-        """The descriptors whose last close ends this leadership (:meth:`Hold.descriptors`); empty once it ended."""
-        return self._hold.descriptors() if self._state in (_Lead.HELD, _Lead.RELEASING) else ()
 
     @contextlib.contextmanager
     def guard(self) -> Iterator[anyio.CancelScope]:
@@ -455,6 +594,13 @@ class Leadership:
     def _mark_lost(self, loss: Loss) -> None:
         if LEADERSHIP_TRANSITIONS.next(self._state, _Step.LOSS) is None:
             return
+        blocked = self._blocked()
+        if blocked:
+            loss = Loss(
+                loss.kind,
+                f"{loss.reason}; the event loop was blocked for {blocked:.1f}s (measured by its lag) since the last "
+                "confirmation was sent",
+            )
         self._loss = loss
         self._step(_Step.LOSS)
         reason = loss.reason
@@ -465,12 +611,18 @@ class Leadership:
         try:
             # Loss is watched for until the backend is told to let go, including while work stops.
             async with anyio.create_task_group() as tg:
+                self._watching = tg.cancel_scope
                 tg.start_soon(self._until_lost)
                 tg.start_soon(self._until_deadline)
                 await self._until(_ENDING)
                 await self._stop_work()
                 tg.cancel_scope.cancel()
+            if self._watch_ended:
+                # A release with no work to stop ended the watch at once (see release()): work registered
+                # since was cancelled as it started, and still stops before the backend lets go.
+                await self._stop_work()
         finally:
+            self._watching = None
             with anyio.CancelScope(shield=True):
                 await self._release_backend()
 
@@ -487,13 +639,19 @@ class Leadership:
         # Confirmations move the deadline, so sleep to it again until it holds.
         while (left := self._confirmed_at + self._deadline - monotonic()) > 0:  # noqa: ASYNC110
             await anyio.sleep(left)
+        self._fence()
+
+    def _fence(self) -> None:
         self._mark_lost(
             Loss(LossKind.SELF_FENCED, f"renew deadline of {self._deadline:g}s exceeded without confirmation")
         )
 
-    async def _stop_work(self) -> None:
+    def _work_to_stop(self) -> list[_Work]:
         # A task that called release() from inside its own work cannot wait for itself.
-        pending = [w for w in self._work if w.task not in self._releasers]
+        return [w for w in self._work if w.task not in self._releasers]
+
+    async def _stop_work(self) -> None:
+        pending = self._work_to_stop()
         for work in pending:
             work.scope.cancel()
         if not pending:
@@ -590,7 +748,7 @@ class Elector:
         self._backend = backend
         self._identity = validate_identity(identity) if identity is not None else default_identity()
         self._stop_timeout = float(stop_timeout)
-        self._state = _State.IDLE
+        self._state = ELECTOR_TRANSITIONS.start
         self._leadership: Leadership | None = None
         self._campaign_scope: anyio.CancelScope | None = None
         #: Set when each campaign in progress has ended, a hold it won released or handed on: aclose() waits for
@@ -721,6 +879,14 @@ class Elector:
 
     # A timeout argument here, not only a scope around the call: asyncio.wait_for() on
     # Python 3.10 and 3.11 would bind the leadership to a task of its own.
+    def _move(self, step: _Do) -> bool:
+        """Take ``step`` if :data:`ELECTOR_TRANSITIONS` allows it from the current state; whether it moved."""
+        target = ELECTOR_TRANSITIONS.next(self._state, step)
+        if target is None:
+            return False
+        self._state = target
+        return True
+
     async def acquire(self, timeout: float | None = None) -> Leadership:  # noqa: ASYNC109
         """Campaign and return once this candidate is the leader.
 
@@ -800,7 +966,8 @@ class Elector:
     def _lead(self, hold: Hold, started: float) -> Leadership:
         lead = Leadership(self, hold, self._log)
         self._leadership = lead
-        self._state = _State.LEADING
+        moved = self._move(_Do.WIN)
+        assert moved, "a campaign returns a hold only while the elector campaigns"
         lead._start(asyncio.current_task())
         # Our own leadership is told by the "acquired" event, not a "leader" event.
         self._last_leader = self._identity
@@ -823,7 +990,7 @@ class Elector:
             self._tasks.start(serve, name=f"aioelect-priority-{lead.identity}")
         return lead
 
-    async def _watch_leader(self, stopped: asyncio.Event) -> None:
+    async def _watch_leader(self, stopped: anyio.Event) -> None:
         """Report each change of leader until ``stopped`` (set, and this task cancelled, when the campaign ends).
 
         Ends by closing what it looked through, so that an idle elector holds
@@ -865,11 +1032,17 @@ class Elector:
         if not self._timing_logged:
             self._timing_logged = True
             self._log.info("campaigning; %s", self._backend.describe_timing())
-        self._state = _State.CAMPAIGNING
+        self._move(_Do.CAMPAIGN)
         self._emit("campaigning")
         hold: Hold | None = None
         watcher: asyncio.Task[None] | None = None
-        stopped = asyncio.Event()
+        stopped = anyio.Event()
+
+        def stop_watcher() -> None:
+            if watcher is not None and not stopped.is_set():
+                stopped.set()
+                watcher.cancel()
+
         try:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
@@ -879,46 +1052,48 @@ class Elector:
                     watcher = self._tasks.start(
                         self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
                     )
-                    hold = await self._apart(self._gate.campaign(self._identity))
+                    # The watch stops as the campaign wins, in the campaign's task: its clean-up overlaps
+                    # the wake-up of this one.
+                    hold = await self._apart(self._gate.campaign(self._identity), then=stop_watcher)
             if scope.cancelled_caught:
                 raise ElectorClosed("elector closed while campaigning")
         except BaseException:
-            if self._state is _State.CAMPAIGNING:
-                self._state = _State.IDLE
+            self._move(_Do.STOP)
             raise
         finally:
             self._campaign_scope = None
             if watcher is not None:
-                stopped.set()
-                watcher.cancel()
+                stop_watcher()
                 try:
                     # Usually done at once; one still opening a connection finishes (and closes it) on its own,
                     # still owned by this elector: aclose() waits for it.
-                    with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
-                        await asyncio.wait([watcher])
+                    if not watcher.done():
+                        with anyio.move_on_after(WATCH_STOP_WAIT, shield=True):
+                            await asyncio.wait([watcher])
                 except BaseException:
                     # A cancel from outside anyio's scopes (task.cancel()) reaches even a shielded wait: the
                     # campaign is given up, and a lock it won is given back rather than held by nobody.
                     await self._abandon(hold)
                     raise
         if hold is None:
-            if self._state is _State.CAMPAIGNING:
-                self._state = _State.IDLE
+            self._move(_Do.STOP)
             return None
-        if self._state is _State.CLOSED:  # closed as the campaign won: give it back
+        if is_closed(self):  # closed as the campaign won: give it back
             with anyio.CancelScope(shield=True):
                 await hold.release()
             raise ElectorClosed("elector closed while campaigning")
         problem = self._token_problem(hold.token)
         if problem is not None:
-            self._state = _State.IDLE
+            self._move(_Do.STOP)
             self._log.error("%s", problem)
             with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
                 await hold.release()
             raise PermanentBackendError(problem)
         return hold
 
-    async def _apart(self, step: Coroutine[Any, Any, Hold | None]) -> Hold | None:
+    async def _apart(
+        self, step: Coroutine[Any, Any, Hold | None], then: Callable[[], None] | None = None
+    ) -> Hold | None:
         """Run one campaign step in a task of this elector's and wait for it; a cancellation always ends the call.
 
         Drivers wait on the server inside ``asyncio.wait_for()``, which before Python 3.12 returns the reply
@@ -926,13 +1101,16 @@ class Elector:
         for a task that was cancelled. Here the caller's task waits only for the step's, so its cancellation
         always reaches it. The step is then cancelled through a cancel scope of its own (anyio delivers that
         at every wait until the step has ended, and leaves its shielded clean-ups alone), waited for, and a
-        hold it won meanwhile is released.
+        hold it won meanwhile is released. ``then()`` is called in the step's task as soon as the step returns.
         """
         scope = anyio.CancelScope()
 
         async def run() -> Hold | None:
             with scope:
-                return await step
+                found = await step
+                if then is not None:
+                    then()
+                return found
             return None  # cancelled
 
         task = self._tasks.start(run(), name=f"aioelect-campaign-{self._identity}", on_done=consume)
@@ -950,8 +1128,7 @@ class Elector:
 
     async def _abandon(self, hold: Hold | None) -> None:
         """End a campaign that will not return: the elector campaigns no more, and ``hold`` is released."""
-        if self._state is _State.CAMPAIGNING:
-            self._state = _State.IDLE
+        self._move(_Do.STOP)
         if hold is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
                 await asyncio.shield(hold.release())
@@ -961,8 +1138,7 @@ class Elector:
             self._leadership = None
             if self._last_leader == self._identity:
                 self._last_leader = None  # let go: who leads next is known at the next report
-            if self._state is _State.LEADING:
-                self._state = _State.IDLE
+            self._move(_Do.END)
 
     async def leader(self) -> str | None:
         """The current leader's identity as the backend sees it, or None.
@@ -1058,9 +1234,8 @@ class Elector:
 
     async def aclose(self) -> None:
         """Release any leadership, stop any campaign, and free every resource. Idempotent."""
-        if self._state is _State.CLOSED:
+        if not self._move(_Do.CLOSE):
             return
-        self._state = _State.CLOSED
         if self._campaign_scope is not None:
             self._campaign_scope.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
@@ -1117,3 +1292,34 @@ async def _scope(lead: Leadership) -> AsyncIterator[Leadership]:
         with contextlib.suppress(ValueError):  # a generator finalized in another context: nothing to undo here
             _CURRENT.reset(current)
         await lead.release()
+
+
+# --- the seam for the modules above the core ------------------------------------------------------------
+# The wiring (Shards, FencedStore, fenced()) and the command line reach below an elector only through these, never
+# through its private attributes; users never need them.
+
+
+def backend_of(elector: Elector) -> Backend:
+    """The backend ``elector`` drives."""
+    return elector._backend
+
+
+def is_closed(elector: Elector) -> bool:
+    """Whether ``elector`` has been closed (it campaigns no more)."""
+    return elector._state is _State.CLOSED
+
+
+def elector_of(lead: Leadership) -> Elector:
+    """The elector that took ``lead``."""
+    return lead._elector
+
+
+def hold_of(lead: Leadership) -> Hold:
+    """What ``lead``'s backend holds for it (its token, its lock, its key)."""
+    return lead._hold
+
+
+def lock_descriptors(lead: Leadership) -> tuple[int, ...]:
+    """The descriptors whose last close ends ``lead`` (:meth:`Hold.descriptors`); empty once it has ended: a
+    process that inherits them keeps the lock until it too has closed them."""
+    return lead._hold.descriptors() if lead._state in (_Lead.HELD, _Lead.RELEASING) else ()

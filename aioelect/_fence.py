@@ -15,7 +15,7 @@ from typing import Any
 
 import anyio
 
-from ._elector import Leadership
+from ._elector import Leadership, elector_of
 from ._errors import LeadershipLost, LossKind, PermanentBackendError, UsageError
 
 __all__ = ["FENCE_DDL_MYSQL", "FENCE_DDL_POSTGRES", "FENCE_TABLE", "fenced"]
@@ -27,6 +27,8 @@ FENCE_DDL_POSTGRES = "CREATE TABLE IF NOT EXISTS {table} (name text PRIMARY KEY,
 FENCE_DDL_MYSQL = (
     "CREATE TABLE IF NOT EXISTS {table} (name VARBINARY(255) NOT NULL PRIMARY KEY, token BIGINT NOT NULL) ENGINE=InnoDB"
 )
+#: The length of the name column of FENCE_DDL_MYSQL.
+_MYSQL_NAME_BYTES = 255
 _TABLE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}(\.[A-Za-z_][A-Za-z0-9_]{0,62})?")
 #: What each step of the fence needs, for the error that names a missing privilege.
 _LOCK, _INSERT, _UPDATE = "SELECT and UPDATE", "INSERT", "UPDATE"
@@ -72,6 +74,13 @@ def fenced(conn: Any, lead: Leadership, *, table: str = FENCE_TABLE) -> contextl
     if driver == "asyncpg":
         return _fenced(_Postgres(conn, table), lead)
     if driver == "aiomysql":
+        name = elector_of(lead).name
+        if len(name.encode()) > _MYSQL_NAME_BYTES:
+            # INSERT IGNORE would store it truncated, and the row would never be found again.
+            raise UsageError(
+                f"fenced() on MySQL: the fence table's name column holds {_MYSQL_NAME_BYTES} bytes, and election "
+                f"{name[:40]!r}... has {len(name.encode())}: use a shorter election name"
+            )
         return _fenced(_MySQL(conn, table), lead)
     kind = f"{type(conn).__module__}.{type(conn).__name__}"
     raise TypeError(f"fenced() takes an asyncpg or aiomysql connection, not {kind}")
@@ -204,7 +213,7 @@ async def _step(driver: _Driver, privilege: str, call: Callable[[], Awaitable[An
 
 async def _fence(driver: _Driver, lead: Leadership) -> None:
     """Lock the election's fence row and record ``lead``'s token there; LeadershipLost if a newer one is there."""
-    name = lead._elector.name
+    name = elector_of(lead).name
     token = lead.token
     assert token is not None
     stored = await _step(driver, _LOCK, lambda: driver.locked_token(name))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._backend import StateStore, Written
-from ._elector import Elector, Leadership, _State
+from ._elector import Elector, Leadership, backend_of, elector_of, hold_of, is_closed
 from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
 from ._values import check_key, decode, encode
 
@@ -47,15 +47,15 @@ class FencedStore:
         if not isinstance(elector, Elector):
             raise TypeError(f"FencedStore() takes an Elector, not {type(elector).__name__}")
         self._elector = elector
-        if elector._state is _State.CLOSED:
+        if is_closed(elector):
             raise ElectorClosed(f"FencedStore() of {elector!r}: the elector is closed")
-        self._store: StateStore = elector._backend.state_store()
+        self._store: StateStore = backend_of(elector).state_store()
 
     def __repr__(self) -> str:
         return f"<FencedStore {self._elector.backend}:{self._elector.name}>"
 
     def _open(self) -> StateStore:
-        if self._elector._state is _State.CLOSED:
+        if is_closed(self._elector):
             raise ElectorClosed(f"{self!r}: its elector is closed")
         return self._store
 
@@ -79,16 +79,16 @@ class FencedStore:
         data = encode(value)
         if not isinstance(lead, Leadership):
             raise TypeError(f"a fenced write takes the writer's Leadership, not {type(lead).__name__}")
-        if lead._elector is not self._elector:
+        if (other := elector_of(lead)) is not self._elector:
             raise UsageError(
-                f"{lead!r} is a leadership of another elector ({lead._elector.backend}:{lead._elector.name}); "
+                f"{lead!r} is a leadership of another elector ({other.backend}:{other.name}); "
                 f"this store is fenced by {self._elector.backend}:{self._elector.name}'s tokens"
             )
         if lead.token is None:
             raise UsageError(f"{lead!r} has no fencing token (fencing=False): fenced state needs tokens")
         store = self._open()
         lead.check()
-        written = await store.write(lead._hold, key, data, compare=compare, expected=expected)
+        written = await store.write(hold_of(lead), key, data, compare=compare, expected=expected)
         if written is Written.FENCED:
             raise LeadershipLost(
                 f"fenced write of {key!r} refused: the election has issued a token newer than {lead.token}",

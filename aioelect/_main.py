@@ -37,7 +37,10 @@ def run(main: Coroutine[Any, Any, T], *, debug: bool | None = None) -> T:
       143 (128 + SIGTERM), as ``aioelect run`` does, and a SIGINT raises
       :class:`KeyboardInterrupt`, as Ctrl-C does under :func:`asyncio.run`;
     * a second signal cancels ``main`` again (each cleanup of aioelect is
-      bounded in time, so the process ends).
+      bounded in time, so the process ends);
+    * a signal the process was started with ignored (``SIG_IGN``: a shell's
+      background job ignores SIGINT) stays ignored, as under
+      :func:`asyncio.run`.
 
     ``main`` returning or raising by itself is passed through unchanged. Outside
     the main thread no signal handler can be set: ``main`` runs as under
@@ -59,7 +62,10 @@ async def _stoppable(main: Coroutine[Any, Any, T]) -> T:
     previous: dict[signal.Signals, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for signum in _STOPS:
-            previous[signum] = signal.getsignal(signum)
+            handler = signal.getsignal(signum)
+            if handler == signal.SIG_IGN:
+                continue  # ignored on purpose (a shell's background job ignores SIGINT): it stays ignored
+            previous[signum] = handler
             loop.add_signal_handler(signum, stop, signum)
     else:
         log.warning(

@@ -37,7 +37,7 @@ from typing import Any
 import anyio
 
 from ._config import validate_name
-from ._elector import Elector, Leadership, default_identity, leading_if_free, validate_identity
+from ._elector import Elector, Leadership, backend_of, default_identity, leading_if_free, validate_identity
 from ._errors import BackendUnavailable, LeadershipLost, UsageError
 from ._factory import env_options, from_env, shared_sql_session
 from ._settings import Settings
@@ -148,7 +148,7 @@ class _Round:
 def _session_identity(elector: Elector) -> tuple[str, bool] | None:
     """The identity of the shared SQL session ``elector`` is on, and whether the server reports the session's
     identity (not the elector's) as the leader of every election on it; None when it is on no such session."""
-    backend = getattr(elector, "_backend", None)
+    backend = backend_of(elector)
     identity = getattr(getattr(backend, "shared", None), "identity", None)
     if not isinstance(identity, str):
         return None

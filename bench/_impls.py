@@ -220,10 +220,12 @@ IMPLS: list[Impl] = [
         True,
         requires=("aioelect.backends.redis",),
         lease_bound_crash=True,
-        scenarios=("rtt", "graceful", "crash", "frozen", "deposed", "idle", "handoff", "coldstart", "inproc"),
-        how="`RedisElector(lease=5)` (the peers' TTL), other options at their defaults: renew every 1 s (check"
-        " timeout 1.25 s, renew deadline 3.5 s), a waiter subscribed to the election's channel and trying again"
-        " at most every 1 s",
+        scenarios=(
+            "rtt", "graceful", "crash", "frozen", "deposed", "idle", "handoff", "coldstart", "inproc", "blocked"
+        ),
+        how="`RedisElector(lease=5)` (the peers' TTL), other options at their defaults: renew every 0.5 s (a tenth"
+        " of the lease; check timeout 1.5 s, renew deadline 3.5 s), a waiter subscribed to the election's channel"
+        " and trying again at most every 1 s",
     ),
     Impl(
         "redis-py-lock",

@@ -43,8 +43,8 @@ SCENARIOS: dict[str, Callable[[Impl, Ctx], Awaitable[Outcome]]] = {
 }
 #: Scenarios whose timing must not be disturbed: run one at a time, with nothing else running.
 PRECISE = ("rtt", "graceful", "crash", "handoff", "coldstart", "inproc")
-#: Only aioelect's rows: the round trip is the backend's (measured once), scale is aioelect's question.
-OURS_ONLY = ("rtt", "scale")
+#: Only aioelect's rows: the round trip is the backend's (measured once); scale and a blocked loop ask about aioelect.
+OURS_ONLY = ("rtt", "scale", "blocked")
 #: ``--quick``: aioelect and the fastest peer of each backend at graceful handover.
 QUICK_IMPLS = ("tooz-mysql", "baseline-etcd", "tooz-postgres", "python-redis-lock", "tooz-file")
 QUICK_SCENARIOS = ("rtt", "graceful", "handoff", "inproc", "scale")
@@ -148,6 +148,9 @@ def _limit(impl: Impl, scenario: str, ctx: Ctx) -> float:
         return per * (1 if impl.lease_bound_crash or scenario == "frozen" else ctx.reps) + 30
     if scenario == "deposed":
         return impl.deposed_window + ctx.start_timeout + 30
+    if scenario == "blocked":  # one pair per step, each a start, 1.5 s, the block and 2 s
+        steps = round(ctx.block_max / ctx.block_step)
+        return steps * (ctx.start_timeout / 3 + 6) + ctx.block_max * steps / 2 + 60
     return ctx.reps * (ctx.graceful_window + 10) + ctx.start_timeout
 
 
@@ -189,7 +192,7 @@ async def _phases(runner: Runner, impls: list[Impl], scenarios: list[str], overl
         jobs = []
         # The longest (etcdctl's 60 s TTL) first, so that they overlap everything else.
         for impl in sorted(impls, key=lambda i: -i.takeover_window):
-            for scenario in ("crash", "frozen", "deposed"):
+            for scenario in ("crash", "frozen", "deposed", "blocked"):
                 if _runs(impl, scenario, scenarios) and (scenario != "crash" or impl.lease_bound_crash):
                     jobs.append(bounded(impl, scenario))
         await asyncio.gather(*jobs)

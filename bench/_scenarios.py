@@ -1,4 +1,4 @@
-"""The six scenarios, each measured the same way for every implementation from the candidates' lines."""
+"""The seven scenarios, each measured the same way for every implementation from the candidates' lines."""
 
 from __future__ import annotations
 
@@ -39,6 +39,9 @@ class Ctx:
     idle_windows: tuple[float, float, float] = (3.0, 10.0, 20.0)
     handoff_seconds: float = 5.0
     frozen_lease: int = 5
+    #: The blocked-loop scenario: block lengths are stepped by this much, up to block_max (seconds).
+    block_step: float = 0.5
+    block_max: float = 8.0
     rtt_count: int = 200
     coldstart_reps: int = 10
     scale_counts: tuple[int, ...] = (1, 10, 100, 1000)
@@ -463,6 +466,50 @@ async def handoff(impl: Impl, ctx: Ctx) -> Outcome:
     return out
 
 
+# --- 7. blocked event loop ---------------------------------------------------------------------------
+
+
+async def blocked(impl: Impl, ctx: Ctx) -> Outcome:
+    """The longest synchronous block of the leader's event loop (1.5 s after it leads) that keeps leadership.
+
+    Steps ``B`` by ``ctx.block_step`` from ``ctx.block_step``: a fresh pair of candidates per step, the leader
+    blocks once, and 2 s after it wakes it must still act, with no other leader meanwhile. Stops at the first
+    step that loses (or at ``ctx.block_max``); ``values`` holds the longest block kept.
+    """
+    out = Outcome(window=ctx.block_max)
+    kept: list[float] = []
+    lost_at = 0.0
+    steps = round(ctx.block_max / ctx.block_step)
+    for step in range(1, steps + 1):
+        block = step * ctx.block_step
+        group = await _start_group(impl, ctx, "blocked", step, 2)
+        try:
+            lead = await group.wait_leader(ctx.start_timeout)
+            if lead is None:
+                raise SetupError("no leader to block")
+            await asyncio.sleep(1.5)
+            mark = group.bus.mark()
+            lead.proc.send(f"block {lead.slot} {block:g}")
+            woke = await group.bus.wait_for(_from(lead, "WOKE"), block + 10, mark)
+            if woke is None:
+                raise SetupError(f"the leader did not wake from a {block:g}s block")
+            await asyncio.sleep(2.0)
+            events = group.bus.events[mark:]
+            other = any(_other_leader(lead)(e) for e in events)
+            stopped = any(_stopped(lead)(e) for e in events)
+            acting = any(_same(e, lead) and e.kind == "ACT" and e.ns >= woke.ns + 1_900_000_000 for e in events)
+        finally:
+            await group.close()
+        if other or stopped or not acting:
+            lost_at = block
+            break
+        kept.append(block)
+    out.values = [max(kept)] if kept else []
+    out.metrics = {"kept": kept, "lost_at": lost_at or None, "step": ctx.block_step}
+    out.note = f"longest block kept {max(kept, default=0):g}s" + (f"; lost at {lost_at:g}s" if lost_at else "")
+    return out
+
+
 SCENARIOS = {
     "graceful": graceful,
     "crash": crash,
@@ -470,4 +517,5 @@ SCENARIOS = {
     "deposed": deposed,
     "idle": idle,
     "handoff": handoff,
+    "blocked": blocked,
 }

@@ -5,12 +5,15 @@
 #   scripts/adversary-old.sh etcd-late-read  --backend etcd  --seed 1 --seeds 20 --seconds 12
 #   scripts/adversary-old.sh mysql-kill      --backend mysql --seed 1 --seeds 20 --seconds 12
 #   scripts/adversary-old.sh mysql-kill pytest tests/test_adversary.py -k kept_session
+#   scripts/adversary-old.sh stopped-shim    --backend etcd  --stops --seed 1 --seeds 20 --seconds 12
 #
 # The first argument names the old code:
 #   etcd-late-read  12e8962^: a waiter's late read of the leader replaced a newer view, and a handover without
 #                   a read trusted a read from before its key was put again (two etcd leaders)
 #   mysql-kill      79d808b^: a lock session kept across a MariaDB restart KILLed, by its old connection id,
 #                   a session of the new server (the leader's)
+#   stopped-shim    f73605d^: a CMD that stopped its shim (kill -STOP $PPID) kept its workers running after the
+#                   supervisor let the lock go (the next leader's CMD ran beside them)
 # The rest goes to `python -m soak.adversary`, or, after `pytest`, to pytest.
 #
 # The old commit is checked out once as a detached worktree under $ADVERSARY_OLD (default /tmp/aioelect-old),
@@ -27,7 +30,8 @@ root="${ADVERSARY_OLD:-/tmp/aioelect-old}"
 case "${1:-}" in
   etcd-late-read) commit=12e8962 ;;
   mysql-kill) commit=79d808b ;;
-  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+  stopped-shim) commit=f73605d ;;
+  *) sed -n '2,22p' "$0" >&2; exit 2 ;;
 esac
 name="$1"
 shift
@@ -37,7 +41,10 @@ if [ ! -f "$tree/.seam-applied" ]; then
   rm -rf "$root/$name"
   git -C "$here" worktree prune
   git -C "$here" worktree add --force --detach "$tree" "$commit^" >/dev/null
-  git -C "$tree" apply "$here/soak/adversary/old/seam-$commit.patch"
+  # No patch: the old commit has the seam already.
+  if [ -f "$here/soak/adversary/old/seam-$commit.patch" ]; then
+    git -C "$tree" apply "$here/soak/adversary/old/seam-$commit.patch"
+  fi
   touch "$tree/.seam-applied"
   mkdir -p "$root/$name/path"
   ln -sfn "$tree/aioelect" "$root/$name/path/aioelect"

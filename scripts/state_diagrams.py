@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from aioelect._elector import LEADERSHIP_TRANSITIONS
+from aioelect._elector import ELECTOR_TRANSITIONS, LEADERSHIP_TRANSITIONS
 from aioelect._transitions import Transitions
 from aioelect.backends.etcd._candidacy import CANDIDACY_TRANSITIONS
 
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 #: Each diagram: the page it is drawn in, and the table it is drawn from.
 DIAGRAMS: dict[str, tuple[str, Transitions]] = {  # type: ignore[type-arg]
+    "elector": ("docs/concepts.md", ELECTOR_TRANSITIONS),
     "leadership": ("docs/concepts.md", LEADERSHIP_TRANSITIONS),
     "etcd-campaign": ("docs/backends.md", CANDIDACY_TRANSITIONS),
 }

@@ -1,5 +1,8 @@
 """``python -m soak --minutes M [--seed S] [--out DIR] [--backends mariadb,postgres,redis,etcd1,etcd3] [--shards]``.
 
+``--stops`` runs the stopped-processes workload instead (``aioelect run`` supervisors whose every process is
+stopped and continued at random; :mod:`soak.stops`) on etcd and PostgreSQL.
+
 ``--shards`` runs the shards workload (``aioelect.Shards`` over 12 names, a register row per name) on
 ``shards-etcd`` and ``shards-postgres`` instead of the single election.
 
@@ -39,6 +42,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         action="store_true",
         help=f"the shards workload: default backends {','.join(SHARDS_LABELS)}",
     )
+    parser.add_argument(
+        "--stops",
+        action="store_true",
+        help="the stopped-processes workload (aioelect run supervisors, every process stopped and continued)",
+    )
     args = parser.parse_args(argv)
     if args.backends is None:
         args.backends = ",".join(SHARDS_LABELS if args.shards else ELECTION_LABELS)
@@ -54,6 +62,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     out: Path = args.out
+    if args.stops:
+        from .stops import soak_stops
+
+        print(f"soak: seed {args.seed}, {args.minutes:g} minutes of stopped processes; output in {out}", flush=True)
+        return soak_stops(args.seed, args.minutes, out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     print(

@@ -91,8 +91,9 @@ def _sql() -> Timing:
 
 
 def _redis() -> Timing:
-    # Nobody deletes a lost leader's key: it expires lease after the send of its last renew; a waiter tries again
-    # within poll_interval (at once when a release is published).
+    # Nobody deletes a lost leader's key: it expires lease after the send of its last renew; a waiter reads it
+    # again when it can have expired and tries then (at once when a release is published). poll_interval is kept
+    # in the bound: a waiter reads a key without an expiry every poll_interval.
     expiry = _LEASE + _POLL + SLACK
     return Timing(
         options={

@@ -161,6 +161,15 @@ class Candidates:
             time.sleep(0.01)
         raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; events: {self.summary()}")
 
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Until every candidate started has its elector made (its ``ready`` event; it campaigns right after):
+        on a loaded machine a new Python process can take seconds to get there."""
+        self.wait_for(
+            lambda: all(any(e["event"] == "ready" for e in c.events) for c in self.all),
+            timeout,
+            "every candidate ready",
+        )
+
     def leader(self, exclude: Candidate | None = None) -> Candidate | None:
         acting = [c for c in self.all if c is not exclude and not c.frozen and c.is_acting(0.3)]
         return acting[0] if len(acting) == 1 else None

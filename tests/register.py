@@ -48,6 +48,14 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "every backend", "process state",
+        "the leader's event loop is never blocked for longer than `renew_deadline` less the age of its last "
+        "confirmation and one round trip (half the lease or more at the defaults), or it loses its leadership",
+        CHECKED, "confirmations dated from their send; `held` is judged on waking; the loop's lag is measured "
+        "and a block that cost or nearly cost the leadership is named in a WARNING",
+        "tests/test_blocked_loop.py::test_a_block_longer_than_the_lease_loses_it_without_overlap",
+    ),
+    Assumption(
+        "every backend", "process state",
         "the leader's work stops when its task is cancelled",
         CHECKED, "the work runs in the acquiring task, cancelled at a loss; a release waits for it",
         "tests/test_elector.py::test_release_waits_for_work_that_ignores_cancellation",
@@ -61,15 +69,17 @@ REGISTER: tuple[Assumption, ...] = (
     Assumption(
         "every backend", "clock",
         "the leader's monotonic clock runs no slower than the server's clock that ends its lease or session",
-        DOCUMENTED, "the margin `lease - renew_deadline` absorbs rate differences; no check",
-        None,
+        DOCUMENTED, "the margin `lease - renew_deadline` absorbs rate differences; no check: a cut-off Redis "
+        "leader whose clock runs at 0.4x leads about 2 s beside its successor (at 0.8x, inside the margin, none)",
+        "tests/test_faults_clock.py::test_a_leader_whose_monotonic_clock_runs_slow_leads_past_its_key_when_the_margin_is_exceeded",
     ),
     Assumption(
         "every backend", "process state",
         "a write already sent when the leader pauses past its deadline is refused only by a resource that "
         "checks the token",
-        DOCUMENTED, "tokens on every backend; the check is the resource's",
-        None,
+        DOCUMENTED, "tokens on every backend; the check is the resource's: two writes a leader sent into a "
+        "stalled link land after its successor's, the plain one over it, the token-checked one changing nothing",
+        "tests/test_faults_partition.py::test_a_write_sent_before_the_leader_is_cut_off_lands_after_its_successor_refused_only_by_the_token",
     ),
     # --- MySQL / MariaDB --------------------------------------------------------------------------------
     Assumption(
@@ -211,9 +221,13 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "etcd", "topology",
-        "a member cut off from the others while a client still reaches it answers no linearizable request",
-        DOCUMENTED, "etcd's own guarantee; aioelect sends no serializable request",
-        None,
+        "a member cut off from the others while a client still reaches it answers no linearizable request; as "
+        "etcd's raft leader it still renews leases until it sees that it lost its quorum (a keep-alive is not "
+        "linearizable), and the others' new raft leader extends every lease by `ttl` plus an election timeout",
+        DOCUMENTED, "etcd's own guarantees; aioelect sends no serializable request: the leader on a cut-off raft "
+        "leader is confirmed past the cut, fences, and the candidate on the other two leads after it; only a "
+        "serializable read is answered there, from the member's stale view",
+        "tests/test_etcd_partition.py::test_a_member_cut_off_from_the_others_answers_no_linearizable_request_and_its_leader_fences",
     ),
     # --- Redis (one master) ------------------------------------------------------------------------------
     Assumption(
@@ -243,8 +257,10 @@ REGISTER: tuple[Assumption, ...] = (
     Assumption(
         "Redis", "clock",
         "the server's wall clock is not stepped forward by more than the margin",
-        DOCUMENTED, "the key's expiry is the server's wall clock; no check",
-        None,
+        DOCUMENTED, "the key's expiry is the server's wall clock; no check: after a step of 2.9 s (margin 1 s) a "
+        "cut-off leader acts 1.7 s past its key's expiry, when any candidate that asks leads beside it (one "
+        "already waiting sleeps to the expiry it read before the step); a step of 0.5 s, never",
+        "tests/test_faults_clock.py::test_a_redis_server_clock_stepped_forward_past_the_margin_expires_a_leaders_key_while_it_leads",
     ),
     Assumption(
         "Redis", "server forgets",
@@ -321,9 +337,8 @@ REGISTER: tuple[Assumption, ...] = (
         "with `min_replicas` ≥ 1, a master cut off from the cluster bus while clients reach it stops confirming the "
         "old leader before the promoted replica's copy of the key expires",
         RENEW,
-        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`); not tested with "
-        "a bus-only partition",
-        None,
+        "the renew checks of Redis Sentinel (`WAIT` on every replica of the slot's master, `ROLE`)",
+        "tests/test_redis_cluster.py::test_a_master_cut_off_from_the_cluster_bus_stops_its_leader_before_a_successor_leads",
     ),
     # --- file ---------------------------------------------------------------------------------------------
     Assumption(
@@ -377,6 +392,14 @@ REGISTER: tuple[Assumption, ...] = (
     ),
     Assumption(
         "supervisor", "process state",
+        "aioelect itself is not stopped (SIGSTOP) or frozen past the lease while CMD runs: a stopped aioelect "
+        "stops nothing, so on the server backends the lease runs out while CMD's tree works on",
+        DOCUMENTED, "CMD gets the leadership's fencing token (`AIOELECT_TOKEN`) for the resources it writes to; "
+        "woken, aioelect sees the loss and ends the tree before it exits",
+        "tests/test_adversary.py::test_a_stopped_supervisor_stops_nothing_its_cmd_works_on_beside_the_next_leaders",
+    ),
+    Assumption(
+        "supervisor", "process state",
         "a zombie holds no descriptor, so the lock may go while one is left (a tracer's to reap, or CMD's under "
         "a stopped shim)",
         CHECKED, "zombies are not waited for (cgroup `populated 0`, /proc state Z and no live thread; unreaped "
@@ -404,8 +427,8 @@ REGISTER: tuple[Assumption, ...] = (
         "supervisor", "process state",
         "a process of CMD's tree in uninterruptible sleep (D) ends once SIGKILLed, within the safety margin",
         DOCUMENTED, "the lock is kept and SIGKILL repeated for as long as it lives, an error logged every 2 s; "
-        "on etcd and Redis the lease may still expire meanwhile",
-        None,
+        "on etcd and Redis the lease may still expire meanwhile, and the next leader's CMD starts beside it",
+        "tests/test_cli_supervisor.py::test_a_process_in_uninterruptible_sleep_keeps_the_lock_until_it_ends_but_not_a_lease",
     ),
     Assumption(
         "supervisor", "process state",

@@ -785,3 +785,86 @@ def test_a_cmd_whose_main_thread_ended_is_not_taken_for_exited(
     took = time.monotonic() - started
     assert (status, "CMD exited with status 7" in spawner.stderr(proc)) == (7, True), spawner.stderr(proc)
     assert took > 3, f"aioelect ended {took:.2f}s after it started, while CMD's thread still ran"
+
+
+@contextlib.contextmanager
+def uninterruptible(pid: int, where: Path) -> Iterator[Callable[[], None]]:
+    """Hold ``pid`` in uninterruptible sleep (D), which SIGKILL does not end, in a cgroup v1 freezer (a v2
+    cgroup's frozen processes die of SIGKILL); yield what wakes it. It is woken, and the mount removed, at the
+    end whatever happened."""
+    mount = where / "freezer"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "cgroup", "-o", "freezer", "aioelect-test", str(mount)],
+                       check=True, timeout=10, capture_output=True)  # fmt: skip
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.fail(f"cannot mount a cgroup v1 freezer (root and CONFIG_CGROUP_FREEZER needed): {exc}")
+    group = mount / f"aioelect-{secrets.token_hex(4)}"
+
+    def wake() -> None:
+        (group / "freezer.state").write_text("THAWED")
+
+    try:
+        group.mkdir()
+        (group / "cgroup.procs").write_text(str(pid))
+        (group / "freezer.state").write_text("FROZEN")
+        wait_until("the process to freeze", lambda: state_of(pid) == "D", 10)
+        yield wake
+    finally:
+        if group.exists():
+            wake()
+            with contextlib.suppress(OSError):
+                wait_until("the frozen cgroup to empty", lambda: not (group / "cgroup.procs").read_text(), 10)
+                group.rmdir()
+        subprocess.run(["umount", str(mount)], timeout=10, capture_output=True)
+
+
+@pytest.mark.parametrize("kind", ["file", "redis"])
+def test_a_process_in_uninterruptible_sleep_keeps_the_lock_until_it_ends_but_not_a_lease(
+    kind: str,
+    request: pytest.FixtureRequest,
+    tcp_proxy_factory: Callable[[str, int], TCPProxy],
+    spawner: Spawner,
+    scripts: tuple[Path, Path],
+    token: str,
+    tmp_path: Path,
+) -> None:
+    # A process of CMD's tree that SIGKILL cannot end yet. The file lock, which has no lease, is kept, SIGKILL
+    # repeated and an error logged every 2 s until the process wakes and dies. A Redis lease is the server's:
+    # the cut-off leader keeps killing, but the key expires and a successor's CMD starts beside the process.
+    tree, survivors = scripts
+    if kind == "file":
+        backend = successor = ["--file", str(tmp_path / "leader.lock")]
+    else:
+        server = request.getfixturevalue("fresh_redis")
+        proxy = tcp_proxy_factory(server.host, server.port)
+        name = ["--name", f"stuck-{secrets.token_hex(4)}", "--lease", "4", "--renew-deadline", "2.5"]
+        backend = ["--redis", server.url.replace(f":{server.port}/", f":{proxy.port}/"), *name]
+        successor = ["--redis", server.url, *name]
+    proc, pids = start_tree(spawner, backend, tree, tmp_path / "tree-pids", token)
+    stuck = pids[1]
+    with uninterruptible(stuck, tmp_path) as wake:
+        if kind == "file":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            proxy.stall()
+        wait_until("the error that a process survived SIGKILL", lambda: "survived SIGKILL" in spawner.stderr(proc), 20)
+        time.sleep(2.5)
+        errors = spawner.stderr(proc).count("survived SIGKILL")
+        assert proc.poll() is None, "aioelect ended while a process of CMD's tree lived"
+        left = set(marked(token)) - {proc.pid}
+        assert left == {stuck}, f"SIGKILL left more of CMD's tree {pids} than the process that cannot die: {left}"
+        assert errors >= 2, f"one error every 2 s while it lives, {errors} seen:\n{spawner.stderr(proc)}"
+        if kind == "file":
+            held = cli("run", *successor, "--no-wait", "--", "true")
+            assert held.returncode == 75, f"the lock passed on while CMD's tree lived: {held.stderr}"
+        else:
+            seen = next_leader_sees(successor, survivors, tmp_path / "seen", token, proc.pid)
+            assert seen == [str(stuck)], f"the successor's CMD started and saw {seen} of the old tree alive"
+        wake()
+        status = spawner.wait(proc, timeout=20)
+    assert state_of(stuck) == "gone"
+    if kind == "file":
+        assert status == 128 + signal.SIGTERM, spawner.stderr(proc)
+        alive = next_leader_sees([*successor, "--no-wait"], survivors, tmp_path / "seen", token)
+        assert alive == [], f"CMD's tree {pids} still had {alive} alive when the next leader started"

@@ -710,8 +710,9 @@ def redis_bounds_rows() -> list[str]:
         f"| Redis | {earliest[0]} | sets it to `lease` at every grant and renew | {earliest[1]:g} s |",
         "| Redis | `maxmemory-policy` (with `maxmemory` set) | reads it; refuses any policy but `noeviction`: an"
         " evicted key passes the lock on before its expiry (`PermanentBackendError`) | `noeviction` |",
-        "| Redis | `timeout` | reads it; refuses one below max(`check_interval`, `poll_interval`) + 1 s, which"
-        f" closes a connection between two renews (`PermanentBackendError`) | off; refused below {least:g} s |",
+        "| Redis | `timeout` | reads it; refuses one below max(`check_interval`, `poll_interval`, `lease`) + 1 s,"
+        " which closes a connection between two renews, or a waiting candidate's before the lock key can have"
+        f" expired (`PermanentBackendError`) | off; refused below {least:g} s |",
         "| Redis | `tcp-keepalive` | reads it; not a bound: a connection the server closes releases nothing, the"
         f" key keeps its expiry | {defaults['tcp-keepalive']} s |",
         f"| Redis | earliest bound, and the safety margin | | {earliest[1]:g} s ({earliest[0]}); margin"
@@ -734,14 +735,14 @@ def etcd_bounds_rows() -> list[str]:
     margin = ttl - deadline
     assert margin == settings.margin  # the margin run --grace and the campaign log use
     keepalive = (
-        "every `ttl`/3, each given up after min(`ttl`/3, `renew_deadline` \u2212 `ttl`/3)/2 (at least 0.1 s) "
-        "and retried"
+        "every `ttl`/3, `ttl`/12 while leading, each given up after min(`ttl`/3, `renew_deadline` \u2212 `ttl`/3)/2 "
+        "(at least 0.1 s) and retried"
     )
     return [
         f"| etcd | the lease's TTL | asks for `ttl`; refuses a shorter grant (`ElectionError`), revoking it "
         f"| {ttl} s |",
-        f"| etcd | (a renewal, not a bound) keep-alive | {keepalive} | every {settings.keepalive_interval:.3g} s, "
-        f"within {settings.keepalive_timeout:.3g} s |",
+        f"| etcd | (a renewal, not a bound) keep-alive | {keepalive} | every {settings.keepalive_interval:.3g} s "
+        f"({settings.lead_interval:.3g} s leading), within {settings.keepalive_timeout:.3g} s |",
         f"| etcd | (where the leader fences itself) `renew_deadline` | 2/3 \u00d7 `ttl` unless given; shorter than "
         f"`ttl`, longer than `ttl`/3 | {deadline:.3g} s |",
         f"| etcd | earliest bound, and the safety margin | | {ttl} s (the lease's TTL); margin **{margin:.3g} s** |",

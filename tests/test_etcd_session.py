@@ -168,7 +168,8 @@ async def test_a_cancelled_campaign_withdraws_its_key_and_keeps_the_lease(fresh_
 
 
 async def test_many_electors_cost_one_lease_and_one_keepalive_per_interval(fresh_etcd: EtcdServer) -> None:
-    """20 elections on one session: one LeaseGrant, keep-alives at ttl/3 for the session, not per elector."""
+    """20 elections on one session: one LeaseGrant, keep-alives for the session, not per elector (every ttl/12:
+    the session holds leaderships)."""
     before = await grpc_counts(fresh_etcd)
     async with EtcdSession(fresh_etcd.endpoints, ttl=3) as session:
         electors = [EtcdElector(session=session, name=unique()) for _ in range(20)]
@@ -179,7 +180,7 @@ async def test_many_electors_cost_one_lease_and_one_keepalive_per_interval(fresh
     changes = delta(before, after)
     assert changes.get("started:LeaseGrant", 0) == 1, changes
     assert changes.get("started:LeaseKeepAlive", 0) == 1, changes  # one stream
-    assert 2 <= changes.get("received:LeaseKeepAlive", 0) <= 5, changes  # ~1/s, not ~20/s
+    assert 8 <= changes.get("received:LeaseKeepAlive", 0) <= 16, changes  # ~4/s, not ~80/s
     assert await leases(fresh_etcd) == []
 
 

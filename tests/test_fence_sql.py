@@ -213,3 +213,25 @@ async def test_a_missing_privilege_is_named(db: Db) -> None:
                 await db.run(admin, f"DROP ROLE {role}")
             else:
                 await db.run(admin, f"DROP USER '{role}'@'%'")
+
+
+async def test_red1_a_long_election_name_is_fenced_on_mysql_too(db: Db, redis_url: str) -> None:
+    """Red team: Redis takes names up to 512 characters, etcd 1024; the MySQL fence table's name is VARBINARY(255).
+    INSERT IGNORE truncates the name silently, the row is never found again, and every fenced() fails with an
+    AssertionError (under python -O: a TypeError comparing None with the token) instead of working or saying why."""
+    from aioelect import RedisElector
+
+    name = unique_name() + "-" + "x" * 300
+    async with (
+        RedisElector(redis_url, name=name, volatile_tokens=True, lease=3) as elector,
+        connected(db) as conn,
+    ):
+        lead = await elector.acquire(timeout=10)
+        try:
+            async with fenced(conn, lead, table=db.fence):
+                await db.insert(conn, "long")
+        except (UsageError, ValueError):
+            assert await db.who(conn) == []  # refused at once, saying why: acceptable
+        else:
+            assert await db.who(conn) == ["long"]
+        await lead.release()

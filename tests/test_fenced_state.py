@@ -200,3 +200,50 @@ async def test_a_frozen_leaders_write_in_flight_is_refused_by_the_server(
             gate.opened.set()
             await asyncio.gather(late, return_exceptions=True)
             await follower.close()
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+async def test_red1_a_late_write_is_refused_while_a_candidate_without_fencing_leads(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """Red team: a candidate of the same election with ``fencing=False`` (a rolling change of the option, a cron job
+    run with ``--no-fencing``) takes no token and leaves the token row alone (MySQL), or bumps it with no token of its
+    own. A deposed leader's write in flight then commits while that candidate leads, although the exactly-once page
+    says a write commits before the next leadership starts, or not at all."""
+    case = CASES[kind](request)
+    assert case.depose is not None
+    seam, what = SEAMS[kind]
+    name = unique_name()
+    extra = FENCED[kind]
+    async with (
+        case.make(name, identity="a", **extra) as a,
+        case.make(name, identity="b", fencing=False) as b,
+    ):
+        gate = Gate(what)
+        seam(a).interceptor = gate
+        store_a = FencedStore(a)
+        lead_a = await a.acquire()
+        await store_a.put(lead_a, "last-tick", 1)
+        gate.armed = True
+        late = asyncio.create_task(store_a.put(lead_a, "last-tick", 99))
+        follower = Follower(b)
+        try:
+            with anyio.fail_after(10):
+                await gate.held.wait()
+            await case.depose(a)
+            lead_b = await follower.wait(timeout=30)
+            assert lead_b.held and lead_b.token is None
+            gate.opened.set()
+            outcome: object
+            try:
+                await asyncio.wait_for(late, 30)
+                outcome = "committed"
+            except LeadershipLost:
+                outcome = "refused"
+            print(f"MEASURED {kind}: deposed leader's write while a fencing=False candidate leads: {outcome}")
+            assert lead_b.held
+            assert outcome == "refused", "a deposed leader's write committed while the next leader (no fencing) led"
+        finally:
+            gate.opened.set()
+            await asyncio.gather(late, return_exceptions=True)
+            await follower.close()

@@ -325,6 +325,27 @@ def _proxied() -> Iterator[tuple[TCPProxy, socket.socket, socket.socket]]:
             yield proxy, client, upstream
 
 
+def test_proxy_stall_from_silences_one_client_address_only() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server, TCPProxy("127.0.0.1", server.getsockname()[1]) as proxy:
+        near = socket.create_connection(proxy.address, timeout=5)
+        far = socket.create_connection(proxy.address, timeout=5, source_address=("127.0.0.2", 0))
+        ends = [server.accept()[0] for _ in range(2)]
+        with near, far, ends[0], ends[1]:
+            proxy.stall_from("127.0.0.2")
+            near.sendall(b"near")
+            far.sendall(b"far!")
+            got = {}
+            for end in ends:
+                end.settimeout(0.5)
+                with contextlib.suppress(TimeoutError):
+                    got[end] = end.recv(4)
+            assert sorted(got.values()) == [b"near"], got
+            proxy.heal()
+            silent = next(end for end in ends if end not in got)
+            silent.settimeout(5)
+            assert silent.recv(4) == b"far!"  # held, not lost
+
+
 def test_proxy_close_resets_clients() -> None:
     with _proxied() as (proxy, client, upstream):
         client.sendall(b"ping")

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import pwd
+import secrets
 import shutil
 import signal
 import statistics
@@ -1047,3 +1048,93 @@ async def test_a_transaction_pool_under_load_never_lets_a_candidate_lead(
     print(f"{tries} tries: {led} leaderships, {both} with both candidates leading; refusals {outcomes}")
     assert both == 0, f"both candidates led in {both} of {tries} tries"
     assert led == 0, f"a candidate led through a transaction pool in {led} of {tries} tries"
+
+
+class _Statements:
+    """An interceptor that counts the statements a lock session sends, and passes each on unchanged."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    async def exchange(self, what: str, send: Callable[[], Any]) -> Any:
+        self.count += 1
+        return await send()
+
+
+@pytest.mark.parametrize("temp", [True, False], ids=["wait-function", "no-temp-privilege"])
+async def test_a_waiter_sends_one_statement_per_poll_and_follows_the_holder(
+    postgres: PostgresServer, postgres_dsn: str, temp: bool
+) -> None:
+    """A waiter's lock request returns the holder when it times out: one statement per poll_interval, its look
+    included. A role without TEMP on the database cannot create the function that does it: the waiter falls back
+    to a lock_timeout error and a look after it (two statements), and still follows the holder and takes over.
+    """
+    suffix = secrets.token_hex(4)
+    database, role = f"aioelect_wait_{suffix}", f"aioelect_wait_{suffix}"
+    postgres.query(f"CREATE DATABASE {database}")
+    postgres.query(f"CREATE ROLE {role} LOGIN")
+    if not temp:
+        postgres.query(f"REVOKE TEMP ON DATABASE {database} FROM PUBLIC")
+    dsn = with_database(postgres_dsn, database)
+    try:
+        name = unique_name("pg")
+        async with (
+            make(dsn, name, "first", user=role) as a,
+            make(dsn, name, "waiter", user=role, poll_interval=0.5) as b,
+        ):
+            lead = await a.acquire()
+            statements = _Statements()
+            b._backend.interceptor = statements  # type: ignore[attr-defined]
+            follower = Follower(b)
+            try:
+                await asyncio.sleep(1.2)  # the session is set up and waiting
+                assert b.last_leader == "first"
+                query = postgres.query(
+                    "SELECT query FROM pg_catalog.pg_stat_activity WHERE application_name = 'waiter'", database=database
+                )
+                assert ("aioelect_wait" in query[0][0]) is temp, query
+                before = statements.count
+                await asyncio.sleep(2.0)  # four polls
+                sent = statements.count - before
+                assert (3 <= sent <= 5) if temp else (6 <= sent <= 10), sent
+                await lead.release()
+                with anyio.fail_after(10):
+                    lead_b = await follower.wait()
+                assert lead_b.held and lead_b.token is not None and lead.token is not None
+                assert lead_b.token > lead.token
+            finally:
+                await follower.close()
+    finally:
+        postgres.query(
+            f"SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity WHERE usename = '{role}'"
+        )
+        postgres.query(f"DROP DATABASE IF EXISTS {database}")
+        postgres.query(f"DROP ROLE IF EXISTS {role}")
+
+
+async def test_a_waiter_whose_wait_function_is_dropped_makes_it_again(
+    postgres: PostgresServer, postgres_dsn: str
+) -> None:
+    """The waiter's temporary function dropped under it (a DISCARD TEMP, or an operator): its next wait makes the
+    function again, and it still takes over; never a permanent error that ends its campaign."""
+    name = unique_name("pg")
+    async with make(postgres_dsn, name, "first") as a, make(postgres_dsn, name, "waiter", poll_interval=0.5) as b:
+        lead = await a.acquire()
+        follower = Follower(b)
+        try:
+            await asyncio.sleep(1.2)  # the waiter's session has made its function and waits through it
+            dropped = postgres.query(  # the waiter's own temporary schema only: other tests share the server
+                "SELECT 'pg_temp_' || b.id FROM pg_catalog.pg_stat_get_backend_idset() AS b(id) "
+                "JOIN pg_catalog.pg_stat_activity a ON a.pid = pg_catalog.pg_stat_get_backend_pid(b.id) "
+                "WHERE a.application_name = 'waiter' AND a.query LIKE '%aioelect_wait%'"
+            )
+            assert dropped, "the waiter made no wait function"
+            for (schema,) in dropped:
+                postgres.query(f"DROP FUNCTION {schema}.aioelect_wait(pg_catalog.int8, pg_catalog.oid, pg_catalog.oid)")
+            await asyncio.sleep(1.5)  # its next waits
+            await lead.release()
+            with anyio.fail_after(10):
+                lead_b = await follower.wait()
+            assert lead_b.held and lead_b.token is not None and lead.token is not None and lead_b.token > lead.token
+        finally:
+            await follower.close()

@@ -356,3 +356,139 @@ async def test_a_campaign_cancelled_as_its_grant_arrives_is_cancelled_and_leaves
         with anyio.fail_after(5):
             while redis_server.command("EXISTS", lock_key(name)):
                 await asyncio.sleep(0.01)
+
+
+# --- what a waiting candidate costs, and what it still checks ---------------------------------------
+
+
+def command_counts(server: RedisServer) -> dict[str, int]:
+    """The server's calls per command (``INFO commandstats``) and its connections received so far."""
+    counts = {"connections": int(server.command("INFO", "stats").split("total_connections_received:")[1].split()[0])}
+    for line in str(server.command("INFO", "commandstats")).splitlines():
+        if line.startswith("cmdstat_"):
+            name, _, fields = line[len("cmdstat_") :].partition(":")
+            counts[name] = int(fields.split(",")[0].partition("=")[2])
+    return counts
+
+
+async def test_a_waiter_reads_only_the_expiry_while_the_leader_renews_and_handoffs_open_no_connection() -> None:
+    """A waiter tries only when a change is published or the key can have expired (then one PTTL); a new
+    campaign reuses the elector's subscription and lock connection."""
+    name = unique_name()
+    with RedisServer() as server:
+        async with make(server.url, name, lease=3.5) as a, make(server.url, name, poll_interval=0.2) as b:
+            lead = await a.acquire(timeout=5)
+            waiter = asyncio.create_task(b.acquire(timeout=30))
+            await asyncio.sleep(0.5)  # b tried once and waits
+            before = command_counts(server)
+            await asyncio.sleep(4.0)
+            after = command_counts(server)
+            assert not waiter.done()
+            delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            # The leader renews 20 times (a script, its GET and PEXPIRE, ROLE, INFO); b reads the expiry about
+            # once per lease (3.5 s), and never tries (no CONFIG GET), where a try per poll_interval would be 20.
+            assert delta.get("config|get", 0) == 0, delta
+            assert delta.get("pttl", 0) <= 4, delta
+            await lead.release()
+            got = await waiter
+            # Leaderships go back and forth: every campaign after each elector's first opens no connection.
+            first = command_counts(server)["connections"]
+            with anyio.fail_after(10):
+                for _ in range(5):
+                    while got.held:  # acquire() in a task of its own: its leadership ended with that task
+                        await asyncio.sleep(0.01)
+                    lead = await a.acquire(timeout=5)
+                    await lead.release()
+                    lead = await b.acquire(timeout=5)
+                    await lead.release()
+            # Only command_counts' own two connections (INFO stats, INFO commandstats) since it read `first`.
+            assert command_counts(server)["connections"] - first == 2
+
+
+async def test_a_setting_changed_while_a_candidate_waits_is_seen_by_its_next_try(
+    fresh_redis: RedisServer,
+) -> None:
+    """The persistence check is not per connection: a CONFIG SET on the waiter's server, and a restart with
+    another configuration, are each seen by the try that follows a release, before any grant stands."""
+    name = unique_name()
+    async with make(fresh_redis.url, name, identity="a") as a, make(fresh_redis.url, name, identity="b") as b:
+        lead = await a.acquire(timeout=5)
+        waiter = asyncio.create_task(b.acquire(timeout=10))
+        await asyncio.sleep(0.5)  # b tried once on this connection and waits
+        fresh_redis.command("CONFIG", "SET", "appendfsync", "everysec")
+        await lead.release()
+        with pytest.raises(PermanentBackendError, match="'everysec', not 'always'"):
+            await waiter
+        assert fresh_redis.command("EXISTS", lock_key(name)) == 0  # the grant read with the setting is withdrawn
+        assert fresh_redis.command("GET", f"aioelect:{{{name}}}:token") == "2"  # a's token, then b's, withdrawn
+    fresh_redis.command("CONFIG", "SET", "appendfsync", "always")
+    async with make(fresh_redis.url, name, identity="a") as a, make(fresh_redis.url, name, identity="b") as b:
+        lead = await a.acquire(timeout=5)
+        waiter = asyncio.create_task(b.acquire(timeout=15))
+        await asyncio.sleep(0.5)
+        fresh_redis.appendfsync = None  # restarted without the append-only file: the key is forgotten too
+        await anyio.to_thread.run_sync(fresh_redis.restart)
+        with pytest.raises(PermanentBackendError, match="appendonly no"):
+            await waiter
+        await lead.release()
+
+
+async def test_a_leader_that_releases_and_campaigns_again_lets_the_waiter_go_first(redis_server: RedisServer) -> None:
+    """The releaser's own try would reach the server before a waiter in another process has woken: it waits for a
+    grant first. The waiter here is slowed by 20 ms after each message it reads, as a process woken late."""
+
+    class LateWaker:
+        async def exchange(self, what: str, send: Any) -> Any:
+            reply = await send()
+            if what == "release message" and reply is not None:
+                await asyncio.sleep(0.02)
+            return reply
+
+    name = unique_name()
+    firsts = []
+    async with make(redis_server.url, name, identity="a") as a, make(redis_server.url, name, identity="b") as b:
+        backend = b._backend
+        assert isinstance(backend, RedisBackend)
+        backend.interceptor = LateWaker()
+        for _ in range(5):
+            lead = await a.acquire(timeout=5)
+            order: list[str] = []
+
+            async def wait_b(order: list[str] = order) -> None:
+                got = await b.acquire(timeout=5)
+                order.append("b")
+                await got.release()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_b)
+                await asyncio.sleep(0.3)  # b tried and waits
+                await lead.release()
+                again = await a.acquire(timeout=5)
+                order.append("a")
+                await again.release()
+            firsts.append(order[0])
+    # A waiter slower than the wait (0.25 s at poll_interval=1) on a loaded machine may lose one round.
+    assert firsts.count("b") >= 4, firsts
+
+
+async def test_a_key_deleted_by_an_operator_is_published_by_the_leaders_next_renew(redis_server: RedisServer) -> None:
+    """Nothing publishes a delete: the leader's renew that finds the key gone does, so a waiter (which otherwise
+    reads the key again only when it can have expired, 4 s here) takes over within about check_interval."""
+    name = unique_name()
+    async with make(redis_server.url, name, identity="a") as a, make(redis_server.url, name, identity="b") as b:
+        lead = await a.acquire(timeout=5)
+        async with anyio.create_task_group() as tg:
+            took: list[float] = []
+
+            async def wait_b() -> None:
+                got = await b.acquire(timeout=10)
+                took.append(time.monotonic())
+                await got.release()
+
+            tg.start_soon(wait_b)
+            await asyncio.sleep(0.5)  # b tried and waits
+            redis_server.command("DEL", lock_key(name))
+            deleted = time.monotonic()
+        assert took and took[0] - deleted < REDIS["check_interval"] + REDIS["check_timeout"] + 0.5, took[0] - deleted
+        with anyio.fail_after(5):
+            await lead.wait_lost()

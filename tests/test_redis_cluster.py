@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import anyio
 import pytest
 
-from aioelect import PermanentBackendError, RedisElector, from_env
+from aioelect import Leadership, PermanentBackendError, RedisElector, from_env
 from aioelect.backends.redis import RedisBackend
 
 from .backends import unique_name
 from .faults import CHECK_INTERVAL, LEASE, MARGIN, REDIS_OPTIONS, Candidates, check_invariants
-from .harness import LOOPBACK, Certificates, RedisCluster, RedisServer, free_port
+from .harness import LOOPBACK, Certificates, RedisCluster, RedisServer, TCPProxy, free_port
 
 OPTIONS = {"lease": 4, "check_interval": 0.2, "check_timeout": 1.0}
 
@@ -270,35 +270,46 @@ async def test_a_failover_of_the_slots_master_with_min_replicas_keeps_the_token_
         ):
             lead = await old.acquire(timeout=10)
             master = group.owner(lock_key(name))
-            won: list[tuple[float, int | None]] = []
+            fenced, at, token = await fail_over(group, name, lead, new, master, master.kill)
+            print(
+                f"MEASURED redis cluster failover (min_replicas=1): old leader stopped {fenced:.2f}s "
+                f"after the master's SIGKILL, successor led after {at:.2f}s on the promoted replica; "
+                f"tokens {lead.token} -> {token}"
+            )
 
-            async def follow() -> None:
-                got = await new.acquire()
-                won.append((time.monotonic(), got.token))
-                await asyncio.sleep(3600)
 
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(follow)
-                await asyncio.sleep(0.5)
-                killed = time.monotonic()
-                await anyio.to_thread.run_sync(master.kill)
-                with anyio.fail_after(10):
-                    await lead.wait_lost()
-                fenced = time.monotonic()
-                with anyio.fail_after(30):
-                    while not won:
-                        await asyncio.sleep(0.05)
-                at, token = won[0]
-                promoted = group.owner(lock_key(name))
-                print(
-                    f"MEASURED redis cluster failover (min_replicas=1): old leader stopped {fenced - killed:.2f}s "
-                    f"after the master's SIGKILL, successor led after {at - killed:.2f}s on the promoted replica; "
-                    f"tokens {lead.token} -> {token}"
-                )
-                assert promoted is not master
-                assert token is not None and lead.token is not None and token > lead.token
-                assert fenced < at, "the successor led before the old leader stopped"
-                tg.cancel_scope.cancel()
+async def fail_over(
+    group: RedisCluster, name: str, lead: Leadership, successor: RedisElector, master: RedisServer,
+    fault: Callable[[], None],
+) -> tuple[float, float, int]:  # fmt: skip
+    """Do ``fault`` to ``master``, the slot's, while ``lead`` leads and ``successor`` campaigns. The slot must
+    move to another node, the old leader stop before the successor leads, and the token grow; return how long
+    after the fault the old leader stopped and the successor led, and the successor's token."""
+    won: list[tuple[float, int | None]] = []
+
+    async def follow() -> None:
+        got = await successor.acquire()
+        won.append((time.monotonic(), got.token))
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(follow)
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        await anyio.to_thread.run_sync(fault)
+        with anyio.fail_after(10):
+            await lead.wait_lost()
+        fenced = time.monotonic()
+        with anyio.fail_after(30):
+            while not won:
+                await asyncio.sleep(0.05)
+        tg.cancel_scope.cancel()
+    at, token = won[0]
+    others = next(node for node in group.nodes if node is not master and node.running)
+    assert group.owner(lock_key(name), asked=others) is not master, "the cluster did not fail the master over"
+    assert token is not None and lead.token is not None and token > lead.token, (lead.token, token)
+    assert fenced < at, "the successor led before the old leader stopped"
+    return fenced - started, at - started, token
 
 
 async def test_a_tls_cluster_through_rediss_cluster(certs: Certificates) -> None:
@@ -326,3 +337,69 @@ def test_the_command_line_takes_a_cluster_url(cluster: RedisCluster) -> None:
     assert ran.returncode == 0, ran.stderr
     wrong = cli("leader", "--redis", cluster.url.rstrip("/") + "/1", "--name", "n", timeout=60)
     assert wrong.returncode == 2 and "database 0 only" in wrong.stderr, wrong.stderr
+
+
+def route_bus_through_proxies(group: RedisCluster, master: RedisServer) -> dict[RedisServer, TCPProxy]:
+    """Every node's cluster bus reached through a proxy of its own (announced as its bus port), and ``master``'s
+    own bus connections made from 127.0.0.2; return once every node's links to the others go through them.
+
+    Then ``proxies[master].stall()`` and ``stall_from("127.0.0.2")`` on the rest cut ``master`` off the bus,
+    and from nothing else: clients and its replicas reach it on its port as before."""
+    proxies: dict[RedisServer, TCPProxy] = {}
+    for node in group.nodes:
+        bus = int(node.extra_args[node.extra_args.index("--cluster-port") + 1])
+        proxies[node] = TCPProxy(LOOPBACK, bus)
+        group.command(node, "CONFIG", "SET", "cluster-announce-ip", LOOPBACK)
+        group.command(node, "CONFIG", "SET", "cluster-announce-bus-port", proxies[node].port)
+    group.command(master, "CONFIG", "SET", "bind-source-addr", "127.0.0.2")
+    # A node that sees a peer announce another bus port closes its link to that peer and dials the new one.
+    others = len(group.nodes) - 1
+    deadline = time.monotonic() + 20
+    while not all(p.connection_count >= others for p in proxies.values()):
+        if time.monotonic() > deadline:
+            counts = {n.port: p.connection_count for n, p in proxies.items()}
+            raise AssertionError(f"the bus links did not move to the proxies: {counts}")
+        time.sleep(0.1)
+    group.wait_ok(timeout=10)
+    return proxies
+
+
+async def test_a_master_cut_off_from_the_cluster_bus_stops_its_leader_before_a_successor_leads() -> None:
+    """The master of the election's slot loses the cluster bus, not its clients: the other masters fail it over
+    to its replica while the leader still reaches it. With ``min_replicas=1`` the leader stops before the
+    promoted replica's copy of its key expires, so the successor, granted there, never leads beside it.
+
+    The URL names the cut-off master first: it still answers ``CLUSTER SLOTS`` with itself and every command
+    with ``CLUSTERDOWN``, and a candidate that kept asking it which master owns the slot would never find the
+    promoted one while the cut lasts."""
+    timing = {"lease": 3, "check_interval": 0.3, "check_timeout": 0.6, "renew_deadline": 2.0, "poll_interval": 0.5}
+    with RedisCluster(replicas=1, node_timeout_ms=1000) as group:
+        name = unique_name()
+        master = group.owner(lock_key(name))
+        first = [master, *(node for node in group.nodes if node is not master)]
+        url = "redis+cluster://" + ",".join(f"{LOOPBACK}:{node.port}" for node in first) + "/"
+        async with (
+            make(url, name, identity="old", min_replicas=1, **timing) as old,
+            make(url, name, identity="new", **timing) as new,  # the promoted replica has no replica
+        ):
+            lead = await old.acquire(timeout=10)
+            proxies = await anyio.to_thread.run_sync(route_bus_through_proxies, group, master)
+            assert lead.held, "the leadership did not outlive the bus links' move"
+
+            def cut() -> None:
+                for node, proxy in proxies.items():
+                    if node is master:
+                        proxy.stall()  # nobody reaches its bus
+                    else:
+                        proxy.stall_from("127.0.0.2")  # it reaches nobody's
+
+            try:
+                fenced, at, token = await fail_over(group, name, lead, new, master, cut)
+                print(
+                    f"MEASURED redis cluster bus cut (min_replicas=1): the old leader stopped {fenced:.2f}s after "
+                    f"the cut, the successor led {at:.2f}s after it; tokens {lead.token} -> {token}; the old "
+                    f"master still answers clients: {group.command(master, 'PING')}"
+                )
+            finally:
+                for proxy in proxies.values():
+                    proxy.close()

@@ -165,12 +165,14 @@ def timing(**kw: float) -> LockTiming:
 
 
 def test_the_least_timeout_covers_the_longest_idle_gap_of_a_connection() -> None:
-    t = timing(check_interval=1.0, poll_interval=3.0)
-    assert least_timeout(t) == 4.0
-    assert config_problem({"timeout": "4"}, t, server="s") is None
+    # A waiting candidate's connection rests until the lock key can have expired: up to lease.
+    t = timing(check_interval=1.0, poll_interval=3.0, lease=10.0)
+    assert least_timeout(t) == 11.0
+    assert least_timeout(timing(check_interval=1.0, poll_interval=12.0, lease=10.0)) == 13.0
+    assert config_problem({"timeout": "11"}, t, server="s") is None
     assert config_problem({"timeout": "0"}, t, server="s") is None
-    problem = config_problem({"timeout": "3"}, t, server="s")
-    assert problem is not None and "timeout" in problem and "at least 4s" in problem
+    problem = config_problem({"timeout": "10"}, t, server="s")
+    assert problem is not None and "timeout" in problem and "at least 11s" in problem
     # Eviction only with a memory limit; noeviction never deletes a key.
     assert config_problem({"maxmemory": "0", "maxmemory-policy": "allkeys-lru"}, t, server="s") is None
     assert config_problem({"maxmemory": "1000", "maxmemory-policy": "noeviction"}, t, server="s") is None

@@ -108,3 +108,29 @@ def test_outside_the_main_thread_it_runs_and_warns(caplog: pytest.LogCaptureFixt
         thread.join(10)
     assert results == [7]
     assert any("outside the main thread" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("ignored", [signal.SIGINT, signal.SIGTERM])
+def test_red1_a_signal_the_parent_ignores_stays_ignored(tmp_path: Path, ignored: signal.Signals) -> None:
+    """Red team: a shell starts a background job (``app &``) with SIGINT ignored, so that the terminal's Ctrl-C
+    stops only the foreground; asyncio.run keeps a SIGINT that is ignored ignored (its handler goes in only over
+    Python's default one). aioelect.run installed its handler over SIG_IGN: the background leader was stopped."""
+    script = tmp_path / "program.py"
+    script.write_text(PROGRAM)
+    proc = subprocess.Popen(
+        [sys.executable, "-u", str(script), "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(ignored, signal.SIG_IGN),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "started"
+    proc.send_signal(ignored)
+    time.sleep(1.0)
+    running = proc.poll() is None
+    other = signal.SIGTERM if ignored == signal.SIGINT else signal.SIGINT
+    proc.send_signal(other)
+    _, out = finish(proc)
+    assert running, f"{ignored.name}, ignored by the parent, stopped the program: {out}"

@@ -320,3 +320,47 @@ async def test_mysql_pwd_is_never_read(mariadb: MariaDBServer, monkeypatch: pyte
     async with MySQLElector(target, name=unique_name(), password=password) as elector:
         with anyio.fail_after(10):
             await (await elector.acquire()).release()
+
+
+@pytest.mark.parametrize("attempt", range(3))
+async def test_red1_a_killed_shared_session_over_tls_loses_every_leadership_before_another_leads(
+    tls_mariadb: MariaDBServer, certs: Certificates, attempt: int
+) -> None:
+    """Red team: the shared session's end hooks sit on aiomysql's transport protocol; over TLS that is the app
+    protocol of an SSL transport. A KILLed shared session over TLS must still be lost before B takes the lock."""
+    import asyncio
+
+    from aioelect import LossKind, MySQLSession
+
+    slow = {"lease": 10, "check_interval": 3.0, "check_timeout": 0.5, "renew_deadline": 6.0, "poll_interval": 0.3}
+    target = dsn(tls_mariadb, **{"ssl-ca": certs.ca, "ssl-cert": certs.client_cert, "ssl-key": certs.client_key})
+    plain = dsn(tls_mariadb, user="ssl_user", **{"ssl-ca": certs.ca})
+    name = unique_name()
+    seen: list[bool] = []
+    async with (
+        MySQLSession(target, identity="A", **slow) as session,  # type: ignore[arg-type]
+        MySQLElector(plain, name=name, identity="B", **slow) as b,  # type: ignore[arg-type]
+    ):
+        a = MySQLElector(session=session, name=name)
+        async with a:
+            la = await a.acquire()
+
+            async def follow() -> None:
+                _lead = await b.acquire()  # held by this task until it is cancelled
+                seen.append(la.held)
+                await asyncio.sleep(3600)
+
+            task = asyncio.create_task(follow())
+            try:
+                await asyncio.sleep(0.5)
+                conn = session._conn
+                assert conn is not None
+                tls_mariadb.query("KILL %s", (conn.session_id,), database="")
+                with anyio.fail_after(20):
+                    while not seen:
+                        await asyncio.sleep(0.01)
+                assert seen == [False], "A (shared session over TLS) still led when B took the lock"
+                assert la.lost_kind is LossKind.CONNECTION_LOST
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)

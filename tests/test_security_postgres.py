@@ -519,3 +519,47 @@ async def test_tokens_grow_across_a_server_crash(fresh_postgres: PostgresServer)
             last = lead.token
             await anyio.to_thread.run_sync(fresh_postgres.kill)
         await anyio.to_thread.run_sync(fresh_postgres.start)
+
+
+@pytest.mark.parametrize("attempt", range(4))
+async def test_red1_a_terminated_leader_over_tls_is_lost_before_a_waiting_candidate_leads(
+    tls_postgres: PostgresServer, attempt: int
+) -> None:
+    """Red team: the FATAL watch (EndWatch) sits on asyncpg's transport; over TLS that is the SSL transport, and the
+    FATAL arrives as TLS records. A terminated leader over TLS must still be lost before a waiting candidate leads."""
+    import asyncio
+
+    from aioelect import LossKind
+
+    from .test_postgres import holder_pid
+
+    slow = {"check_interval": 5.0, "check_timeout": 4.0, "lease": 20, "poll_interval": 0.3}
+    name = unique_name("pg")
+    seen: list[bool] = []
+    admin = await asyncpg.connect(base(tls_postgres))
+    try:
+        async with (
+            PostgresElector(f"{base(tls_postgres)}?sslmode=require", name=name, identity="A", **slow) as a,
+            PostgresElector(base(tls_postgres), name=name, identity="B", **slow) as b,
+        ):
+            la = await a.acquire()
+
+            async def follow() -> None:
+                lb = await b.acquire()
+                seen.append(la.held)
+                await lb.release()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(follow)
+                await asyncio.sleep(0.5)
+                pid = await holder_pid(admin, name)
+                assert await admin.fetchval("SELECT ssl FROM pg_stat_ssl WHERE pid = $1", pid)
+                assert await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+                with anyio.fail_after(10):
+                    while not seen:
+                        await asyncio.sleep(0.01)
+            assert seen == [False], "A (over TLS) still led when B took the lock: two leaders"
+            assert la.lost_kind is LossKind.CONNECTION_LOST
+            await la.release()
+    finally:
+        await admin.close()

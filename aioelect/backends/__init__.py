@@ -1,7 +1,9 @@
 """One module (or package) per backend: a :class:`aioelect._backend.Backend` and the options it validates.
 
-A backend imports only the protocol and the base modules (``_backend``,
-``_config``, ``_errors``, ``_log``, ``_events``): never the elector layer
-above it, and never another backend. :mod:`aioelect._electors` wires each
-one to an :class:`aioelect.Elector`.
+A backend imports only the protocol (``_backend``) and the base layer below
+it (``_config``, ``_errors``, ``_log``, ``_events``, ``_transitions``,
+``_tasks``, ``_values``): never the elector beside it or anything above, and
+never another backend. The "layers" and "backends-independent" contracts of
+pyproject.toml (``lint-imports``) hold every module to this.
+:mod:`aioelect._electors` wires each backend to an :class:`aioelect.Elector`.
 """

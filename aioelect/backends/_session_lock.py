@@ -262,8 +262,9 @@ class SessionLockOptions(TypedDict, total=False):
     poll_interval: float
     #: Seconds to connect (default 5).
     connect_timeout: float
-    #: Seconds between the leader's lock checks (default 1), and the bound on one (default 2, or less where the
-    #: renew deadline is short: ``(renew_deadline - check_interval) / 2`` if that is at least 0.5).
+    #: Seconds between the leader's lock checks (default 1, a tenth of a shorter lease), and the bound on one
+    #: (default 2, or less where the renew deadline is short: ``(renew_deadline - check_interval) / 2`` if that is
+    #: at least 0.5).
     check_interval: float
     check_timeout: float
     #: Seconds a leader may go without a confirmed check before it fences itself (default: derived from the others).
@@ -326,7 +327,7 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
         raise ValueError(f"fencing must be True or False, not {fencing!r}")
     timing = LockTiming.checked(
         poll_interval=options.get("poll_interval", 2.0),
-        check_interval=options.get("check_interval", 1.0),
+        check_interval=options.get("check_interval"),
         check_timeout=options.get("check_timeout"),
         connect_timeout=options.get("connect_timeout", 5.0),
         lease=options.get("lease", 10),
@@ -355,6 +356,11 @@ class SessionLockHold(Hold, Generic[_C]):
         self._conn = conn
         self.token = token
         self.acquired_at = acquired_at
+
+    @property
+    def session_id(self) -> int:
+        """The server's id of the session that holds the lock (MySQL's connection id, PostgreSQL's pid)."""
+        return int(self._conn.session_id)
 
     async def monitor(self, confirm: Confirm) -> Loss:
         b = self._backend
@@ -821,6 +827,8 @@ class SessionLockBackend(Backend, Generic[_C]):
 
     async def close_observer(self) -> None:
         """Drop the observer connection at once: the campaign that just won waits for this, so no goodbye."""
+        if self._observer is None and not self._observer_lock.locked():
+            return  # none, and no look opening one: nothing to wait for
         async with self._observer_lock:
             if self._observer is not None:
                 observer, self._observer = self._observer, None

@@ -191,6 +191,11 @@ class SharedHold(Hold, Generic[_C]):
     def name(self) -> str:
         return self._backend.name
 
+    @property
+    def session_id(self) -> int:
+        """The server's id of the shared session that holds the lock."""
+        return int(self.conn.session_id)
+
     async def monitor(self, confirm: Confirm) -> Loss:
         b = self._backend
         interval = b.check_interval

@@ -54,9 +54,11 @@ class SqlStateStore(StateStore, Generic[_C]):
 
     @abc.abstractmethod
     async def _transaction(
-        self, conn: _C, token: int, key: str, value: bytes, compare: bool, expected: bytes | None
+        self, conn: _C, token: int, session: int | None, key: str, value: bytes, compare: bool, expected: bytes | None
     ) -> Written:
-        """The fenced write as one transaction, begun and ended (committed or rolled back) here."""
+        """The fenced write as one transaction, begun and ended (committed or rolled back) here: refused unless the
+        token row holds ``token`` and, when ``session`` is known, the election's lock is still held by that
+        session (a candidate that takes no token, ``fencing=False``, leaves the token row as it was)."""
 
     async def _connection(self) -> _C:
         if self._conn is not None and not self._broken(self._conn):
@@ -90,7 +92,9 @@ class SqlStateStore(StateStore, Generic[_C]):
         assert hold.token is not None
         async with self._lock:
             try:
-                return await self._transaction(await self._connection(), hold.token, key, value, compare, expected)
+                session = getattr(hold, "session_id", None)
+                conn = await self._connection()
+                return await self._transaction(conn, hold.token, session, key, value, compare, expected)
             except BaseException as exc:
                 # Whatever the transaction left open ends with the session: nothing half-written commits.
                 self._drop()

@@ -766,13 +766,21 @@ class _MySQLStateStore(SqlStateStore[_MySQLConnection]):
         await conn.write(_STATE_PUT, (self._b.name, key, value.hex(), 0), timeout=self._b.check_timeout)
 
     async def _transaction(
-        self, conn: _MySQLConnection, token: int, key: str, value: bytes, compare: bool, expected: bytes | None
+        self,
+        conn: _MySQLConnection,
+        token: int,
+        session: int | None,
+        key: str,
+        value: bytes,
+        compare: bool,
+        expected: bytes | None,
     ) -> Written:
         timeout, name = self._b.check_timeout, self._b.name
         await conn.scalar("START TRANSACTION", timeout=timeout)
         newest = await conn.scalar(_STATE_TOKEN, (name,), timeout=timeout)
+        holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (name,), timeout=timeout) if session else session
         written = Written.FENCED
-        if newest is not None and int(newest) == token:
+        if newest is not None and int(newest) == token and holder == session:
             written = Written.DONE
             if compare:
                 stored = await conn.scalar(_STATE_VALUE + " FOR UPDATE", (name, key), timeout=timeout)

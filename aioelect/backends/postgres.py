@@ -11,7 +11,11 @@ The lock lives exactly as long as the server session that took it, so:
   locks are per database: every candidate must use the same database;
 * followers wait inside ``pg_advisory_lock(key)`` under ``lock_timeout =
   poll_interval``, so they wake the moment the lock is freed (a release, or
-  the leader's session ending) instead of at their next poll;
+  the leader's session ending) instead of at their next poll. The wait runs
+  in a temporary function of the session (``pg_temp.aioelect_wait``) that
+  returns, at the timeout, the holder instead of an error: one statement per
+  ``poll_interval``, the look at the holder included (a role without TEMP
+  on the database waits with the plain call, and looks after it);
 * the leader confirms on its connection, every ``check_interval``, that
   ``pg_locks`` shows the lock granted to its own ``pg_backend_pid()``; a
   failed, slow or negative check is a loss, and so is the connection closing
@@ -127,12 +131,38 @@ _HELD_EXPR = (
     f"EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE {_LOCK_ROW} AND granted AND pid = pg_catalog.pg_backend_pid())"
 )
 _HELD_BY_ME = f"SELECT {_HELD_EXPR}"
+#: Whether the session with pid $3 holds the election's lock (a fenced state write checks its writer's).
+_HELD_BY_SESSION = f"SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_locks WHERE {_LOCK_ROW} AND granted AND pid = $3)"
 _HOLDER = f"""SELECT l.pid, a.application_name, a.backend_start
 FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'advisory' AND l.database = {_CURRENT_DB} AND l.classid = $1 AND l.objid = $2
   AND l.objsubid = 1 AND l.granted
 LIMIT 1"""
 _LOCK = "SELECT pg_catalog.pg_advisory_lock($1)"
+# A waiter's lock request that returns a value instead of a lock_timeout error, and on a timeout the holder as
+# _HOLDER shows it: one statement per poll_interval, the holder's look included. A temporary function (dropped
+# with the session) needs no privilege but TEMP on the database, granted to PUBLIC by default.
+_WAIT_FUNCTION = f"""CREATE OR REPLACE FUNCTION
+  pg_temp.aioelect_wait(k pg_catalog.int8, c pg_catalog.oid, o pg_catalog.oid)
+RETURNS TABLE (got pg_catalog.bool, pid pg_catalog.int4, application_name pg_catalog.text,
+  backend_start pg_catalog.timestamptz)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $f$
+BEGIN
+  got := false;
+  BEGIN
+    PERFORM pg_catalog.pg_advisory_lock(k);
+    got := true;
+  EXCEPTION WHEN lock_not_available THEN
+    SELECT l.pid, a.application_name, a.backend_start INTO pid, application_name, backend_start
+    FROM pg_catalog.pg_locks l LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.database = {_CURRENT_DB} AND l.classid = c AND l.objid = o
+      AND l.objsubid = 1 AND l.granted
+    LIMIT 1;
+  END;
+  RETURN NEXT;
+END
+$f$"""
+_WAIT = "SELECT got, pid, application_name, backend_start FROM pg_temp.aioelect_wait($1, $2, $3)"
 _UNLOCK = "SELECT pg_catalog.pg_advisory_unlock($1)"
 _TRY_LOCK = "SELECT pg_catalog.pg_try_advisory_lock($1)"
 # The check after a grant and the token in one statement: whether our session holds the lock, and
@@ -264,6 +294,10 @@ class _PostgresConnection(LockConnection):
         self.statements: dict[str, Any] = {}
         #: The leaders table was found usable on this session (checked on it once, before it is first read).
         self.leaders_table_ok = False
+        #: Whether lock requests wait through :data:`_WAIT` (None: not tried yet on this session).
+        self.waits: bool | None = None
+        #: The holder the last lock request that timed out saw (as :data:`_HOLDER`'s row), until it is read.
+        self.seen_holder: Any = None
         #: Set at the first sign of the session's end: the server's FATAL message (sent before it frees the
         #: session's locks), the end of the stream, or asyncpg seeing the connection end (network, our close).
         self.ended = anyio.Event()
@@ -320,9 +354,15 @@ class _PostgresConnection(LockConnection):
         rows: list[Any] = await self._fetch("fetch", sql, args, timeout)
         return rows
 
-    async def fetchrow(self, sql: str, *args: Any, timeout: float) -> Any:  # noqa: ASYNC109
+    async def fetchrow(
+        self,
+        sql: str,
+        *args: Any,
+        timeout: float,  # noqa: ASYNC109
+        pending: Pending = Pending.NOTHING,
+    ) -> Any:
         """``sql``'s first row (None without one), prepared or ad hoc as :meth:`fetchval`."""
-        return await self._fetch("fetchrow", sql, args, timeout)
+        return await self._fetch("fetchrow", sql, args, timeout, pending)
 
     async def _fetch(
         self,
@@ -697,7 +737,32 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
 
     # --- the lock ----------------------------------------------------------------
 
-    async def _request(self, conn: _PostgresConnection) -> bool:
+    async def _request(self, conn: _PostgresConnection, again: bool = True) -> bool:
+        if conn.waits is None:
+            conn.waits = await self._prepare_wait(conn)
+        if conn.waits:
+            try:
+                row = await conn.fetchrow(
+                    _WAIT,
+                    self.key,
+                    self.classid,
+                    self.objid,
+                    timeout=self.poll_interval + self.check_timeout,
+                    pending=Pending.LOCK_REQUEST,
+                )
+            except (asyncpg.UndefinedFunctionError, asyncpg.InvalidSQLStatementNameError):
+                if not again:
+                    raise
+                # The session's temporary function (or its prepared statement) was dropped under it: a
+                # DISCARD, or an operator. Made again once, rather than a refusal that ends the campaign.
+                self.log.info("the session's wait function is gone; making it again")
+                conn.waits = None
+                conn.statements.pop(_WAIT, None)
+                return await self._request(conn, again=False)
+            if row["got"]:
+                return True
+            conn.seen_holder = row
+            return False
         try:
             await conn.fetchval(
                 _LOCK, self.key, timeout=self.poll_interval + self.check_timeout, pending=Pending.LOCK_REQUEST
@@ -706,7 +771,25 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
             return False
         return True
 
+    async def _prepare_wait(self, conn: _PostgresConnection) -> bool:
+        """Create and prepare :data:`_WAIT`'s function on ``conn``: False where the server refuses it.
+
+        A refusal (no TEMP privilege, no plpgsql) leaves the plain wait: a
+        ``pg_advisory_lock`` that ends in a ``lock_timeout`` error, and a look
+        at the holder after it.
+        """
+        try:
+            await conn.execute(_WAIT_FUNCTION, timeout=self.check_timeout)
+            await conn.prepare(_WAIT, timeout=self.check_timeout)
+        except asyncpg.PostgresError as exc:
+            if not conn.leaves_clean(exc):
+                raise
+            self.log.debug("lock requests end in lock_timeout errors: %s", self.describe(exc))
+            return False
+        return True
+
     async def _try_request(self, conn: _PostgresConnection) -> bool:
+        conn.seen_holder = None
         return bool(await conn.fetchval(_TRY_LOCK, self.key, timeout=self.check_timeout, pending=Pending.LOCK_REQUEST))
 
     async def _held(self, conn: _PostgresConnection) -> bool:
@@ -774,7 +857,7 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
         schema = self.schema
         if schema is not None and not conn.leaders_table_ok:  # refused before it is ever read on this session
             conn.leaders_table_ok = await table_usable(conn, schema, self.check_timeout)
-        row = await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
+        row = await self._holder_row(conn)
         if row is None or row["backend_start"] is None or schema is None or not conn.leaders_table_ok:
             return row, None  # nobody leads, not ours to see, or no leaders table (yet)
         holder = await conn.fetchval(
@@ -783,8 +866,24 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
         return row, holder
 
     async def _holder(self, conn: _PostgresConnection) -> Hashable:
-        row = await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
+        row = await self._holder_row(conn)
         return None if row is None else (row["pid"], row["backend_start"])
+
+    async def _holder_row(self, conn: _PostgresConnection) -> Any:
+        """The holder's row (:data:`_HOLDER`'s columns; None: free), in no statement or one.
+
+        None when the lock request that just timed out on ``conn`` saw the
+        holder (:data:`_WAIT`). Else :data:`_HOLDER`, prepared on ``conn`` at
+        its first look: sessions cache no statement
+        (``statement_cache_size=0``), and an ad hoc one is a Parse/Describe
+        round trip before its Bind/Execute.
+        """
+        seen, conn.seen_holder = conn.seen_holder, None
+        if seen is not None:  # the lock request that just timed out saw it (no pid: nobody holds it)
+            return seen if seen["pid"] is not None else None
+        if _HOLDER not in conn.statements:
+            await conn.prepare(_HOLDER, timeout=self.check_timeout)
+        return await conn.fetchrow(_HOLDER, self.classid, self.objid, timeout=self.check_timeout)
 
     async def _unrecorded(self, conn: _PostgresConnection, holder: Any) -> str:
         return str(holder["application_name"]) if holder["application_name"] else f"backend pid {holder['pid']}"
@@ -848,13 +947,23 @@ class _PostgresStateStore(SqlStateStore[_PostgresConnection]):
         await conn.fetchval(self._sql["put"], self._b.name, key, value, 0, timeout=self._b.check_timeout)
 
     async def _transaction(
-        self, conn: _PostgresConnection, token: int, key: str, value: bytes, compare: bool, expected: bytes | None
+        self,
+        conn: _PostgresConnection,
+        token: int,
+        session: int | None,
+        key: str,
+        value: bytes,
+        compare: bool,
+        expected: bytes | None,
     ) -> Written:
         timeout, name = self._b.check_timeout, self._b.name
         await conn.execute("BEGIN", timeout=timeout)
         newest = await conn.fetchval(self._sql["token"], name, timeout=timeout)
+        held = session is None or await conn.fetchval(
+            _HELD_BY_SESSION, self._b.classid, self._b.objid, session, timeout=timeout
+        )
         written = Written.FENCED
-        if newest is not None and int(newest) == token:
+        if newest is not None and int(newest) == token and held:
             written = Written.DONE
             if compare:
                 stored = await conn.fetchval(self._sql["locked"], name, key, timeout=timeout)

@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import datetime
 import logging
-import os
 import signal
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any, cast
@@ -32,10 +31,11 @@ from .._http import BoundedHTTPServer
 from .._requests import request_step_down
 from ..integrations.health import HealthServer
 from ._configure import Config, first_contact
+from ._orphans import reaper
 from ._output import json_line, out
 from ._run import Runner, choose_grace, command_check, serve_health, serve_metrics
 from ._status import EXIT_NO_LEADER, EXIT_NOT_STEPPED_DOWN, BackendError, UsageError
-from ._supervisor import STOP_SIGNALS, child_environment, reap_orphans
+from ._supervisor import STOP_SIGNALS, child_environment
 
 __all__ = ["execute"]
 
@@ -175,7 +175,7 @@ async def execute(
     handled = STOP_SIGNALS if runner is not None else (signal.SIGINT, signal.SIGTERM)
     for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
-    reaper = asyncio.ensure_future(reap_orphans()) if runner is not None and os.getpid() == 1 else None
+    reaping = reaper() if runner is not None else None
     try:
         if runner is not None and args.health_cmd is not None:
             checks_env = child_environment(environ, pass_secrets=args.pass_secret, extra={})
@@ -223,9 +223,9 @@ async def execute(
     finally:
         for sig in handled:
             loop.remove_signal_handler(sig)
-        if reaper is not None:
-            reaper.cancel()
         with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+            if reaping is not None:
+                await reaping.aclose()
             if health is not None:
                 await health.aclose()
             if metrics is not None:

@@ -12,9 +12,10 @@ import os
 
 import anyio
 
+from .._tasks import TaskSet, consume
 from ._shim import descendants, processes
 
-__all__ = ["KILL_WAIT", "SHIMS", "STATES", "reap", "reap_orphans", "start_time", "stat", "strays"]
+__all__ = ["KILL_WAIT", "SHIMS", "STATES", "reap", "reap_orphans", "reaper", "start_time", "stat", "strays"]
 
 #: How long processes killed with SIGKILL get to be gone.
 KILL_WAIT = 2.0
@@ -89,6 +90,15 @@ def reap(pid: int) -> int | None:
 def _zombie_children() -> list[int]:
     me = str(os.getpid()).encode()
     return [pid for pid, fields in processes() if fields[0] == b"Z" and fields[1] == me]
+
+
+def reaper() -> TaskSet:
+    """A task set that reaps orphans (:func:`reap_orphans`) when this process is PID 1, else an empty one: its
+    owner closes it (``await reaper.aclose()``) when it ends."""
+    tasks = TaskSet()
+    if os.getpid() == 1:
+        tasks.start(reap_orphans(), name="aioelect-reap-orphans", on_done=consume)
+    return tasks
 
 
 async def reap_orphans(interval: float = 0.5) -> None:

@@ -27,13 +27,14 @@ import os
 import shlex
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 
-from .._elector import Elector, Leadership
+from .._elector import Elector, Leadership, lock_descriptors
 from .._requests import serve_step_downs
 from .._settings import ENV_IDENTITY, ENV_TOKEN
+from .._tasks import first_of
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
 
@@ -264,7 +265,7 @@ class Runner:
             return None
         try:
             # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
-            self.group = group = await ProcessGroup.start(self.cmd, env, hold=lead._descriptors())
+            self.group = group = await ProcessGroup.start(self.cmd, env, hold=lock_descriptors(lead))
         except FileNotFoundError:
             log.error("CMD not found: %s", self.cmd[0])
             return EXIT_NOT_FOUND
@@ -274,18 +275,15 @@ class Runner:
         log.info("leader (token %s): started %s, pid %d", lead.token, os.path.basename(self.cmd[0]), group.pid)
         if self.signals:  # arrived while CMD was being started
             group.signal(forwarded_signal(self.signals[-1]))
-        lost = asyncio.ensure_future(lead.wait_lost())
-        # `aioelect step-down` asks through the backend; acting on it releases through the keeper.
-        requests = asyncio.ensure_future(serve_step_downs(lead))
         # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
         # lock only once CMD's whole tree is gone (the finally below).
         with lead.guard():
             try:
-                either: set[asyncio.Future[Any]] = {group.exited, lost, requests}
-                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+                # `aioelect step-down` asks through the backend: acting on it releases through the keeper.
+                await first_of(
+                    lambda: asyncio.wait([group.exited]), lead.wait_lost, lambda: serve_step_downs(lead)
+                )
             finally:
-                lost.cancel()
-                requests.cancel()
                 with anyio.CancelScope(shield=True):
                     try:
                         await self._stop_group(lead, group)

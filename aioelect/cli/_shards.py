@@ -39,14 +39,15 @@ from typing import Any
 
 import anyio
 
-from .._elector import Elector, Leadership, current_leadership, default_identity
+from .._elector import Elector, Leadership, current_leadership, default_identity, lock_descriptors
 from .._errors import ElectionError
 from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from .._shards import Shards
 from ._configure import Config, first_contact
+from ._orphans import reaper
 from ._run import choose_grace, forwarded_signal
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
-from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, reap_orphans
+from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment
 
 __all__ = ["MAX_NAMES", "ShardsRunner", "parse_names"]
 
@@ -195,7 +196,7 @@ class ShardsRunner:
             with anyio.CancelScope(shield=True):
                 await probe.aclose()
         loop = asyncio.get_running_loop()
-        reaper = asyncio.ensure_future(reap_orphans()) if os.getpid() == 1 else None
+        reaping = reaper()
         with anyio.CancelScope() as scope:
             for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, self.on_signal, sig, scope)
@@ -210,8 +211,8 @@ class ShardsRunner:
             finally:
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
-                if reaper is not None:
-                    reaper.cancel()
+                with anyio.CancelScope(shield=True):
+                    await reaping.aclose()
         return 128 + self.signals[0] if self.signals else 0
 
     async def _work(self, name: str) -> None:
@@ -233,7 +234,7 @@ class ShardsRunner:
         )
         try:
             # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
-            group = await ProcessGroup.start(self.cmd, env, hold=lead._descriptors())
+            group = await ProcessGroup.start(self.cmd, env, hold=lock_descriptors(lead))
         except FileNotFoundError:
             log.error("CMD not found: %s (exit status %d)", self.cmd[0], EXIT_NOT_FOUND)
             return None

@@ -21,7 +21,9 @@ system-wide on Linux, so the driver compares it with its own clock):
 ``ERROR``      detail = what failed (the slot then idles).
 
 Commands on stdin, one per line: ``release <slot>``, ``campaign <slot>``,
-``add <n>`` (n more slots, which campaign at once), ``quit``. With
+``add <n>`` (n more slots, which campaign at once), ``block <slot> <seconds>``
+(a synchronous ``time.sleep`` on the event loop, between the lines ``BLOCK``
+and ``WOKE``: the blocked-loop scenario), ``quit``. With
 ``--pingpong`` a slot that leads releases at once and campaigns again. With
 ``--spread`` slot *i* campaigns in election ``<name>/<i>`` instead of
 ``<name>`` (one process, many elections: the scale scenario).
@@ -210,6 +212,11 @@ async def _read_commands(slots: list[_Slot], spawn: Callable[[], _Slot]) -> None
         if verb == "add":
             for _ in range(int(arg)):
                 spawn().want_campaign.set()
+        elif verb == "block":
+            index, _, seconds = arg.partition(" ")
+            _emit("BLOCK", int(index), seconds)
+            time.sleep(float(seconds))  # noqa: ASYNC251 - the application's synchronous call: the loop stops
+            _emit("WOKE", int(index))
         elif verb in ("release", "campaign") and arg.isdigit() and int(arg) < len(slots):
             slot = slots[int(arg)]
             (slot.want_release if verb == "release" else slot.want_campaign).set()

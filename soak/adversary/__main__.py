@@ -18,6 +18,7 @@ import anyio
 from .run import Outcome, run_seed
 from .servers import SERVERS, Target
 from .shards import run_shards
+from .stops import STOP_BACKENDS, run_stops
 
 _NS = 1_000_000_000
 
@@ -44,6 +45,8 @@ def describe(outcome: Outcome, trace: float = 0.0, *, full: bool = False) -> str
 
 async def _main(args: argparse.Namespace) -> int:
     backends = list(SERVERS) if args.backend == "all" else [args.backend]
+    if args.stops:
+        backends = [b for b in backends if b in STOP_BACKENDS]
     first = args.seed if args.seed is not None else random.randrange(1_000_000)
     failed = 0
     for backend in backends:
@@ -56,6 +59,8 @@ async def _main(args: argparse.Namespace) -> int:
                 target.name = f"adversary-{seed}"
                 if args.shards:
                     outcome = await run_shards(target, seed, args.seconds, instances=args.electors)
+                elif args.stops:
+                    outcome = await run_stops(target, seed, args.seconds, supervisors=args.electors)
                 else:
                     outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
                 print(describe(outcome, args.trace, full=args.full_trace), flush=True)
@@ -76,6 +81,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--electors", type=int, default=None, help="default: 3 to 6, drawn by each seed")
     parser.add_argument(
         "--shards", action="store_true", help="Shards instances owning 8 names (soak/adversary/shards.py)"
+    )
+    parser.add_argument(
+        "--stops",
+        action="store_true",
+        help="aioelect run supervisors, every process of theirs stopped and continued (soak/adversary/stops.py)",
     )
     parser.add_argument("--trace", type=float, default=10.0, help="seconds of trace shown before a violation")
     parser.add_argument("--full-trace", action="store_true", help="the whole trace of every seed")

@@ -6,7 +6,8 @@ does "leader work" every ``--act-interval`` seconds: it first reads
 SIGSTOP shows ``held: false`` before anything else), then checks that it still
 holds leadership and prints an ``act`` event. Every event is one JSON line on
 stdout with ``time.monotonic()`` (CLOCK_MONOTONIC is system-wide on Linux, so
-the test process can compare events from several candidates).
+the test process can compare events from several candidates) as ``t``, and
+CLOCK_MONOTONIC_RAW as ``raw``.
 
 Events: ``ready``, ``lead`` (token), ``tick`` (token, held), ``act`` (token),
 ``lost`` (reason).
@@ -27,7 +28,9 @@ from aioelect import LeadershipLost, leadership
 
 
 def emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, "t": time.monotonic(), **fields}), flush=True)
+    # "raw": CLOCK_MONOTONIC_RAW too, for a test that makes this process's CLOCK_MONOTONIC run slow.
+    now = {"t": time.monotonic(), "raw": time.clock_gettime(time.CLOCK_MONOTONIC_RAW)}
+    print(json.dumps({"event": event, **now, **fields}), flush=True)
 
 
 async def main() -> None:

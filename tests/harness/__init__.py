@@ -12,6 +12,8 @@ Nothing here ships in the wheel; users test their code with
 * :mod:`.downgrade` -- :class:`DowngradeProxy`, which strips TLS from a MySQL or
   PostgreSQL connection's opening.
 * :mod:`.certificates` -- :class:`Certificates`, a throwaway CA for TLS tests.
+* :mod:`.clock` -- :class:`~.clock.SkewedClock`, a wall clock stepped and a monotonic
+  clock slowed in the processes started on it (an ``LD_PRELOAD`` library built with gcc).
 * :mod:`.processes` -- children that die with the test process, bounded waits.
 * :mod:`.binaries` -- finding server executables; which etcd runs
   (``AIOELECT_TEST_ETCD_DIR``, ``AIOELECT_TEST_ETCD_VERSION``).

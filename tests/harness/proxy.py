@@ -33,6 +33,7 @@ class _Pair:
         "client_eof",
         "client_shut",
         "connecting",
+        "source",
         "u2c",
         "u2c_late",
         "upstream",
@@ -40,8 +41,9 @@ class _Pair:
         "upstream_shut",
     )
 
-    def __init__(self, client: socket.socket) -> None:
+    def __init__(self, client: socket.socket, source: str) -> None:
         self.client = client
+        self.source = source  # the client's address
         self.upstream: socket.socket | None = None
         self.connecting = False
         self.c2u = bytearray()
@@ -78,6 +80,8 @@ class TCPProxy:
       byte moves in either direction; new connections are accepted (the
       kernel completes the handshake) and then hang too.  Nothing is lost:
       buffered bytes flow again after :meth:`heal`.
+    * :meth:`stall_from` -- :meth:`stall` for the connections from some client
+      addresses only (a client bound to 127.0.0.2, say); the rest pass.
     * :meth:`drop` -- every current connection is reset (RST on both sides),
       and new connections are accepted and immediately reset.
     * :meth:`delay` -- forward bytes both ways, each chunk held for the
@@ -109,6 +113,7 @@ class TCPProxy:
         self._pairs: list[_Pair] = []
         self._mode = "passthrough"
         self._delay = 0.0
+        self._stalled_sources: frozenset[str] = frozenset()
         self._commands: queue.SimpleQueue[tuple[Callable[[], None], threading.Event]] = queue.SimpleQueue()
         self._closed = False
         self._stopping = False
@@ -167,6 +172,11 @@ class TCPProxy:
         """Keep connections open but forward nothing (silent partition)."""
         self._call(lambda: self._set_mode("stall"))
 
+    def stall_from(self, *hosts: str) -> None:
+        """Forward the connections of every client but those from ``hosts`` (its address), which stay open and
+        silent as in :meth:`stall`: a partition of some clients only. :meth:`heal` ends it."""
+        self._call(lambda: self._set_mode("passthrough", stalled=frozenset(hosts)))
+
     def drop(self) -> None:
         """Reset all connections now and reset new ones until healed."""
         self._call(lambda: self._set_mode("drop"))
@@ -214,9 +224,10 @@ class TCPProxy:
     def _request_stop(self) -> None:
         self._stopping = True
 
-    def _set_mode(self, mode: str, delay: float = 0.0) -> None:
+    def _set_mode(self, mode: str, delay: float = 0.0, stalled: frozenset[str] = frozenset()) -> None:
         self._mode = mode
         self._delay = delay
+        self._stalled_sources = stalled
         if delay == 0.0:
             self._release_due(float("inf"))
         if mode == "drop":
@@ -289,8 +300,8 @@ class TCPProxy:
             buf += data
 
     def _update_interest(self) -> None:
-        passing = self._mode == "passthrough"
         for pair in list(self._pairs):
+            passing = self._mode == "passthrough" and pair.source not in self._stalled_sources
             if passing and pair.upstream is None:
                 if pair.client_eof and not pair.c2u and not pair.c2u_late:
                     self._finish(pair)
@@ -320,7 +331,7 @@ class TCPProxy:
     def _accept(self) -> None:
         for _ in range(64):
             try:
-                client, _addr = self._listener.accept()
+                client, addr = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -331,7 +342,7 @@ class TCPProxy:
             client.setblocking(False)
             with contextlib.suppress(OSError):
                 client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._pairs.append(_Pair(client))
+            self._pairs.append(_Pair(client, addr[0]))
 
     def _half_close(self, pair: _Pair) -> None:
         if pair.upstream is None or pair.connecting:
@@ -348,7 +359,7 @@ class TCPProxy:
             self._finish(pair)
 
     def _handle(self, pair: _Pair, sock: socket.socket, mask: int) -> None:
-        if pair not in self._pairs or self._mode != "passthrough":
+        if pair not in self._pairs or self._mode != "passthrough" or pair.source in self._stalled_sources:
             return
         is_client = sock is pair.client
         if not is_client and pair.connecting:

@@ -119,6 +119,7 @@ class EtcdBackend(Election):
         )
         return (
             f"ttl={self.ttl}s{self.leases.describe} keep-alive every {self.keepalive_interval:.3g}s "
+            f"(every {self.settings.lead_interval:.3g}s while leading) "
             f"(timeout {self.session_keepalive_timeout:.3g}s) renew_deadline={self._renew_deadline:.3g}s "
             f"connect_timeout={self.connect_timeout:g}s endpoints={self.conn.describe()}: "
             f"a resigning leader is replaced at once, a crashed or cut-off one after about {self.ttl}s "

@@ -78,7 +78,7 @@ class EtcdHold(Hold):
 
     async def monitor(self, confirm: Confirm) -> Loss:
         session = self._session
-        session.listeners.add(confirm)
+        session.follow(confirm)
         failed = self._backend.report_retried
         session.failure_listeners.add(failed)
         if session.confirmed_at > self.acquired_at:

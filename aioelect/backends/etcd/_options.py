@@ -28,7 +28,8 @@ MIN_TTL = 2
 class EtcdSessionOptions(TypedDict, total=False):
     """How to reach etcd and keep a session's lease alive: the options of :class:`~aioelect.EtcdSession`."""
 
-    #: The session lease in whole seconds, from 2 to 9000000000 (default 5); keep-alives go out every ``ttl / 3``.
+    #: The session lease in whole seconds, from 2 to 9000000000 (default 5); keep-alives go out every ``ttl / 3``,
+    #: every ``ttl / 12`` while a leadership is held on the session.
     ttl: int
     #: etcd credentials: both or neither.
     username: str | None
@@ -145,9 +146,23 @@ class EtcdSettings:
         return self.ttl / 3
 
     @property
+    def lead_interval(self) -> float:
+        """Seconds between two keep-alives of a session while a leadership is held on it: ``ttl / 12``.
+
+        A leader whose event loop blocks for ``B`` seconds keeps its leadership
+        while ``lead_interval + B + one round trip < renew_deadline``: the last
+        acknowledged keep-alive is at most ``lead_interval`` old when the block
+        starts, and the first one after it is sent on waking. At the default
+        ``renew_deadline`` (``2 * ttl / 3``) that is ``B < ttl / 2 + ttl / 12 -
+        round trip``: half the lease, with ``ttl / 12`` for the round trip.
+        Waiting candidates keep :attr:`keepalive_interval`.
+        """
+        return self.ttl / 12
+
+    @property
     def keepalive_timeout(self) -> float:
-        """Bound on one keep-alive: half the slack between two keep-alives and the deadline, so a slow one is
-        retried in time."""
+        """Bound on one keep-alive: half the slack between two keep-alives at the waiting cadence and the
+        deadline, so a slow one is retried in time."""
         interval = self.keepalive_interval
         return max(0.1, min(interval, self.renew_deadline - interval) / 2)
 

@@ -43,9 +43,13 @@ class Session:
       reports it expired or revoked, or no keep-alive succeeded for ``ttl``
       seconds;
     * every callable in ``listeners`` (one per leadership held on the
-      session) is called with the send time of every acknowledged keep-alive,
-      and every one in ``failure_listeners`` with why a keep-alive that is
-      retried failed;
+      session, added with :meth:`follow`) is called with the send time of
+      every acknowledged keep-alive, and every one in ``failure_listeners``
+      with why a keep-alive that is retried failed;
+    * keep-alives go out ``interval`` after the last acknowledged one was
+      sent, ``lead_interval`` while a leadership is held on the session (from
+      the moment :meth:`follow` is called): a leader's last confirmation is
+      never older than ``lead_interval`` when its event loop blocks;
     * after :meth:`close` nothing of the session runs and its lease is revoked
       (or, if etcd cannot be reached, expires by itself).
     """
@@ -58,6 +62,7 @@ class Session:
         *,
         confirmed_at: float,
         interval: float,
+        lead_interval: float | None = None,
         keepalive_timeout: float,
         request_timeout: float,
     ) -> None:
@@ -66,6 +71,7 @@ class Session:
         self.ttl = ttl
         self.confirmed_at = confirmed_at
         self.interval = interval
+        self.lead_interval = interval if lead_interval is None else lead_interval
         self.keepalive_timeout = keepalive_timeout
         self.request_timeout = request_timeout
         self.done = anyio.Event()
@@ -75,6 +81,8 @@ class Session:
         self.listeners: set[Confirm] = set()
         #: Told of each keep-alive that failed and is retried (one per leadership held on the session).
         self.failure_listeners: set[Callable[[str], None]] = set()
+        #: What the keep-alive loop sleeps on: woken early when a leadership starts, to take up its cadence at once.
+        self._sleep: asyncio.Future[None] | None = None
         #: The keep-alive loop: owned by the session, stopped and awaited by stop().
         self._tasks = TaskSet()
         self._closed = False
@@ -84,7 +92,14 @@ class Session:
 
     @classmethod
     async def grant(
-        cls, conn: Connection, ttl: int, *, interval: float, keepalive_timeout: float, request_timeout: float
+        cls,
+        conn: Connection,
+        ttl: int,
+        *,
+        interval: float,
+        lead_interval: float | None = None,
+        keepalive_timeout: float,
+        request_timeout: float,
     ) -> Session:
         """Grant a lease and start keeping it alive.
 
@@ -132,6 +147,7 @@ class Session:
             ttl,
             confirmed_at=sent,
             interval=interval,
+            lead_interval=lead_interval,
             keepalive_timeout=keepalive_timeout,
             request_timeout=request_timeout,
         )
@@ -147,6 +163,7 @@ class Session:
             conn,
             settings.ttl,
             interval=settings.keepalive_interval,
+            lead_interval=settings.lead_interval,
             keepalive_timeout=settings.keepalive_timeout,
             request_timeout=settings.connect_timeout,
         )
@@ -166,6 +183,32 @@ class Session:
             self.kind = kind
             self.conn.log.debug("session %x ended: %s", self.lease_id, reason)
         self.done.set()
+
+    def follow(self, confirm: Confirm) -> None:
+        """Add a leadership's ``confirm`` to :attr:`listeners`; keep-alives go out every ``lead_interval`` from now."""
+        self.listeners.add(confirm)
+        if self._sleep is not None:
+            _wake(self._sleep)
+
+    @property
+    def cadence(self) -> float:
+        """Seconds from one acknowledged keep-alive's send to the next send: shorter while a leadership is held."""
+        return self.lead_interval if self.listeners else self.interval
+
+    async def _until(self, due: float | None) -> None:
+        """Sleep until ``due`` (None: ``cadence`` after the last acknowledged keep-alive), re-reading the cadence
+        when a leadership starts."""
+        # A future and a timer, as asyncio.sleep is: every waiting candidate's session sleeps here, so no
+        # costlier primitive (an event in a cancel scope costs four times as much).
+        loop = asyncio.get_running_loop()
+        while (left := (due if due is not None else self.confirmed_at + self.cadence) - monotonic()) > 0:
+            sleep = self._sleep = loop.create_future()
+            timer = loop.call_later(left, _wake, sleep)
+            try:
+                await sleep
+            finally:
+                timer.cancel()
+                self._sleep = None
 
     def _confirmed(self, sent: float) -> None:
         if sent > self.confirmed_at:
@@ -195,16 +238,16 @@ class Session:
 
     async def _keep_alive(self) -> None:
         backoff = Backoff(first=min(0.05, self.interval / 4), maximum=self.interval / 2)
-        next_at = self.confirmed_at + self.interval
+        retry_at: float | None = None
         while True:
-            await anyio.sleep(max(0.0, next_at - monotonic()))
+            await self._until(retry_at)
             left = self.confirmed_at + self.ttl - monotonic()
             if left <= 0:
                 self._end(f"no keep-alive succeeded for {self.ttl}s: the lease may have expired", LossKind.EXPIRED)
                 return
             try:
                 with anyio.fail_after(left):
-                    sent = await self.keepalive()
+                    await self.keepalive()
             except SessionEnded:
                 return
             except ElectionError as exc:
@@ -223,10 +266,10 @@ class Session:
                 )
                 for failed in list(self.failure_listeners):
                     failed(f"keep-alive of lease {self.lease_id:x} failed ({str(exc) or 'timed out'})")
-                next_at = monotonic() + delay
+                retry_at = monotonic() + delay
                 continue
             backoff.reset()
-            next_at = sent + self.interval
+            retry_at = None
 
     async def wait_ended(self) -> str:
         """Return the reason once the session has ended."""
@@ -252,6 +295,11 @@ class Session:
         self._closed = True
         with anyio.move_on_after(self.request_timeout):
             await _revoke(self.conn, self.lease_id, self.request_timeout)
+
+
+def _wake(sleep: asyncio.Future[None]) -> None:
+    if not sleep.done():
+        sleep.set_result(None)
 
 
 def connect(settings: EtcdSettings, log: Callable[[], ElectionLog]) -> Connection:

@@ -11,13 +11,21 @@ Guarantees:
   owner prefix: a key deleted, expired or changed by anyone else is a loss,
   seen within ``check_interval`` (plus ``check_timeout``);
 * a release deletes the key only if it is ours and publishes on the
-  election's channel, which every waiting candidate is subscribed to: the
-  next one tries at once; after a crash the key expires within ``lease``;
-* tokens never go back: before a campaign the server's persistence is read
+  election's channel, which every waiting candidate is subscribed to (one
+  subscription per elector, kept across campaigns): the next one tries at
+  once (a key deleted by anyone else is published by the leader's next
+  renew, or its release); after a crash the key expires within ``lease``,
+  and a waiter, which
+  sleeps until the key can have expired and then reads its expiry
+  (``PTTL``), tries once it has; a releaser that campaigns again lets a
+  waiter go first (it waits for a grant to be published, at most
+  ``min(2 * poll_interval, 0.25 s)``);
+* tokens never go back: every campaign try reads the server's persistence
   (``INFO``: the append-only file; ``appendfsync`` by ``CONFIG GET`` or as
-  the URL states it; ``WAITAOF`` on 7.2+) and a server that could lose the
-  last ``INCR`` in a crash is refused unless ``volatile_tokens=True``
-  (logged at WARNING);
+  the URL states it; ``WAITAOF`` on 7.2+) in the round trip of its acquire
+  script, on a new connection also before it, and a grant on a server that
+  could lose the last ``INCR`` in a crash is withdrawn and refused unless
+  ``volatile_tokens=True`` (logged at WARNING);
 * the same reads find the settings that could let the key go before its
   expiry or keep renews from coming in time (an eviction
   ``maxmemory-policy``, a short ``timeout``: see :mod:`._bounds`); a server
@@ -34,8 +42,9 @@ Guarantees:
   only on the same condition (see :class:`RedisHold`), so a master cut off
   from Sentinel or the cluster bus stops confirming its leader once a
   replica is promoted;
-* every campaign try and every renew read ``ROLE``: a server that is not a
-  master never grants nor confirms; through Sentinel a grant stands only
+* every campaign try and every renew read ``ROLE``, and the acquire script
+  reads the role before it writes: a server that is not a master never
+  grants nor confirms; through Sentinel a grant stands only
   once a majority of the configured sentinels (with one configured, that
   one), asked after its ``WAIT``, answer and name the master, none holding
   it down, and a waiting candidate moves to the master the sentinels name;
@@ -130,6 +139,13 @@ def _command(client: Redis, *args: str | int) -> Awaitable[Any]:
 #: Read after each renew: whether the server is a master, and every replica it knows of.
 _ROLE_AND_INFO: tuple[tuple[str, ...], ...] = (("ROLE",), ("INFO", "replication"))
 
+#: The most messages a campaign drops from its kept subscription before its first try (those published while it
+#: led: its own grant and release).
+_DRAINED = 16
+
+#: Upper bound on how long a new campaign lets waiters go first after this elector's own release.
+_MAX_HANDOVER = 0.25
+
 #: The sentinels have not answered (yet): no opinion on the master.
 _UNKNOWN = object()
 
@@ -196,6 +212,17 @@ def _known_replicas(info: Any) -> frozenset[str]:
         if isinstance(value, dict) and "ip" in value and "port" in value:
             known.add(f"{value['ip']}:{value['port']}")
     return frozenset(known)
+
+
+def _info_fields(info: Any) -> dict[str, str]:
+    """The ``field:value`` lines of an ``INFO`` reply read raw (a pipelined read), as text."""
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon and not key.startswith("#"):
+            fields[key] = value.strip()
+    return fields
 
 
 def _all_replicas(role: Any, info: Any) -> frozenset[str] | None:
@@ -338,6 +365,8 @@ class RedisHold(Hold):
                 freed = await b.run_script(b.lock_client(), RELEASE, self.owner, b.settings.channel)
                 if not freed:
                     b.log.debug("release: the lock key was not ours any more")
+                else:
+                    b.released(int(freed) - 1)
                 return
             except Exception as exc:
                 b.log.debug("release failed (%s); the key expires within the lease", b.describe(exc))
@@ -371,12 +400,24 @@ class RedisBackend(Backend):
         self._lock: Redis | None = None
         self._look: Redis | None = None
         self._state: Redis | None = None
+        #: The lock client whose server's settings and role were read and allowed, before any script on it.
+        self._checked: Redis | None = None
+        #: Until when a new campaign lets waiters go first after this elector's release (monotonic; 0: no wait),
+        #: and at most how long: as the file backend's handover.
+        self._first_try_after = 0.0
+        self._handover = min(2 * settings.timing.poll_interval, _MAX_HANDOVER)
+        #: The last message a new campaign read from its kept subscription (None: none).
+        self._last_published: str | None = None
+        #: The campaigns' subscription and its client, kept across campaigns (see :meth:`_subscription`).
+        self._sub: tuple[Redis, PubSub] | None = None
         self._version: tuple[int, ...] | None = None
         self._volatile_warned = False
         self._unchecked_warned = False
         self._failover_warned = False
         self._assumed_logged = False
         self._config_denied = False
+        #: Whether writes need ``WAITAOF`` to be fsynced, as the last settings read said (fenced state's writes too).
+        self._waitaof = False
         self._closed = False
         self._sentinels: dict[int, list[Redis]] = {}
         self._masters_named: set[str] = set()
@@ -618,7 +659,7 @@ class RedisBackend(Backend):
         keys = (self.settings.lock_key, self.settings.token_key)
         wanted = self.settings.min_replicas
         timeout_ms = max(1, round(self.timing.check_timeout * 500))
-        script: tuple[str | int, ...] = ("EVALSHA", _SHA[RENEW], 2, *keys, owner, self.lease_ms)
+        script: tuple[str | int, ...] = ("EVALSHA", _SHA[RENEW], 2, *keys, owner, self.lease_ms, self.settings.channel)
         waited: tuple[tuple[str | int, ...], ...] = (("WAIT", max(wanted, expect), timeout_ms),) if wanted else ()
 
         async def exchange() -> list[Any]:
@@ -747,23 +788,35 @@ class RedisBackend(Backend):
 
     # --- durability of the tokens -----------------------------------------------------
 
-    async def _persistence(self, client: Redis) -> tuple[bool, str]:
-        """(whether ``WAITAOF`` must confirm each grant, why tokens are not durable or ""), read from the server.
+    def _settings_reads(self) -> tuple[tuple[str, ...], ...]:
+        """What every campaign try reads beside its acquire script, in the same round trip: ``INFO`` (the version,
+        whether the append-only file is on, the eviction settings) and, unless the URL states them or this user was
+        denied it, ``CONFIG GET appendfsync timeout``. A user allowed ``CONFIG GET`` can read the server's passwords
+        too, so the documented ACL denies it: asked until the first denial (each is an entry in the ACL LOG)."""
+        reads: list[tuple[str, ...]] = [("INFO", "server", "persistence", "memory")]
+        stated = dict(self.settings.assume_config)
+        unread = [key for key in CONFIG_READ if key not in stated]
+        if unread and not self._config_denied:
+            reads.append(("CONFIG", "GET", *unread))
+        return tuple(reads)
 
-        ``INFO`` gives the version, whether the append-only file is on and the eviction settings; ``CONFIG GET``
-        only ``appendfsync`` and ``timeout``, and only when the URL does not state them (``assume_appendfsync``,
-        ``assume_timeout``): a user allowed ``CONFIG GET`` can read the server's passwords too, so the documented
-        ACL denies it. PermanentBackendError if a server setting could let the key go before its expiry, or keep a
-        healthy leader's renews from coming in time (:func:`._bounds.config_problem`).
+    def _judge_settings(self, replies: list[Any]) -> bool:
+        """Whether the grant needs ``WAITAOF``, from the replies to :meth:`_settings_reads`.
+
+        PermanentBackendError if a server setting could let the key go before its expiry, or keep a healthy
+        leader's renews from coming in time (:func:`._bounds.config_problem`), or if tokens cannot be durable
+        (unless ``volatile_tokens``, then logged once at WARNING).
         """
-        info = await self.send("read persistence", lambda: _command(client, "INFO", "server", "persistence", "memory"))
-        info = info if isinstance(info, dict) else {}
-        version = str(info.get("redis_version", "0"))
+        info = replies[0]
+        if isinstance(info, Exception):
+            raise info
+        fields = _info_fields(info)
+        version = fields.get("redis_version", "0")
         self._version = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
         config = {
-            "appendonly": "yes" if str(info.get("aof_enabled")) == "1" else "no",
-            "maxmemory": str(info.get("maxmemory", "0")),
-            "maxmemory-policy": str(info.get("maxmemory_policy", "noeviction")),
+            "appendonly": "yes" if fields.get("aof_enabled") == "1" else "no",
+            "maxmemory": fields.get("maxmemory", "0"),
+            "maxmemory-policy": fields.get("maxmemory_policy", "noeviction"),
         }
         stated = dict(self.settings.assume_config)
         if stated and not self._assumed_logged:
@@ -772,12 +825,12 @@ class RedisBackend(Backend):
                 "not read from the server, as the URL states them: %s",
                 ", ".join(f"{key} {value}" for key, value in stated.items()),
             )
-        unread = [key for key in CONFIG_READ if key not in stated]
-        if unread and not self._config_denied:
-            try:
-                reply = await self.send("read settings", lambda: _command(client, "CONFIG", "GET", *unread))
-            except rexc.NoPermissionError:
-                self._config_denied = True  # asked once per elector: each denial is an entry in the ACL LOG
+        if len(replies) > 1:
+            reply = replies[1]
+            if isinstance(reply, rexc.NoPermissionError):
+                self._config_denied = True
+            elif isinstance(reply, Exception):
+                raise reply
             else:
                 pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=False)
                 config.update({str(k): str(v) for k, v in pairs})
@@ -792,11 +845,16 @@ class RedisBackend(Backend):
         problem = config_problem(config, self.timing, server=self.settings.url)
         if problem is not None:
             raise PermanentBackendError(problem)
-        waitaof = self._version >= (7, 2)
+        self._waitaof = self._judge_fsync(config)
+        return self._waitaof
+
+    def _judge_fsync(self, config: dict[str, str]) -> bool:
+        """Whether a write needs ``WAITAOF`` under ``config``; PermanentBackendError if tokens cannot be durable."""
+        waitaof = (self._version or ()) >= (7, 2)
         if config["appendonly"] == "yes" and config.get("appendfsync") == "always":
-            return False, ""
+            return False
         if waitaof and config["appendonly"] == "yes":
-            return True, ""
+            return True
         if config["appendonly"] != "yes":
             why = "the server runs without the append-only file (appendonly no)"
         elif "appendfsync" not in config:
@@ -806,14 +864,6 @@ class RedisBackend(Backend):
             )
         else:
             why = f"the append-only file is synced {config.get('appendfsync')!r}, not 'always'"
-        return False, why
-
-    async def _durable(self, client: Redis) -> bool:
-        """Whether grants need ``WAITAOF``; PermanentBackendError when tokens cannot be durable (unless
-        volatile_tokens)."""
-        waitaof, why = await self._persistence(client)
-        if not why:
-            return waitaof
         what = (
             f"{why} (Redis {'.'.join(map(str, self._version or ())) or 'version unknown'}; WAITAOF needs 7.2): "
             "a server crash can lose the last token increment, and the next leader would get a token already "
@@ -857,61 +907,102 @@ class RedisBackend(Backend):
             )
         return after
 
+    async def confirm_state_write(self, client: Redis) -> None:
+        """A fenced state write just done on ``client``, confirmed as a grant is (:meth:`_confirm_write`): fsynced
+        when the settings need ``WAITAOF``, and with ``min_replicas`` on every replica a failover could promote, so
+        that a failover that keeps the token keeps the value too. Raises if not confirmed (the write may stand)."""
+        await self._confirm_write(client, self._waitaof)
+
     async def _replicas_known(self, client: Redis) -> frozenset[str] | None:
         """Every replica the master knows of (``ROLE`` and ``INFO replication``), or None if it is not a master."""
         role = await self.send("read role", lambda: _command(client, "ROLE"))
         info = await self.send("read replication", lambda: _command(client, "INFO", "replication"))
         return _all_replicas(role, info)
 
-    async def _replication(self, client: Redis) -> None:
-        """The connect-time replication check: a server whose ``ROLE`` is not master raises :class:`_NotMaster`
-        (transient: the retry asks again), and a user denied ``ROLE`` (which every renew sends) is refused here;
-        ``min_replicas=0`` through Sentinel or on a Redis Cluster is logged once at WARNING, with what the server's
-        ``min-replicas-to-write`` (seen in ``INFO replication``) bounds."""
-        role = await self.send("read role", lambda: _command(client, "ROLE"))
+    def _judge_role(self, role: Any) -> None:
+        """A try's ``ROLE`` reply: a user denied ``ROLE`` (which every renew sends) is refused here, before it leads;
+        a server that is not a master raises :class:`_NotMaster` (transient: the retry's new connection asks again)."""
+        if isinstance(role, Exception):
+            raise role
         if _replica_set(role) is None:
             shown = role[0] if isinstance(role, list) and role else role
             raise _NotMaster(f"the server is a {shown}, not a master")
+
+    async def _warn_failover(self, client: Redis) -> None:
+        """``min_replicas=0`` through Sentinel or on a Redis Cluster is logged once at WARNING, with what the
+        server's ``min-replicas-to-write`` (seen in ``INFO replication``) bounds."""
         failover = bool(self.settings.sentinels or self.settings.cluster_nodes)
-        if failover and not self.settings.min_replicas and not self._failover_warned:
-            self._failover_warned = True
-            info = await self.send("read replication", lambda: _command(client, "INFO", "replication"))
-            guarded = isinstance(info, dict) and "min_slaves_good_slaves" in info  # only with min-replicas-to-write
-            self.log.warning(
-                "min_replicas=0 %s: a renew is not confirmed by any replica, so a master cut off from %s keeps "
-                "accepting the leader's renews after a replica is promoted, and two leaders can act until the old "
-                "master is demoted%s; pass min_replicas=1 or more",
-                "through Sentinel" if self.settings.sentinels else "on a Redis Cluster",
-                "the sentinels" if self.settings.sentinels else "the cluster bus",
-                " or refuses writes (its min-replicas-to-write stops them min-replicas-max-lag seconds after its "
-                "replicas left)"
-                if guarded
-                else "",
-            )
+        if not failover or self.settings.min_replicas or self._failover_warned:
+            return
+        self._failover_warned = True
+        info = await self.send("read replication", lambda: _command(client, "INFO", "replication"))
+        guarded = isinstance(info, dict) and "min_slaves_good_slaves" in info  # only with min-replicas-to-write
+        self.log.warning(
+            "min_replicas=0 %s: a renew is not confirmed by any replica, so a master cut off from %s keeps "
+            "accepting the leader's renews after a replica is promoted, and two leaders can act until the old "
+            "master is demoted%s; pass min_replicas=1 or more",
+            "through Sentinel" if self.settings.sentinels else "on a Redis Cluster",
+            "the sentinels" if self.settings.sentinels else "the cluster bus",
+            " or refuses writes (its min-replicas-to-write stops them min-replicas-max-lag seconds after its "
+            "replicas left)"
+            if guarded
+            else "",
+        )
 
     # --- campaign ---------------------------------------------------------------------
 
     async def _try(self, client: Redis, owner: str, identity: str) -> tuple[RedisHold | None, str | None, int]:
-        """One acquire script: (the hold or None, the key's value, its PTTL in ms)."""
-        waitaof = await self._durable(client)
-        await self._replication(client)
+        """One campaign try: (the hold or None, the key's value, its PTTL in ms).
+
+        One round trip: the server's settings (:meth:`_settings_reads`), ``ROLE`` and the acquire script, sent
+        together. A grant stands only once the settings read with it allow it (else the key is withdrawn and the
+        refusal raised); the script itself grants only on a master. The first try on a connection reads the
+        settings and ``ROLE`` alone first.
+        """
+        await self._warn_failover(client)
+        reads = self._settings_reads()
+        if self._checked is not client:
+            # A new connection: its server's settings and role are read first, so that a server refused by them
+            # is never sent a write; from then on they are read again with every script.
+            checked = await self.send("read persistence", lambda: self._pipelined(client, *reads, ("ROLE",)))
+            self._judge_settings(checked[:-1])
+            self._judge_role(checked[-1])
+            self._checked = client
+            reads = self._settings_reads()  # a CONFIG GET denied just now is not asked again
         # Asked before the script too: a master they do not name (yet) is not sent an INCR that would be withdrawn.
         await self._still_named(client, required=True)
+        args = (self.settings.lock_key, self.settings.token_key, owner, identity, self.lease_ms, self.settings.channel)
+
+        async def exchange() -> list[Any]:
+            replies = await self._pipelined(client, *reads, ("ROLE",), ("EVALSHA", _SHA[ACQUIRE], 2, *args))
+            if isinstance(replies[-1], rexc.NoScriptError):
+                replies = await self._pipelined(client, *reads, ("ROLE",), ("EVAL", ACQUIRE, 2, *args))
+            return replies
+
         sent = monotonic()
-        token, value, pttl = self._acquire_reply(
-            await self.run_script(client, ACQUIRE, owner, identity, self.lease_ms, self.settings.channel)
-        )
+        replies = await self.send("acquire", exchange)
         _cancel_if_swallowed()  # never a grant to a cancelled task: the caller withdraws the key
-        if not token:
-            return None, value, int(pttl)
+        granted = False
         try:
+            reply = replies[-1]
+            if isinstance(reply, Exception):
+                raise reply
+            token, value, pttl = self._acquire_reply(reply)
+            granted = token > 0
+            waitaof = self._judge_settings(replies[: len(reads)])
+            self._judge_role(replies[len(reads)])
+            if token < 0:
+                raise _NotMaster(f"the server is a {value}, not a master")
+            if not token:
+                return None, value, pttl
             replicas = await self._confirm_write(client, waitaof)
             await self._still_named(client, required=True)
         except BaseException:
-            await self._withdraw(owner)
+            if granted:
+                await self._withdraw(owner)
             raise
         _cancel_if_swallowed()
-        return RedisHold(self, owner, int(token), sent, replicas), value, int(pttl)
+        return RedisHold(self, owner, token, sent, replicas), value, pttl
 
     def _acquire_reply(self, reply: Any) -> tuple[int, str | None, int]:
         """The acquire script's ``{token, value, pttl}``; PermanentBackendError for a reply of any other shape."""
@@ -943,8 +1034,11 @@ class RedisBackend(Backend):
                 try:
                     if pubsub is None:
                         # Subscribed before the first try: a release published after it wakes us.
-                        pubsub = client.pubsub()
-                        await self._subscribe(pubsub)
+                        pubsub = await self._subscription()
+                        granted = await self._let_waiters_go_first(pubsub)
+                        if granted:  # a waiter leads now: no try until its key is gone or released
+                            self._reporter.leader(identity_of(granted))
+                            await self._wait_turn(client, pubsub, 0)
                     uncertain = True
                     hold, value, pttl = await self._try(client, owner, identity)
                     uncertain = False
@@ -953,11 +1047,7 @@ class RedisBackend(Backend):
                         return hold
                     backoff.reset()
                     self._reporter.leader(identity_of(value))
-                    # A waiter follows a failover: on a master the sentinels no longer name, it asks again.
-                    await self._still_named(client)
-                    # Without a release published, try again when the key can have expired.
-                    wait = self.timing.poll_interval if pttl < 0 else min(self.timing.poll_interval, pttl / 1000)
-                    await self._wait_change(pubsub, max(wait, 0.001))
+                    await self._wait_turn(client, pubsub, pttl)
                 except Exception as exc:
                     unknown = await self._unmonitored(client, exc)
                     if unknown is not None:
@@ -966,35 +1056,96 @@ class RedisBackend(Backend):
                         raise self._refused("the campaign", exc) from None
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
-                    if pubsub is not None:
-                        await self._close_pubsub(pubsub)
-                        pubsub = None
-                    # A new connection for the next try (through Sentinel: to the master it names now); a try
+                    # New connections for the next try (through Sentinel: to the master it names now); a try
                     # that may have set our key is recognised by the next one (same owner), or withdrawn below.
+                    pubsub = None
+                    await self._close_subscription()
                     await self.drop_lock_connection()
                     await anyio.sleep(delay)
         finally:
-            if won and pubsub is not None:
-                await self._close_won(pubsub, owner)
-            else:
-                if pubsub is not None:
-                    await self._close_pubsub(pubsub)
+            if not won:
+                await self._close_subscription()
                 if uncertain:
                     await self._withdraw(owner)
                 await self.drop_lock_connection()
 
-    async def _close_won(self, pubsub: PubSub, owner: str) -> None:
-        """Close a won campaign's subscription, not shielded: a cancellation of the caller's task must reach it
-        (a shield would swallow it and hand leadership to a cancelled task); cancelled, the key is withdrawn."""
-        try:
-            with anyio.move_on_after(self.timing.check_timeout):
-                await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
-        except Exception as exc:
-            self.log.debug("closing the subscription failed (%s)", exc)
-        except BaseException:
-            await self._withdraw(owner)
-            await self.drop_lock_connection()
-            raise
+    async def _wait_turn(self, client: Redis, pubsub: PubSub, pttl: int) -> None:
+        """Until the next try is due: a release published on the election's channel, or the key gone.
+
+        Every release is published, so a subscribed waiter tries at once after each; a grant is published too
+        (its value: the new leader, reported at once). Nothing is published when the key expires (its leader
+        crashed or was cut off): the waiter sleeps until the key can have expired (``pttl``), or a grant was
+        published, then reads its expiry alone (``PTTL``: one command, no try), as many times as a leader's
+        renews set it again, and tries once it is gone. A key without an expiry (not the election's: an
+        operator's) is read again every ``poll_interval``.
+        """
+        while pttl != -2:
+            # A waiter follows a failover: on a master the sentinels no longer name, it asks again.
+            await self._still_named(client)
+            wait = self.timing.poll_interval if pttl < 0 else min(pttl / 1000, self.timing.lease)
+            published = await self._wait_change(pubsub, max(wait, 0.001))
+            if published == "":
+                return
+            if published is not None:
+                self._reporter.leader(identity_of(published))
+            pttl = int(await self.send("read expiry", lambda: _command(client, "PTTL", self.settings.lock_key)))
+
+    def released(self, heard: int) -> None:
+        """This elector's release was published to ``heard`` subscribers: with another one among them (a waiting
+        candidate, or an observer), its next campaign lets a waiter go first (:meth:`_let_waiters_go_first`)."""
+        others = heard - (1 if self._sub is not None else 0)
+        self._first_try_after = monotonic() + self._handover if others > 0 else 0.0
+
+    async def _let_waiters_go_first(self, pubsub: PubSub) -> str | None:
+        """A campaign that starts within ``min(2 * poll_interval, 0.25 s)`` of this elector's own release, heard by
+        another subscriber, waits that long at most for a waiter's grant to be published before its first try: the
+        releaser, whose try would be sent before any waiter has woken, does not take the leadership straight back.
+        The grant's value if one was published since that release, else None."""
+        left = self._first_try_after - monotonic()
+        self._first_try_after = 0.0
+        if self._last_published:
+            return self._last_published  # a grant published since our release (read from the kept subscription)
+        if left <= 0:
+            return None
+        started = monotonic()
+        published = await self._wait_change(pubsub, left)
+        self.log.debug("let waiting candidates go first for %.1f ms", (monotonic() - started) * 1000)
+        return published or None
+
+    async def _subscription(self) -> PubSub:
+        """The subscription to the election's channel, on a connection of its own kept across campaigns (closed
+        after an error, by a campaign that ends without leading, and by :meth:`aclose`). Messages published
+        while no campaign read it (this elector's own grant and release) are read and dropped first."""
+        self._last_published = None
+        if self._sub is not None:
+            kept = self._sub[1]
+
+            def read() -> Awaitable[Any]:
+                return kept.get_message(ignore_subscribe_messages=True, timeout=0)
+
+            try:
+                for _ in range(_DRAINED):
+                    message = await self.send("release message", read)
+                    if message is None:
+                        break
+                    data = message.get("data") if isinstance(message, dict) else None
+                    self._last_published = data if isinstance(data, str) else ""
+                return kept
+            except Exception as exc:
+                # Not read for as long as this elector led: a server restart or a timeout may have closed it.
+                self.log.debug("the kept subscription was lost (%s); subscribing again", self.describe(exc))
+                await self._close_subscription()
+        client = self._bounded(self._client())
+        pubsub = client.pubsub()
+        self._sub = (client, pubsub)
+        await self._subscribe(pubsub)
+        return pubsub
+
+    async def _close_subscription(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            await self._close_pubsub(sub[1])
+            await self._close(sub[0])
 
     async def try_campaign(self, identity: str) -> Hold | None:
         owner = secrets.token_hex(8) + ":"
@@ -1020,19 +1171,32 @@ class RedisBackend(Backend):
         return hold
 
     async def _subscribe(self, pubsub: PubSub) -> None:
-        """Subscribe ``pubsub`` to the election's channel, within connect_timeout + check_timeout."""
-        with anyio.fail_after(self.timing.connect_timeout + self.timing.check_timeout):
-            await self.send("subscribe", lambda: pubsub.subscribe(self.settings.channel))
+        """Subscribe ``pubsub`` to the election's channel and read the server's confirmation (from then on every
+        message published is delivered to it), within connect_timeout + check_timeout."""
 
-    async def _wait_change(self, pubsub: PubSub, wait: float) -> None:
-        """Until a message on the election's channel, or ``wait`` seconds."""
+        async def subscribe() -> None:
+            await pubsub.subscribe(self.settings.channel)
+            while True:
+                message = await pubsub.get_message(timeout=self.timing.check_timeout)
+                if isinstance(message, dict) and message.get("type") == "subscribe":
+                    return
+
+        with anyio.fail_after(self.timing.connect_timeout + self.timing.check_timeout):
+            await self.send("subscribe", subscribe)
+
+    async def _wait_change(self, pubsub: PubSub, wait: float) -> str | None:
+        """Until a message on the election's channel (its data: a grant's value, "" for a release), or ``wait``
+        seconds (None)."""
 
         def read() -> Awaitable[Any]:
             return pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
 
         with anyio.move_on_after(wait):
-            while await self.send("release message", read) is None:
+            while (message := await self.send("release message", read)) is None:
                 await anyio.lowlevel.checkpoint()  # a reply that was only a confirmation must not spin the loop
+            data = message.get("data") if isinstance(message, dict) else None
+            return data if isinstance(data, str) else ""
+        return None
 
     async def _close_pubsub(self, pubsub: PubSub) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(self.timing.check_timeout):
@@ -1111,4 +1275,5 @@ class RedisBackend(Backend):
         self._closed = True
         await self._drop_look()
         await self.drop_state_client()
+        await self._close_subscription()
         await self.drop_lock_connection()

@@ -1,4 +1,4 @@
-"""The server settings after which Redis may let a lock go, or break the renews' timing, read at every campaign try.
+"""The server settings after which Redis may let a lock go, or break the renews' timing, read with every campaign try.
 
 A Redis lock is a key with an expiry, not a session: a connection the
 server closes releases nothing, and the key lives until its ``PX`` expiry
@@ -52,10 +52,12 @@ def least_timeout(timing: LockTiming) -> float:
     """The least ``timeout`` that never closes a connection an elector uses between two of its requests.
 
     The leader's connection is idle ``check_interval`` between a renew's
-    reply and the next renew; a waiter's between two tries and an
-    observer's between two reads, at most ``poll_interval``.
+    reply and the next renew; a waiter's until the lock key can have expired
+    (at most ``lease``: it then reads the key's expiry), or ``poll_interval``
+    while the key has none; an observer's between two reads, at most
+    ``poll_interval``.
     """
-    return max(timing.check_interval, timing.poll_interval) + TIMEOUT_SLACK
+    return max(timing.check_interval, timing.poll_interval, timing.lease) + TIMEOUT_SLACK
 
 
 def _seconds(config: Mapping[str, str], key: str) -> float:
@@ -80,9 +82,10 @@ def config_problem(config: Mapping[str, str], timing: LockTiming, *, server: str
     if 0 < timeout < least:
         return (
             f"Redis at {server} closes a connection idle for {timeout:g}s (timeout), sooner than the "
-            f"{timing.check_interval:g}s between two renews or the {timing.poll_interval:g}s between two tries: "
-            "every renew would fail first and go out again on a new connection, later than the renew deadline "
-            f"allows for; set timeout to 0 or at least {least:g}s on the server (CONFIG SET timeout), or lower "
-            "check_interval and poll_interval"
+            f"{timing.check_interval:g}s between two renews or the up to {max(timing.poll_interval, timing.lease):g}s "
+            "a waiting candidate's connection rests (until the lock key can have expired): every renew would fail "
+            "first and go out again on a new connection, later than the renew deadline allows for; set timeout to 0 "
+            f"or at least {least:g}s on the server (CONFIG SET timeout), or lower check_interval, poll_interval and "
+            "lease"
         )
     return None

@@ -6,14 +6,15 @@ one slot, hence one master, holds both keys: the scripts run there whole,
 (``CONFIG GET``, ``INFO``) read that master's settings. Each new connection
 asks the cluster (the URL's nodes, in turn) which master owns the slot now;
 a reply ``MOVED`` or ``ASK`` (the slot moved, a failover) is transient, and
-the retry's new connection asks again. Releases are published with
-``PUBLISH``, which a cluster forwards to every node, so a subscription on the
-slot's master hears them.
+the retry's new connection asks again. A master that answers ``CLUSTERDOWN``
+(cut off from the cluster bus, it may still name itself the slot's owner
+while the others have promoted its replica) is asked last from then on.
+Releases are published with ``PUBLISH``, which a cluster forwards to every
+node, so a subscription on the slot's master hears them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from redis import exceptions as rexc
@@ -26,12 +27,13 @@ from ._replies import bounded
 
 __all__ = ["SlotConnection", "SlotOwner", "SlotSSLConnection"]
 
-Resolve = Callable[[], Awaitable[tuple[str, int]]]
-
 
 class SlotOwner:
     """Finds the master that owns a key's slot: asks the cluster's nodes in turn (``CLUSTER SLOTS``), the last one
     that answered first.
+
+    :meth:`distrust` sends a node that answered ``CLUSTERDOWN`` to the end of the list: a master cut off from the
+    bus still names itself, and asked first it would keep every retry on it however long the cut lasts.
 
     One request on a short connection per lookup, so a user needs ``+cluster|slots`` and nothing more.
     PermanentBackendError for a refusal no retry can fix (credentials, ACL, a server without cluster mode);
@@ -74,6 +76,12 @@ class SlotOwner:
         assert error is not None
         raise error
 
+    def distrust(self, host: str, port: int) -> None:
+        """Ask ``host:port`` last from now on (until it is the only one that answers)."""
+        if (host, port) in self.nodes:
+            self.nodes.remove((host, port))
+            self.nodes.append((host, port))
+
 
 def _address(master: list[Any], asked: str) -> str:
     """The master's host as ``CLUSTER SLOTS`` gives it; an empty one (a node that does not know its own address)
@@ -82,9 +90,10 @@ def _address(master: list[Any], asked: str) -> str:
 
 
 class SlotConnection(Connection):
-    """A connection to whichever master owns the election's slot when it connects (``resolve`` says which)."""
+    """A connection to whichever master owns the election's slot when it connects (``resolve`` says which); a
+    ``CLUSTERDOWN`` reply makes ``resolve`` ask that master last."""
 
-    def __init__(self, *, resolve: Resolve, **kwargs: Any) -> None:
+    def __init__(self, *, resolve: SlotOwner, **kwargs: Any) -> None:
         self._resolve = resolve
         super().__init__(**kwargs)
 
@@ -92,6 +101,13 @@ class SlotConnection(Connection):
         if not self.is_connected:
             self.host, self.port = await self._resolve()
         await super().connect()  # type: ignore[no-untyped-call, unused-ignore]
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)
+        except rexc.ClusterDownError:
+            self._resolve.distrust(self.host, self.port)
+            raise
 
 
 class SlotSSLConnection(SlotConnection, SSLConnection):

@@ -49,14 +49,17 @@ class RedisOptions(_RedisElectionName, total=False):
 
     #: Seconds of the lock key's expiry (``PX``), set again by every renew (default 10).
     lease: float
-    #: Seconds between the leader's renews (default 1), and the bound on one request (default 2).
+    #: Seconds between the leader's renews (default 1, a tenth of a shorter lease), and the bound on one request
+    #: (default 2).
     check_interval: float
     check_timeout: float
     #: Seconds a leader may go without a confirmed renew before it fences itself (default 0.7 * lease).
     renew_deadline: float | None
     #: Seconds to connect (default 5).
     connect_timeout: float
-    #: Seconds a waiting candidate sleeps at most between tries when no release is published (default 1).
+    #: Seconds between an observer's reads, a waiting candidate's reads of a lock key without an expiry, and at
+    #: most between retries after an error (default 1). A waiter otherwise tries when a grant or release is
+    #: published, or when the key can have expired.
     poll_interval: float
     #: Prefix of every key and channel (default ``aioelect:``); an ACL may limit the user to ``~{prefix}*``.
     key_prefix: str
@@ -143,7 +146,7 @@ class RedisSettings:
         lease = options.get("lease", 10.0)
         timing = LockTiming.checked(
             poll_interval=options.get("poll_interval", 1.0),
-            check_interval=options.get("check_interval", 1.0),
+            check_interval=options.get("check_interval"),
             check_timeout=options.get("check_timeout"),  # None: derived to fit renew_deadline
             connect_timeout=options.get("connect_timeout", 5.0),
             lease=lease,

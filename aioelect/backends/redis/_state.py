@@ -16,7 +16,7 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 
 from ..._backend import Hold, StateStore, Written
-from ..._errors import ElectionError
+from ..._errors import BackendUnavailable, ElectionError
 from ._scripts import STATE_WRITE
 
 __all__ = ["RedisStateStore"]
@@ -35,6 +35,8 @@ class Owner(Protocol):
     def send(self, what: str, call: Callable[[], Awaitable[Any]]) -> Awaitable[Any]: ...
 
     def failure(self, what: str, exc: BaseException) -> ElectionError: ...
+
+    async def confirm_state_write(self, client: Redis) -> None: ...
 
 
 class RedisStateStore(StateStore):
@@ -68,6 +70,20 @@ class RedisStateStore(StateStore):
                 return await client.eval(STATE_WRITE, 2, *self._keys, *args)  # type: ignore[arg-type, misc, unused-ignore]
 
         reply = await self._run("state write", script)
+        if reply == -1:
+            await self._backend.drop_state_client()  # the next write asks for the master again (through Sentinel)
+            raise BackendUnavailable(f"the fenced write of {key!r} was refused: the server is not a master")
+        if reply == 1:
+            # Durable and replicated as the grant was (WAITAOF, WAIT with min_replicas), or not acknowledged: a value
+            # written only on the master would be lost by a failover that keeps the token.
+            try:
+                await self._backend.confirm_state_write(self._backend.state_client())
+            except Exception as exc:
+                await self._backend.drop_state_client()
+                raise BackendUnavailable(
+                    f"the fenced write of {key!r} was applied on the master but not confirmed durable or replicated "
+                    f"(it may be lost by a crash or a failover): {exc}"
+                ) from None
         if reply not in _WRITTEN:
             raise ElectionError(f"the state script answered {reply!r}, not 0, 1 or 2")
         return _WRITTEN[reply]

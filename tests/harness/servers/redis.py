@@ -312,11 +312,11 @@ class RedisCluster(Started):
                 raise ServerStartError(f"the Redis Cluster did not form: {states}")
             time.sleep(0.1)
 
-    def owner(self, key: str) -> RedisServer:
-        """The node that owns ``key``'s slot now."""
+    def owner(self, key: str, asked: RedisServer | None = None) -> RedisServer:
+        """The node that owns ``key``'s slot now (as ``asked`` sees it, by default the first running node)."""
         running = [n for n in self.nodes if n.running]
         slot = int(self.command(running[0], "CLUSTER", "KEYSLOT", key))
-        for node in running:
+        for node in [asked] if asked is not None else running:
             for start, end, master, *_ in self.command(node, "CLUSTER", "SLOTS"):
                 if start <= slot <= end:
                     return next(n for n in self.nodes if n.port == int(master[1]))
