@@ -3,7 +3,7 @@ leader's side that polls for it.
 
 Any process that can reach the election's server may post a request
 (:func:`request_step_down`, ``aioelect step-down``); a leader acts on it
-only while it runs :func:`serve_step_downs` (``aioelect run`` always does).
+only while it runs :func:`serve_step_downs` (``aioelect run --serve-step-down``), or has a priority.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ async def request_step_down(
 
     The request is posted in the election's backend with no token check
     (anyone who can reach the server may ask); the leader acts on it at its
-    next poll if it runs :func:`serve_step_downs`, as ``aioelect run`` does,
+    next poll if it runs :func:`serve_step_downs` (``aioelect run --serve-step-down``),
     and then exactly as :meth:`Leadership.step_down` says. A request no
     leader acted on within ``lapse`` seconds is dropped. A request answers
     one step-down: a later leader ignores it. UsageError where the backend

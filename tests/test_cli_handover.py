@@ -23,7 +23,9 @@ def test_step_down_to_a_named_instance_moves_cmd_there_at_once(
     lines = Lines(tmp_path / "ticks")
     backend = [*target.with_name(), *target.tuning, *handover_options(target)]
     procs = {}
-    procs["cand-a"] = spawner.run_cmd(*backend, "--identity", "cand-a", "--forever", out=lines.path, mode="graceful")
+    procs["cand-a"] = spawner.run_cmd(
+        *backend, "--identity", "cand-a", "--forever", "--serve-step-down", out=lines.path, mode="graceful"
+    )
     wait_until("cand-a to run the command", lambda: bool(lines.of("cand-a", "start")), 30)
     for ident in ("cand-b", "cand-c"):
         procs[ident] = spawner.run_cmd(*backend, "--identity", ident, "--forever", out=lines.path, mode="graceful")
@@ -60,7 +62,7 @@ def test_a_handover_in_progress_shows_in_leader_and_observe(
 ) -> None:
     lines = Lines(tmp_path / "ticks")
     backend = [*target.with_name(), *target.tuning, *handover_options(target)]
-    leader = spawner.run_cmd(*backend, "--identity", "cand-a", out=lines.path, mode="graceful")
+    leader = spawner.run_cmd(*backend, "--identity", "cand-a", "--serve-step-down", out=lines.path, mode="graceful")
     wait_until("cand-a to run the command", lambda: bool(lines.of("cand-a", "start")), 30)
     watcher = spawner.start("observe", "--json", *backend)
     wait_until("observe to report cand-a", lambda: "cand-a" in spawner.stdout(watcher), 20)
@@ -115,7 +117,9 @@ def test_a_rolling_deploy_with_priorities_moves_leadership_once(
     lines = Lines(tmp_path / "ticks")
     backend = [*target.with_name(), *target.tuning, *handover_options(target)]
     old = {
-        ident: spawner.run_cmd(*backend, "--identity", ident, "--forever", out=lines.path, mode="graceful")
+        ident: spawner.run_cmd(
+            *backend, "--identity", ident, "--forever", "--serve-step-down", out=lines.path, mode="graceful"
+        )
         for ident in ("old-1", "old-2")
     }
     wait_until("an old instance to run the command", lambda: bool(lines.rows()), 30)

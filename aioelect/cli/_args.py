@@ -316,6 +316,11 @@ def build_parser() -> Parsers:
         help="how long a leader that stepped down unhealthy stays out (default 30)",
     )
     run.add_argument(
+        "--serve-step-down",
+        action="store_true",
+        help="while leading, act on `aioelect step-down` requests (polled every second through the backend)",
+    )
+    run.add_argument(
         "--priority",
         type=int,
         metavar="N",
@@ -413,9 +418,9 @@ def build_parser() -> Parsers:
         help="ask whoever leads to step down, optionally to --to ID",
         description=(
             "Ask the instance that leads, wherever it runs, to stop its work and release, through the backend "
-            "(a request the leader polls: `aioelect run` does). With --to, only that candidate may lead next for "
-            "--window seconds; then the election opens to all. Prints the new leader; exit 1 if nobody leads, "
-            "4 if the leader did not step down within --wait seconds."
+            "(a request the leader polls: aioelect run --serve-step-down, or --priority). With --to, only that "
+            "candidate may lead next for --window seconds; then the election opens to all. Prints the new leader; "
+            "exit 1 if nobody leads, 4 if the leader did not step down within --wait seconds."
         ),
         epilog=EPILOG,
         formatter_class=fmt,

@@ -131,7 +131,7 @@ async def _step_down(elector: Elector, config: Config, args: argparse.Namespace)
             now = await elector.leader()
     if now == who:
         log.error(
-            "%s did not step down within %gs (only a leader that serves requests does, as aioelect run)", who, args.wait
+            "%s did not step down within %gs (only a leader that serves them does: --serve-step-down)", who, args.wait
         )
         return EXIT_NOT_STEPPED_DOWN
     # The successor, once it leads (none: printed as null). A candidate the handover excludes may hold the lock

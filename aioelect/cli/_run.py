@@ -180,6 +180,7 @@ class Runner:
         self.grace: float = args.grace if args.grace is not None else DEFAULT_GRACE
         self.pass_secrets: list[str] = list(args.pass_secret)
         self.forever: bool = args.forever
+        self.serve_step_down: bool = getattr(args, "serve_step_down", False)
         self.no_wait: bool = getattr(args, "no_wait", False)
         if self.no_wait and self.forever:
             raise UsageError("--no-wait and --forever exclude each other: --no-wait runs CMD at most once")
@@ -279,10 +280,11 @@ class Runner:
         # lock only once CMD's whole tree is gone (the finally below).
         with lead.guard():
             try:
-                # `aioelect step-down` asks through the backend: acting on it releases through the keeper.
-                await first_of(
-                    lambda: asyncio.wait([group.exited]), lead.wait_lost, lambda: serve_step_downs(lead)
-                )
+                waiters = [lambda: asyncio.wait([group.exited]), lead.wait_lost]
+                if self.serve_step_down:
+                    # `aioelect step-down` asks through the backend: acting on it releases through the keeper.
+                    waiters.append(lambda: serve_step_downs(lead))
+                await first_of(*waiters)
             finally:
                 with anyio.CancelScope(shield=True):
                     try:
