@@ -87,6 +87,7 @@ test: venv servers lint docs matrix ranges pytest-etcd35 test-scale pytest
 # `make demo BACKEND=etcd` (or mysql, postgres, redis, file, local). Only a named server backend needs server
 # packages; the default demo uses a lock file.
 demo: demo-venv $(if $(filter mysql etcd postgres redis,$(BACKEND)),servers,)
+	$(BIN)/python -m soak.ticks --demo
 	$(BIN)/python examples/demo.py $(if $(BACKEND),--backend $(BACKEND),)
 
 # What the demo needs and nothing more: the package (the lock file needs no extra), and a server backend's driver
@@ -133,6 +134,7 @@ STOPS ?=
 soak: venv servers
 	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),) $(if $(SHARDS),--shards,) \
 		$(if $(STOPS),--stops,)
+	$(BIN)/python -m soak.ticks --seconds $$(( $(MINUTES) * 60 )) $(if $(SEED),--seed $(SEED),)
 
 # The message-level adversary (soak/adversary/): seeded faults on every request, reply and watch message, an
 # operator on the server, several electors in one process. SEED is the first seed (seeds follow one another),

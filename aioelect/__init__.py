@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._api import leadership
-from ._elector import Elector, Leadership, current_leadership
-from ._electors import LocalElector
 from ._errors import (
     BackendUnavailable,
     ElectionError,
@@ -20,16 +17,18 @@ from ._errors import (
     PermanentBackendError,
     UsageError,
 )
-from ._events import Event
-from ._factory import from_env, new
-from ._fence import fenced
-from ._fenced import FencedStore
-from ._main import run
-from ._requests import request_step_down, serve_step_downs
-from ._shards import Shards
 
 if TYPE_CHECKING:
-    from ._electors import EtcdElector, FileElector, MySQLElector, PostgresElector, RedisElector
+    from ._api import leadership
+    from ._elector import Elector, Leadership, current_leadership
+    from ._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector, RedisElector
+    from ._events import Event
+    from ._factory import from_env, new
+    from ._fence import fenced
+    from ._fenced import FencedStore
+    from ._main import run
+    from ._requests import request_step_down, serve_step_downs
+    from ._shards import Shards
     from .backends.etcd import EtcdSession
     from .backends.mysql import MySQLSession
     from .backends.postgres import PostgresSession
@@ -66,8 +65,24 @@ __all__ = [
     "serve_step_downs",
 ]
 
-#: The electors that resolve on first use, and the backend module (with its driver) each one needs.
+#: The names imported on first use, and their module: importing ``aioelect`` costs almost nothing, so that
+#: ``python -m aioelect`` can take its stop signals before it loads the rest (aioelect.__main__). A backend's
+#: electors also need its driver: an ImportError names the extra to install.
 _LAZY = {
+    "leadership": "aioelect._api",
+    "Elector": "aioelect._elector",
+    "Leadership": "aioelect._elector",
+    "current_leadership": "aioelect._elector",
+    "LocalElector": "aioelect._electors",
+    "Event": "aioelect._events",
+    "from_env": "aioelect._factory",
+    "new": "aioelect._factory",
+    "fenced": "aioelect._fence",
+    "FencedStore": "aioelect._fenced",
+    "request_step_down": "aioelect._requests",
+    "serve_step_downs": "aioelect._requests",
+    "run": "aioelect._main",
+    "Shards": "aioelect._shards",
     "EtcdElector": "aioelect.backends.etcd",
     "EtcdSession": "aioelect.backends.etcd",
     "FileElector": "aioelect.backends.file",
@@ -80,12 +95,21 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    backend = _LAZY.get(name)
-    if backend is None:
+    where = _LAZY.get(name)
+    if where is None:
         raise AttributeError(f"module 'aioelect' has no attribute {name!r}")
     import importlib
 
-    module = importlib.import_module(backend)  # ImportError naming the extra when the driver is missing
-    from . import _electors
+    module = importlib.import_module(where)  # ImportError naming the extra when a backend's driver is missing
+    if where.startswith("aioelect.backends."):
+        from . import _electors
 
-    return getattr(_electors, name, None) or getattr(module, name)
+        value = getattr(_electors, name, None) or getattr(module, name)
+    else:
+        value = getattr(module, name)
+    globals()[name] = value  # the next lookup is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -567,7 +567,6 @@ class Leadership:
             lag.drop()
         self._elector._ended(self)
 
-
     @contextlib.contextmanager
     def guard(self) -> Iterator[anyio.CancelScope]:
         """Run the body as this leadership's leader work: cancelled on loss, awaited before release.
@@ -751,6 +750,9 @@ class Elector:
         self._state = ELECTOR_TRANSITIONS.start
         self._leadership: Leadership | None = None
         self._campaign_scope: anyio.CancelScope | None = None
+        #: The campaign that moved the elector to CAMPAIGNING: only it may end that state (a campaign that gave
+        #: a grant back has ended it already, and another may have started while it did).
+        self._campaigner: object | None = None
         #: Set when each campaign in progress has ended, a hold it won released or handed on: aclose() waits for
         #: them before it closes the backend, which would leave such a hold to its lease.
         self._campaigns: set[anyio.Event] = set()
@@ -967,6 +969,7 @@ class Elector:
         lead = Leadership(self, hold, self._log)
         self._leadership = lead
         moved = self._move(_Do.WIN)
+        self._campaigner = None
         assert moved, "a campaign returns a hold only while the elector campaigns"
         lead._start(asyncio.current_task())
         # Our own leadership is told by the "acquired" event, not a "leader" event.
@@ -1033,6 +1036,7 @@ class Elector:
             self._timing_logged = True
             self._log.info("campaigning; %s", self._backend.describe_timing())
         self._move(_Do.CAMPAIGN)
+        me = self._campaigner = object()
         self._emit("campaigning")
         hold: Hold | None = None
         watcher: asyncio.Task[None] | None = None
@@ -1047,18 +1051,18 @@ class Elector:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
                 if once:
-                    hold = await self._apart(self._gate.try_campaign(self._identity))
+                    hold = await self._apart(self._gate.try_campaign(self._identity), me)
                 else:
                     watcher = self._tasks.start(
                         self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
                     )
                     # The watch stops as the campaign wins, in the campaign's task: its clean-up overlaps
                     # the wake-up of this one.
-                    hold = await self._apart(self._gate.campaign(self._identity), then=stop_watcher)
+                    hold = await self._apart(self._gate.campaign(self._identity), me, then=stop_watcher)
             if scope.cancelled_caught:
                 raise ElectorClosed("elector closed while campaigning")
         except BaseException:
-            self._move(_Do.STOP)
+            self._stop(me)
             raise
         finally:
             self._campaign_scope = None
@@ -1073,10 +1077,10 @@ class Elector:
                 except BaseException:
                     # A cancel from outside anyio's scopes (task.cancel()) reaches even a shielded wait: the
                     # campaign is given up, and a lock it won is given back rather than held by nobody.
-                    await self._abandon(hold)
+                    await self._abandon(hold, me)
                     raise
         if hold is None:
-            self._move(_Do.STOP)
+            self._stop(me)
             return None
         if is_closed(self):  # closed as the campaign won: give it back
             with anyio.CancelScope(shield=True):
@@ -1084,7 +1088,7 @@ class Elector:
             raise ElectorClosed("elector closed while campaigning")
         problem = self._token_problem(hold.token)
         if problem is not None:
-            self._move(_Do.STOP)
+            self._stop(me)
             self._log.error("%s", problem)
             with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
                 await hold.release()
@@ -1092,7 +1096,7 @@ class Elector:
         return hold
 
     async def _apart(
-        self, step: Coroutine[Any, Any, Hold | None], then: Callable[[], None] | None = None
+        self, step: Coroutine[Any, Any, Hold | None], me: object, then: Callable[[], None] | None = None
     ) -> Hold | None:
         """Run one campaign step in a task of this elector's and wait for it; a cancellation always ends the call.
 
@@ -1123,12 +1127,18 @@ class Elector:
                 with contextlib.suppress(asyncio.CancelledError), anyio.CancelScope(shield=True):
                     await asyncio.wait([task])
             if not task.cancelled() and task.exception() is None:
-                await self._abandon(task.result())
+                await self._abandon(task.result(), me)
             raise
 
-    async def _abandon(self, hold: Hold | None) -> None:
+    def _stop(self, me: object) -> None:
+        """End campaign ``me``'s CAMPAIGNING, unless it has already (then another campaign may be in it)."""
+        if self._campaigner is me:
+            self._campaigner = None
+            self._move(_Do.STOP)
+
+    async def _abandon(self, hold: Hold | None, me: object) -> None:
         """End a campaign that will not return: the elector campaigns no more, and ``hold`` is released."""
-        self._move(_Do.STOP)
+        self._stop(me)
         if hold is not None:
             with anyio.CancelScope(shield=True), anyio.move_on_after(RELEASE_TIMEOUT):
                 await asyncio.shield(hold.release())

@@ -158,6 +158,7 @@ class BoundedHTTPServer:
         self.accept_errors = 0
         self._log = log if log is not None else logging.getLogger(f"aioelect.{name}")
         self._sock: socket.socket | None = None
+        self._starting = False
         #: The accept loop and one task per open connection, cancelled and awaited by aclose().
         self._tasks = TaskSet()
         #: Open connections per peer address.
@@ -177,10 +178,14 @@ class BoundedHTTPServer:
 
     async def start(self, host: str, port: int) -> None:
         """Listen on ``host:port``; OSError if it cannot."""
-        if self._sock is not None:
+        if self._sock is not None or self._starting:
             raise RuntimeError(f"{self.name} server started twice")
+        self._starting = True  # before the first wait: a second start() meanwhile would listen again
         loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        try:
+            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        finally:
+            self._starting = False
         family, _, _, _, address = infos[0]
         sock = socket.create_server(address[:2], family=family, backlog=128)
         sock.setblocking(False)

@@ -103,6 +103,9 @@ class _Owner:
     asked: anyio.Event = field(default_factory=anyio.Event)
     #: The request was refused or failed, or the leadership was lost: the task only closes its elector now.
     gone: bool = False
+    #: The work raised while its leadership was held: what it raised ends the run, whatever it is (a
+    #: BackendUnavailable or LeadershipLost of the work's own is not the lock request's or the name's).
+    failed: bool = False
 
     @property
     def counts(self) -> bool:
@@ -646,12 +649,16 @@ class Shards:
                 try:
                     await self._lead(name, owner, elector, work)
                 except LeadershipLost as exc:
+                    if owner.failed:
+                        raise
                     owner.gone = True
                     log.warning(
                         "%s lost %s (%s): it goes to whoever is short of its share", self.identity, name, exc.reason
                     )
                     self._r.claim.set()
                 except BackendUnavailable as exc:
+                    if owner.failed:
+                        raise
                     owner.gone = True
                     log.info("%s: asking for %s failed (%s); asked again on the next pass", self.identity, name, exc)
                 finally:
@@ -677,7 +684,13 @@ class Shards:
             self._r.held[name] = lead
             try:
                 if work is not None:
-                    await work(name)
+                    try:
+                        await work(name)
+                    except Exception:
+                        # Raised while the name is held: the work's own failure, which ends the run. Once the
+                        # leadership is lost, what the work raised is the loss's consequence.
+                        owner.failed = lead.held
+                        raise
                 await anyio.sleep_forever()
             finally:
                 if self._r.held.get(name) is lead:

@@ -4,6 +4,7 @@
 #
 #   scripts/adversary-old.sh etcd-late-read  --backend etcd  --seed 1 --seeds 20 --seconds 12
 #   scripts/adversary-old.sh mysql-kill      --backend mysql --seed 1 --seeds 20 --seconds 12
+#   scripts/adversary-old.sh redis-split     --backend redis-sentinel --seed 1 --seeds 20 --seconds 12
 #   scripts/adversary-old.sh mysql-kill pytest tests/test_adversary.py -k kept_session
 #   scripts/adversary-old.sh stopped-shim    --backend etcd  --stops --seed 1 --seeds 20 --seconds 12
 #
@@ -12,6 +13,8 @@
 #                   a read trusted a read from before its key was put again (two etcd leaders)
 #   mysql-kill      79d808b^: a lock session kept across a MariaDB restart KILLed, by its old connection id,
 #                   a session of the new server (the leader's)
+#   redis-split     e8940ad^: a Redis master cut off from its sentinels kept confirming the old leader's renews
+#                   while the sentinels' new master elected another (two Redis leaders)
 #   stopped-shim    f73605d^: a CMD that stopped its shim (kill -STOP $PPID) kept its workers running after the
 #                   supervisor let the lock go (the next leader's CMD ran beside them)
 # The rest goes to `python -m soak.adversary`, or, after `pytest`, to pytest.
@@ -30,8 +33,9 @@ root="${ADVERSARY_OLD:-/tmp/aioelect-old}"
 case "${1:-}" in
   etcd-late-read) commit=12e8962 ;;
   mysql-kill) commit=79d808b ;;
+  redis-split) commit=e8940ad ;;
   stopped-shim) commit=f73605d ;;
-  *) sed -n '2,22p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,25p' "$0" >&2; exit 2 ;;
 esac
 name="$1"
 shift

@@ -130,6 +130,28 @@ await elector.aclose()
     return _ASYNC_MAIN.format(body=_indent(setup + block + "\n" + after))
 
 
+def _fenced_ticks(block: str, ctx: dict[str, str]) -> str:
+    """``elector`` from the environment (as for fenced state); the block's leadership runs the due ticks for 2.5 s;
+    afterwards a second leadership finds them recorded and runs none of them again."""
+    setup = """\
+if "AIOELECT_POSTGRES_DSN" in os.environ:
+    os.environ["AIOELECT_SCHEMA"] = "public"  # fenced state checks the token row of the leaders table
+elector = aioelect.from_env()
+"""
+    after = """\
+last = await digest.last(elector)
+async with aioelect.leadership(elector) as again:
+    print(f"recorded up to tick {last}; a new leadership ran {await digest.run_due(again, send_digest)}", flush=True)
+await elector.aclose()
+"""
+    # The block runs the ticks for as long as it leads: 2.5 s here.
+    block = block.replace(
+        "    await digest.run(lead, send_digest)",
+        "    with anyio.move_on_after(2.5):\n        await digest.run(lead, send_digest)",
+    )
+    return _ASYNC_MAIN.format(body=_indent(setup + block + "\n" + after))
+
+
 def _fenced_transaction(block: str, ctx: dict[str, str]) -> str:
     """``conn`` an asyncpg connection to the application's PostgreSQL (``APP_DATABASE``) with the page's fence table
     and a queued job; afterwards the job is dispatched and the fence row holds the leader's token."""
@@ -304,6 +326,14 @@ HARNESSES: dict[str, Harness] = {
         (
             r"^tick ([1-9]\d*) recorded under token [1-9]\d*, cursor \{'offset': 0\}$",
             r"^a write under released token [1-9]\d* was refused; tick [1-9]\d*$",
+        ),
+    ),
+    "fenced-ticks": Harness(
+        _fenced_ticks,
+        ("file", "mysql", "postgres"),
+        (
+            r"^tick (\d+) \(for ticks \d+\.\.\1\) under token [1-9]\d*$",
+            r"^recorded up to tick \d+; a new leadership ran \[\]$",
         ),
     ),
     "fenced-transaction": Harness(

@@ -442,6 +442,14 @@ REGISTER: tuple[Assumption, ...] = (
         CHECKED, "aioelect reaps every child it is given",
         "tests/test_cli_supervisor.py::test_as_pid_1_orphans_are_reaped",
     ),
+    Assumption(
+        "supervisor", "OS",
+        "a stop signal sent to aioelect as PID 1 is seen, even while it starts (the kernel drops a signal sent to "
+        "a PID namespace's init that has no handler for it)",
+        CHECKED, "python -m aioelect and the aioelect script record the stop signals before importing the rest of "
+        "the package; the command takes them once its handlers are in place, before CMD can start",
+        "tests/test_cli_supervisor.py::test_as_pid_1_a_sigterm_during_startup_stops_it_before_cmd_starts",
+    ),
 )
 
 

@@ -4,13 +4,16 @@
 worktree of its own, with only the interceptor seam the adversary plugs into
 (``soak/adversary/old/``), and runs today's adversary against it. A seed that
 finds a violation exits with status 1 and names it; one that finds nothing
-exits with 0. The two bugs (docs/adversary.md, "Shown to find"):
+exits with 0. The bugs (docs/adversary.md, "Shown to find"):
 
 * ``mysql-kill``: a lock session kept across a MariaDB restart KILLed, by
   its old connection id, the session the restarted server had given that id,
   a healthy leader's (*deposed*);
 * ``etcd-late-read``: a waiter's late read of the leader replaced a newer
   view, and the waiter led beside the real leader (*overlap*);
+* ``redis-split``: a Redis master cut off from its sentinels (the
+  candidates still reaching it) confirmed the old leader's renews while the
+  replica the sentinels promoted elected another leader (*overlap*);
 * ``stopped-shim``: a CMD that stopped its shim (``kill -STOP $PPID``) kept
   its setsid worker running after ``aioelect run`` let the lock go, beside
   the next leader's CMD (*overlap*, ``--stops``).
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from soak.adversary.servers import SERVERS
 from tests.harness.plugin import skip_if_external
 
 from .test_adversary import SECONDS, SEEDS, STOP_SEEDS
@@ -40,6 +44,7 @@ SCRIPT = ROOT / "scripts" / "adversary-old.sh"
 OLD = {
     "mysql-kill": ("79d808b", "mysql", SEEDS["mysql"], "deposed:"),
     "etcd-late-read": ("12e8962", "etcd", [16, 16, 16, 16, 18, 1], "overlap:"),
+    "redis-split": ("e8940ad", "redis-sentinel", [7, 1, 7, 1], "overlap:"),
     "stopped-shim": ("f73605d", "etcd", [*STOP_SEEDS["etcd"], *STOP_SEEDS["etcd"]], "overlap:"),
 }
 #: The adversary's mode per old library ("": the electors in one process), the seeds it draws from, and the other
@@ -72,7 +77,7 @@ def test_ci_seeds_find_the_bug_on_the_library_before_its_fix(old: str, tmp_path:
     commit, backend, seeds, violation = OLD[old]
     mode, ci_seeds, also = MODES.get(old, ("", SEEDS, ()))
     assert set(seeds) <= set(ci_seeds[backend]), "only CI seeds count"
-    skip_if_external(backend)
+    skip_if_external(SERVERS[backend].backend)
     if not _in_history(commit):
         pytest.skip(f"this checkout lacks {commit}^ (a shallow clone?): scripts/adversary-old.sh needs the history")
     where = tmp_path / "old"

@@ -743,3 +743,36 @@ def test_mysql_without_a_database_names_no_fencing() -> None:
         "leader", "--mysql", f"mysql://root@127.0.0.1:{free_port()}", "--name", "x", "--no-fencing", "--timeout", "2"
     )
     assert unreachable.returncode == 3, unreachable.stderr  # configured: only the server is missing
+
+
+def test_default_grace_of_a_long_margin_is_waited_out_before_the_release(
+    redis_url: str,
+    tcp_proxy_factory: Callable[[str, int], TCPProxy],
+    spawner: Spawner,
+    tmp_path: Path,
+) -> None:
+    # The default --grace is half the safety margin (here (44 - 2) / 2 = 21 s), but the elector's stop_timeout
+    # was computed from --grace as given (None: 10 s) plus 5 s: after a loss the keeper gave up waiting for
+    # CMD at 15 s and released the key while CMD, ignoring SIGTERM, still ran until its grace ended. A leader
+    # that lost at its renew deadline and reached the server again then let the next leader's CMD start beside
+    # its own, long before the key's expiry.
+    host, port = redis_url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    proxy = tcp_proxy_factory(host, int(port))
+    name = f"grace-{secrets.token_hex(4)}"
+    timing = ["--lease", "44", "--renew-deadline", "2", "--name", name]
+    lines = Lines(tmp_path / "ticks")
+    leader = spawner.run_cmd("--redis", f"redis://{host}:{proxy.port}/0", *timing, "--identity", "a",
+                             out=lines.path, mode="stubborn")  # fmt: skip
+    wait_until("a to run its command", lambda: bool(lines.of("a", "start")), 30)
+    successor = spawner.run_cmd("--redis", redis_url, *timing, "--identity", "b", out=lines.path)
+    time.sleep(1.0)  # b campaigns
+    proxy.stall()
+    wait_until("a to lose at its renew deadline", lambda: "leadership lost" in spawner.stderr(leader), 10)
+    proxy.passthrough()  # a reaches the server again: its release is heard
+    wait_until("b to run its command", lambda: bool(lines.of("b", "start")), 60)
+    time.sleep(1.0)  # a's CMD, were it still running, ticks every 0.1 s
+    rows = lines.rows()
+    a_after = [row for row in rows[rows.index(lines.of("b", "start")[0]) :] if row[0] == "a"]
+    assert a_after == [], f"a's CMD still ran after b's started: {a_after[:3]}...\n{spawner.stderr(leader)}"
+    for proc in (leader, successor):
+        proc.send_signal(signal.SIGTERM)

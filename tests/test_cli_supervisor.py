@@ -868,3 +868,31 @@ def test_a_process_in_uninterruptible_sleep_keeps_the_lock_until_it_ends_but_not
         assert status == 128 + signal.SIGTERM, spawner.stderr(proc)
         alive = next_leader_sees([*successor, "--no-wait"], survivors, tmp_path / "seen", token)
         assert alive == [], f"CMD's tree {pids} still had {alive} alive when the next leader started"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or os.geteuid() != 0, reason="needs Linux and root")
+def test_as_pid_1_a_sigterm_during_startup_stops_it_before_cmd_starts(tmp_path: Path) -> None:
+    # The kernel drops a signal sent to a PID namespace's init while it has no handler for it (its default
+    # action is ignored for PID 1). aioelect installs its handlers only once its command runs, after its imports
+    # and the backend's configuration: a SIGTERM sent meanwhile (a container stopped as it starts) was lost,
+    # and aioelect campaigned, led and ran CMD to its end as if never asked to stop.
+    marker = tmp_path / "cmd-ran"
+    run = aioelect_argv("run", "--file", str(tmp_path / "leader.lock"), "--",
+                        "sh", "-c", f"touch {marker}; sleep 20")  # fmt: skip
+    argv = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *run]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=_env(), cwd=ROOT)
+    try:
+        pid_1 = None
+        deadline = time.monotonic() + 10
+        while pid_1 is None and time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError), open(f"/proc/{proc.pid}/task/{proc.pid}/children") as fh:
+                (pid_1,) = map(int, fh.read().split())
+        assert pid_1 is not None, "unshare started no child"
+        time.sleep(0.1)  # aioelect, PID 1 in the namespace, is starting (importing, reading its settings)
+        os.kill(pid_1, signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=15)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert not marker.exists(), f"CMD started after aioelect was sent SIGTERM:\n{stderr}"
+    assert proc.returncode == 128 + signal.SIGTERM, stderr

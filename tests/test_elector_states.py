@@ -4,6 +4,7 @@ and the steps the table does not list changing nothing."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import anyio
 import pytest
@@ -72,3 +73,53 @@ async def test_every_row_is_taken_by_its_cause(aioelect_name: str) -> None:
     with pytest.raises(ElectorClosed):
         await d.acquire()
     assert taken == {(state, step) for state, step, _ in ELECTOR_TRANSITIONS}
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+async def test_a_campaign_started_while_a_cancelled_one_gives_its_grant_back_keeps_its_state(
+    kind: str, aioelect_name: str, request: pytest.FixtureRequest
+) -> None:
+    # A campaign cancelled as its grant arrives moves the elector to IDLE (_abandon) and then gives the hold back,
+    # a round trip; an acquire() called meanwhile campaigns. The cancelled campaign then took its STOP again on
+    # its way out, and moved the new campaign's CAMPAIGNING to IDLE: its win found the elector IDLE, the
+    # assertion in _lead failed, and its leadership was left with no keeper, the lock or key held by nobody
+    # (and aclose() waited for it forever).
+    from aioelect import RedisElector
+    from aioelect._elector import backend_of
+
+    if kind == "memory":
+        elector: Any = MemoryElector(name=aioelect_name, identity="e", renew_deadline=5)
+    else:
+        url = str(request.getfixturevalue("redis_server").url)
+        elector = RedisElector(url, name=aioelect_name, identity="e")
+    backend = backend_of(elector)
+    campaign = backend.campaign
+    first: list[asyncio.Task[Any]] = []
+    second: list[asyncio.Task[Any]] = []
+
+    async def take() -> Any:
+        lead = await elector.acquire()  # bound to this task: seen held here, released before it ends
+        seen = (lead.held, elector._state, elector.leading)
+        await lead.release()
+        return seen
+
+    async def cancelled_as_granted(identity: str) -> Any:
+        hold = await campaign(identity)
+        if not second:
+            first[0].cancel()  # the cancellation arrives with the grant
+            second.append(asyncio.get_running_loop().create_task(take()))  # runs while the grant is given back
+        return hold
+
+    backend.campaign = cancelled_as_granted
+    try:
+        first.append(asyncio.get_running_loop().create_task(elector.acquire()))
+        with anyio.fail_after(10):
+            await asyncio.gather(first[0], return_exceptions=True)
+            assert first[0].cancelled()
+            seen = await second[0]
+        assert seen == (True, _State.LEADING, True)
+        assert elector._state is _State.IDLE and elector._leadership is None
+    finally:
+        closing = asyncio.get_running_loop().create_task(elector.aclose())
+        done, _ = await asyncio.wait([closing], timeout=10)
+        assert done, "aclose() hangs on a leadership nobody keeps"

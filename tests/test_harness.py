@@ -29,6 +29,7 @@ from .harness import (
     MariaDBServer,
     MissingBinaryError,
     PostgresServer,
+    RedisServer,
     TCPProxy,
     free_port,
     require_binary,
@@ -394,3 +395,33 @@ def test_proxy_delay_holds_each_chunk_and_heal_releases_what_is_held() -> None:
         while chunk := upstream.recv(16):
             got += chunk
         assert got == b"last"
+
+
+def test_namespaces_split_two_nodes_while_this_process_reaches_both() -> None:
+    """A cut drops the packets between two nodes (a connection attempt times out, nothing refuses it); this
+    process still reaches both; after the heal the nodes reach each other again."""
+    from .harness.netns import Namespaces
+
+    nets = Namespaces(2)
+    try:
+        a, b = nets.nodes
+        server = RedisServer()
+        server.place(b)
+        try:
+            server.start()
+
+            def from_a() -> int:
+                probe = f"exec 3<>/dev/tcp/{b.address}/{server.port}"
+                argv = [*a.prefix, "timeout", "2", "bash", "-c", probe]
+                return subprocess.run(argv, capture_output=True, timeout=10, check=False).returncode
+
+            assert from_a() == 0
+            nets.cut(a, b)
+            assert from_a() == 124, "the cut should drop the packets (the probe times out)"
+            assert server.command("PING") == "PONG"  # this process still reaches the node
+            nets.heal(a, b)
+            assert from_a() == 0
+        finally:
+            server.cleanup()
+    finally:
+        nets.cleanup()

@@ -720,3 +720,27 @@ async def test_memory_random_churn_never_owns_a_name_twice_and_settles(seed: int
     assert register.violations == []
     assert {overtaken.split(":")[0] for overtaken in register.overtaken} <= deposed
     assert register.running == {}
+
+
+@pytest.mark.parametrize("raised", ["unavailable", "lost"])
+async def test_work_that_raises_a_backend_or_leadership_error_of_its_own_ends_run(raised: str) -> None:
+    # The run's guarantee: an exception from work ends run() with it. _own catches BackendUnavailable (meant for
+    # the lock request) and LeadershipLost (meant for this name's loss) around the work as well: a work whose own
+    # call to a server failed, or that checked another leadership, had its name let go and asked for again, its
+    # exception logged at INFO as "asking for it failed", and run() went on.
+    group = f"shards-{secrets.token_hex(3)}"
+    shards = Shards(["a"], group=group, electors=lambda n: MemoryElector(name=n), max_instances=1, settle=0.01)
+    starts = 0
+
+    async def work(name: str) -> None:
+        nonlocal starts
+        starts += 1
+        assert current_leadership().held
+        if raised == "unavailable":
+            raise aioelect.BackendUnavailable("the work's own database is down")
+        raise aioelect.LeadershipLost("another leadership the work checked", aioelect.LossKind.SELF_FENCED)
+
+    expected = aioelect.BackendUnavailable if raised == "unavailable" else aioelect.LeadershipLost
+    with pytest.raises(expected), anyio.fail_after(5):
+        await shards.run(work)
+    assert starts == 1

@@ -69,3 +69,28 @@ async def test_a_shared_session_entered_twice_is_a_usage_error(etcd: EtcdServer)
             with pytest.raises(UsageError, match="entered once"):
                 await session.__aenter__()
             assert not session.closed
+
+
+async def test_a_health_server_started_twice_at_once_is_a_usage_error_and_listens_once(aioelect_name: str) -> None:
+    # start() checks that it is not started, then awaits the address lookup: a second start() in that gap passed
+    # the same check, and each made its own listening socket (two accept loops, the first socket never closed).
+    health = HealthServer(MemoryElector(name=aioelect_name, identity="a"))
+    outcomes: list[BaseException | None] = []
+
+    async def start() -> None:
+        try:
+            await health.start()
+        except UsageError as exc:
+            outcomes.append(exc)
+        else:
+            outcomes.append(None)
+
+    with anyio.fail_after(10):
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(start)
+                tg.start_soon(start)
+            assert sum(isinstance(o, UsageError) for o in outcomes) == 1, outcomes
+            assert len([t for t in health.http._tasks if "accept" in t.get_name()]) == 1
+        finally:
+            await health.aclose()

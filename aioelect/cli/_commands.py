@@ -22,6 +22,7 @@ from typing import Any, cast
 import anyio
 
 from .._backend import Backoff
+from .._early import take
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 from .._errors import UsageError as LibraryUsageError
@@ -35,7 +36,7 @@ from ._orphans import reaper
 from ._output import json_line, out
 from ._run import Runner, choose_grace, command_check, serve_health, serve_metrics
 from ._status import EXIT_NO_LEADER, EXIT_NOT_STEPPED_DOWN, BackendError, UsageError
-from ._supervisor import STOP_SIGNALS, child_environment
+from ._supervisor import STOP_SIGNALS, child_environment, stop_timeout_for
 
 __all__ = ["execute"]
 
@@ -175,6 +176,8 @@ async def execute(
     handled = STOP_SIGNALS if runner is not None else (signal.SIGINT, signal.SIGTERM)
     for sig in handled:
         loop.add_signal_handler(sig, on_signal, sig)
+    for sig in take(handled):  # received while the command was starting (python -m aioelect held them)
+        on_signal(sig)
     reaping = reaper() if runner is not None else None
     try:
         if runner is not None and args.health_cmd is not None:
@@ -195,6 +198,14 @@ async def execute(
                 elector.set_priority(priority, settle=args.priority_settle)
             runner.grace = choose_grace(args.grace, elector, config.kind)
             log.debug("--grace %gs", runner.grace)
+            needed = stop_timeout_for(runner.grace)
+            if config.options.get("stop_timeout", 0.0) < needed:
+                # A grace chosen from the margin (half of it, none given) may outlast the stop_timeout the
+                # elector was built with: after a loss its keeper would let the lock go while CMD still runs.
+                config.options["stop_timeout"] = needed
+                with anyio.CancelScope(shield=True):
+                    await elector.aclose()
+                elector = runner.elector = config.build()
         if runner is not None and args.metrics_port is not None:
             metrics = await serve_metrics(elector, args.metrics_host, args.metrics_port)
         if runner is not None and getattr(args, "health_port", None) is not None:

@@ -38,7 +38,7 @@ from .._settings import (
 )
 from ._output import secrets
 from ._status import BackendError, UsageError
-from ._supervisor import DEFAULT_GRACE, KILL_WAIT
+from ._supervisor import stop_timeout_for
 
 __all__ = ["Config", "configure", "first_contact"]
 
@@ -179,7 +179,8 @@ def configure(args: argparse.Namespace, settings: Settings) -> Config:
     options.update(_backend_flags(args, settings, kind))
     if getattr(args, "command", None) in ("run", "shards"):
         # CMD is the leader's work: after a loss the lock is released only once CMD is stopped.
-        options["stop_timeout"] = max(args.grace or 0.0, DEFAULT_GRACE) + 2 * KILL_WAIT + 1
+        # The grace given: one chosen from the safety margin (none given) raises it once chosen (choose_grace).
+        options["stop_timeout"] = stop_timeout_for(args.grace or 0.0)
     for flag in ("etcd_user", "etcd_ca", "etcd_cert", "etcd_key"):
         if getattr(args, flag) is not None and kind != "etcd":
             raise UsageError(f"--{flag.replace('_', '-')} applies to etcd only, not to the {kind} backend")

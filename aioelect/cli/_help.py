@@ -58,9 +58,9 @@ environment:
   {ENV_PASSWORD:<24} password for the DSN's user or the etcd user; never printed
   {ENV_ETCD_USER:<24} etcd user name
   {ENV_REDIS_SENTINEL_USERNAME}
-  {'':<24} Redis Sentinel: the Sentinels' own user (the URL's user is the master's)
+  {"":<24} Redis Sentinel: the Sentinels' own user (the URL's user is the master's)
   {ENV_REDIS_SENTINEL_PASSWORD}
-  {'':<24} Redis Sentinel: the Sentinels' own password; never printed
+  {"":<24} Redis Sentinel: the Sentinels' own password; never printed
   {ENV_ETCD_CA:<24} etcd: CA certificate (PEM) that verifies the server
   {ENV_ETCD_CERT:<24} etcd: client certificate (PEM), with {ENV_ETCD_KEY}
   {ENV_ETCD_KEY:<24} etcd: the client certificate's unencrypted key (PEM)

@@ -39,6 +39,7 @@ from typing import Any
 
 import anyio
 
+from .._early import take
 from .._elector import Elector, Leadership, current_leadership, default_identity, lock_descriptors
 from .._errors import ElectionError
 from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
@@ -47,7 +48,7 @@ from ._configure import Config, first_contact
 from ._orphans import reaper
 from ._run import choose_grace, forwarded_signal
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
-from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment
+from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, stop_timeout_for
 
 __all__ = ["MAX_NAMES", "ShardsRunner", "parse_names"]
 
@@ -179,10 +180,6 @@ class ShardsRunner:
     async def main(self) -> int:
         """Take part until a stop signal; return 128 + the signal, or raise BackendError on a permanent error."""
         session_out: list[Any] = []
-        try:
-            shards = self._shards(session_out)
-        except (TypeError, ValueError) as exc:
-            raise UsageError(str(exc)) from None
         # Not on the group's own name: on etcd the group's elections are under it (``group/shard/...``).
         where = self.config
         probe = Config(
@@ -190,6 +187,15 @@ class ShardsRunner:
         ).build()
         try:
             self.grace = choose_grace(self.given_grace, probe, self.config.kind)
+            # A grace chosen from the margin may outlast the stop_timeout built from --grace as given: every
+            # name's elector waits for its CMD as long as the grace and the kill take before it lets go.
+            needed = stop_timeout_for(self.grace)
+            if self.config.options.get("stop_timeout", 0.0) < needed:
+                self.config.options["stop_timeout"] = needed
+            try:
+                shards = self._shards(session_out)
+            except (TypeError, ValueError) as exc:
+                raise UsageError(str(exc)) from None
             # Fail fast (status 3) on a server that cannot be reached at all; later outages are retried.
             await first_contact(probe, self.config, self.timeout)
         finally:
@@ -200,6 +206,8 @@ class ShardsRunner:
         with anyio.CancelScope() as scope:
             for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, self.on_signal, sig, scope)
+            for sig in take(STOP_SIGNALS):  # received while the command was starting
+                self.on_signal(sig, scope)
             try:
                 if session_out:
                     async with session_out[0]:

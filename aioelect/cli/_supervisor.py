@@ -62,6 +62,7 @@ __all__ = [
     "exit_status",
     "group_alive",
     "reap_orphans",
+    "stop_timeout_for",
 ]
 
 log = logging.getLogger("aioelect.cli")
@@ -70,6 +71,13 @@ log = logging.getLogger("aioelect.cli")
 KILL_RESERVE = 0.5
 #: The grace between SIGTERM and SIGKILL where leadership cannot be taken away while this process lives.
 DEFAULT_GRACE = 10.0
+
+
+def stop_timeout_for(grace: float) -> float:
+    """The elector's ``stop_timeout`` for CMD stopped with ``grace``: after a loss the keeper waits this long for
+    CMD's tree (SIGTERM, ``grace``, SIGKILL, the kill waited for) before it lets the lock go."""
+    return max(grace, DEFAULT_GRACE) + 2 * KILL_WAIT + 1
+
 
 #: The signals ``aioelect run`` handles: each is forwarded to CMD's group and stops the campaign, where the
 #: default action would end aioelect with CMD left behind (SIGPIPE included, which Python ignores).

@@ -13,6 +13,9 @@ Each module imports its framework only when it is imported itself, so
 * :mod:`aioelect.integrations.jobs` -- :class:`~aioelect.integrations.jobs.LeaderOnly`,
   a decorator whose async functions run only on the elected leader
   (standard library only);
+* :mod:`aioelect.integrations.schedule` -- ticks of an "every N seconds"
+  schedule, each recorded in the election's fenced state before it runs, so
+  that none runs twice across the instances (standard library only);
 * :mod:`aioelect.integrations.health` -- liveness, readiness and leader
   probes over plain HTTP (standard library only), which ``aioelect run
   --health-port`` serves for Kubernetes;

@@ -67,13 +67,37 @@ leaders -- as *missed*, and applies the job's options:
   than the handover nothing is skipped; the price is that the slot the old
   leader ran last may run again on the new one. Jobs that must run exactly
   once per slot write their slot under the fencing token (or idempotently)
-  where they act.
+  where they act, or use ``fenced=True``:
+
+Runs recorded in fenced state (``LeaderScheduler(..., fenced=True)``). The
+executor records each run time of a job (key ``apscheduler/{job id}`` of the
+election's :class:`~aioelect.FencedStore`: the newest run time recorded, and
+the token) with a fenced compare-and-set before it runs it, and does not
+start a run time at or before the one recorded. So:
+
+* a run time is never run twice, by this instance or another: a deposed
+  leader cannot record it (its write is refused by the server), and a
+  successor skips what its predecessor recorded;
+* with ``coalesce=True`` and a ``misfire_grace_time`` longer than a
+  handover, the run times that fell due during the handover run once on the
+  successor; with ``coalesce=False`` each of them runs; past the grace time
+  APScheduler reports them missed (``EVENT_JOB_MISSED``) and they are
+  recorded without running;
+* at most once: a leader that dies after recording a run time and before
+  the run finished leaves it recorded, and nobody runs it again;
+* every instance must compute the same run times: give ``interval``
+  triggers the same ``start_date`` everywhere (their default start is the
+  moment each instance added the job), or use ``cron`` triggers;
+* needs a backend with fenced state (not ``local``; PostgreSQL with
+  ``schema=``, MySQL and PostgreSQL with fencing on): the constructor
+  refuses one without.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -82,6 +106,7 @@ from typing import Any
 import anyio
 
 from .._elector import Elector, Leadership
+from .._fenced import FencedStore
 from .._shards import Shards
 from ._campaign import Campaign, Role, Status
 
@@ -133,6 +158,8 @@ class LeaderExecutor(AsyncIOExecutor):  # type: ignore[misc]
         self.context: contextvars.Context | None = None
         #: Runs in progress, with the id of their job.
         self._running: dict[asyncio.Future[Any], str] = {}
+        #: With ``fenced=True``: the election's fenced state, where each job's last run time is recorded.
+        self.store: FencedStore | None = None
 
     def _lease(self, job: Any) -> tuple[Leadership | None, contextvars.Context | None]:
         """The leadership a run of ``job`` would run under, and its context."""
@@ -157,7 +184,9 @@ class LeaderExecutor(AsyncIOExecutor):  # type: ignore[misc]
 
         loop: asyncio.AbstractEventLoop = self._eventloop
         future: asyncio.Future[Any]
-        if iscoroutinefunction_partial(job.func):
+        if self.store is not None:
+            future = context.run(loop.create_task, self._recorded_runs(self.store, lead, job, run_times))
+        elif iscoroutinefunction_partial(job.func):
             coro = run_coroutine_job(job, job._jobstore_alias, run_times, self._logger.name)
             # A task created inside context.run() copies that context: the leadership is current in the run.
             future = context.run(loop.create_task, coro)
@@ -168,6 +197,28 @@ class LeaderExecutor(AsyncIOExecutor):  # type: ignore[misc]
         future.add_done_callback(done)
         self._pending_futures.add(future)
         self._running[future] = job.id
+
+    async def _recorded_runs(self, store: FencedStore, lead: Leadership, job: Any, run_times: list[Any]) -> list[Any]:
+        """Run ``job`` at each of ``run_times`` not recorded yet, each recorded (fenced) before it runs."""
+        key = f"apscheduler/{job.id}"
+        record = await store.get(key)
+        events: list[Any] = []
+        for run_time in run_times:
+            at = run_time.timestamp()
+            if record is not None and at <= record["run_time"]:
+                log.info('run of job "%s" at %s not started: already recorded', job.id, run_time)
+                continue
+            value = {"run_time": at, "token": lead.token}
+            if not await store.compare_and_set(lead, key, record, value):
+                log.warning('the record of job "%s" changed under its leader: run at %s not started', job.id, run_time)
+                break
+            record = value
+            if iscoroutinefunction_partial(job.func):
+                events += await run_coroutine_job(job, job._jobstore_alias, [run_time], self._logger.name)
+            else:
+                runs = functools.partial(run_job, job, job._jobstore_alias, [run_time], self._logger.name)
+                events += await asyncio.get_running_loop().run_in_executor(None, contextvars.copy_context().run, runs)
+        return events
 
     async def stop_runs(self, timeout: float, job_id: str | None = None) -> None:  # noqa: ASYNC109
         """Cancel the runs in progress (of ``job_id`` only, if given) and wait for them to end, at most ``timeout``
@@ -194,7 +245,9 @@ class LeaderScheduler:
     has no ``default`` executor of its own (this class brings one).
     ``stop_timeout`` bounds the wait for runs in progress when leadership
     ends; ``restart_delay`` is the pause before campaigning again after a
-    voluntary release.
+    voluntary release. ``fenced=True`` records each run time of each job in
+    the election's :class:`~aioelect.FencedStore` before it runs (see the
+    module's "Runs recorded in fenced state").
     """
 
     def __init__(
@@ -204,6 +257,7 @@ class LeaderScheduler:
         *,
         stop_timeout: float = 5.0,
         restart_delay: float = 1.0,
+        fenced: bool = False,
     ) -> None:
         if not isinstance(scheduler, AsyncIOScheduler):
             raise TypeError(f"LeaderScheduler needs an AsyncIOScheduler, not {type(scheduler).__name__}")
@@ -220,6 +274,8 @@ class LeaderScheduler:
                 "the scheduler already has a 'default' executor: LeaderScheduler installs its own "
                 "(LeaderExecutor), so leave 'default' unconfigured"
             ) from None
+        if fenced:
+            self.executor.store = FencedStore(elector)  # refuses a backend without fenced state, here
         self.stop_timeout = float(stop_timeout)
         self.campaign = Campaign(elector, self._lead, restart_delay=restart_delay)
         self._on_change: list[Callable[[bool], object]] = []

@@ -104,8 +104,13 @@ class HealthServer:
         """Listen on ``host:port`` (loopback and a free port by default). Raises OSError if it cannot."""
         if self._started:
             raise UsageError("HealthServer.start() called twice")
-        await self.http.start(host, port)
+        # Marked before the first wait: a second start() meanwhile would pass the check and listen again.
         self._started = True
+        try:
+            await self.http.start(host, port)
+        except BaseException:
+            self._started = False
+            raise
 
     async def aclose(self) -> None:
         """Stop listening and close open connections. Idempotent."""

@@ -40,6 +40,19 @@ Guarantees:
 * after a loss the instance campaigns again; leaving ``async with`` stops
   the runs, releases the leadership and, for an elector built from a
   factory, closes it.
+
+Ticks that run at most once, and are caught up after a handover:
+:meth:`LeaderOnly.ticks` with a :class:`~aioelect.integrations.schedule.Ticks`
+records each due tick in the election's fenced state before it runs it::
+
+    from aioelect.integrations.schedule import Every, Ticks
+
+    @leader_only.ticks(Ticks("digest", Every(60), misfire="run_once"))
+    async def send_digest(tick) -> None:
+        ...  # tick.number: the same on every instance
+
+    # every instance calls send_digest() (every few seconds, say): the leader
+    # runs the ticks due since the last one recorded, the others return None.
 """
 
 from __future__ import annotations
@@ -54,9 +67,10 @@ from typing import Any, ParamSpec, TypeVar
 
 import anyio
 
-from .._elector import Elector, Leadership
+from .._elector import Elector, Leadership, current_leadership
 from .._errors import LeadershipLost, UsageError
 from ._campaign import Campaign
+from .schedule import Tick, Ticks
 
 __all__ = ["LeaderOnly"]
 
@@ -64,6 +78,7 @@ log = logging.getLogger("aioelect.integrations")
 
 P = ParamSpec("P")
 T = TypeVar("T")
+TickJob = Callable[[Tick], Awaitable[Any]]
 
 
 class LeaderOnly:
@@ -154,3 +169,26 @@ class LeaderOnly:
             return task.result()
 
         return only_on_the_leader
+
+    def ticks(self, ticks: Ticks) -> Callable[[TickJob], Callable[[], Coroutine[Any, Any, list[Tick] | None]]]:
+        """Decorate ``function(tick)``: a call (no arguments) runs, on the leader, the ticks of ``ticks`` due now.
+
+        On the leader a call records each due tick in the election's fenced
+        state, then awaits ``function(tick)`` (the misfire policy of ``ticks``
+        applied), and returns the ticks run (``[]``: none due). Elsewhere it
+        returns None at once. A tick is never run twice, by this instance or
+        another (see :mod:`aioelect.integrations.schedule`); callers on
+        every instance may call as often as they like: a tick due in a
+        handover runs at the successor's next call.
+        """
+        if not isinstance(ticks, Ticks):
+            raise TypeError(f"LeaderOnly.ticks() takes a Ticks, not {type(ticks).__name__}")
+
+        def decorate(function: TickJob) -> Callable[[], Coroutine[Any, Any, list[Tick] | None]]:
+            async def due_ticks() -> list[Tick]:
+                return await ticks.run_due(current_leadership(), function)
+
+            functools.update_wrapper(due_ticks, function)
+            return self(due_ticks)
+
+        return decorate

@@ -10,7 +10,13 @@ against a real server, so every time is exact. :mod:`soak.checker` judges
 the history. See docs/adversary.md.
 """
 
+from .etcd_cluster_target import EtcdClusterTarget
+from .postgres_target import PostgresTarget
 from .redis_target import RedisTarget
+from .sentinel_target import SentinelTarget
 from .servers import SERVERS
 
-SERVERS["redis"] = RedisTarget  # beside the others, in a module of its own
+SERVERS["postgres"] = PostgresTarget
+SERVERS["redis"] = RedisTarget  # beside the others, in modules of their own
+SERVERS["redis-sentinel"] = SentinelTarget
+SERVERS["etcd-cluster"] = EtcdClusterTarget

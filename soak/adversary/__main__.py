@@ -21,6 +21,8 @@ from .shards import run_shards
 from .stops import STOP_BACKENDS, run_stops
 
 _NS = 1_000_000_000
+#: The targets whose nodes are split from each other (several servers): sharded leadership is not played there.
+SPLIT = ("redis-sentinel", "etcd-cluster")
 
 
 def describe(outcome: Outcome, trace: float = 0.0, *, full: bool = False) -> str:
@@ -45,10 +47,13 @@ def describe(outcome: Outcome, trace: float = 0.0, *, full: bool = False) -> str
 
 async def _main(args: argparse.Namespace) -> int:
     backends = list(SERVERS) if args.backend == "all" else [args.backend]
+    if args.shards:
+        backends = [b for b in backends if b not in SPLIT]
     if args.stops:
         backends = [b for b in backends if b in STOP_BACKENDS]
     first = args.seed if args.seed is not None else random.randrange(1_000_000)
     failed = 0
+    kinds: dict[str, int] = {}  # the operator's faults, by kind, over every seed
     for backend in backends:
         target: Target = SERVERS[backend](f"adversary-{first}")
         await anyio.to_thread.run_sync(target.start)
@@ -64,10 +69,13 @@ async def _main(args: argparse.Namespace) -> int:
                 else:
                     outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
                 print(describe(outcome, args.trace, full=args.full_trace), flush=True)
+                for fault in outcome.faults:
+                    kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
                 failed += not outcome.ok
                 seed += 1
         finally:
             await anyio.to_thread.run_sync(target.cleanup)
+    print("counts per fault kind: " + (", ".join(f"{k} {v}" for k, v in sorted(kinds.items())) or "none"), flush=True)
     return 1 if failed else 0
 
 
@@ -91,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full-trace", action="store_true", help="the whole trace of every seed")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.shards and args.backend in SPLIT:
+        parser.error(f"--shards runs on one server: not on {args.backend}")
     logging.basicConfig(
         stream=sys.stderr, level=logging.DEBUG if args.verbose else logging.ERROR, format="%(asctime)s %(message)s"
     )

@@ -353,7 +353,7 @@ async def _operator(
             detail = await target.act(kind, rng)
         except Exception as exc:
             errors.append(f"{kind} failed: {exc!r}")
-            await anyio.to_thread.run_sync(target.server.start)  # a failed restart leaves it stopped
+            await anyio.to_thread.run_sync(target.recover)
             continue
         heal = time.monotonic_ns()
         say(f"{kind}: {detail} (began {(heal - start) / 1e9:.2f}s before)")  # the checker judges from its start
@@ -446,7 +446,8 @@ async def _react(
 
 def _elector(target: Target, who: str) -> aioelect.Elector:
     backend = target.backend
-    return aioelect.new(**{backend: target.target()}, name=target.name, identity=who, **OPTIONS[backend])
+    options = {**OPTIONS[backend], **target.extra_options}
+    return aioelect.new(**{backend: target.target()}, name=target.name, identity=who, **options)
 
 
 def _attach(elector: aioelect.Elector, network: Network) -> None:
@@ -466,7 +467,11 @@ async def run_seed(
     Without ``electors`` or ``profile``, the seed draws them (3 to 6 electors, :meth:`Profile.draw`).
     """
     master = random.Random(seed)
-    profile = profile or Profile.draw(master, target.kinds, views=target.views, restarts=target.reuses_ids)
+    profile = (
+        profile
+        or target.draw(master)
+        or Profile.draw(master, target.kinds, views=target.views, restarts=target.reuses_ids)
+    )
     electors = electors or master.randint(*profile.electors)
     trace = _Trace()
     candidates = []
@@ -510,7 +515,7 @@ async def run_seed(
     losses = [loss for c in candidates for loss in c.losses]
     bound = margin(target.backend, profile)
     history = History(
-        label=f"{target.backend} seed {seed}",
+        label=f"{target.label} seed {seed}",
         acts=acts,
         writes=[],
         faults=faults,
@@ -532,4 +537,4 @@ async def run_seed(
             counts[key] = counts.get(key, 0) + value
     for fault in faults:
         counts[fault.kind] = counts.get(fault.kind, 0) + 1
-    return Outcome(target.backend, seed, verdict, faults, losses, counts, trace.lines, profile.slow)
+    return Outcome(target.label, seed, verdict, faults, losses, counts, trace.lines, profile.slow)

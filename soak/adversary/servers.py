@@ -27,7 +27,7 @@ import anyio
 
 from tests.harness import EtcdServer, MariaDBServer, PostgresServer
 
-__all__ = ["SERVERS", "EtcdTarget", "MariaDBTarget", "PostgresTarget", "Target"]
+__all__ = ["SERVERS", "EtcdTarget", "MariaDBTarget", "Target"]
 
 
 class Target:
@@ -45,6 +45,8 @@ class Target:
     #: Whether a restarted server hands out again the ids of sessions from before, which a session kept across
     #: the restart still carries (see :meth:`~.network.Profile.draw`).
     reuses_ids: ClassVar[bool] = False
+    #: Elector options beside the backend's (:data:`~.run.OPTIONS`).
+    extra_options: ClassVar[dict[str, Any]] = {}
     server: MariaDBServer | PostgresServer | EtcdServer
 
     def __init__(self, name: str) -> None:
@@ -59,6 +61,19 @@ class Target:
 
     def cleanup(self) -> None:
         self.server.cleanup()
+
+    def recover(self) -> None:
+        """After an action that failed: the server running again (a failed restart leaves it stopped)."""
+        self.server.start()
+
+    @property
+    def label(self) -> str:
+        """The name of this target in the output (its ``--backend``)."""
+        return self.backend
+
+    def draw(self, rng: random.Random) -> Any:
+        """A :class:`~.network.Profile` of this target's own for one seed, or None: :meth:`Profile.draw`'s."""
+        return None
 
     def target(self) -> Any:
         raise NotImplementedError
@@ -354,45 +369,6 @@ class MariaDBTarget(Target):
         return [f"{len(rows)} connection(s) left on MariaDB"] if rows else []
 
 
-class PostgresTarget(Target):
-    backend = "postgres"
-    actions: ClassVar[dict[str, float]] = {"kill-holder": 3.0, "kill-session": 2.0, "restart": 1.0}
-    pace = 1.5
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.server = PostgresServer()
-
-    def target(self) -> Any:
-        return self.server.dsn
-
-    async def _query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
-        server = self.server
-        assert isinstance(server, PostgresServer)
-        return await anyio.to_thread.run_sync(lambda: server.query(sql, args))
-
-    async def _kill_holder(self, rng: random.Random) -> str:
-        rows = await self._query(
-            "SELECT pid, pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-        )
-        return f"pg_terminate_backend {[r[0] for r in rows]} (the holder)" if rows else "no holder"
-
-    async def _kill_session(self, rng: random.Random) -> str:
-        rows = await self._query(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() "
-            "AND pid NOT IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted)"
-        )
-        if not rows:
-            return "no session"
-        pid = int(rng.choice(rows)[0])
-        await self._query("SELECT pg_terminate_backend($1)", pid)
-        return f"pg_terminate_backend {pid}"
-
-    async def leftovers(self) -> list[str]:
-        rows = await self._query(
-            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()"
-        )
-        return [f"{len(rows)} connection(s) left on PostgreSQL"] if rows else []
-
-
-SERVERS: dict[str, type[Target]] = {"etcd": EtcdTarget, "mysql": MariaDBTarget, "postgres": PostgresTarget}
+#: The targets by ``--backend``; PostgreSQL's, Redis's and the split targets are added by the package, from modules
+#: of their own.
+SERVERS: dict[str, type[Target]] = {"etcd": EtcdTarget, "mysql": MariaDBTarget}

@@ -78,7 +78,8 @@ class _Instance:
 
     def _elector(self, election: str) -> aioelect.Elector:
         backend = self.target.backend
-        elector = aioelect.new(**{backend: self.target.target()}, name=election, identity=self.who, **OPTIONS[backend])
+        options = {**OPTIONS[backend], **self.target.extra_options}
+        elector = aioelect.new(**{backend: self.target.target()}, name=election, identity=self.who, **options)
         _attach(elector, self.link)
         if "/shard/" in election:
             _listen(elector, self.trace.sink(f"{self.who}:{election.rpartition('/')[2]}"))
@@ -249,4 +250,4 @@ async def run_shards(
         max_overlap=0.0,
         margin=bound,
     )
-    return Outcome(f"{target.backend} shards", seed, verdict, faults, [], counts, trace.lines, profile.slow)
+    return Outcome(f"{target.label} shards", seed, verdict, faults, [], counts, trace.lines, profile.slow)

@@ -137,11 +137,11 @@ def read_beats(directory: Path) -> list[Beats]:
     return BeatsReader(directory).read()
 
 
-def _excused(stops: list[tuple[int, int]], a: int, b: int, allowance: int) -> int:
-    """How much of ``a``..``b`` the supervisor's stops cover, each with ``allowance`` after it woke."""
+def _excused(stops: list[tuple[int, int]], a: int, b: int) -> int:
+    """How much of ``a``..``b`` the supervisor's stops cover (the margin is allowed once, by the caller)."""
     covered, cursor = 0, a
     for start, heal in sorted(stops):
-        start, end = max(start, cursor), min(heal + allowance, b)
+        start, end = max(start, cursor), min(heal, b)
         if end > start:
             covered += end - start
             cursor = end
@@ -150,8 +150,9 @@ def _excused(stops: list[tuple[int, int]], a: int, b: int, allowance: int) -> in
 
 def judge(beats: list[Beats], faults: list[Fault], margin: float) -> tuple[list[Violation], list[Term], float]:
     """Trees that worked on after the next tree's CMD started, beyond ``margin`` s (the time the earlier tree's
-    supervisor was stopped, and ``margin`` after it woke, not counted); tokens that do not grow. Also the trees
-    as terms (``who`` the supervisor, the token, first and last heartbeat) and the longest such time (s)."""
+    supervisor was stopped not counted: once woken it has ``margin`` to end its tree); tokens that do not grow.
+    Also the trees as terms (``who`` the supervisor, the token, first and last heartbeat) and the longest such
+    time (s)."""
     trees: dict[tuple[str, int], list[Beats]] = {}
     for b in beats:
         trees.setdefault((b.who, b.token), []).append(b)
@@ -172,7 +173,7 @@ def judge(beats: list[Beats], faults: list[Fault], margin: float) -> tuple[list[
         if later is None or earlier.end <= later.start:
             continue
         a = later.start
-        overlap = earlier.end - a - _excused(stops.get(earlier.who, []), a, earlier.end, m)
+        overlap = earlier.end - a - _excused(stops.get(earlier.who, []), a, earlier.end)
         worst = max(worst, overlap)
         if overlap <= m:
             continue

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
-from typing import ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from .errors import HarnessError, ServerStartError
 from .processes import (
@@ -84,6 +84,8 @@ class ManagedServer(Started):
     stop_signal: ClassVar[int] = signal.SIGTERM
 
     host = LOOPBACK
+    #: A command that runs the server in its place (``ip netns exec NS``: see :meth:`place`).
+    prefix: tuple[str, ...] = ()
 
     def __init__(
         self, *, extra_args: Sequence[str] = (), startup_timeout: float = 30.0, stop_timeout: float = 15.0
@@ -125,6 +127,10 @@ class ManagedServer(Started):
     def _run_as(self) -> pwd.struct_passwd | None:
         return None
 
+    def place(self, node: Any) -> None:
+        """Run in ``node``'s network namespace, on its address (a :class:`~tests.harness.netns.Node`); before start."""
+        self.host, self.prefix = node.address, tuple(node.prefix)
+
     # -- properties ----------------------------------------------------------
 
     @property
@@ -164,7 +170,7 @@ class ManagedServer(Started):
         with open(self.log_path, "ab") as log:
             log.write(f"\n===== aioelect harness: starting {self.kind} at {time.ctime()} =====\n".encode())
         self._frozen = False
-        self._proc = popen(self._argv(), log_path=self.log_path, run_as=self._run_as(), cwd=self._dir)
+        self._proc = popen([*self.prefix, *self._argv()], log_path=self.log_path, run_as=self._run_as(), cwd=self._dir)
 
     def _wait_ready(self, deadline: float) -> None:
         proc = self._proc

@@ -100,8 +100,6 @@ class EtcdBackend(Election):
         self.degraded: DegradedHold | None = None
         #: Where the current campaign stands (its steps: CANDIDACY_TRANSITIONS).
         self.candidacy = Tracker()
-        #: How the campaign's last _try won: FIRST (a read found no older key) or HANDED (the watch proved it).
-        self._winning = Move.FIRST
 
     @property
     def renew_deadline(self) -> float:
@@ -225,7 +223,7 @@ class EtcdBackend(Election):
             while True:
                 try:
                     # The hold first: when both end in one step, it is closed here rather than dropped.
-                    which, hold = await first_of(lambda: self._try(session, key, value), session.wait_ended)
+                    which, won = await first_of(lambda: self._try(session, key, value), session.wait_ended)
                 except KeyLost:
                     self._move(Move.KEY_LOST)
                     self.log.warning("our candidate key was deleted while our lease lives; campaigning again")
@@ -241,8 +239,9 @@ class EtcdBackend(Election):
                         await session.wait_ended()
                     continue
                 if which == 1:
-                    raise SessionEnded(str(hold))
-                assert isinstance(hold, EtcdHold)
+                    raise SessionEnded(str(won))
+                hold, winning = won
+                assert isinstance(hold, EtcdHold) and isinstance(winning, Move)
                 try:
                     await self._confirm_fresh(session)
                 except BaseException:
@@ -252,7 +251,7 @@ class EtcdBackend(Election):
                 hold.acquired_at = session.confirmed_at
                 backoff.reset()
                 won = True
-                self._move(self._winning)
+                self._move(winning)
                 return hold
         finally:
             if not won:
@@ -300,7 +299,9 @@ class EtcdBackend(Election):
             if not session.done.is_set():
                 return
 
-    async def _try(self, session: Session, key: bytes, value: bytes) -> EtcdHold:
+    async def _try(self, session: Session, key: bytes, value: bytes) -> tuple[EtcdHold, Move]:
+        """Our key put and waited on until it leads: the hold, and the step that proved it (FIRST: a read found no
+        older key; HANDED: the watch saw the last older key go while ours stood)."""
         revision, predecessor, read_at = await self._put_candidate(session, key, value)
         self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
         shortcut = True
@@ -313,16 +314,16 @@ class EtcdBackend(Election):
             waited = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
             shortcut = waited.turn is not Turn.SKIPPED
             if waited.turn is Turn.LEADING and (won := waited.watch) is not None:
-                self._winning = Move.HANDED
                 return EtcdHold(
                     self, session, key, revision, session.confirmed_at, watch_from=won.revision + 1, watching=won
-                )
+                ), Move.HANDED
             self._move(Move.MAY_BE_GONE)
             # One read: our key still stands under our lease (it would be gone with the lease), any older key left?
             predecessor, read_at = await self._check(session, key, revision)
-        self._winning = Move.FIRST
         # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.
-        return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
+        return EtcdHold(
+            self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1
+        ), Move.FIRST
 
     async def _withdraw(self, session: Session, key: bytes) -> None:
         """Delete our candidate key and end the session (a shared one only if the delete failed); bounded, never

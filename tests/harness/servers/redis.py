@@ -102,6 +102,8 @@ class RedisServer(OnePortServer):
         self.appendfsync = appendfsync
         self.tls = tls
         self.replica_of = replica_of
+        #: The master's address, for ``replica_of``.
+        self.replica_host = LOOPBACK
         self.acl = list(acl)
         os.makedirs(self.data_dir, exist_ok=True)
 
@@ -113,7 +115,7 @@ class RedisServer(OnePortServer):
 
     def _config(self) -> str:
         lines = [
-            f"bind {LOOPBACK}",
+            f"bind {self.host}",
             "protected-mode no",
             f"dir {self.data_dir}",
             'save ""',
@@ -133,7 +135,7 @@ class RedisServer(OnePortServer):
         else:
             lines.append(f"port {self._port}")
         if self.replica_of is not None:
-            lines.append(f"replicaof {LOOPBACK} {self.replica_of}")
+            lines.append(f"replicaof {self.replica_host} {self.replica_of}")
         lines += [f"user {line}" for line in self.acl]
         return "\n".join(lines) + "\n"
 
@@ -158,7 +160,7 @@ class RedisServer(OnePortServer):
 
     def command(self, *args: Any, timeout: float = 5.0) -> Any:
         """Run one command as the default user (plaintext servers only)."""
-        return redis_command(self._port, *args, timeout=timeout)
+        return redis_command(self._port, *args, host=self.host, timeout=timeout)
 
 
 class SentinelServer(OnePortServer):
@@ -179,6 +181,8 @@ class SentinelServer(OnePortServer):
         self._redis = require_binary("redis-server")
         super().__init__(port=None, extra_args=(), startup_timeout=30.0, stop_timeout=10.0)
         self.master_port = master_port
+        #: The master's address.
+        self.master_host = LOOPBACK
         self.master_name = master_name
         self.quorum = quorum
         self.down_after_ms = down_after_ms
@@ -201,8 +205,8 @@ class SentinelServer(OnePortServer):
             if self.password is not None:
                 fh.write(f"requirepass {self.password}\n")
             fh.write(
-                f"bind {LOOPBACK}\nprotected-mode no\ndir {self._dir}\n"
-                f"sentinel monitor {self.master_name} {LOOPBACK} {self.master_port} {self.quorum}\n"
+                f"bind {self.host}\nprotected-mode no\ndir {self._dir}\n"
+                f"sentinel monitor {self.master_name} {self.master_host} {self.master_port} {self.quorum}\n"
                 f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
                 f"sentinel failover-timeout {self.master_name} 5000\n"
                 f"sentinel parallel-syncs {self.master_name} 1\n"
@@ -214,7 +218,7 @@ class SentinelServer(OnePortServer):
 
     def command(self, *args: Any, timeout: float = 5.0) -> Any:
         ca = self.tls.ca if self.tls is not None else None
-        return redis_command(self._port, *args, timeout=timeout, password=self.password, ca=ca)
+        return redis_command(self._port, *args, host=self.host, timeout=timeout, password=self.password, ca=ca)
 
 
 class RedisCluster(Started):
