@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ._fence import fenced
     from ._fenced import FencedStore
     from ._main import run
+    from ._requests import request_step_down, serve_step_downs
     from ._shards import Shards
     from .backends.etcd import EtcdSession
     from .backends.mysql import MySQLSession
@@ -59,7 +60,9 @@ __all__ = [
     "from_env",
     "leadership",
     "new",
+    "request_step_down",
     "run",
+    "serve_step_downs",
 ]
 
 #: The names imported on first use, and their module: importing ``aioelect`` costs almost nothing, so that
@@ -76,6 +79,8 @@ _LAZY = {
     "new": "aioelect._factory",
     "fenced": "aioelect._fence",
     "FencedStore": "aioelect._fenced",
+    "request_step_down": "aioelect._requests",
+    "serve_step_downs": "aioelect._requests",
     "run": "aioelect._main",
     "Shards": "aioelect._shards",
     "EtcdElector": "aioelect.backends.etcd",

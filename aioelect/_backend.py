@@ -314,6 +314,15 @@ class StateStore(abc.ABC):
         """Store ``value`` under ``key`` if ``hold``'s token is the newest the election issued, and (``compare``)
         the value stored is ``expected`` (None: no value); else write nothing and say why."""
 
+    async def post(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key`` with no token check, for any process to ask the leader something (a
+        step-down request). Never for state a leader relies on: anyone who can reach the server may write it."""
+        raise UsageError(f"{type(self).__name__} takes no requests")
+
+    async def read_posted(self, key: str) -> bytes | None:
+        """The value :meth:`post` stored under ``key``, or None."""
+        return await self.read(key)
+
     async def aclose(self) -> None:  # noqa: B027 - a store that keeps nothing open
         """Close what the store keeps open."""
 

@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import enum
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -24,8 +25,10 @@ import anyio
 
 from ._backend import Backend, Hold, Loss, Reporter, monotonic
 from ._config import default_identity, positive, validate_identity
-from ._errors import ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
+from ._errors import ElectionError, ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
 from ._events import Event, EventKind, Listener
+from ._handover import Gate, Note, Priority, Request
+from ._health import Health
 from ._log import ElectionLog
 from ._tasks import TaskSet, consume, first_of
 from ._transitions import Transitions
@@ -298,6 +301,9 @@ class Leadership:
         self._releasers: set[asyncio.Task[Any]] = set()
         self.identity: str = elector.identity
         self.token: int | None = hold.token
+        #: The step-down under way, and how it ended (None: it succeeded): a second one shares its outcome.
+        self._stepping: anyio.Event | None = None
+        self._stepped: BaseException | None = None
 
     def __repr__(self) -> str:
         return (
@@ -363,6 +369,92 @@ class Leadership:
             self._watching.cancel()
         with anyio.CancelScope(shield=True):
             await self._finished()
+
+    # ``timeout`` is the length of the handover window, not a bound on this call.
+    async def step_down(
+        self, to: str | None = None, *, timeout: float = 30.0, reason: str = "requested"  # noqa: ASYNC109
+    ) -> None:
+        """Stop leader work and release, leaving a handover note: until ``timeout``, only ``to`` may lead next.
+
+        Without ``to``, any other candidate may lead next, and this elector
+        stays out until another leads or ``timeout`` has passed. The note is
+        a fenced write (a deposed leader leaves none, and gets
+        :class:`LeadershipLost`); the release is the ordinary one, so the
+        successor leads as soon as the work has stopped, with a larger token.
+        Called from inside the leader work, that work is cancelled once the
+        release is done (the rest of it would run without leadership).
+
+        Raises :class:`~aioelect.UsageError` if this leadership is not held
+        (released, or lost), or the backend keeps no handover notes (local,
+        fencing off, PostgreSQL without ``schema=``). A second call while one
+        is under way waits for it and has its outcome; one after it raises
+        UsageError, as the leadership is no longer held.
+        """
+        await self._step_down(to, timeout, reason, None)
+
+    async def _step_down(
+        self,
+        to: str | None,
+        timeout: float,  # noqa: ASYNC109 - the window's length, as in step_down()
+        reason: str,
+        request: str | None,
+        *,
+        wait: bool = True,
+    ) -> None:
+        """:meth:`step_down`, the note naming the step-down ``request`` it answers (None: asked in-process).
+
+        ``wait=False`` returns once the release is asked for (the keeper stops the work and lets go): for a
+        caller that runs inside the leader work's task group, which must end before the release can.
+        """
+        if to is not None:
+            to = validate_identity(to)
+        timeout = positive("timeout", timeout)
+        if self._stepping is not None and not self._stepping.is_set():
+            await self._stepping.wait()
+            if self._stepped is not None:
+                raise self._stepped
+            return
+        if not self.held:
+            state = "lost: " + (self.lost_reason or "") if self.lost else self._state.value
+            raise UsageError(f"step_down(): {self._elector.name!r} is not led by this leadership ({state})")
+        self._stepping = anyio.Event()
+        caller = asyncio.current_task()
+        mine = [w for w in self._work if w.task is caller] if wait else []
+        try:
+            note = Note(self.identity, self.token or 0, to, time.time() + timeout, timeout, reason, request=request)
+            if not await self._elector._gate.leave(self._hold, note):
+                raise LeadershipLost("step_down(): a newer leader exists; nothing handed over", LossKind.DEPOSED)
+            self._log.info("stepping down (%s): %s", reason, note.describe())
+            self._elector._emit("handover_requested", token=self.token, reason=reason, successor=to)
+            if wait and caller is not None:
+                self._releasers.add(caller)  # as release(): its own work is not waited for
+            self._step(_Step.RELEASE)
+            announced = self._elector._tasks.start(self._stepped_down(reason, to), name="aioelect-step-down")
+            if wait:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait([announced])
+        except BaseException as exc:
+            self._stepped = exc
+            raise
+        finally:
+            self._stepping.set()
+        for work in mine:
+            work.scope.cancel()
+        if mine:
+            await anyio.lowlevel.checkpoint()
+
+    async def _answer(self, request: Request) -> None:
+        """Step down as a step-down ``request`` asks; not waiting: this may run inside the leader work's task group,
+        which must end before the release can."""
+        try:
+            await self._step_down(request.successor, request.timeout, request.reason, request.id, wait=False)
+        except ElectionError as exc:
+            self._log.warning("step-down request %s not acted on: %s", request.id, exc)
+
+    async def _stepped_down(self, reason: str, to: str | None) -> None:
+        await self._finished()
+        if self._state is _Lead.RELEASED:
+            self._elector._emit("stepped_down", token=self.token, reason=reason, successor=to)
 
     async def _finished(self) -> None:
         """Return once the backend has let go (or the keeper gave up on it) and the keeper has ended."""
@@ -671,6 +763,8 @@ class Elector:
         #: The keeper of each leadership and the leader watch of each campaign: cancelled and awaited by aclose().
         self._tasks = TaskSet()
         self._log = ElectionLog(backend.kind, backend.name, self._identity)
+        #: The handover rule every grant passes before it becomes a leadership.
+        self._gate = Gate(backend, self._log)
         backend.attach(Reporter(self._log, self._backend_error, on_leader=self._saw_leader))
         for warning in backend.warnings:
             self._log.warning("%s", warning)
@@ -679,6 +773,42 @@ class Elector:
         self._last_leader: str | None = None
         #: The largest fencing token this elector has held.
         self._highest_token: int | None = None
+
+    def set_health(
+        self,
+        check: Callable[[], Awaitable[object]] | None,
+        *,
+        failures: int = 3,
+        interval: float = 5.0,
+        timeout: float = 2.0,
+        backoff: float = 30.0,
+    ) -> None:
+        """Campaign only while ``await check()`` passes, and step down after ``failures`` failures in a row.
+
+        A check passes unless it returns False, raises, or runs past
+        ``timeout`` seconds. While leading it runs every ``interval`` seconds;
+        after ``failures`` failures in a row the leader steps down (reason
+        ``unhealthy``: its work stops, it releases) and stays out of the
+        election for ``backoff`` seconds. A candidate campaigns only once a
+        check passes. Each change is logged with its reason. None removes
+        the check. Takes effect at the next campaign or leadership.
+        """
+        self._gate.health = None if check is None else Health(check, failures, interval, timeout, backoff)
+
+    def set_priority(self, priority: int | None, *, settle: float = 10.0) -> None:
+        """Give this candidate a priority: while it waits and is healthy, every ``settle`` seconds it asks a leader of
+        strictly lower priority to hand over to it; while it leads, it records its priority and acts on such requests.
+
+        Leadership only ever moves to a higher priority, so it never flaps
+        between candidates. A leader without a priority counts as 0. None
+        removes it. Needs a backend with handover notes.
+        """
+        if priority is None:
+            self._gate.priority = None
+            return
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise ValueError(f"priority must be a whole number, not {priority!r}")
+        self._gate.priority = Priority(priority, positive("settle", settle))
 
     def lock_timing(self) -> tuple[float, float, float] | None:
         """``(margin, lease, renew_deadline)``: how long the server keeps a leader's lock (or lease) after it was
@@ -851,6 +981,20 @@ class Elector:
         waited = monotonic() - started
         self._log.info("leadership acquired after %.3fs; token=%s", waited, lead.token)
         self._emit("acquired", token=lead.token, wait=waited)
+        health = self._gate.health
+        if health is not None:
+
+            async def aside() -> None:
+                try:
+                    await lead._step_down(None, health.backoff, "unhealthy", None, wait=False)
+                except UsageError:  # no handover notes on this backend: the back-off alone keeps it out
+                    await lead.release()
+
+            watch = health.watch(lambda: lead.held, aside, self._log)
+            self._tasks.start(watch, name=f"aioelect-health-{lead.identity}")
+        if self._gate.priority is not None:
+            serve = self._gate.lead(hold, lead.identity, lambda: lead.held, lead._answer)
+            self._tasks.start(serve, name=f"aioelect-priority-{lead.identity}")
         return lead
 
     async def _watch_leader(self, stopped: anyio.Event) -> None:
@@ -911,14 +1055,14 @@ class Elector:
             with anyio.CancelScope() as scope:
                 self._campaign_scope = scope
                 if once:
-                    hold = await self._apart(self._backend.try_campaign(self._identity), me)
+                    hold = await self._apart(self._gate.try_campaign(self._identity), me)
                 else:
                     watcher = self._tasks.start(
                         self._watch_leader(stopped), name=f"aioelect-leader-watch-{self._identity}"
                     )
                     # The watch stops as the campaign wins, in the campaign's task: its clean-up overlaps
                     # the wake-up of this one.
-                    hold = await self._apart(self._backend.campaign(self._identity), me, then=stop_watcher)
+                    hold = await self._apart(self._gate.campaign(self._identity), me, then=stop_watcher)
             if scope.cancelled_caught:
                 raise ElectorClosed("elector closed while campaigning")
         except BaseException:

@@ -9,7 +9,9 @@ from typing import Literal
 
 __all__ = ["Event", "EventKind", "Listener"]
 
-EventKind = Literal["campaigning", "acquired", "released", "lost", "leader", "confirmed", "error"]
+EventKind = Literal[
+    "campaigning", "acquired", "released", "lost", "leader", "confirmed", "error", "handover_requested", "stepped_down"
+]
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,9 @@ class Event:
     * ``lost``: leadership ended for another ``reason``;
     * ``leader``: :meth:`~aioelect.Elector.observe` saw a new ``leader`` (None: nobody);
     * ``confirmed``: a check or keep-alive succeeded, ``latency`` seconds after it was sent;
-    * ``error``: a backend error was retried (``reason``).
+    * ``error``: a backend error was retried (``reason``);
+    * ``handover_requested``: this leader is stepping down (``reason``; ``successor``, None: any other);
+    * ``stepped_down``: it has stepped down: its work stopped and it released (``reason``, ``successor``).
 
     Never carries a password or auth token.
     """
@@ -38,6 +42,7 @@ class Event:
     leader: str | None = None
     wait: float | None = None
     latency: float | None = None
+    successor: str | None = None
     at: float = field(default_factory=time.time)
 
 

@@ -249,9 +249,32 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     raises ValueError listing the variables to set: strict is the safe
     default, never a silent local elector that would let every instance lead.
 
+    ``AIOELECT_PRIORITY`` (a whole number; ``priority=`` overrides it)
+    gives the elector a priority (:meth:`~aioelect.Elector.set_priority`).
+
     ``options`` override the environment.
     """
-    return new(**env_options(environ, options))
+    priority = options.pop("priority", None)
+    if priority is None:
+        priority = priority_from((os.environ if environ is None else environ).get(ENV_PRIORITY))
+    elector = new(**env_options(environ, options))
+    if priority is not None:
+        elector.set_priority(priority)
+    return elector
+
+
+#: A candidate's priority (:meth:`aioelect.Elector.set_priority`).
+ENV_PRIORITY = "AIOELECT_PRIORITY"
+
+
+def priority_from(text: str | None) -> int | None:
+    """The priority ``AIOELECT_PRIORITY`` holds (None: unset or empty); ValueError naming it if not a whole number."""
+    if text is None or not text.strip():
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{ENV_PRIORITY} must be a whole number, not {text[:40]!r}") from None
 
 
 def env_options(environ: Mapping[str, str] | None, options: Mapping[str, Any]) -> dict[str, Any]:

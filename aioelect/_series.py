@@ -11,7 +11,17 @@ from typing import Protocol
 
 from ._events import Event
 
-__all__ = ["ACQUIRE_WAIT", "CHECK_LATENCY", "ERRORS", "IS_LEADER", "LABELS", "TRANSITIONS", "Sink", "record"]
+__all__ = [
+    "ACQUIRE_WAIT",
+    "CHECK_LATENCY",
+    "ERRORS",
+    "HANDOVERS",
+    "IS_LEADER",
+    "LABELS",
+    "TRANSITIONS",
+    "Sink",
+    "record",
+]
 
 #: The labels (attributes) of every series.
 LABELS = ("backend", "name")
@@ -21,6 +31,7 @@ TRANSITIONS = ("aioelect_transitions", "Leadership transitions by reason")
 ACQUIRE_WAIT = ("aioelect_acquire_wait_seconds", "Time from campaigning to leading")
 CHECK_LATENCY = ("aioelect_check_latency_seconds", "Latency of the leader's confirmations (checks, keep-alives)")
 ERRORS = ("aioelect_backend_errors", "Backend errors that were retried")
+HANDOVERS = ("aioelect_handovers", "Planned step-downs by reason")
 #: Histogram bucket bounds, in seconds.
 ACQUIRE_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0)
 CHECK_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -39,6 +50,8 @@ class Sink(Protocol):
 
     def error(self, labels: tuple[str, str]) -> None: ...
 
+    def handover(self, labels: tuple[str, str], reason: str) -> None: ...
+
 
 def record(event: Event, sink: Sink) -> None:
     """Move the series ``event`` moves."""
@@ -55,3 +68,5 @@ def record(event: Event, sink: Sink) -> None:
         sink.check_latency(labels, event.latency)
     elif event.kind == "error":
         sink.error(labels)
+    elif event.kind == "stepped_down":
+        sink.handover(labels, event.reason or "requested")

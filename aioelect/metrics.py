@@ -15,7 +15,8 @@ Metrics, each labelled by ``backend`` and ``name``:
 * ``aioelect_transitions_total{reason}`` (counter): acquired, released, lost;
 * ``aioelect_acquire_wait_seconds`` (histogram): campaign time until leading;
 * ``aioelect_check_latency_seconds`` (histogram): leader checks / keep-alives;
-* ``aioelect_backend_errors_total`` (counter): retried backend errors.
+* ``aioelect_backend_errors_total`` (counter): retried backend errors;
+* ``aioelect_handovers_total{reason}`` (counter): planned step-downs.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class PrometheusMetrics:
             *_series.CHECK_LATENCY, _LABELS, buckets=_series.CHECK_LATENCY_BUCKETS, registry=reg
         )
         self.errors = prometheus_client.Counter(*_series.ERRORS, _LABELS, registry=reg)
+        self.handovers = prometheus_client.Counter(*_series.HANDOVERS, (*_LABELS, "reason"), registry=reg)
         self._sink = _PrometheusSink(self)
 
     def attach(self, elector: Elector) -> Callable[[], None]:
@@ -153,3 +155,6 @@ class _PrometheusSink:
 
     def error(self, labels: tuple[str, str]) -> None:
         self._m.errors.labels(*labels).inc()
+
+    def handover(self, labels: tuple[str, str], reason: str) -> None:
+        self._m.handovers.labels(*labels, reason).inc()

@@ -16,7 +16,8 @@ Instruments, each with the attributes ``backend`` and ``name``:
 * ``aioelect_transitions`` (counter, attribute ``reason``): acquired, released, lost;
 * ``aioelect_acquire_wait_seconds`` (histogram, unit ``s``): campaign time until leading;
 * ``aioelect_check_latency_seconds`` (histogram, unit ``s``): leader checks / keep-alives;
-* ``aioelect_backend_errors`` (counter): retried backend errors.
+* ``aioelect_backend_errors`` (counter): retried backend errors;
+* ``aioelect_handovers`` (counter, attribute ``reason``): planned step-downs.
 
 A Prometheus exporter of the SDK shows the counters with the ``_total``
 suffix, as :class:`~aioelect.metrics.PrometheusMetrics` does.
@@ -61,6 +62,7 @@ class OpenTelemetryMetrics:
             explicit_bucket_boundaries_advisory=list(_series.CHECK_LATENCY_BUCKETS),
         )
         self.errors = meter.create_counter(_series.ERRORS[0], description=_series.ERRORS[1])
+        self.handovers = meter.create_counter(_series.HANDOVERS[0], description=_series.HANDOVERS[1])
 
         self._sink = _OpenTelemetrySink(self)
 
@@ -95,3 +97,6 @@ class _OpenTelemetrySink:
 
     def error(self, labels: tuple[str, str]) -> None:
         self._m.errors.add(1, _attributes(labels))
+
+    def handover(self, labels: tuple[str, str], reason: str) -> None:
+        self._m.handovers.add(1, _attributes(labels, reason=reason))

@@ -292,7 +292,7 @@ def test_leader_exits_1_when_nobody_leads(target: Target) -> None:
     assert (plain.returncode, plain.stdout) == (1, ""), plain.stderr
     as_json = cli("leader", "--json", *target.with_name())
     assert as_json.returncode == 1
-    assert json.loads(as_json.stdout) == {"leader": None}
+    assert json.loads(as_json.stdout) == {"leader": None, "handover": None}
 
 
 def test_observe_prints_one_line_per_change(target: Target, spawner: Spawner, tmp_path: Path) -> None:

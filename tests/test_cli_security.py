@@ -159,7 +159,7 @@ def test_run_and_leader_over_tls_with_a_password(
         AIOELECT_NAME=name,
     )
     assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout) == {"leader": "tls-runner"}
+    assert json.loads(shown.stdout) == {"leader": "tls-runner", "handover": None}
     proc.send_signal(signal.SIGTERM)
     assert spawner.wait(proc) == 128 + signal.SIGTERM
     assert cli("leader", *options, AIOELECT_PASSWORD=PASSWORD).returncode == 1  # resigned: nobody leads
@@ -321,7 +321,7 @@ def test_identities_written_by_other_clients_are_printed_escaped(
         assert "\\x1b[2J" in plain.stdout and "\\n" in plain.stdout, repr(plain.stdout)
         as_json = cli("leader", "--json", *options)
         assert _raw_controls(as_json.stdout) == [], repr(as_json.stdout)
-        assert json.loads(as_json.stdout) == {"leader": HOSTILE}  # JSON keeps the value exact
+        assert json.loads(as_json.stdout) == {"leader": HOSTILE, "handover": None}  # JSON keeps the value exact
 
         watchers = [spawner.start("observe", *options), spawner.start("observe", "--json", *options)]
         wait_until("both observers to print the leader", lambda: all(spawner.stdout(w) for w in watchers), 20)

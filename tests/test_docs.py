@@ -252,7 +252,8 @@ def postgres_case(dsn: str) -> tuple[dict[str, str], Callable[[], None]]:
     from aioelect.backends.postgres import advisory_key, lock_ids
 
     name = f"docs/{uuid.uuid4().hex[:12]}"
-    env = {**base_env(), "AIOELECT_POSTGRES_DSN": dsn, "AIOELECT_NAME": name}
+    # schema: the leaders table that fenced state and handover notes live beside, as the pages tell users to.
+    env = {**base_env(), "AIOELECT_POSTGRES_DSN": dsn, "AIOELECT_NAME": name, "AIOELECT_SCHEMA": "public"}
     classid, objid = lock_ids(advisory_key(name))
 
     async def terminate() -> None:

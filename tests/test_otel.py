@@ -42,6 +42,8 @@ async def test_opentelemetry_records_the_prometheus_series(aioelect_name: str) -
         await asyncio.sleep(0.3)  # a few confirmations
         await lead.release()
         lead = await elector.acquire()
+        await lead.step_down(timeout=0.1)  # this elector stays out for 0.1 s: nobody else campaigns
+        lead = await elector.acquire()
         elector.depose("deposed by the test")
         await lead.wait_lost()
         await lead.release()
@@ -61,6 +63,7 @@ async def test_opentelemetry_records_the_prometheus_series(aioelect_name: str) -
             "aioelect_acquire_wait_seconds",
             "aioelect_check_latency_seconds",
             "aioelect_backend_errors",
+            "aioelect_handovers",
         }
     )
 
@@ -75,7 +78,10 @@ async def test_opentelemetry_records_the_prometheus_series(aioelect_name: str) -
     assert transitions == {
         reason: prom("aioelect_transitions_total", reason=reason) for reason in ("acquired", "released", "lost")
     }
-    assert transitions == {"acquired": 2, "released": 1, "lost": 1}
+    assert transitions == {"acquired": 3, "released": 2, "lost": 1}
+    (handovers,) = points["aioelect_handovers"]
+    assert handovers.attributes["reason"] == "requested"
+    assert handovers.value == prom("aioelect_handovers_total", reason="requested") == 1
     for histogram in ("aioelect_acquire_wait_seconds", "aioelect_check_latency_seconds"):
         (point,) = points[histogram]
         assert point.count == prom(f"{histogram}_count") >= 1

@@ -76,6 +76,18 @@ class SqlStateStore(StateStore, Generic[_C]):
                 self._drop()
                 raise self._failure(exc, "the state read") from exc
 
+    @abc.abstractmethod
+    async def _post(self, conn: _C, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key`` with no token check (token 0 recorded), committed at once."""
+
+    async def post(self, key: str, value: bytes) -> None:
+        async with self._lock:
+            try:
+                await self._post(await self._connection(), key, value)
+            except Exception as exc:
+                self._drop()
+                raise self._failure(exc, "the request") from exc
+
     async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
         assert hold.token is not None
         async with self._lock:

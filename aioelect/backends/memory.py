@@ -244,6 +244,10 @@ class MemoryStateStore(StateStore):
         election.state[key] = value
         return Written.DONE
 
+    async def post(self, key: str, value: bytes) -> None:
+        await anyio.lowlevel.checkpoint()
+        self._election().state[key] = value
+
 
 class MemoryBackend(Backend):
     """A candidate's view of the :class:`MemoryElection` of its name in the running event loop."""

@@ -762,6 +762,9 @@ class _MySQLStateStore(SqlStateStore[_MySQLConnection]):
         value = await conn.scalar(_STATE_VALUE, (self._b.name, key), timeout=self._b.check_timeout)
         return None if value is None else bytes(value)
 
+    async def _post(self, conn: _MySQLConnection, key: str, value: bytes) -> None:
+        await conn.write(_STATE_PUT, (self._b.name, key, value.hex(), 0), timeout=self._b.check_timeout)
+
     async def _transaction(
         self,
         conn: _MySQLConnection,

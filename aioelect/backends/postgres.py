@@ -943,6 +943,9 @@ class _PostgresStateStore(SqlStateStore[_PostgresConnection]):
         value = await conn.fetchval(self._sql["read"], self._b.name, key, timeout=self._b.check_timeout)
         return None if value is None else bytes(value)
 
+    async def _post(self, conn: _PostgresConnection, key: str, value: bytes) -> None:
+        await conn.fetchval(self._sql["put"], self._b.name, key, value, 0, timeout=self._b.check_timeout)
+
     async def _transaction(
         self,
         conn: _PostgresConnection,

@@ -25,14 +25,18 @@ from .._backend import Backoff
 from .._early import take
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
+from .._errors import UsageError as LibraryUsageError
+from .._factory import ENV_PRIORITY, priority_from
+from .._handover import note_fields
 from .._http import BoundedHTTPServer
+from .._requests import request_step_down
 from ..integrations.health import HealthServer
 from ._configure import Config, first_contact
 from ._orphans import reaper
 from ._output import json_line, out
-from ._run import Runner, choose_grace, serve_health, serve_metrics
-from ._status import EXIT_NO_LEADER, BackendError
-from ._supervisor import STOP_SIGNALS, stop_timeout_for
+from ._run import Runner, choose_grace, command_check, serve_health, serve_metrics
+from ._status import EXIT_NO_LEADER, EXIT_NOT_STEPPED_DOWN, BackendError, UsageError
+from ._supervisor import STOP_SIGNALS, child_environment, stop_timeout_for
 
 __all__ = ["execute"]
 
@@ -43,10 +47,17 @@ def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+async def _handover(elector: Elector) -> dict[str, Any] | None:
+    """The handover in progress in ``elector``'s election, as printed; None if there is none (or it is unread)."""
+    gate = elector._gate
+    note, _ = await gate.read()
+    return note_fields(note, gate.left)
+
+
 async def _leader(elector: Elector, config: Config, args: argparse.Namespace) -> int:
     who = await first_contact(elector, config, args.timeout)
     if args.json:
-        out(json_line({"leader": who}))
+        out(json_line({"leader": who, "handover": await _handover(elector)}))
     elif who is not None:
         out(who)
     else:
@@ -55,9 +66,14 @@ async def _leader(elector: Elector, config: Config, args: argparse.Namespace) ->
 
 
 async def _observe(elector: Elector, config: Config, args: argparse.Namespace) -> int:
-    def emit(who: str | None) -> None:
+    async def emit(who: str | None) -> None:
         if args.json:
-            out(json_line({"time": _now(), "leader": who, "backend": config.kind, "name": elector.name}))
+            handover = await _handover(elector)
+            out(
+                json_line(
+                    {"time": _now(), "leader": who, "backend": config.kind, "name": elector.name, "handover": handover}
+                )
+            )
         else:
             out(f"{_now()}  " + (f"leader {who}" if who is not None else "no leader"))
 
@@ -78,12 +94,12 @@ async def _observe(elector: Elector, config: Config, args: argparse.Namespace) -
                     ) from None
                 started = True
                 last = who
-                emit(who)
+                await emit(who)
             async for who in changes:
                 backoff.reset()
                 if who != last:
                     last = who
-                    emit(who)
+                    await emit(who)
             return 0
         except (BackendUnavailable, OSError) as exc:
             if not started:
@@ -97,6 +113,39 @@ async def _observe(elector: Elector, config: Config, args: argparse.Namespace) -
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(5):
                 await changes.aclose()
+
+
+async def _step_down(elector: Elector, config: Config, args: argparse.Namespace) -> int:
+    who = await first_contact(elector, config, args.timeout)
+    if who is None:
+        log.error("nobody leads %s: nothing to step down", elector.name)
+        return EXIT_NO_LEADER
+    try:
+        await request_step_down(elector, to=args.to, timeout=args.window, lapse=args.wait)
+    except LibraryUsageError as exc:
+        raise UsageError(str(exc)) from None
+    log.info("asked %s to step down%s", who, f" to {args.to}" if args.to else "")
+    now: str | None = who
+    with anyio.move_on_after(args.wait):
+        while now == who:
+            await anyio.sleep(0.1)
+            now = await elector.leader()
+    if now == who:
+        log.error(
+            "%s did not step down within %gs (only a leader that serves them does: --serve-step-down)", who, args.wait
+        )
+        return EXIT_NOT_STEPPED_DOWN
+    # The successor, once it leads (none: printed as null). A candidate the handover excludes may hold the lock
+    # for the moment it takes to give it back: it is not the successor.
+    with anyio.move_on_after(args.wait):
+        while now is None or (args.to is not None and now != args.to):
+            await anyio.sleep(0.1)
+            now = await elector.leader()
+    if args.json:
+        out(json_line({"leader": now, "was": who, "to": args.to}))
+    elif now is not None:
+        out(now)
+    return 0
 
 
 async def execute(
@@ -131,7 +180,22 @@ async def execute(
         on_signal(sig)
     reaping = reaper() if runner is not None else None
     try:
+        if runner is not None and args.health_cmd is not None:
+            checks_env = child_environment(environ, pass_secrets=args.pass_secret, extra={})
+            elector.set_health(
+                command_check(args.health_cmd, checks_env),
+                failures=args.health_failures,
+                interval=args.health_interval,
+                timeout=args.health_timeout,
+                backoff=args.health_backoff,
+            )
         if runner is not None:
+            try:
+                priority = args.priority if args.priority is not None else priority_from(environ.get(ENV_PRIORITY))
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            if priority is not None:
+                elector.set_priority(priority, settle=args.priority_settle)
             runner.grace = choose_grace(args.grace, elector, config.kind)
             log.debug("--grace %gs", runner.grace)
             needed = stop_timeout_for(runner.grace)
@@ -157,6 +221,8 @@ async def execute(
             return await runner.main()
         if command == "leader":
             return await _leader(elector, config, args)
+        if command == "step-down":
+            return await _step_down(elector, config, args)
         return await _observe(elector, config, args)
     except asyncio.CancelledError:
         if not interrupted:

@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import shlex
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import anyio
 
 from .._elector import Elector, Leadership, lock_descriptors
+from .._requests import serve_step_downs
 from .._settings import ENV_IDENTITY, ENV_TOKEN
 from .._tasks import first_of
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
@@ -139,6 +142,31 @@ def forwarded_signal(sig: int) -> int:
     return signal.SIGTERM if sig == signal.SIGPIPE else sig
 
 
+def command_check(command: str, environ: Mapping[str, str]) -> Callable[[], Awaitable[bool]]:
+    """A health check that runs ``command`` (split as a shell would) and passes if it exits 0.
+
+    A check cancelled (its timeout) kills the command and reaps it before it returns: none outlives its check.
+    """
+    argv = shlex.split(command)
+    if not argv:
+        raise UsageError("--health-cmd is empty")
+
+    async def check() -> bool:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, env=dict(environ)
+        )
+        try:
+            return await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                with anyio.CancelScope(shield=True):
+                    await proc.wait()
+
+    return check
+
+
 class Runner:
     """``aioelect run``: one leadership (or one after another) and CMD under it."""
 
@@ -152,6 +180,7 @@ class Runner:
         self.grace: float = args.grace if args.grace is not None else DEFAULT_GRACE
         self.pass_secrets: list[str] = list(args.pass_secret)
         self.forever: bool = args.forever
+        self.serve_step_down: bool = getattr(args, "serve_step_down", False)
         self.no_wait: bool = getattr(args, "no_wait", False)
         if self.no_wait and self.forever:
             raise UsageError("--no-wait and --forever exclude each other: --no-wait runs CMD at most once")
@@ -251,7 +280,11 @@ class Runner:
         # lock only once CMD's whole tree is gone (the finally below).
         with lead.guard():
             try:
-                await first_of(lambda: asyncio.wait([group.exited]), lead.wait_lost)
+                waiters = [lambda: asyncio.wait([group.exited]), lead.wait_lost]
+                if self.serve_step_down:
+                    # `aioelect step-down` asks through the backend: acting on it releases through the keeper.
+                    waiters.append(lambda: serve_step_downs(lead))
+                await first_of(*waiters)
             finally:
                 with anyio.CancelScope(shield=True):
                     try:
@@ -265,6 +298,10 @@ class Runner:
     async def _stop_group(self, lead: Leadership, group: ProcessGroup) -> None:
         """Leave nothing of CMD's tree running; called before every release."""
         if not group.exited.done():
+            if lead._stepping is not None:  # a planned step-down: CMD gets its grace, as on a loss
+                log.info("stepping down: stopping CMD (pid %d)", group.pid)
+                await group.terminate(self.grace)
+                return
             if not lead.lost:  # cancelled ourselves: never leave CMD running
                 await group.kill()
                 return

@@ -7,6 +7,7 @@ __all__ = [
     "EXIT_NOT_EXECUTABLE",
     "EXIT_NOT_FOUND",
     "EXIT_NOT_LEADER",
+    "EXIT_NOT_STEPPED_DOWN",
     "EXIT_NO_LEADER",
     "EXIT_USAGE",
     "BackendError",
@@ -19,6 +20,8 @@ EXIT_NO_LEADER = 1
 EXIT_USAGE = 2
 #: The backend is unreachable, refused us (wrong password, unknown database) or its driver is missing.
 EXIT_BACKEND = 3
+#: ``step-down``: the leader did not act on the request in time (it does not serve requests, or is stuck).
+EXIT_NOT_STEPPED_DOWN = 4
 #: ``run --no-wait``: another instance leads, CMD was not run (sysexits' EX_TEMPFAIL: try again later).
 EXIT_NOT_LEADER = 75
 #: ``run``: CMD could not be executed / was not found (the shell's codes).

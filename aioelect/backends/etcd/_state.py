@@ -45,6 +45,15 @@ class EtcdStateStore(StateStore):
             raise self._unreachable(exc) from None
         return bytes(reply.kvs[0].value) if reply.kvs else None
 
+    async def post(self, key: str, value: bytes) -> None:
+        request = rpc.PutRequest(key=state_key(self._name, key), value=value)
+        try:
+            await self._conn.call(
+                "post request", lambda ch: ch.kv.Put(request, metadata=ch.metadata), timeout=self._timeout, attempts=1
+            )
+        except Transient as exc:
+            raise self._unreachable(exc) from None
+
     async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
         if not isinstance(hold, EtcdHold):
             raise UsageError("a leadership taken while etcd was unreachable (degrade_to_local) cannot write state")

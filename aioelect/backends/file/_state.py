@@ -30,10 +30,13 @@ class FileStateStore(StateStore):
     def __init__(self, lock: LockFile) -> None:
         self._lock = lock
         self.path = lock.path + ".state"
+        #: Requests (post): a file of their own, as a poster holds no lock to write the state file under.
+        self.requests = lock.path + ".requests"
 
-    def _load(self) -> dict[str, str]:
+    def _load(self, path: str | None = None) -> dict[str, str]:
+        path = self.path if path is None else path
         try:
-            fd = open_checked(self.path, "state file", self._lock.mode, create=False, write=False)
+            fd = open_checked(path, "state file", self._lock.mode, create=False, write=False)
         except FileNotFoundError:
             return {}
         try:
@@ -45,8 +48,20 @@ class FileStateStore(StateStore):
             if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
                 raise ValueError("not a map of strings")
         except ValueError:
-            raise PermanentBackendError(f"{self.path} is not an aioelect state file; move it away") from None
+            raise PermanentBackendError(f"{path} is not an aioelect state file; move it away") from None
         return data
+
+    def _post(self, key: str, value: bytes) -> None:
+        values = self._load(self.requests)
+        values[key] = value.decode()
+        self._lock.replace(self.requests, json.dumps(values, sort_keys=True).encode())
+
+    async def post(self, key: str, value: bytes) -> None:
+        await anyio.to_thread.run_sync(self._post, key, value)
+
+    async def read_posted(self, key: str) -> bytes | None:
+        value = (await anyio.to_thread.run_sync(self._load, self.requests)).get(key)
+        return None if value is None else value.encode()
 
     async def read(self, key: str) -> bytes | None:
         value = (await anyio.to_thread.run_sync(self._load)).get(key)

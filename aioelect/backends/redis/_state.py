@@ -56,6 +56,9 @@ class RedisStateStore(StateStore):
         value = await self._run("state read", lambda client: client.hget(self._keys[1], key))
         return None if value is None else (value if isinstance(value, bytes) else str(value).encode())
 
+    async def post(self, key: str, value: bytes) -> None:
+        await self._run("request", lambda client: client.hset(self._keys[1], key, value))
+
     async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
         mode = "put" if not compare else ("absent" if expected is None else "equal")
         args = (str(hold.token), key, value, mode, expected or b"")
