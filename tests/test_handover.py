@@ -12,6 +12,7 @@ import pytest
 
 import aioelect
 from aioelect import Elector, Event, LocalElector, UsageError
+from aioelect.testing import MemoryElector
 
 from .backends import CASES, BackendCase, Follower, unique_name
 from .test_fenced_state import FENCED
@@ -203,3 +204,38 @@ async def test_a_request_with_nobody_leading_lapses() -> None:
         with anyio.move_on_after(0.3):
             await aioelect.serve_step_downs(lead, interval=0.05)
         assert lead.held  # the lapsed request was not acted on
+
+
+@pytest.mark.parametrize("once", [False, True], ids=["acquire", "try_acquire"])
+async def test_a_campaign_cancelled_while_its_grant_is_checked_against_the_note_gives_the_grant_back(
+    aioelect_name: str, once: bool
+) -> None:
+    """The grant is read against the handover note before it is a leadership; a cancellation that lands during
+    that read gives the grant back: the lock is never left held by nobody."""
+    from aioelect._elector import backend_of
+
+    a = MemoryElector(name=aioelect_name, identity="a")
+    b = MemoryElector(name=aioelect_name, identity="b")
+    store = backend_of(a).state_store()
+    read = store.read
+    reading = anyio.Event()
+
+    async def slow_read(key: str) -> bytes | None:
+        reading.set()
+        await anyio.sleep(30)
+        return await read(key)
+
+    store.read = slow_read  # type: ignore[method-assign]
+    try:
+        task = asyncio.get_running_loop().create_task(a.try_acquire() if once else a.acquire())
+        with anyio.fail_after(10):
+            await reading.wait()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        with anyio.fail_after(10):
+            lead = await b.try_acquire()  # the lock a's cancelled campaign won is free again
+        assert lead is not None
+        await lead.release()
+    finally:
+        await a.aclose()
+        await b.aclose()
