@@ -31,6 +31,7 @@ from ._settings import (
     ENV_MYSQL_DSN,
     ENV_NAME,
     ENV_POSTGRES_DSN,
+    ENV_PRIORITY,
     ENV_REDIS_URL,
     Settings,
 )
@@ -262,9 +263,6 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
         elector.set_priority(priority)
     return elector
 
-
-#: A candidate's priority (:meth:`aioelect.Elector.set_priority`).
-ENV_PRIORITY = "AIOELECT_PRIORITY"
 
 
 def priority_from(text: str | None) -> int | None:

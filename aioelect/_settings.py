@@ -142,6 +142,8 @@ ENV_FILE_MODE = "AIOELECT_FILE_MODE"
 ENV_TOKEN = "AIOELECT_TOKEN"
 #: Set by ``aioelect shards`` in the environment of each command it runs: the shard (name) it owns.
 ENV_SHARD = "AIOELECT_SHARD"
+#: A candidate's priority (:meth:`aioelect.Elector.set_priority`).
+ENV_PRIORITY = "AIOELECT_PRIORITY"
 
 #: The backends in the factory's priority order, each with the variable that configures it.
 BACKEND_VARIABLES = (

@@ -40,6 +40,7 @@ from .._settings import (
     ENV_SCHEMA,
     SECRET_VARIABLES,
 )
+from ._args_handover import add_handover_options, add_step_down
 from ._help import EPILOG, RUN_DESCRIPTION, SHARDS_DESCRIPTION
 from ._output import shown
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE
@@ -284,56 +285,7 @@ def build_parser() -> Parsers:
         metavar="HOST",
         help="address the metrics listen on (default 127.0.0.1: this machine only)",
     )
-    health = run.add_argument_group("health")
-    health.add_argument(
-        "--health-cmd",
-        metavar="CMD",
-        help="a command (split as a shell would, run without one) that exits 0 while this instance is healthy: "
-        "it campaigns only then, and as leader steps down after --health-failures failures in a row",
-    )
-    health.add_argument(
-        "--health-interval", type=_positive, default=5.0, metavar="SECONDS", help="between two checks (default 5)"
-    )
-    health.add_argument(
-        "--health-timeout",
-        type=_positive,
-        default=2.0,
-        metavar="SECONDS",
-        help="a check still running then is killed and has failed (default 2)",
-    )
-    health.add_argument(
-        "--health-failures",
-        type=_number(int, lambda n: n >= 1, "a whole number >= 1"),
-        default=3,
-        metavar="N",
-        help="failures in a row that make the leader step down (default 3)",
-    )
-    health.add_argument(
-        "--health-backoff",
-        type=_positive,
-        default=30.0,
-        metavar="SECONDS",
-        help="how long a leader that stepped down unhealthy stays out (default 30)",
-    )
-    run.add_argument(
-        "--serve-step-down",
-        action="store_true",
-        help="while leading, act on `aioelect step-down` requests (polled every second through the backend)",
-    )
-    run.add_argument(
-        "--priority",
-        type=int,
-        metavar="N",
-        help="this instance's priority: waiting and healthy, it asks a leader of lower priority to hand over to it "
-        "(after --priority-settle seconds); leadership only moves upwards [AIOELECT_PRIORITY]",
-    )
-    run.add_argument(
-        "--priority-settle",
-        type=_positive,
-        default=10.0,
-        metavar="SECONDS",
-        help="how long this instance waits, healthy, before it asks (default 10)",
-    )
+    add_handover_options(run, _positive, _number)
     probes = run.add_argument_group("probes (Kubernetes)")
     probes.add_argument(
         "--health-port",
@@ -412,36 +364,7 @@ def build_parser() -> Parsers:
         formatter_class=fmt,
     )
     observe.add_argument("--json", action="store_true", help='print JSON lines {"time", "leader", ...}')
-    step_down = sub.add_parser(
-        "step-down",
-        parents=[common],
-        help="ask whoever leads to step down, optionally to --to ID",
-        description=(
-            "Ask the instance that leads, wherever it runs, to stop its work and release, through the backend "
-            "(a request the leader polls: aioelect run --serve-step-down, or --priority). With --to, only that "
-            "candidate may lead next for --window seconds; then the election opens to all. Prints the new leader; "
-            "exit 1 if nobody leads, 4 if the leader did not step down within --wait seconds."
-        ),
-        epilog=EPILOG,
-        formatter_class=fmt,
-    )
-    step_down.add_argument("--to", metavar="ID", help="the candidate that alone may lead next")
-    step_down.add_argument(
-        "--window",
-        type=_number(float, lambda n: n > 0, "a number of seconds > 0"),
-        default=30.0,
-        metavar="SECONDS",
-        help="how long only --to (or, without it, anyone but the leader) may lead next (default 30)",
-    )
-    step_down.add_argument(
-        "--wait",
-        type=_number(float, lambda n: n > 0, "a number of seconds > 0"),
-        default=10.0,
-        metavar="SECONDS",
-        help="how long the leader has to act on the request before it lapses, and how long the new leader is "
-        "waited for after (default 10)",
-    )
-    step_down.add_argument("--json", action="store_true", help='print {"leader": NEW-LEADER-or-null, ...}')
+    step_down = add_step_down(sub, common, EPILOG, fmt, _number)
     return Parsers(
         parser, {"run": run, "shards": shards, "leader": leader, "observe": observe, "step-down": step_down}
     )

@@ -26,10 +26,11 @@ from .._early import take
 from .._elector import Elector
 from .._errors import BackendUnavailable, ElectionError
 from .._errors import UsageError as LibraryUsageError
-from .._factory import ENV_PRIORITY, priority_from
+from .._factory import priority_from
 from .._handover import note_fields
 from .._http import BoundedHTTPServer
 from .._requests import request_step_down
+from .._settings import ENV_PRIORITY
 from ..integrations.health import HealthServer
 from ._configure import Config, first_contact
 from ._orphans import reaper

@@ -27,6 +27,7 @@ from .._settings import (
     ENV_PASSWORD,
     ENV_POLL_INTERVAL,
     ENV_POSTGRES_DSN,
+    ENV_PRIORITY,
     ENV_REDIS_SENTINEL_PASSWORD,
     ENV_REDIS_SENTINEL_USERNAME,
     ENV_REDIS_URL,
@@ -55,6 +56,7 @@ environment:
   {ENV_FILE:<24} path of a lock file (one machine only)
   {ENV_NAME:<24} election name (lock name / key prefix)
   {ENV_IDENTITY:<24} this candidate's identity (default hostname:pid:random)
+  {ENV_PRIORITY:<24} this candidate's priority (run --priority): a higher one is handed the leadership
   {ENV_PASSWORD:<24} password for the DSN's user or the etcd user; never printed
   {ENV_ETCD_USER:<24} etcd user name
   {ENV_REDIS_SENTINEL_USERNAME}
