@@ -53,11 +53,19 @@ class RedisStateStore(StateStore):
             raise self._backend.failure(f"the {what}", exc) from None
 
     async def read(self, key: str) -> bytes | None:
-        value = await self._run("state read", lambda client: client.hget(self._keys[1], key))
+        async def hget(client: Redis) -> Any:
+            commands: Any = client  # typed otherwise by each redis-py release
+            return await commands.hget(self._keys[1], key)
+
+        value = await self._run("state read", hget)
         return None if value is None else (value if isinstance(value, bytes) else str(value).encode())
 
     async def post(self, key: str, value: bytes) -> None:
-        await self._run("request", lambda client: client.hset(self._keys[1], key, value))
+        async def hset(client: Redis) -> Any:
+            commands: Any = client  # typed otherwise by each redis-py release
+            return await commands.hset(self._keys[1], key, value)
+
+        await self._run("request", hset)
 
     async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
         mode = "put" if not compare else ("absent" if expected is None else "equal")
