@@ -105,8 +105,10 @@ class SlotConnection(Connection):
     async def read_response(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return await super().read_response(*args, **kwargs)
-        except rexc.ClusterDownError:
-            self._resolve.distrust(self.host, self.port)
+        except rexc.ResponseError as exc:
+            # redis-py parses CLUSTERDOWN as ClusterDownError on a plain connection only in its newer releases.
+            if isinstance(exc, rexc.ClusterDownError) or str(exc).startswith("CLUSTERDOWN"):
+                self._resolve.distrust(self.host, self.port)
             raise
 
 
