@@ -106,7 +106,7 @@ class SlotConnection(Connection):
         try:
             return await super().read_response(*args, **kwargs)
         except rexc.ResponseError as exc:
-            # redis-py parses CLUSTERDOWN as ClusterDownError on a plain connection only in its newer releases.
+            # redis-py 5.0 parses CLUSTERDOWN on a plain connection as a ResponseError, later ones do not.
             if isinstance(exc, rexc.ClusterDownError) or str(exc).startswith("CLUSTERDOWN"):
                 self._resolve.distrust(self.host, self.port)
             raise
