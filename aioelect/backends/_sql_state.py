@@ -52,13 +52,49 @@ class SqlStateStore(StateStore, Generic[_C]):
     async def _read(self, conn: _C, key: str) -> bytes | None:
         """The value of ``key``, read outside any transaction."""
 
+    # The fenced write's statements, in the order :meth:`_transaction` runs them in one transaction.
+
     @abc.abstractmethod
+    async def _begin(self, conn: _C) -> None:
+        """Begin a transaction."""
+
+    @abc.abstractmethod
+    async def _newest_token(self, conn: _C) -> int | None:
+        """The election's token row, read under a lock held until the transaction ends (None: no row)."""
+
+    @abc.abstractmethod
+    async def _held_by(self, conn: _C, session: int) -> bool:
+        """Whether the election's lock is held by the server's session ``session``."""
+
+    @abc.abstractmethod
+    async def _locked_value(self, conn: _C, key: str) -> bytes | None:
+        """The value of ``key``, its row locked until the transaction ends."""
+
+    @abc.abstractmethod
+    async def _put(self, conn: _C, key: str, value: bytes, token: int) -> None:
+        """Store ``value`` under ``key``, recorded as written by ``token``."""
+
+    @abc.abstractmethod
+    async def _end(self, conn: _C, *, commit: bool) -> None:
+        """Commit or roll back the transaction."""
+
     async def _transaction(
         self, conn: _C, token: int, session: int | None, key: str, value: bytes, compare: bool, expected: bytes | None
     ) -> Written:
-        """The fenced write as one transaction, begun and ended (committed or rolled back) here: refused unless the
-        token row holds ``token`` and, when ``session`` is known, the election's lock is still held by that
-        session (a candidate that takes no token, ``fencing=False``, leaves the token row as it was)."""
+        """The fenced write as one transaction, begun and ended here: refused unless the token row holds ``token``
+        and, when ``session`` is known, the election's lock is still held by that session (a candidate that takes
+        no token, ``fencing=False``, leaves the token row as it was)."""
+        await self._begin(conn)
+        newest = await self._newest_token(conn)
+        written = Written.FENCED
+        if newest == token and (session is None or await self._held_by(conn, session)):
+            written = Written.DONE
+            if compare and await self._locked_value(conn, key) != expected:
+                written = Written.CONFLICT
+        if written is Written.DONE:
+            await self._put(conn, key, value, token)
+        await self._end(conn, commit=written is Written.DONE)
+        return written
 
     async def _connection(self) -> _C:
         if self._conn is not None and not self._broken(self._conn):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._backend import StateStore, Written
+from .._backend import StateStore
 from .._config import session_bounds, transport_warning, validate_name
 from .._errors import ElectionError, PermanentBackendError, UsageError
 from ._mysql_tls import tls_from_query
@@ -765,34 +765,27 @@ class _MySQLStateStore(SqlStateStore[_MySQLConnection]):
     async def _post(self, conn: _MySQLConnection, key: str, value: bytes) -> None:
         await conn.write(_STATE_PUT, (self._b.name, key, value.hex(), 0), timeout=self._b.check_timeout)
 
-    async def _transaction(
-        self,
-        conn: _MySQLConnection,
-        token: int,
-        session: int | None,
-        key: str,
-        value: bytes,
-        compare: bool,
-        expected: bytes | None,
-    ) -> Written:
-        timeout, name = self._b.check_timeout, self._b.name
-        await conn.scalar("START TRANSACTION", timeout=timeout)
-        newest = await conn.scalar(_STATE_TOKEN, (name,), timeout=timeout)
-        holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (name,), timeout=timeout) if session else session
-        written = Written.FENCED
-        if newest is not None and int(newest) == token and holder == session:
-            written = Written.DONE
-            if compare:
-                stored = await conn.scalar(_STATE_VALUE + " FOR UPDATE", (name, key), timeout=timeout)
-                if (None if stored is None else bytes(stored)) != expected:
-                    written = Written.CONFLICT
-        if written is Written.DONE:
-            # As hex digits: the bytes arrive as they are, whatever the connection's character set.
-            await conn.write(_STATE_PUT, (name, key, value.hex(), token), timeout=timeout)
-            await conn.scalar("COMMIT", timeout=timeout)
-        else:
-            await conn.scalar("ROLLBACK", timeout=timeout)
-        return written
+    async def _begin(self, conn: _MySQLConnection) -> None:
+        await conn.scalar("START TRANSACTION", timeout=self._b.check_timeout)
+
+    async def _newest_token(self, conn: _MySQLConnection) -> int | None:
+        newest = await conn.scalar(_STATE_TOKEN, (self._b.name,), timeout=self._b.check_timeout)
+        return None if newest is None else int(newest)
+
+    async def _held_by(self, conn: _MySQLConnection, session: int) -> bool:
+        holder = await conn.scalar("SELECT IS_USED_LOCK(%s)", (self._b.name,), timeout=self._b.check_timeout)
+        return holder is not None and int(holder) == session
+
+    async def _locked_value(self, conn: _MySQLConnection, key: str) -> bytes | None:
+        stored = await conn.scalar(_STATE_VALUE + " FOR UPDATE", (self._b.name, key), timeout=self._b.check_timeout)
+        return None if stored is None else bytes(stored)
+
+    async def _put(self, conn: _MySQLConnection, key: str, value: bytes, token: int) -> None:
+        # As hex digits: the bytes arrive as they are, whatever the connection's character set.
+        await conn.write(_STATE_PUT, (self._b.name, key, value.hex(), token), timeout=self._b.check_timeout)
+
+    async def _end(self, conn: _MySQLConnection, *, commit: bool) -> None:
+        await conn.scalar("COMMIT" if commit else "ROLLBACK", timeout=self._b.check_timeout)
 
 
 #: Locks one check statement confirms at most (MySQL allows 4,096 columns in a result).

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._backend import StateStore, Written
+from .._backend import StateStore
 from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
 from .._errors import ElectionError, PermanentBackendError, UsageError
 from ._postgres_table import (
@@ -946,35 +946,26 @@ class _PostgresStateStore(SqlStateStore[_PostgresConnection]):
     async def _post(self, conn: _PostgresConnection, key: str, value: bytes) -> None:
         await conn.fetchval(self._sql["put"], self._b.name, key, value, 0, timeout=self._b.check_timeout)
 
-    async def _transaction(
-        self,
-        conn: _PostgresConnection,
-        token: int,
-        session: int | None,
-        key: str,
-        value: bytes,
-        compare: bool,
-        expected: bytes | None,
-    ) -> Written:
-        timeout, name = self._b.check_timeout, self._b.name
-        await conn.execute("BEGIN", timeout=timeout)
-        newest = await conn.fetchval(self._sql["token"], name, timeout=timeout)
-        held = session is None or await conn.fetchval(
-            _HELD_BY_SESSION, self._b.classid, self._b.objid, session, timeout=timeout
-        )
-        written = Written.FENCED
-        if newest is not None and int(newest) == token and held:
-            written = Written.DONE
-            if compare:
-                stored = await conn.fetchval(self._sql["locked"], name, key, timeout=timeout)
-                if (None if stored is None else bytes(stored)) != expected:
-                    written = Written.CONFLICT
-        if written is Written.DONE:
-            await conn.fetchval(self._sql["put"], name, key, value, token, timeout=timeout)
-            await conn.execute("COMMIT", timeout=timeout)
-        else:
-            await conn.execute("ROLLBACK", timeout=timeout)
-        return written
+    async def _begin(self, conn: _PostgresConnection) -> None:
+        await conn.execute("BEGIN", timeout=self._b.check_timeout)
+
+    async def _newest_token(self, conn: _PostgresConnection) -> int | None:
+        newest = await conn.fetchval(self._sql["token"], self._b.name, timeout=self._b.check_timeout)
+        return None if newest is None else int(newest)
+
+    async def _held_by(self, conn: _PostgresConnection, session: int) -> bool:
+        b = self._b
+        return bool(await conn.fetchval(_HELD_BY_SESSION, b.classid, b.objid, session, timeout=b.check_timeout))
+
+    async def _locked_value(self, conn: _PostgresConnection, key: str) -> bytes | None:
+        stored = await conn.fetchval(self._sql["locked"], self._b.name, key, timeout=self._b.check_timeout)
+        return None if stored is None else bytes(stored)
+
+    async def _put(self, conn: _PostgresConnection, key: str, value: bytes, token: int) -> None:
+        await conn.fetchval(self._sql["put"], self._b.name, key, value, token, timeout=self._b.check_timeout)
+
+    async def _end(self, conn: _PostgresConnection, *, commit: bool) -> None:
+        await conn.execute("COMMIT" if commit else "ROLLBACK", timeout=self._b.check_timeout)
 
 
 class _SharedPostgresBackend(SharedLocks[_PostgresConnection], PostgresBackend):
