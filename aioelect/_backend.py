@@ -18,11 +18,11 @@ import enum
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar
+from typing import Any, ClassVar, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import anyio
 
-from ._errors import BackendUnavailable, ElectorClosed, LossKind, UsageError
+from ._errors import BackendUnavailable, ElectionError, ElectorClosed, LossKind, UsageError
 from ._log import ElectionLog
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "Backoff",
     "Confirm",
     "Hold",
+    "ErrorTable",
     "Interceptor",
     "Loss",
     "Reporter",
@@ -61,6 +62,27 @@ class Interceptor(Protocol):
 
     async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
         """Run ``send()`` (or fail as the server or network could) and return its reply; ``what`` names it."""
+
+
+@runtime_checkable
+class ErrorTable(Protocol):
+    """How a server backend sorts the errors it catches: the one shape every server backend gives.
+
+    Each backend supplies its own table (its driver's error codes, its
+    server's replies); the decision it feeds is the same everywhere: a
+    permanent error is raised at once and never retried, anything else is
+    retried by a campaign and raised as
+    :class:`~aioelect.BackendUnavailable` by a single attempt.
+    """
+
+    def permanent(self, exc: BaseException) -> bool:
+        """Whether no retry can fix ``exc``: a refusal (credentials, a privilege, a certificate, a setting), or an
+        :class:`~aioelect.ElectionError` the backend raised with its own words."""
+
+    def failure(self, exc: Exception, what: str) -> ElectionError:
+        """What to raise for ``exc``, caught while doing ``what`` ("the campaign") and not retried:
+        :class:`~aioelect.PermanentBackendError` when permanent (or the backend's own error as it is), else
+        :class:`~aioelect.BackendUnavailable`."""
 
 
 class Loss(NamedTuple):

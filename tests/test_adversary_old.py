@@ -39,8 +39,9 @@ SCRIPT = ROOT / "scripts" / "adversary-old.sh"
 
 #: Per old library: the fix's commit (the script checks out its parent), its backend, the seeds to run in turn
 #: until one finds the bug, and the violation it makes. MySQL's CI seeds (3, 8, 18) found it on most runs, but a
-#: loaded CI machine once ran all three without the interleaving: they run twice over. Of etcd's CI seeds (1, 16, 18), seed 16 found it in 7 runs of 10 and the others seldom: seed 16 runs up to
-#: four times, then the other two.
+#: loaded CI machine once ran all three without the interleaving: they run twice over. Of etcd's CI seeds
+#: (1, 16, 18), seed 16 found it in 7 runs of 10 and the others seldom: seed 16 runs up to four times, then the
+#: other two.
 OLD = {
     "mysql-kill": ("79d808b", "mysql", [*SEEDS["mysql"], *SEEDS["mysql"]], "deposed:"),
     "etcd-late-read": ("12e8962", "etcd", [16, 16, 16, 16, 18, 1], "overlap:"),

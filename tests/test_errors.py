@@ -18,6 +18,8 @@ from aioelect import (
     current_leadership,
     leadership,
 )
+from aioelect._backend import ErrorTable
+from aioelect._elector import backend_of
 from aioelect.testing import MemoryElector
 
 pytestmark = pytest.mark.timeout(30)
@@ -91,3 +93,45 @@ async def test_check_after_our_own_release_has_no_kind() -> None:
         with pytest.raises(LeadershipLost) as info:
             lead.check()
         assert info.value.kind is None and lead.lost_kind is None
+
+
+def _tables() -> dict[str, ErrorTable]:
+    """Each server backend's error table, as its elector holds it (constructing an elector connects nowhere)."""
+    mysql = backend_of(aioelect.MySQLElector("mysql://u:s3cr3tpw@127.0.0.1:1/db", name="t"))
+    postgres = backend_of(aioelect.PostgresElector("postgresql://u:s3cr3tpw@127.0.0.1:1/db", name="t"))
+    redis = backend_of(aioelect.RedisElector("redis://127.0.0.1:1/0", name="t"))
+    etcd = backend_of(aioelect.EtcdElector(endpoints=["127.0.0.1:1"], name="t"))
+    tables: dict[str, ErrorTable] = {"mysql": mysql, "postgres": postgres, "redis": redis, "etcd": etcd.conn}  # type: ignore[attr-defined]
+    return tables
+
+
+@pytest.mark.parametrize("backend", ["mysql", "postgres", "redis", "etcd"])
+def test_every_server_backend_sorts_errors_in_one_shape(backend: str) -> None:
+    table = _tables()[backend]
+    assert isinstance(table, ErrorTable)
+    # A timeout or a cut connection: retried by a campaign, BackendUnavailable for a single attempt.
+    for transient in (TimeoutError(), ConnectionResetError("reset by peer")):
+        assert not table.permanent(transient)
+        assert isinstance(table.failure(transient, "the campaign"), aioelect.BackendUnavailable)
+    # The backend's own refusal, already worded: permanent, raised as it is.
+    refusal = PermanentBackendError("the server's setting refuses it")
+    assert table.permanent(refusal)
+    assert table.failure(refusal, "the campaign") is refusal
+
+
+@pytest.mark.parametrize("backend", ["mysql", "postgres", "redis"])
+def test_a_refused_login_is_permanent_and_named_on_every_driver(backend: str) -> None:
+    import asyncpg
+    import pymysql
+    import redis.exceptions
+
+    refused: Exception = {
+        "mysql": pymysql.err.OperationalError(1045, "Access denied for user 'u'@'localhost' (using password: YES)"),
+        "postgres": asyncpg.InvalidPasswordError('password authentication failed for user "u"'),
+        "redis": redis.exceptions.AuthenticationError("WRONGPASS invalid username-password pair"),
+    }[backend]
+    table = _tables()[backend]
+    assert table.permanent(refused)
+    error = table.failure(refused, "the campaign")
+    assert isinstance(error, PermanentBackendError)
+    assert "s3cr3tpw" not in str(error)

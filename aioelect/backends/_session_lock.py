@@ -532,7 +532,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         return False
 
     @abc.abstractmethod
-    def _refused(self, exc: BaseException) -> bool:
+    def _permanent(self, exc: BaseException) -> bool:
         """Whether the driver error ``exc`` is one no retry can fix (authentication, privileges, SQL...)."""
 
     def _login_refused(self, exc: BaseException) -> bool:
@@ -547,13 +547,17 @@ class SessionLockBackend(Backend, Generic[_C]):
 
     def classify(self, exc: BaseException) -> ErrorKind:
         """What ``exc``, caught in the engine, is: the one classification every path of the engine uses."""
-        if self._refused(exc):
+        if self._permanent(exc):
             return ErrorKind.PERMANENT
         if isinstance(exc, TlsRequired) or _tls_refusal(exc) is not None:
             return ErrorKind.TLS_REFUSAL
         if isinstance(exc, ElectionError):
             return ErrorKind.REFUSED
         return ErrorKind.TRANSIENT
+
+    def permanent(self, exc: BaseException) -> bool:
+        """Whether no retry can fix ``exc`` (:class:`~aioelect._backend.ErrorTable`): anything not transient."""
+        return self.classify(exc) is not ErrorKind.TRANSIENT
 
     def failure(self, exc: Exception, what: str) -> ElectionError:
         """What to raise for ``exc``, caught while doing ``what`` ("the campaign"), once it is not retried.

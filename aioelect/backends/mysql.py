@@ -438,7 +438,7 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
 
     # --- errors ----------------------------------------------------------------------
 
-    def _refused(self, exc: BaseException) -> bool:
+    def _permanent(self, exc: BaseException) -> bool:
         return _code(exc) in _PERMANENT or isinstance(
             exc, (pymysql.err.ProgrammingError, pymysql.err.NotSupportedError)
         )

@@ -500,7 +500,7 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
 
     # --- errors ----------------------------------------------------------------------
 
-    def _refused(self, exc: BaseException) -> bool:
+    def _permanent(self, exc: BaseException) -> bool:
         return isinstance(exc, _PERMANENT)
 
     def _login_refused(self, exc: BaseException) -> bool:

@@ -20,7 +20,7 @@ import grpc
 
 from ..._backend import Interceptor, monotonic
 from ..._config import is_loopback, transport_warning
-from ..._errors import ElectionError, ElectorClosed, PermanentBackendError
+from ..._errors import BackendUnavailable, ElectionError, ElectorClosed, PermanentBackendError
 from ..._log import ElectionLog
 from ._admission import Admission, Lane
 from ._calls import settle
@@ -146,6 +146,27 @@ class Connection:
         if self.tls is None:
             return ",".join(str(e) for e in self.endpoints)
         return ",".join(f"https://{e}" for e in self.endpoints) + f" over {self.tls.describe()}"
+
+    # --- errors (the :class:`~aioelect._backend.ErrorTable` shape) ---------------------
+
+    def _sorted(self, exc: BaseException, what: str) -> BaseException:
+        found = classify(exc, what, self.endpoints[self._index], self.username)
+        return exc if found is None else found
+
+    def permanent(self, exc: BaseException) -> bool:
+        """Whether no retry can fix ``exc``: etcd's refusal (:func:`classify`), or an error that is not etcd's."""
+        return not isinstance(self._sorted(exc, "the request"), Transient)
+
+    def failure(self, exc: Exception, what: str) -> ElectionError:
+        """What to raise for ``exc`` caught while doing ``what``: etcd's refusal as it is, else
+        :class:`~aioelect.BackendUnavailable` (saying when a write may have been applied)."""
+        found = self._sorted(exc, what)
+        if isinstance(found, ElectionError):
+            return found
+        if not isinstance(found, Transient):
+            return PermanentBackendError(f"the etcd client failed {what}: {found!r}")
+        may = " (the write may have been applied)" if found.timed_out else ""
+        return BackendUnavailable(f"etcd at {self.describe()} is unreachable: {found}{may}")
 
     # --- channels ------------------------------------------------------------------
 

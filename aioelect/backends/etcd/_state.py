@@ -10,7 +10,7 @@ from __future__ import annotations
 from aetcd import rpc
 
 from ..._backend import Hold, StateStore, Written
-from ..._errors import BackendUnavailable, UsageError
+from ..._errors import UsageError
 from ._connection import Connection
 from ._failures import Transient
 from ._hold import EtcdHold
@@ -31,10 +31,6 @@ class EtcdStateStore(StateStore):
         self._conn = conn
         self._timeout = request_timeout
 
-    def _unreachable(self, exc: Transient) -> BackendUnavailable:
-        may = " (the write may have been applied)" if exc.timed_out else ""
-        return BackendUnavailable(f"etcd at {self._conn.describe()} is unreachable: {exc}{may}")
-
     async def read(self, key: str) -> bytes | None:
         request = rpc.RangeRequest(key=state_key(self._name, key))
         try:
@@ -42,7 +38,7 @@ class EtcdStateStore(StateStore):
                 "read state", lambda ch: ch.kv.Range(request, metadata=ch.metadata), timeout=self._timeout
             )
         except Transient as exc:
-            raise self._unreachable(exc) from None
+            raise self._conn.failure(exc, "the state read") from None
         return bytes(reply.kvs[0].value) if reply.kvs else None
 
     async def post(self, key: str, value: bytes) -> None:
@@ -52,7 +48,7 @@ class EtcdStateStore(StateStore):
                 "post request", lambda ch: ch.kv.Put(request, metadata=ch.metadata), timeout=self._timeout, attempts=1
             )
         except Transient as exc:
-            raise self._unreachable(exc) from None
+            raise self._conn.failure(exc, "the request") from None
 
     async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
         if not isinstance(hold, EtcdHold):
@@ -78,7 +74,7 @@ class EtcdStateStore(StateStore):
                 "write state", lambda ch: ch.kv.Txn(request, metadata=ch.metadata), timeout=self._timeout, attempts=1
             )
         except Transient as exc:
-            raise self._unreachable(exc) from None
+            raise self._conn.failure(exc, "the fenced write") from None
         if reply.succeeded:
             return Written.DONE
         kvs = reply.responses[0].response_range.kvs

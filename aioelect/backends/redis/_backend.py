@@ -539,9 +539,9 @@ class RedisBackend(Backend):
         if client is not None:
             await self._close(client)
 
-    def failure(self, what: str, exc: BaseException) -> ElectionError:
+    def failure(self, exc: BaseException, what: str) -> ElectionError:
         """What to raise for ``exc``, caught while doing ``what``: refused (no retry can fix it) or unreachable."""
-        return self._refused(what, exc) if self.permanent(exc) else self._unreachable(exc)
+        return self._refusal(exc, what) if self.permanent(exc) else self._unreachable(exc)
 
     async def drop_lock_connection(self) -> None:
         """Close the lock connection (the next request opens a new one): an idle elector holds nothing."""
@@ -749,7 +749,7 @@ class RedisBackend(Backend):
         text = str(exc) or type(exc).__name__
         return f"{type(exc).__name__}: {text}" if isinstance(exc, rexc.RedisError) else text
 
-    def _refused(self, what: str, exc: BaseException) -> ElectionError:
+    def _refusal(self, exc: BaseException, what: str) -> ElectionError:
         if isinstance(exc, ElectionError):  # our own refusal (persistence, settings), or the elector closed
             return exc
         return PermanentBackendError(f"Redis at {self.settings.url} refused {what}: {self.describe(exc)}")
@@ -1053,7 +1053,7 @@ class RedisBackend(Backend):
                     if unknown is not None:
                         raise unknown from None
                     if self.permanent(exc):
-                        raise self._refused("the campaign", exc) from None
+                        raise self._refusal(exc, "the campaign") from None
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
                     # New connections for the next try (through Sentinel: to the master it names now); a try
@@ -1159,7 +1159,7 @@ class RedisBackend(Backend):
             if unknown is not None:
                 raise unknown from None
             if self.permanent(exc):
-                raise self._refused("the campaign", exc) from None
+                raise self._refusal(exc, "the campaign") from None
             raise self._unreachable(exc) from None
         finally:
             if hold is None:
@@ -1218,7 +1218,7 @@ class RedisBackend(Backend):
             if unknown is not None:
                 raise unknown from None
             if self.permanent(exc):
-                raise self._refused("the query", exc) from None
+                raise self._refusal(exc, "the query") from None
             raise self._unreachable(exc) from None
         return identity_of(value)
 
@@ -1236,7 +1236,7 @@ class RedisBackend(Backend):
                     current = await self.leader()
                 except (BackendUnavailable, rexc.RedisError, OSError, TimeoutError) as exc:
                     if isinstance(exc, rexc.RedisError) and self.permanent(exc):
-                        raise self._refused("the subscription", exc) from None
+                        raise self._refusal(exc, "the subscription") from None
                     delay = backoff.next_delay()
                     self.log.warning("observe: %s; retrying in %.1fs", self.describe(exc), delay)
                     if pubsub is not None:

@@ -34,7 +34,7 @@ class Owner(Protocol):
 
     def send(self, what: str, call: Callable[[], Awaitable[Any]]) -> Awaitable[Any]: ...
 
-    def failure(self, what: str, exc: BaseException) -> ElectionError: ...
+    def failure(self, exc: BaseException, what: str) -> ElectionError: ...
 
     async def confirm_state_write(self, client: Redis) -> None: ...
 
@@ -50,7 +50,7 @@ class RedisStateStore(StateStore):
             return await self._backend.send(what, lambda: call(client))
         except Exception as exc:
             await self._backend.drop_state_client()
-            raise self._backend.failure(f"the {what}", exc) from None
+            raise self._backend.failure(exc, f"the {what}") from None
 
     async def read(self, key: str) -> bytes | None:
         async def hget(client: Redis) -> Any:
