@@ -280,6 +280,15 @@ class Backend(abc.ABC):
         elector holds nothing on the server.
         """
 
+    def intercept(self, interceptor: Interceptor | None) -> None:
+        """Hand every exchange with the server to ``interceptor`` from now on (None: run them directly).
+
+        The one attach point of the message-level adversary; nothing in the
+        library calls it. A backend with no server raises
+        :class:`~aioelect.UsageError`.
+        """
+        raise UsageError(f"{type(self).__name__} talks to no server: there is no exchange to intercept")
+
     def state_store(self) -> StateStore:
         """This election's fenced state on the backend's server (see :class:`StateStore`), made on first use.
 

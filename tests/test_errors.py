@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import anyio
 import pytest
@@ -135,3 +136,9 @@ def test_a_refused_login_is_permanent_and_named_on_every_driver(backend: str) ->
     error = table.failure(refused, "the campaign")
     assert isinstance(error, PermanentBackendError)
     assert "s3cr3tpw" not in str(error)
+
+
+def test_a_backend_with_no_server_has_nothing_to_intercept(tmp_path: Path) -> None:
+    for elector in (aioelect.FileElector(tmp_path / "lock", name="t"), MemoryElector(name="t")):
+        with pytest.raises(UsageError, match="no server"):
+            backend_of(elector).intercept(None)

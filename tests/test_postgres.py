@@ -38,6 +38,7 @@ from aioelect import (
     PostgresElector,
     leadership,
 )
+from aioelect._elector import backend_of
 from aioelect.backends.postgres import KEY_SQL, PostgresBackend, advisory_key, application_name, lock_ids
 
 from .backends import Follower, handover_delays, unique_name, with_database
@@ -1084,7 +1085,7 @@ async def test_a_waiter_sends_one_statement_per_poll_and_follows_the_holder(
         ):
             lead = await a.acquire()
             statements = _Statements()
-            b._backend.interceptor = statements  # type: ignore[attr-defined]
+            backend_of(b).intercept(statements)
             follower = Follower(b)
             try:
                 await asyncio.sleep(1.2)  # the session is set up and waiting

@@ -435,6 +435,9 @@ class SessionLockBackend(Backend, Generic[_C]):
         #: Handed to every session this backend opens (see :attr:`LockConnection.interceptor`).
         self.interceptor: Interceptor | None = None
 
+    def intercept(self, interceptor: Interceptor | None) -> None:
+        self.interceptor = interceptor  # every session opened from now on
+
     @property
     def renew_deadline(self) -> float:
         return self.timing.renew_deadline

@@ -452,11 +452,13 @@ def _elector(target: Target, who: str) -> aioelect.Elector:
 
 def _attach(elector: aioelect.Elector, network: Network) -> None:
     """Put ``network`` between the elector's backend and its server (the backends' interceptor seam)."""
-    backend: Any = elector._backend  # private: the adversary is the seam's one user
-    if hasattr(backend, "conn"):
-        backend.conn.interceptor = network  # etcd: the connection's requests and watches
+    backend: Any = elector._backend  # not backend_of(): the old libraries (old/) lack it
+    if hasattr(backend, "intercept"):
+        backend.intercept(network)
+    elif hasattr(backend, "conn"):  # a library from before the attach point, with its seam patched in (old/)
+        backend.conn.interceptor = network
     else:
-        backend.interceptor = network  # SQL: every session the engine opens
+        backend.interceptor = network
 
 
 async def run_seed(

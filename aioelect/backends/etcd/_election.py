@@ -32,7 +32,7 @@ import anyio
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from ..._backend import Backend, Backoff
+from ..._backend import Backend, Backoff, Interceptor
 from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
 from ._admission import Lane
 from ._connection import Connection
@@ -200,6 +200,9 @@ class Election(Backend):
         self.crowd: int | None = None
         #: The election as the current campaign last read it.
         self.sight = Sight(lambda identity: self._reporter.leader(identity))
+
+    def intercept(self, interceptor: Interceptor | None) -> None:
+        self.conn.interceptor = interceptor  # the connection's requests and watches
 
     def local_leader(self) -> str | None:
         """The identity leading without etcd (see :mod:`._degraded`), or None."""

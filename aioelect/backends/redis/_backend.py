@@ -429,6 +429,9 @@ class RedisBackend(Backend):
     def __repr__(self) -> str:
         return f"<RedisBackend {self.settings.url} name={self.name!r}>"
 
+    def intercept(self, interceptor: Interceptor | None) -> None:
+        self.interceptor = interceptor
+
     @property
     def renew_deadline(self) -> float:
         return self.timing.renew_deadline
