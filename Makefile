@@ -11,7 +11,7 @@ ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_etcd_han
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
 NOX_ARGS ?= $(if $(CI_TRUE),--error-on-missing-interpreters,--no-error-on-missing-interpreters)
 
-.PHONY: lock ranges test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards soak adversary test-scale servers venv \
+.PHONY: lock ranges test lint typecheck pytest pytest-etcd35 matrix docs demo demo-venv bench bench-quick bench-shards bench-handovers soak adversary test-scale servers venv \
 	clean
 
 # The development environment is exactly the lock file requirements/dev.txt (every extra, every version pinned
@@ -105,6 +105,7 @@ $(VENV)/.demo-%: pyproject.toml
 bench: venv servers
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.handovers
 
 # A subset of the benchmarks (fewer repetitions, shorter windows) for development: under 2 minutes.
 bench-quick: venv servers
@@ -116,6 +117,12 @@ bench-quick: venv servers
 bench-shards: venv servers
 	$(BIN)/pip install --quiet -r bench/requirements.txt
 	$(BIN)/python -m bench.shards
+
+# Planned handovers (step_down to a named candidate), releases and crashes, and a rolling deploy with priorities,
+# on every backend (a few minutes); writes its section of bench/RESULTS.md. `make bench` runs it too.
+bench-handovers: venv servers
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python -m bench.handovers
 
 # 3 processes x 1,000 elections at the servers' default max_connections, counting connections and leases on the
 # servers (about a minute for the three backends): run alone, before the whole suite, so that its cold start of

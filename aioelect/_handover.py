@@ -266,13 +266,19 @@ class Gate:
                 await store.write(hold, LEADER_KEY, record, compare=False, expected=None)
             except ElectionError as exc:
                 self._log.warning("priority not recorded (%s): candidates count this leader as priority 0", exc)
-        await self.serve(held, act)
+        await self.serve(held, act, identity=identity)
 
     async def serve(
-        self, held: Callable[[], bool], act: Callable[[Request], Awaitable[None]], interval: float = POLL_INTERVAL * 2
+        self,
+        held: Callable[[], bool],
+        act: Callable[[Request], Awaitable[None]],
+        interval: float = POLL_INTERVAL * 2,
+        *,
+        identity: str,
     ) -> None:
         """While ``held()``, poll every ``interval`` for a step-down request and ``act`` on the first one.
 
+        A request whose successor is ``identity`` (the leader itself) is already answered and is never acted on.
         Returns only once it acted or ``held()`` is False: a backend that refuses the requests' table for good
         (a privilege missing) is said once, at WARNING, and not asked again.
         """
@@ -281,7 +287,7 @@ class Gate:
             request = None
             try:
                 if not refused:
-                    request = await self.pending()
+                    request = await self.pending(identity)
             except PermanentBackendError as exc:
                 self._log.warning("step-down requests cannot be read (%s): this leader does not serve them", exc)
                 refused = True
@@ -368,8 +374,10 @@ class Gate:
         store = self._notes_store()
         await store.post(REQUEST_KEY, request.encode())
 
-    async def pending(self) -> Request | None:
-        """The step-down request the leader should act on now: posted, not lapsed, not answered by the note."""
+    async def pending(self, leader: str) -> Request | None:
+        """The step-down request ``leader`` should act on now: posted, not lapsed, not answered by the note, and
+        not naming ``leader`` itself as the successor (it leads already: the leader changed by a release or an
+        expiry before anyone acted on the request)."""
         store = self.store()
         if store is None:
             return None
@@ -381,7 +389,7 @@ class Gate:
         except ValueError as exc:
             self._log.warning("%s: ignored", exc)
             return None
-        if request.until <= time.time():
+        if request.until <= time.time() or request.successor == leader:
             return None
         note, _ = await self.read()
         return None if note is not None and note.request == request.id else request

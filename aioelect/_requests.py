@@ -52,7 +52,9 @@ async def serve_step_downs(lead: Leadership, *, interval: float = 1.0) -> None:
 
     Run it beside the leader work (in the same task group); it returns once
     the leadership has ended, whether by a request or otherwise. A request
-    that cannot be read is retried at the next poll (logged at WARNING).
+    that names this leader as the successor is already answered: never acted
+    on. A request that cannot be read is retried at the next poll (logged at
+    WARNING).
     """
     interval = positive("interval", interval)
-    await lead._elector._gate.serve(lambda: lead.held, lead._answer, interval)
+    await lead._elector._gate.serve(lambda: lead.held, lead._answer, interval, identity=lead.identity)

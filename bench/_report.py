@@ -206,6 +206,7 @@ def write_report(data: dict[str, Any], where: Path) -> None:
         "- **Libraries:** " + ", ".join(f"{k} {v}" for k, v in data.get("libraries", {}).items()),
         f"- **Repetitions:** {settings.get('reps')} per scenario; {settings.get('candidates')} candidates for"
         " graceful and crash, 2 for frozen and deposed, each a separate OS process.",
+        LINK_HANDOVERS,
         "",
         "![takeover latencies](takeover.png)",
         "",
@@ -403,10 +404,18 @@ def write_report(data: dict[str, Any], where: Path) -> None:
     if errors:
         lines += ["", "### Errors during the run", "", *errors]
     path = where / "RESULTS.md"
-    # The sharding section is written by `python -m bench.shards`, a run of its own: kept as it is.
+    # The sharding and handover sections are written by `python -m bench.shards` and `python -m bench.handovers`,
+    # runs of their own (after the sharding section): kept as they are.
     previous = path.read_text() if path.exists() else ""
     kept = previous[previous.index("<!-- shards -->") :] if "<!-- shards -->" in previous else ""
     path.write_text("\n".join(lines) + "\n" + ("\n" + kept if kept else ""))
+
+
+#: The sections written by runs of their own, after this report: linked from its header.
+LINK_HANDOVERS = (
+    "- **Planned handovers, releases, crashes and rolling deploys** on every backend: "
+    "[their own section](#planned-handovers-releases-crashes-and-rolling-deploys) (`make bench-handovers`)."
+)
 
 
 def _analysis(data: dict[str, Any]) -> list[str]:

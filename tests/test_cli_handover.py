@@ -57,6 +57,23 @@ def test_step_down_with_nobody_leading_exits_1(target: Target) -> None:
     assert "nobody leads" in result.stderr
 
 
+def test_step_down_to_the_leader_itself_asks_nothing(target: Target, spawner: Spawner, tmp_path: Path) -> None:
+    lines = Lines(tmp_path / "ticks")
+    backend = [*target.with_name(), *target.tuning, *handover_options(target)]
+    leader = spawner.run_cmd(
+        *backend, "--identity", "cand-a", "--forever", "--serve-step-down", out=lines.path, mode="graceful"
+    )
+    wait_until("cand-a to run the command", lambda: bool(lines.of("cand-a", "start")), 30)
+    asked = cli("step-down", *backend, "--to", "cand-a", "--json")
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout) == {"leader": "cand-a", "was": "cand-a", "to": "cand-a"}
+    time.sleep(1.5)  # a served request would have stopped the command by now
+    assert not lines.of("cand-a", f"signal-{int(signal.SIGTERM)}")
+    assert len(lines.of("cand-a", "start")) == 1
+    leader.send_signal(signal.SIGTERM)
+    spawner.wait(leader)
+
+
 def test_a_handover_in_progress_shows_in_leader_and_observe(
     target: Target, spawner: Spawner, tmp_path: Path
 ) -> None:

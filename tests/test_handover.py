@@ -194,6 +194,25 @@ async def test_a_step_down_asked_from_outside_moves_leadership_once(case: Backen
                 await follower_b.close()
 
 
+async def test_a_request_whose_successor_leads_by_a_release_is_not_acted_on(case: BackendCase) -> None:
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b, make(case, name, "c") as c:
+        events = record(b)
+        lead_a = await a.acquire()
+        follower_b = Follower(b)
+        try:
+            # Posted for a leader that releases before it acts: b then leads by the release.
+            await aioelect.request_step_down(c, to="b", timeout=30, lapse=30)
+            await lead_a.release()
+            lead_b = await follower_b.wait(timeout=case.takeover_bound + 10)
+            with anyio.move_on_after(1.5):
+                await aioelect.serve_step_downs(lead_b, interval=0.1)
+            assert lead_b.held, "b stepped down to itself"
+            assert [e for e in events if e.kind == "stepped_down"] == []
+        finally:
+            await follower_b.close()
+
+
 async def test_a_request_with_nobody_leading_lapses() -> None:
     from aioelect.testing import MemoryElector
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
+import anyio
 import pytest
 
-from aioelect import Event
+from aioelect import Elector, Event
 
 from .backends import BackendCase, Follower, unique_name
 from .test_handover import case, make, record
@@ -47,6 +49,50 @@ async def test_a_higher_priority_candidate_takes_over_once_and_it_never_flaps(ca
         finally:
             for follower in followers:
                 await follower.close()
+
+
+async def test_a_rolling_deploy_with_priorities_moves_leadership_once(case: BackendCase) -> None:
+    """3 instances of priority 0 replaced one at a time by 3 of priority 1, each old one stopped (its
+    ``Elector.run`` cancelled, as ``aioelect.run`` does on SIGTERM) once the new one has waited ``settle``."""
+    name, settle = unique_name(), 0.3
+    async with contextlib.AsyncExitStack() as stack:
+        olds = [await stack.enter_async_context(make(case, name, f"old-{i}")) for i in range(3)]
+        news = [await stack.enter_async_context(make(case, name, f"new-{i}")) for i in range(3)]
+        for elector in olds + news:
+            elector.set_priority(1 if elector in news else 0, settle=settle)
+        events: list[Event] = record(*olds, *news)
+        tasks: dict[Elector, asyncio.Task[None]] = {}
+
+        def start(elector: Elector) -> None:
+            tasks[elector] = asyncio.create_task(elector.run(asyncio.Event().wait))
+
+        async def stop(elector: Elector) -> None:
+            tasks[elector].cancel()
+            await asyncio.wait_for(asyncio.gather(tasks[elector], return_exceptions=True), 15)
+
+        try:
+            start(olds[0])
+            with anyio.fail_after(10):
+                while not any(e.kind == "acquired" for e in events):
+                    await asyncio.sleep(0.05)
+            start(olds[1])
+            start(olds[2])
+            await asyncio.sleep(1.0)
+            for old, new in zip(olds, news, strict=True):
+                start(new)
+                # The deploy's readiness wait: settle, the leader's 1 s poll for requests, and a generous margin.
+                await asyncio.sleep(settle + case.takeover_bound + 2.0)
+                await stop(old)
+            await asyncio.sleep(2.0)  # any move still to come
+            acquired = [e.identity for e in events if e.kind == "acquired"]
+            assert acquired == ["old-0", "new-0"], acquired
+            stepped = [(e.identity, e.reason, e.successor) for e in events if e.kind == "stepped_down"]
+            assert stepped == [("old-0", "priority", "new-0")]
+            assert await news[2].leader() == "new-0"
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 15)
 
 
 async def test_bad_priorities_are_refused() -> None:

@@ -121,6 +121,11 @@ async def _step_down(elector: Elector, config: Config, args: argparse.Namespace)
     if who is None:
         log.error("nobody leads %s: nothing to step down", elector.name)
         return EXIT_NO_LEADER
+    if args.to is not None and who == args.to:
+        # A leader never acts on a request naming itself: nothing to ask.
+        log.info("%s leads already", who)
+        out(json_line({"leader": who, "was": who, "to": args.to}) if args.json else who)
+        return 0
     try:
         await request_step_down(elector, to=args.to, timeout=args.window, lapse=args.wait)
     except LibraryUsageError as exc:
