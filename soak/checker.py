@@ -68,6 +68,8 @@ class Fault:
     detail: str = ""
     #: The candidate it was done to ("" for the server); a ``pause`` freezes it from ``start`` to ``heal``.
     candidate: str = ""
+    #: A restart: the newest token the server had granted before it went down (None: not known).
+    granted_before: int | None = None
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,17 @@ def test_deposed_accepts_a_session_ended_by_the_operator() -> None:
     assert len(deposed([_loss(1.0, 2.5)], [skipped], window=1.0)) == 1
 
 
+def test_deposed_accepts_a_leadership_granted_before_a_restart_and_seen_after_it() -> None:
+    # Token 7 (see _loss) was granted before the server went down; its news was held back past the restart.
+    restart = Fault("restart-reusing-ids", "mysql", int(2.0 * NS), int(2.2 * NS), int(2.2 * NS), granted_before=7)
+    assert deposed([_loss(2.3, 2.3)], [restart], window=1.0) == []
+    # The restarted server granted token 8 itself: nothing of the restart ended that session.
+    newer = Fault("restart-reusing-ids", "mysql", int(2.0 * NS), int(2.2 * NS), int(2.2 * NS), granted_before=6)
+    assert [v.kind for v in deposed([_loss(2.3, 2.3)], [newer], window=1.0)] == ["deposed"]
+    unknown = Fault("restart", "mysql", int(2.0 * NS), int(2.2 * NS), int(2.2 * NS))
+    assert [v.kind for v in deposed([_loss(2.3, 2.3)], [unknown], window=1.0)] == ["deposed"]
+
+
 def test_deposed_accepts_a_leadership_seen_after_the_kill_that_ended_it() -> None:
     # The server granted the lock before the KILL; the replies saying so were held back past it.
     assert deposed([_loss(2.8, 3.0)], [_fault("kill-holder", 2.0, 2.1)], window=3.5) == []

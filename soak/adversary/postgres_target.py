@@ -26,6 +26,15 @@ class PostgresTarget(Target):
     def target(self) -> Any:
         return self.server.dsn
 
+    def newest_token(self) -> int | None:
+        try:
+            rows = self.server.query("SELECT token FROM public.aioelect_leaders WHERE name = $1", (self.name,))
+        except Exception as exc:
+            if "does not exist" in str(exc):
+                return None  # no election has taken a token yet
+            raise
+        return int(rows[0][0]) if rows else None
+
     async def _query(self, sql: str, *args: Any) -> list[tuple[Any, ...]]:
         server = self.server
         assert isinstance(server, PostgresServer)

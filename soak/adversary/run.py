@@ -127,10 +127,12 @@ def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Viol
     if it happened at most ``window`` seconds before ``t`` and: it ended the
     holder's session; it ended another session that became the holder just
     then (``s`` not more than a second before it); or it was a restart in
-    progress when the leadership existed. A leadership can start after the
-    action that ends it: the server granted the lock before the action, and
-    the adversary held back the replies that tell the elector so. A KILL ends
-    one session, so it explains one loss at most.
+    progress when the leadership existed, or a restart after which the
+    server held the leadership's token already (granted before it went
+    down). A leadership can start after the action that ends it: the server
+    granted the lock before the action, and the adversary held back the
+    replies that tell the elector so. A KILL ends one session, so it explains
+    one loss at most.
     """
     found = []
     w = int(window * _NS)
@@ -144,7 +146,10 @@ def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Viol
         explained = any(
             f.kind.startswith("restart")
             and not f.detail.startswith("no ")
-            and s <= f.heal
+            and (
+                s <= f.heal
+                or (f.granted_before is not None and loss.token is not None and loss.token <= f.granted_before)
+            )
             and f.start <= t <= f.heal + w
             for f in faults
         )
@@ -357,7 +362,8 @@ async def _operator(
             continue
         heal = time.monotonic_ns()
         say(f"{kind}: {detail} (began {(heal - start) / 1e9:.2f}s before)")  # the checker judges from its start
-        faults.append(Fault(kind, target.backend, start, heal, heal, detail))
+        granted, target.granted_before = target.granted_before, None
+        faults.append(Fault(kind, target.backend, start, heal, heal, detail, granted_before=granted))
 
 
 async def _wait_for_hold(candidates: list[_Candidate], delay: float) -> _Candidate | None:

@@ -55,6 +55,9 @@ class Target:
         #: The run's electors (the operator finds a holder's connection among them).
         self.electors: list[Any] = []
         self.victim_share = 0.5
+        #: After a restart: the newest token the server had granted before it went down, read before any elector
+        #: could take one from the restarted server (None: not read, or no token yet). The operator takes it.
+        self.granted_before: int | None = None
 
     def start(self) -> None:
         self.server.start()
@@ -99,10 +102,19 @@ class Target:
         """The lease of the candidate key created just before the one held under ``leases`` (etcd), if any."""
         return None
 
+    def newest_token(self) -> int | None:
+        """The newest token the server holds for the election (None: none, or a server without tokens). Blocking."""
+        return None
+
+    def _restart(self) -> None:
+        self.server.restart()
+        # At once: an elector taking a token from the restarted server in between makes it a little too new.
+        self.granted_before = self.newest_token()
+
     async def act(self, action: str, rng: random.Random) -> str:
         """Do ``action`` on the server; say what was done."""
         if action == "restart":
-            await anyio.to_thread.run_sync(self.server.restart)
+            await anyio.to_thread.run_sync(self._restart)
             return "restarted"
         return str(await getattr(self, "_" + action.replace("-", "_"))(rng))
 
@@ -230,6 +242,15 @@ class MariaDBTarget(Target):
     def target(self) -> Any:
         return self.server.dsn
 
+    def newest_token(self) -> int | None:
+        try:
+            rows = self.server.query("SELECT token FROM aioelect_leaders WHERE name = %s", (self.name,))
+        except Exception as exc:
+            if "doesn't exist" in str(exc):
+                return None  # no election has taken a token yet
+            raise
+        return int(rows[0][0]) if rows else None
+
     def kept_ids(self, idle: float = 0.3) -> list[int]:
         """The connection ids of the lock sessions electors keep for their next campaign, idle for ``idle`` s.
 
@@ -269,6 +290,7 @@ class MariaDBTarget(Target):
         server = self.server
         assert isinstance(server, MariaDBServer)
         server.start()
+        self.granted_before = self.newest_token()  # no elector runs meanwhile: this loop is blocked here
         # The operator's own connection first, so that watching for the reused ids later takes none of them.
         conn = pymysql.connect(host=server.host, port=server.port, user="root", autocommit=True)
         self._reused = (set(kept) - {conn.thread_id()}, conn)
