@@ -247,3 +247,35 @@ async def test_a_late_write_is_refused_while_a_candidate_without_fencing_leads(
             gate.opened.set()
             await asyncio.gather(late, return_exceptions=True)
             await follower.close()
+
+
+@pytest.mark.parametrize("kind", ["mysql", "postgres"])
+async def test_a_state_session_the_server_ended_while_idle_is_replaced_before_the_write(
+    kind: str, request: pytest.FixtureRequest
+) -> None:
+    """The store's session has the election's ``lease`` as its idle bound: a leader that wrote nothing for longer
+    finds it ended by the server. Its next write begins on a new session, where the fence answers: committed for
+    the leader, refused for a deposed one (never BackendUnavailable for a session that was only idle)."""
+    case = CASES[kind](request)
+    options = {**FENCED[kind], "lease": 3, "check_interval": 0.2, "check_timeout": 0.5}
+    name = unique_name()
+    async with case.make(name, identity="a", **options) as a, case.make(name, identity="b", **options) as b:
+        store_a, store_b = FencedStore(a), FencedStore(b)
+        lead_a = await a.acquire()
+        await store_a.put(lead_a, "cursor", 1)
+        await anyio.sleep(4.5)  # past the idle bound: the server ends the store's session
+        assert lead_a.held
+        await store_a.put(lead_a, "cursor", 2)
+        assert await store_b.get("cursor") == 2
+        await anyio.sleep(4.5)
+        assert case.depose is not None
+        follower = Follower(b)
+        try:
+            await case.depose(a)
+            lead_b = await follower.wait(timeout=30)
+            await store_b.put(lead_b, "cursor", 3)
+            with pytest.raises(LeadershipLost):
+                await store_a.put(lead_a, "cursor", "late")
+            assert await store_b.get("cursor") == 3
+        finally:
+            await follower.close()

@@ -81,10 +81,9 @@ class SqlStateStore(StateStore, Generic[_C]):
     async def _transaction(
         self, conn: _C, token: int, session: int | None, key: str, value: bytes, compare: bool, expected: bytes | None
     ) -> Written:
-        """The fenced write as one transaction, begun and ended here: refused unless the token row holds ``token``
-        and, when ``session`` is known, the election's lock is still held by that session (a candidate that takes
-        no token, ``fencing=False``, leaves the token row as it was)."""
-        await self._begin(conn)
+        """The fenced write as one transaction, begun by the caller and ended here: refused unless the token row
+        holds ``token`` and, when ``session`` is known, the election's lock is still held by that session (a
+        candidate that takes no token, ``fencing=False``, leaves the token row as it was)."""
         newest = await self._newest_token(conn)
         written = Written.FENCED
         if newest == token and (session is None or await self._held_by(conn, session)):
@@ -124,12 +123,33 @@ class SqlStateStore(StateStore, Generic[_C]):
                 self._drop()
                 raise self._failure(exc, "the request") from exc
 
+    async def _begun(self) -> _C:
+        """A connection with a transaction begun on it.
+
+        A kept connection that the server ended while it sat idle (its idle
+        bound is ``lease``: a leader frozen longer finds it gone) fails at
+        ``BEGIN``, before anything of the write was sent: the transaction is
+        begun once more on a new connection, where the fence answers.
+        """
+        kept = self._conn is not None and not self._broken(self._conn)
+        conn = await self._connection()
+        try:
+            await self._begin(conn)
+            return conn
+        except Exception:
+            if not kept:
+                raise
+            self._drop()
+        conn = await self._connection()
+        await self._begin(conn)
+        return conn
+
     async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
         assert hold.token is not None
         async with self._lock:
             try:
                 session = getattr(hold, "session_id", None)
-                conn = await self._connection()
+                conn = await self._begun()
                 return await self._transaction(conn, hold.token, session, key, value, compare, expected)
             except BaseException as exc:
                 # Whatever the transaction left open ends with the session: nothing half-written commits.
