@@ -325,6 +325,26 @@ def test_soak_slice_a_frozen_leaders_late_write_is_refused_and_no_tick_runs_twic
     assert figures.late_refused == figures.late_writes and figures.late_accepted == 0
 
 
+def test_soak_checker_tells_ticks_a_dying_leader_recorded_from_lost_ones() -> None:
+    """A tick recorded by a leader killed or stopped before its job began is dropped (at most once, as documented);
+    a tick no record stands for is lost."""
+    from soak.ticks import check
+
+    def run(who: str, first: int, tick: int, token: int) -> dict[str, Any]:
+        return {"e": "run", "who": who, "first": first, "tick": tick, "token": token}
+
+    recorded = {"e": "record", "who": "a", "first": 2, "tick": 2, "token": 1}
+    killed = {"e": "fault", "kind": "kill", "who": "a"}
+    dropped = check([run("a", 1, 1, 1), recorded, killed, run("b", 3, 3, 2)])
+    assert (dropped.lost, dropped.dropped, dropped.duplicates) == (0, 1, 0)
+    assert dropped.ok
+    lost = check([run("a", 1, 1, 1), killed, run("b", 3, 3, 2)])
+    assert (lost.lost, lost.dropped) == (1, 0) and not lost.ok
+    # A worker that ran its record, then was killed, dropped nothing: a later gap is lost.
+    ran = check([recorded, run("a", 2, 2, 1), killed, run("b", 4, 4, 2)])
+    assert (ran.lost, ran.dropped) == (1, 0)
+
+
 @pytest.fixture(params=["postgres", "mysql"])
 async def sql(request: pytest.FixtureRequest) -> AsyncIterator[tuple[Db, str]]:
     """A user database with a fence table, a data table and a ticks table (the election is elsewhere: in memory)."""
