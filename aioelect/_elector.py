@@ -27,7 +27,7 @@ from ._backend import Backend, Hold, Loss, Reporter, monotonic
 from ._config import default_identity, positive, validate_identity
 from ._errors import ElectionError, ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
 from ._events import Event, EventKind, Listener
-from ._handover import Gate, Note, Priority, Request
+from ._handover import RELEASE_WINDOW, Gate, Note, Priority, Request
 from ._health import Health
 from ._log import ElectionLog
 from ._tasks import TaskSet, consume, first_of
@@ -359,6 +359,10 @@ class Leadership:
         (logged as an ERROR). Cancelling the caller does not interrupt the
         release.
         """
+        if self._state is _Lead.HELD and self._stepping is None and self._elector._gate.priority is not None:
+            with anyio.CancelScope(shield=True):  # a release asked by a cancelled caller (SIGTERM) still hands over
+                if await self._release_to_priority():
+                    return
         task = asyncio.current_task()
         if task is not None and self._state not in LEADERSHIP_TRANSITIONS.final:
             self._releasers.add(task)
@@ -370,9 +374,29 @@ class Leadership:
         with anyio.CancelScope(shield=True):
             await self._finished()
 
+    async def _release_to_priority(self) -> bool:
+        """Release as a step-down to the waiting candidate of a higher priority, if one says it waits: True once
+        done. A leader that stops (a rolling deploy's SIGTERM) then passes to the newer version, never to a peer
+        that happened to wait first."""
+        successor = await self._elector._gate.waiting_successor(self.identity)
+        if successor is None or not self.held:
+            return False
+        try:
+            await self._step_down(successor, RELEASE_WINDOW, "release", None)
+        except ElectionError as exc:
+            self._log.warning(
+                "release to %r, of higher priority, not handed over (%s): a plain release", successor, exc
+            )
+            return False
+        return True
+
     # ``timeout`` is the length of the handover window, not a bound on this call.
     async def step_down(
-        self, to: str | None = None, *, timeout: float = 30.0, reason: str = "requested"  # noqa: ASYNC109
+        self,
+        to: str | None = None,
+        *,
+        timeout: float = 30.0,  # noqa: ASYNC109
+        reason: str = "requested",
     ) -> None:
         """Stop leader work and release, leaving a handover note: until ``timeout``, only ``to`` may lead next.
 

@@ -33,7 +33,7 @@ from ._health import Health
 from ._log import ElectionLog
 from ._values import encode
 
-__all__ = ["LEADER_KEY", "NOTE_KEY", "REQUEST_KEY", "Gate", "Note", "Priority", "Request"]
+__all__ = ["LEADER_KEY", "NOTE_KEY", "REQUEST_KEY", "WAITING_KEY", "Gate", "Note", "Priority", "Request"]
 
 #: The fenced state key of the handover note (the store's own keys are the user's: this one is reserved).
 NOTE_KEY = "aioelect.handover"
@@ -41,8 +41,17 @@ NOTE_KEY = "aioelect.handover"
 REQUEST_KEY = "aioelect.step-down"
 #: The key where a leader with a priority records it (fenced: only the newest leader's record can be there).
 LEADER_KEY = "aioelect.leader"
+#: The key where the waiting candidate of the highest priority says so (posted, not fenced: any candidate may).
+WAITING_KEY = "aioelect.waiting"
+#: How often that candidate says so again; its word lapses after three times this.
+WAITING_INTERVAL = 1.0
 #: The window a higher-priority candidate asks for: only it may lead next, for this long.
 PRIORITY_WINDOW = 30.0
+#: The window of a release that passes to the waiting candidate of higher priority (it is campaigning: it takes
+#: the lock at once; if it died meanwhile, the election opens to all after this).
+RELEASE_WINDOW = 5.0
+#: Bound on the read of :data:`WAITING_KEY` by a leader that releases: past it, a plain release.
+RELEASE_READ_TIMEOUT = 1.0
 #: How often a candidate an open note excludes reads it again.
 POLL_INTERVAL = 0.5
 #: Bound on one read or write of the note: past it the note is treated as absent (a preference, never a wait).
@@ -198,6 +207,7 @@ class Gate:
         hold: Hold | None = None
         try:
             async with anyio.create_task_group() as tg:
+                tg.start_soon(self._say_waiting, identity, self.priority)
                 tg.start_soon(self._ask_when_settled, identity, self.priority)
                 hold = await self._backend.campaign(identity)
                 tg.cancel_scope.cancel()
@@ -242,6 +252,53 @@ class Gate:
                 await self.post(request)
             except ElectionError as exc:
                 self._log.warning("priority: the leader could not be asked (%s); trying again", exc)
+
+    async def _say_waiting(self, identity: str, priority: Priority) -> None:
+        """While waiting (healthy), keep :data:`WAITING_KEY` naming the waiting candidate of the highest priority.
+
+        A leader that releases hands over to it (:meth:`waiting_successor`),
+        so that a rolling deploy stopping the leader before any settle time
+        has passed still moves leadership to the newer version, once. Only a
+        candidate of a higher priority than the leader's writes it (the others'
+        word could not change a release), and only if absent, lapsed, ours, or
+        of a lower priority.
+        """
+        store = self.store()
+        if store is None:
+            return
+        while True:
+            try:
+                if (self.health is None or await self.health.problem() is None) and priority.value > _recorded(
+                    await store.read(LEADER_KEY)
+                ):
+                    now = time.time()
+                    current = _waiting(await store.read_posted(WAITING_KEY))
+                    if current is None or current[2] < now or current[0] == identity or current[1] < priority.value:
+                        record = {"identity": identity, "priority": priority.value, "until": now + 3 * WAITING_INTERVAL}
+                        await store.post(WAITING_KEY, encode(record))
+            except ElectionError as exc:
+                self._log.debug("priority: waiting not posted (%s)", exc)
+            await anyio.sleep(WAITING_INTERVAL)
+
+    async def waiting_successor(self, identity: str) -> str | None:
+        """For a leader with a priority that releases: the waiting candidate of a higher priority, if one says so.
+
+        None (a plain release) without a priority, without fenced state, or
+        if the record cannot be read within :data:`RELEASE_READ_TIMEOUT`.
+        """
+        store = self.store()
+        if self.priority is None or store is None:
+            return None
+        raw: bytes | None = None
+        with anyio.move_on_after(RELEASE_READ_TIMEOUT):
+            try:
+                raw = await store.read_posted(WAITING_KEY)
+            except ElectionError as exc:
+                self._log.warning("priority: who waits unread (%s): a plain release", exc)
+        current = _waiting(raw)
+        if current is None or current[2] < time.time() or current[0] == identity:
+            return None
+        return current[0] if current[1] > self.priority.value else None
 
     async def leader_priority(self, leader: str) -> int:
         """The priority ``leader`` recorded as it took the lead; 0 if it recorded none."""
@@ -416,6 +473,28 @@ class Gate:
         if written is None:
             raise BackendUnavailable(f"handover note not written within {NOTE_TIMEOUT:g}s: still leading")
         return written is not Written.FENCED
+
+
+def _recorded(raw: bytes | None) -> int:
+    """The priority under :data:`LEADER_KEY` (the newest leader that recorded one); 0 if none."""
+    try:
+        record = json.loads(raw) if raw is not None else None
+        if isinstance(record, dict):
+            return int(record["priority"])
+    except (TypeError, ValueError, KeyError):
+        pass
+    return 0
+
+
+def _waiting(raw: bytes | None) -> tuple[str, int, float] | None:
+    """The record under :data:`WAITING_KEY`: (identity, priority, until); None if absent or not one."""
+    try:
+        record = json.loads(raw) if raw is not None else None
+        if isinstance(record, dict):
+            return str(record["identity"]), int(record["priority"]), float(record["until"])
+    except (TypeError, ValueError, KeyError):
+        pass
+    return None
 
 
 async def _give_back(hold: Hold) -> None:

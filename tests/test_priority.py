@@ -18,9 +18,12 @@ __all__ = ["case"]  # the fixture, shared with test_handover
 
 async def test_a_higher_priority_candidate_takes_over_once_and_it_never_flaps(case: BackendCase) -> None:
     name = unique_name()
-    async with make(case, name, "old-1") as old1, make(case, name, "old-2") as old2, make(
-        case, name, "new-1"
-    ) as new1, make(case, name, "new-2") as new2:
+    async with (
+        make(case, name, "old-1") as old1,
+        make(case, name, "old-2") as old2,
+        make(case, name, "new-1") as new1,
+        make(case, name, "new-2") as new2,
+    ):
         for elector, priority in ((old1, 0), (old2, 0), (new1, 1), (new2, 1)):
             elector.set_priority(priority, settle=0.3)
         events: list[Event] = record(old1, old2, new1, new2)
@@ -89,6 +92,49 @@ async def test_a_rolling_deploy_with_priorities_moves_leadership_once(case: Back
             stepped = [(e.identity, e.reason, e.successor) for e in events if e.kind == "stepped_down"]
             assert stepped == [("old-0", "priority", "new-0")]
             assert await news[2].leader() == "new-0"
+        finally:
+            for task in tasks.values():
+                task.cancel()
+            await asyncio.wait_for(asyncio.gather(*tasks.values(), return_exceptions=True), 15)
+
+
+async def test_a_leader_stopped_before_any_settle_time_passes_to_the_waiting_newer_version(case: BackendCase) -> None:
+    """The fast rolling deploy: each old instance is stopped half a second after its replacement started (the
+    default 10 s settle time far from over). The stopping leader releases to the waiting candidate of a higher
+    priority, so leadership moves once, to the new version, never to an old peer that happened to wait first."""
+    name = unique_name()
+    async with contextlib.AsyncExitStack() as stack:
+        olds = [await stack.enter_async_context(make(case, name, f"old-{i}")) for i in range(3)]
+        news = [await stack.enter_async_context(make(case, name, f"new-{i}")) for i in range(3)]
+        for elector in olds + news:
+            elector.set_priority(1 if elector in news else 0)
+        events: list[Event] = record(*olds, *news)
+        tasks: dict[Elector, asyncio.Task[None]] = {}
+
+        def start(elector: Elector) -> None:
+            tasks[elector] = asyncio.create_task(elector.run(asyncio.Event().wait))
+
+        async def stop(elector: Elector) -> None:
+            tasks[elector].cancel()
+            await asyncio.wait_for(asyncio.gather(tasks[elector], return_exceptions=True), 15)
+
+        try:
+            start(olds[0])
+            with anyio.fail_after(10):
+                while not any(e.kind == "acquired" for e in events):
+                    await asyncio.sleep(0.05)
+            start(olds[1])
+            start(olds[2])
+            await asyncio.sleep(1.0)
+            for old, new in zip(olds, news, strict=True):
+                start(new)
+                await asyncio.sleep(0.5)  # campaigning, far from its settle time
+                await stop(old)
+            await asyncio.sleep(2.0)  # any move still to come
+            acquired = [e.identity for e in events if e.kind == "acquired"]
+            assert acquired == ["old-0", "new-0"], acquired
+            stepped = [(e.identity, e.reason, e.successor) for e in events if e.kind == "stepped_down"]
+            assert stepped == [("old-0", "release", "new-0")]
         finally:
             for task in tasks.values():
                 task.cancel()
