@@ -24,10 +24,13 @@ backend hands its names on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import math
 import os
+import secrets
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -38,10 +41,12 @@ import anyio
 
 from ._config import validate_name
 from ._elector import Elector, Leadership, backend_of, default_identity, leading_if_free, validate_identity
-from ._errors import BackendUnavailable, LeadershipLost, UsageError
+from ._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
 from ._factory import env_options, from_env, shared_sql_session
+from ._handover import NOTE_TIMEOUT
 from ._settings import Settings
 from ._tasks import FirstFailure
+from ._values import encode
 
 __all__ = ["Shards", "assign"]
 
@@ -55,6 +60,12 @@ FULL_RETRY = 1.0
 
 #: The longest pause between two passes over the names of an instance short of its share that found none free.
 CLAIM_RETRY = 1.0
+
+#: The key, in a member election's posted values, of a name handed over to that member (:meth:`Shards.hand_over`).
+GIFT_KEY = "aioelect.shards.gift"
+
+#: How often a member reads its member election for a name handed over to it, and asks again for one it was given.
+GIFT_POLL = 0.25
 
 
 def _score(member: str, name: str) -> int:
@@ -106,6 +117,8 @@ class _Owner:
     #: The work raised while its leadership was held: what it raised ends the run, whatever it is (a
     #: BackendUnavailable or LeadershipLost of the work's own is not the lock request's or the name's).
     failed: bool = False
+    #: Handed over to this instance (:meth:`Shards.hand_over`): kept over the share, resigned last.
+    gift: bool = False
 
     @property
     def counts(self) -> bool:
@@ -146,6 +159,18 @@ class _Round:
     wake: anyio.Event = field(default_factory=anyio.Event)
     claim: anyio.Event = field(default_factory=anyio.Event)
     answered: anyio.Event = field(default_factory=anyio.Event)
+    #: Draining (:meth:`Shards.drain`): no member election held, no name asked for, until the run ends.
+    draining: bool = False
+    #: Cancels the holding of the member election (a drain leaves it).
+    member_scope: anyio.CancelScope | None = None
+    #: Set whenever this instance stops holding its member election.
+    left: anyio.Event = field(default_factory=anyio.Event)
+    #: The member elections, by slot, while the run lasts.
+    slots: list[Elector] = field(default_factory=list)
+    #: Names handed over to this instance and not yet taken: until when each is asked for (monotonic).
+    gifts: dict[str, float] = field(default_factory=dict)
+    #: The ids of the handovers already read from this instance's member election.
+    gifts_seen: set[str] = field(default_factory=set)
 
 
 def _session_identity(elector: Elector) -> tuple[str, bool] | None:
@@ -367,6 +392,134 @@ class Shards:
         lead = self._r.held.get(name)
         return lead if lead is not None and lead.held else None
 
+    # --- handing names over ------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """Whether this run drains (:meth:`drain`): it holds no member election and asks for no name."""
+        return self._r.draining
+
+    async def hand_over(self, name: str, to: str | None = None, *, timeout: float = 30.0) -> str:  # noqa: ASYNC109
+        """Move ``name``, owned here, to the live member ``to``; return who it goes to.
+
+        Without ``to``, the other live member with the highest rendezvous
+        weight for ``name`` is chosen. ``to`` is told through its member
+        election (it reads it every :data:`GIFT_POLL` seconds); this instance
+        then steps down from ``name``
+        (:meth:`~aioelect.Leadership.step_down`): the name's work is stopped
+        before the name is released, and its handover note lets only ``to``
+        lead it for ``timeout`` seconds, so the name goes to ``to`` and to
+        nobody else meanwhile. ``to`` keeps the name beyond its share and
+        rebalances: it resigns another name, which an instance short of its
+        share (this one) takes. Not taken within ``timeout``, the name goes
+        to whoever is short of it.
+
+        Returns once this instance has released the name. Raises
+        :class:`~aioelect.UsageError` if the name is not owned here, ``to``
+        is not another live member, or the backend keeps no handover notes
+        (local, fencing off, PostgreSQL without ``schema=``).
+        """
+        if to is not None:
+            to = validate_identity(to)
+        if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, not {timeout!r}")
+        lead = self.leadership(name)
+        if lead is None:
+            raise UsageError(f"hand_over(): {self.identity!r} does not own {name!r}")
+        r = self._r
+        others = {m: k for k, m in r.seen.items() if m is not None and k != r.slot}
+        if to is None:
+            if not others:
+                raise UsageError(f"hand_over({name!r}): no other live member of {self.group} to take it")
+            to = max(sorted(others), key=lambda m: _score(m, name))
+        if to not in others:
+            raise UsageError(f"hand_over({name!r}): {to!r} is not another live member of {self.group}")
+        gift = {"id": secrets.token_hex(8), "name": name, "from": self.identity, "until": time.time() + timeout}
+        store = backend_of(r.slots[others[to]]).state_store()
+        with anyio.fail_after(NOTE_TIMEOUT):
+            await store.post(GIFT_KEY, encode(gift))
+        log.info("%s: handing %s over to %s", self.identity, name, to)
+        await lead.step_down(to, timeout=timeout, reason="handed over")
+        return to
+
+    async def drain(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Leave: stop every owned name's work and release the name, and the member election, so that the other
+        instances take the names at once; this run asks for nothing again.
+
+        The member election and every name are let go together: the others
+        see this instance leave, count larger shares and ask for its names,
+        each granted as soon as its work has stopped and it is released
+        (within :data:`CLAIM_RETRY` of it), never by a lease expiring. The
+        run goes on, a draining observer that owns nothing, until it is
+        cancelled. Returns once everything is released; TimeoutError after
+        ``timeout`` seconds (None: as long as the work takes to stop), the
+        drain going on. UsageError if :meth:`run` is not running.
+        """
+        if not self._running:
+            raise UsageError("drain(): Shards.run() is not running")
+        r = self._r
+        if not r.draining:
+            r.draining = True
+            r.gifts.clear()
+            log.info("%s: draining %d name(s) of %s", self.identity, len(r.owners), self.group)
+            if r.member_scope is not None:
+                r.member_scope.cancel()
+            for owner in list(r.owners.values()):
+                owner.scope.cancel()
+            r.wake.set()
+        with anyio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
+            while r.owners:
+                await next(iter(r.owners.values())).done.wait()
+            while r.slot is not None:
+                r.left = anyio.Event()
+                if r.slot is not None:
+                    await r.left.wait()
+        log.info("%s: drained: owns nothing and asks for nothing", self.identity)
+
+    async def _gifts(self, tasks: FirstFailure, work: ShardWork | None) -> None:
+        """Read this instance's member election for names handed over to it, and ask for each until it is granted
+        or its handover ends."""
+        while True:
+            await anyio.sleep(GIFT_POLL)
+            r = self._r
+            if r.draining:
+                continue
+            if r.slot is not None:
+                await self._read_gift(r.slots[r.slot])
+            now = time.monotonic()
+            for name, until in list(r.gifts.items()):
+                if until <= now:
+                    log.info("%s: %s was handed over here but not granted in time", self.identity, name)
+                    del r.gifts[name]
+                elif name not in r.owners:
+                    owner = _Owner(gift=True)
+                    r.owners[name] = owner
+                    tasks.start_soon(self._own, name, owner, work)
+
+    async def _read_gift(self, slot: Elector) -> None:
+        try:
+            store = backend_of(slot).state_store()
+        except UsageError:
+            return  # no handover notes on this backend: nothing is ever handed over
+        raw = None
+        with anyio.move_on_after(NOTE_TIMEOUT):
+            try:
+                raw = await store.read_posted(GIFT_KEY)
+            except ElectionError as exc:
+                log.debug("%s: handovers unread (%s)", self.identity, exc)
+        if raw is None:
+            return
+        try:
+            gift = json.loads(raw)
+            gid, name, left = str(gift["id"]), str(gift["name"]), float(gift["until"]) - time.time()
+        except (TypeError, ValueError, KeyError):
+            return
+        if gid in self._r.gifts_seen or left <= 0 or name not in self.names:
+            return
+        self._r.gifts_seen.add(gid)
+        log.info("%s: %s handed over here by %s", self.identity, name, gift.get("from"))
+        self._r.gifts[name] = time.monotonic() + left
+
     # --- running -----------------------------------------------------------------------
 
     async def run(self, work: ShardWork | None = None) -> None:
@@ -398,10 +551,12 @@ class Shards:
             for k in range(self.max_instances):
                 slots.append(await self._make(self.member_election(k), first=k == 0))
             async with FirstFailure() as tasks:
+                self._r.slots = slots
                 for k, slot in enumerate(slots):
                     tasks.start_soon(self._observe, k, slot)
                 tasks.start_soon(self._membership, slots)
                 tasks.start_soon(self._claims, tasks, work)
+                tasks.start_soon(self._gifts, tasks, work)
                 await self._rebalance()
         finally:
             with anyio.CancelScope(shield=True):
@@ -448,6 +603,8 @@ class Shards:
         """Hold one member election for as long as this runs; take another when it is lost."""
         await self._r.all_seen.wait()
         while True:
+            if self._r.draining:
+                await anyio.sleep_forever()  # a draining instance stays out until its run ends
             # Free-looking slots first: a held one would only refuse.
             order = sorted(range(len(slots)), key=lambda k: self._r.seen.get(k) is not None)
             for k in order:
@@ -455,17 +612,22 @@ class Shards:
                     async with leading_if_free(slots[k]) as lead:
                         if lead is None:
                             continue
-                        self._r.slot = k
-                        self._changed()
-                        log.info("%s is a member of %s (member election %d)", self.identity, self.group, k)
-                        await anyio.sleep_forever()
+                        with anyio.CancelScope() as self._r.member_scope:
+                            if self._r.draining:
+                                break
+                            self._r.slot = k
+                            self._changed()
+                            log.info("%s is a member of %s (member election %d)", self.identity, self.group, k)
+                            await anyio.sleep_forever()
                 except LeadershipLost as exc:
                     log.warning("%s lost its member election %d (%s): taking another", self.identity, k, exc.reason)
                 except BackendUnavailable as exc:
                     log.warning("member election %d of %s: %s; trying again", k, self.group, exc)
                     await anyio.sleep(FULL_RETRY)
                 finally:
+                    self._r.member_scope = None
                     self._r.slot = None
+                    self._r.left.set()
                     self._changed()
                 break
             else:
@@ -487,7 +649,7 @@ class Shards:
             return (), frozenset()  # not every member election reported yet: nothing is known
         members = tuple(sorted({m for m in self._r.seen.values() if m is not None}))
         me = None if self._r.slot is None else self._r.seen.get(self._r.slot)
-        if me is None:
+        if me is None or self._r.draining:
             return members, frozenset()  # not a member (yet): the others do not count on us
         if self._r.assigned is None or self._r.assigned[0] != (*members, me):
             owners = assign(self.names, members)
@@ -517,6 +679,8 @@ class Shards:
 
     def _short(self) -> int:
         """How many names this instance lacks for its share, counting the lock requests on their way."""
+        if self._r.draining:
+            return 0
         return len(self._r.target) - sum(o.counts for o in self._r.owners.values())
 
     async def _rebalance(self) -> None:
@@ -556,7 +720,16 @@ class Shards:
             me = self._r.assigned[0][-1] if self._r.assigned is not None and target else self.identity
             owners = self._r.assigned[1] if self._r.assigned is not None else {}
             joined = self._r.joined
-            active.sort(key=lambda n: (n in self._r.held, n in target, owners.get(n) not in joined, _score(me, n)))
+            gift = self._r.owners
+            active.sort(
+                key=lambda n: (
+                    gift[n].gift and not self._r.draining,
+                    n in self._r.held,
+                    n in target,
+                    owners.get(n) not in joined,
+                    _score(me, n),
+                )
+            )
             for name in active[: min(excess, self.step)]:
                 self._r.owners[name].scope.cancel()
             return excess > self.step
@@ -682,6 +855,10 @@ class Shards:
             self._r.holders.pop(name, None)
             self._r.grants += 1
             self._r.held[name] = lead
+            if owner.gift:
+                # Kept beyond the share: the rebalance resigns another name instead, for whoever is short.
+                self._r.gifts.pop(name, None)
+                self._changed()
             try:
                 if work is not None:
                     try:
