@@ -44,6 +44,7 @@ from ._elector import Elector, Leadership, backend_of, default_identity, leading
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
 from ._factory import env_options, from_env, shared_sql_session
 from ._handover import NOTE_TIMEOUT
+from ._health import Health
 from ._settings import Settings
 from ._tasks import FirstFailure
 from ._values import encode
@@ -161,6 +162,9 @@ class _Round:
     answered: anyio.Event = field(default_factory=anyio.Event)
     #: Draining (:meth:`Shards.drain`): no member election held, no name asked for, until the run ends.
     draining: bool = False
+    #: Out unhealthy (:meth:`Shards.set_health`): as draining, until the check passes again; set when it does.
+    unhealthy: bool = False
+    rejoin: anyio.Event = field(default_factory=anyio.Event)
     #: Cancels the holding of the member election (a drain leaves it).
     member_scope: anyio.CancelScope | None = None
     #: Set whenever this instance stops holding its member election.
@@ -171,6 +175,11 @@ class _Round:
     gifts: dict[str, float] = field(default_factory=dict)
     #: The ids of the handovers already read from this instance's member election.
     gifts_seen: set[str] = field(default_factory=set)
+
+    @property
+    def out(self) -> bool:
+        """Whether this instance stays out: it holds no member election and asks for no name."""
+        return self.draining or self.unhealthy
 
 
 def _session_identity(elector: Elector) -> tuple[str, bool] | None:
@@ -352,6 +361,7 @@ class Shards:
         self._electors = electors
         #: What this instance sees and does in its current run (an empty one between runs).
         self._r = _Round()
+        self._health: Health | None = None
         self._running = False
 
     def __repr__(self) -> str:
@@ -459,14 +469,9 @@ class Shards:
             raise UsageError("drain(): Shards.run() is not running")
         r = self._r
         if not r.draining:
-            r.draining = True
-            r.gifts.clear()
             log.info("%s: draining %d name(s) of %s", self.identity, len(r.owners), self.group)
-            if r.member_scope is not None:
-                r.member_scope.cancel()
-            for owner in list(r.owners.values()):
-                owner.scope.cancel()
-            r.wake.set()
+            r.draining = True
+            self._leave(r)
         with anyio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
             while r.owners:
                 await next(iter(r.owners.values())).done.wait()
@@ -476,13 +481,91 @@ class Shards:
                     await r.left.wait()
         log.info("%s: drained: owns nothing and asks for nothing", self.identity)
 
+    def _leave(self, r: _Round) -> None:
+        """Let go of the member election and of every name (each once its work has stopped): ``r`` is out."""
+        r.gifts.clear()
+        if r.member_scope is not None:
+            r.member_scope.cancel()
+        for owner in list(r.owners.values()):
+            owner.scope.cancel()
+        r.wake.set()
+
+    def set_health(
+        self,
+        check: Callable[[], Awaitable[object]] | None,
+        *,
+        failures: int = 3,
+        interval: float = 5.0,
+        timeout: float = 2.0,
+        backoff: float = 30.0,
+    ) -> None:
+        """Take part only while ``await check()`` passes; after ``failures`` failures in a row, hand every name over.
+
+        A check passes unless it returns False, raises, or runs past
+        ``timeout`` seconds (it is cancelled then). An instance joins (holds
+        a member election and asks for names) only once a check passes;
+        while it takes part the check runs every ``interval`` seconds, and
+        after ``failures`` failures in a row it leaves as :meth:`drain` does
+        (every name's work stopped, then the name released, the member
+        election released: the others take the names at once), stays out for
+        ``backoff`` seconds and then until a check passes. Each change is
+        logged with its reason. None removes the check. Takes effect at the
+        next :meth:`run`.
+        """
+        self._health = None if check is None else Health(check, failures, interval, timeout, backoff)
+
+    async def _health_watch(self, health: Health) -> None:
+        r = self._r
+        while True:
+            said: str | None = None
+            while True:
+                left = health.out_until - time.monotonic()
+                if left > 0:
+                    await anyio.sleep(left)
+                    continue
+                why = await health.problem()
+                if why is None:
+                    break
+                if why != said:
+                    log.warning("%s: not taking part in %s: %s", self.identity, self.group, why)
+                    said = why
+                await anyio.sleep(health.interval)
+            if said is not None:
+                log.info("%s: health check passes again: taking part in %s", self.identity, self.group)
+            r.unhealthy = False
+            r.rejoin.set()
+            r.wake.set()
+            failed = 0
+            while failed < health.failures:
+                await anyio.sleep(health.interval)
+                why = await health.problem()
+                if why is None:
+                    if failed:
+                        log.info("%s: health check passes again after %d failure(s)", self.identity, failed)
+                    failed = 0
+                    continue
+                failed += 1
+                log.warning(
+                    "%s: health check failed (%d of %d in a row): %s", self.identity, failed, health.failures, why
+                )
+            log.warning(
+                "%s: unhealthy (%s): handing %d name(s) over; staying out for %gs",
+                self.identity,
+                why,
+                len(r.owners),
+                health.backoff,
+            )
+            health.out_until = time.monotonic() + health.backoff
+            r.unhealthy = True
+            self._leave(r)
+
     async def _gifts(self, tasks: FirstFailure, work: ShardWork | None) -> None:
         """Read this instance's member election for names handed over to it, and ask for each until it is granted
         or its handover ends."""
         while True:
             await anyio.sleep(GIFT_POLL)
             r = self._r
-            if r.draining:
+            if r.out:
                 continue
             if r.slot is not None:
                 await self._read_gift(r.slots[r.slot])
@@ -552,6 +635,9 @@ class Shards:
                 slots.append(await self._make(self.member_election(k), first=k == 0))
             async with FirstFailure() as tasks:
                 self._r.slots = slots
+                if self._health is not None:
+                    self._r.unhealthy = True  # until a check passes
+                    tasks.start_soon(self._health_watch, self._health)
                 for k, slot in enumerate(slots):
                     tasks.start_soon(self._observe, k, slot)
                 tasks.start_soon(self._membership, slots)
@@ -603,8 +689,9 @@ class Shards:
         """Hold one member election for as long as this runs; take another when it is lost."""
         await self._r.all_seen.wait()
         while True:
-            if self._r.draining:
-                await anyio.sleep_forever()  # a draining instance stays out until its run ends
+            while self._r.out:  # draining (until the run ends), or unhealthy (until the check passes)
+                rejoin = self._r.rejoin = anyio.Event()
+                await rejoin.wait()
             # Free-looking slots first: a held one would only refuse.
             order = sorted(range(len(slots)), key=lambda k: self._r.seen.get(k) is not None)
             for k in order:
@@ -613,7 +700,7 @@ class Shards:
                         if lead is None:
                             continue
                         with anyio.CancelScope() as self._r.member_scope:
-                            if self._r.draining:
+                            if self._r.out:
                                 break
                             self._r.slot = k
                             self._changed()
@@ -649,7 +736,7 @@ class Shards:
             return (), frozenset()  # not every member election reported yet: nothing is known
         members = tuple(sorted({m for m in self._r.seen.values() if m is not None}))
         me = None if self._r.slot is None else self._r.seen.get(self._r.slot)
-        if me is None or self._r.draining:
+        if me is None or self._r.out:
             return members, frozenset()  # not a member (yet): the others do not count on us
         if self._r.assigned is None or self._r.assigned[0] != (*members, me):
             owners = assign(self.names, members)
@@ -679,7 +766,7 @@ class Shards:
 
     def _short(self) -> int:
         """How many names this instance lacks for its share, counting the lock requests on their way."""
-        if self._r.draining:
+        if self._r.out:
             return 0
         return len(self._r.target) - sum(o.counts for o in self._r.owners.values())
 
@@ -723,7 +810,7 @@ class Shards:
             gift = self._r.owners
             active.sort(
                 key=lambda n: (
-                    gift[n].gift and not self._r.draining,
+                    gift[n].gift and not self._r.out,
                     n in self._r.held,
                     n in target,
                     owners.get(n) not in joined,

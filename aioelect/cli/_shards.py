@@ -14,6 +14,10 @@ its environment. Guarantees, on top of :mod:`aioelect.cli._supervisor`'s
   backend's safety margin (:func:`~aioelect.cli._run.choose_grace`);
 * a CMD that exits is started again after ``--restart-delay`` while its
   name is still owned; processes it left running are stopped first;
+* with ``--health-cmd`` or ``--health-url``, an instance takes part only
+  once its check passes, and after ``--health-failures`` failures in a row
+  hands every name over as on a stop signal (below), staying out for
+  ``--health-backoff`` seconds and then until the check passes;
 * each of :data:`~aioelect.cli._supervisor.STOP_SIGNALS` is forwarded to
   every CMD (SIGPIPE as SIGTERM), and the instance drains
   (:meth:`aioelect.Shards.drain`): it leaves its member election and asks
@@ -52,7 +56,7 @@ from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from .._shards import Shards
 from ._configure import Config, first_contact
 from ._orphans import reaper
-from ._run import choose_grace, forwarded_signal
+from ._run import choose_grace, forwarded_signal, health_check
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
 from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, stop_timeout_for
 
@@ -123,6 +127,13 @@ class ShardsRunner:
         self.max_instances: int = args.max_instances
         self.given_grace: float | None = args.grace
         self.timeout: float = args.timeout
+        self.health = health_check(args, environ)
+        self.health_options = {
+            "failures": args.health_failures,
+            "interval": args.health_interval,
+            "timeout": args.health_timeout,
+            "backoff": args.health_backoff,
+        }
         self.grace = 0.0
         self.identity: str = config.options.get("identity") or default_identity()
         group = config.options.get("name")
@@ -210,6 +221,8 @@ class ShardsRunner:
                 shards = self._shards(session_out)
             except (TypeError, ValueError) as exc:
                 raise UsageError(str(exc)) from None
+            if self.health is not None:
+                shards.set_health(self.health, **self.health_options)
             # Fail fast (status 3) on a server that cannot be reached at all; later outages are retried.
             await first_contact(probe, self.config, self.timeout)
         finally:
