@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import logging
 import math
 import os
@@ -43,11 +42,9 @@ from ._config import validate_name
 from ._elector import Elector, Leadership, backend_of, default_identity, leading_if_free, validate_identity
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
 from ._factory import env_options, from_env, shared_sql_session
-from ._handover import NOTE_TIMEOUT
 from ._health import Health
 from ._settings import Settings
 from ._tasks import FirstFailure
-from ._values import encode
 
 __all__ = ["Shards", "assign"]
 
@@ -62,10 +59,10 @@ FULL_RETRY = 1.0
 #: The longest pause between two passes over the names of an instance short of its share that found none free.
 CLAIM_RETRY = 1.0
 
-#: The key, in a member election's posted values, of a name handed over to that member (:meth:`Shards.hand_over`).
-GIFT_KEY = "aioelect.shards.gift"
+#: How the leader of an inbox election (``{group}/inbox/{k}``) starts when it hands a name to member ``k``.
+GIFT = "gift:"
 
-#: How often a member reads its member election for a name handed over to it, and asks again for one it was given.
+#: How often a member asks again for a name handed over to it, and a giver for the inbox of the member it gives to.
 GIFT_POLL = 0.25
 
 
@@ -120,6 +117,13 @@ class _Owner:
     failed: bool = False
     #: Handed over to this instance (:meth:`Shards.hand_over`): kept over the share, resigned last.
     gift: bool = False
+    #: The name's elector, once made.
+    elector: Elector | None = None
+    #: Handed over (:meth:`Shards.hand_over`): to whom, until when (monotonic), and set once it leads the name (or
+    #: the window ended): the elector observes the name until then.
+    handed_to: str | None = None
+    handed_until: float = 0.0
+    taken: anyio.Event = field(default_factory=anyio.Event)
 
     @property
     def counts(self) -> bool:
@@ -169,11 +173,13 @@ class _Round:
     member_scope: anyio.CancelScope | None = None
     #: Set whenever this instance stops holding its member election.
     left: anyio.Event = field(default_factory=anyio.Event)
-    #: The member elections, by slot, while the run lasts.
-    slots: list[Elector] = field(default_factory=list)
+    #: The run's tasks (a hand-over rings an inbox in one of them), and one lock per inbox rung: one elector
+    #: per election at a time (a shared session holds one lock per name).
+    tasks: FirstFailure | None = None
+    rings: dict[int, anyio.Lock] = field(default_factory=dict)
     #: Names handed over to this instance and not yet taken: until when each is asked for (monotonic).
     gifts: dict[str, float] = field(default_factory=dict)
-    #: The ids of the handovers already read from this instance's member election.
+    #: The handovers already seen in this instance's inbox.
     gifts_seen: set[str] = field(default_factory=set)
 
     @property
@@ -409,34 +415,49 @@ class Shards:
         """Whether this run drains (:meth:`drain`): it holds no member election and asks for no name."""
         return self._r.draining
 
+    def inbox_election(self, slot: int) -> str:
+        """The election name of the inbox of member slot ``slot``: who leads it hands a name to that member."""
+        return f"{self.group}/inbox/{slot}"
+
     async def hand_over(self, name: str, to: str | None = None, *, timeout: float = 30.0) -> str:  # noqa: ASYNC109
         """Move ``name``, owned here, to the live member ``to``; return who it goes to.
 
         Without ``to``, the other live member with the highest rendezvous
-        weight for ``name`` is chosen. ``to`` is told through its member
-        election (it reads it every :data:`GIFT_POLL` seconds); this instance
-        then steps down from ``name``
-        (:meth:`~aioelect.Leadership.step_down`): the name's work is stopped
-        before the name is released, and its handover note lets only ``to``
-        lead it for ``timeout`` seconds, so the name goes to ``to`` and to
-        nobody else meanwhile. ``to`` keeps the name beyond its share and
-        rebalances: it resigns another name, which an instance short of its
-        share (this one) takes. Not taken within ``timeout``, the name goes
-        to whoever is short of it.
+        weight for ``name`` is chosen. ``to`` is told through its inbox
+        election (``{group}/inbox/{k}`` for its member election ``k``, which
+        it observes while it is a member: no connection beyond its
+        elections'), which this instance leads until ``to`` leads ``name``
+        or ``timeout`` has passed. This instance then steps down from
+        ``name`` (:meth:`~aioelect.Leadership.step_down`): the name's work is
+        stopped before the name is released, and its handover note lets only
+        ``to`` lead it for ``timeout`` seconds. ``to`` keeps the name beyond
+        its share and rebalances: it resigns another name, which an instance
+        short of its share (this one) takes. Not taken within ``timeout``,
+        the name goes to whoever is short of it.
 
         Returns once this instance has released the name. Raises
         :class:`~aioelect.UsageError` if the name is not owned here, ``to``
         is not another live member, or the backend keeps no handover notes
-        (local, fencing off, PostgreSQL without ``schema=``).
+        (local, fencing off, PostgreSQL without ``schema=``);
+        TimeoutError if another handover to ``to`` holds its inbox for all of
+        ``timeout``.
         """
         if to is not None:
             to = validate_identity(to)
         if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
             raise ValueError(f"timeout must be a finite number of seconds > 0, not {timeout!r}")
         lead = self.leadership(name)
-        if lead is None:
-            raise UsageError(f"hand_over(): {self.identity!r} does not own {name!r}")
         r = self._r
+        owner = r.owners.get(name)
+        if lead is None or r.tasks is None or owner is None or owner.elector is None:
+            raise UsageError(f"hand_over(): {self.identity!r} does not own {name!r}")
+        try:
+            backend_of(owner.elector).state_store()
+        except UsageError:
+            raise UsageError(
+                f"hand_over({name!r}): this backend keeps no handover notes (it needs fenced state: etcd, MySQL, "
+                "PostgreSQL with schema=, Redis, file, memory, with fencing tokens)"
+            ) from None
         others = {m: k for k, m in r.seen.items() if m is not None and k != r.slot}
         if to is None:
             if not others:
@@ -444,13 +465,96 @@ class Shards:
             to = max(sorted(others), key=lambda m: _score(m, name))
         if to not in others:
             raise UsageError(f"hand_over({name!r}): {to!r} is not another live member of {self.group}")
-        gift = {"id": secrets.token_hex(8), "name": name, "from": self.identity, "until": time.time() + timeout}
-        store = backend_of(r.slots[others[to]]).state_store()
-        with anyio.fail_after(NOTE_TIMEOUT):
-            await store.post(GIFT_KEY, encode(gift))
+        gift = f"{GIFT}{self.names.index(name)}:{timeout:g}:{secrets.token_hex(3)}:{self.identity}"[:128]
+        rung = anyio.Event()
+        until = time.monotonic() + timeout
+        r.tasks.start_soon(self._ring, others[to], gift, owner, until, rung)
+        with anyio.fail_after(timeout):
+            await rung.wait()
+        if self._r is not r or not lead.held:
+            raise UsageError(f"hand_over(): {self.identity!r} no longer owns {name!r}")
         log.info("%s: handing %s over to %s", self.identity, name, to)
-        await lead.step_down(to, timeout=timeout, reason="handed over")
+        owner.handed_to, owner.handed_until = to, until
+        try:
+            await lead.step_down(to, timeout=timeout, reason="handed over")
+        except BaseException:
+            owner.taken.set()
+            raise
         return to
+
+    async def _ring(self, slot: int, gift: str, owner: _Owner, until: float, rung: anyio.Event) -> None:
+        """Lead the inbox of member ``slot`` as ``gift`` (set ``rung`` then) until the name ``owner`` held is led by
+        the member it was handed to, or ``until``; a failure is logged, never raised (the run goes on)."""
+        with anyio.move_on_after(until - time.monotonic()):
+            async with self._r.rings.setdefault(slot, anyio.Lock()):  # a handover before this one rings it
+                await self._ring_once(slot, gift, owner, until, rung)
+
+    async def _ring_once(self, slot: int, gift: str, owner: _Owner, until: float, rung: anyio.Event) -> None:
+        inbox: Elector | None = None
+        try:
+            inbox = self._electors(self.inbox_election(slot))
+            inbox.identity = gift
+            while time.monotonic() < until:
+                async with leading_if_free(inbox) as held:
+                    if held is not None:
+                        rung.set()
+                        with anyio.move_on_after(until - time.monotonic()):
+                            await owner.taken.wait()
+                        return
+                await anyio.sleep(GIFT_POLL)  # another instance's handover to the same member holds its inbox
+        except Exception as exc:  # never the run's end: the name is handed over all the same, unannounced
+            log.warning(
+                "%s: the inbox of member %d could not be led (%s): handing over unannounced", self.identity, slot, exc
+            )
+            rung.set()
+        finally:
+            if inbox is not None:
+                with anyio.CancelScope(shield=True):
+                    await inbox.aclose()
+
+    async def _until_led_by(self, elector: Elector, owner: _Owner) -> None:
+        """Observe the name handed over (on its own elector: one elector per election on a shared session) until
+        the member it went to leads it, or the handover window ends."""
+        with anyio.move_on_after(max(0.0, owner.handed_until - time.monotonic())):
+            try:
+                async for leader in elector.observe():
+                    if leader == owner.handed_to:
+                        break
+            except ElectionError as exc:
+                log.info("%s: the handed over name is unobserved (%s)", self.identity, exc)
+        owner.taken.set()
+
+    async def _watch_inbox(self, slot: int) -> None:
+        """While this instance holds member election ``slot``: take note of every name handed over to it."""
+        inbox = await self._make(self.inbox_election(slot))
+        try:
+            while True:
+                try:
+                    async for leader in inbox.observe():
+                        if leader is not None and leader.startswith(GIFT):
+                            self._gift(leader)
+                except ElectionError as exc:
+                    log.warning("%s: inbox %d unobserved (%s); observing again", self.identity, slot, exc)
+                    await anyio.sleep(FULL_RETRY)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await inbox.aclose()
+
+    def _gift(self, leader: str) -> None:
+        """A name handed over here, as the leader of this instance's inbox says it: asked for until granted, or
+        for as long as the giver's note lets only this instance take it."""
+        r = self._r
+        if leader in r.gifts_seen or r.out:
+            return
+        r.gifts_seen.add(leader)
+        try:
+            index, window, _, giver = leader[len(GIFT) :].split(":", 3)
+            name, left = self.names[int(index)], float(window)
+        except (ValueError, IndexError):
+            log.warning("%s: inbox led by %r, not a handover: ignored", self.identity, leader)
+            return
+        log.info("%s: %s handed over here by %s", self.identity, name, giver)
+        r.gifts[name] = time.monotonic() + left
 
     async def drain(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Leave: stop every owned name's work and release the name, and the member election, so that the other
@@ -567,8 +671,6 @@ class Shards:
             r = self._r
             if r.out:
                 continue
-            if r.slot is not None:
-                await self._read_gift(r.slots[r.slot])
             now = time.monotonic()
             for name, until in list(r.gifts.items()):
                 if until <= now:
@@ -578,30 +680,6 @@ class Shards:
                     owner = _Owner(gift=True)
                     r.owners[name] = owner
                     tasks.start_soon(self._own, name, owner, work)
-
-    async def _read_gift(self, slot: Elector) -> None:
-        try:
-            store = backend_of(slot).state_store()
-        except UsageError:
-            return  # no handover notes on this backend: nothing is ever handed over
-        raw = None
-        with anyio.move_on_after(NOTE_TIMEOUT):
-            try:
-                raw = await store.read_posted(GIFT_KEY)
-            except ElectionError as exc:
-                log.debug("%s: handovers unread (%s)", self.identity, exc)
-        if raw is None:
-            return
-        try:
-            gift = json.loads(raw)
-            gid, name, left = str(gift["id"]), str(gift["name"]), float(gift["until"]) - time.time()
-        except (TypeError, ValueError, KeyError):
-            return
-        if gid in self._r.gifts_seen or left <= 0 or name not in self.names:
-            return
-        self._r.gifts_seen.add(gid)
-        log.info("%s: %s handed over here by %s", self.identity, name, gift.get("from"))
-        self._r.gifts[name] = time.monotonic() + left
 
     # --- running -----------------------------------------------------------------------
 
@@ -634,7 +712,7 @@ class Shards:
             for k in range(self.max_instances):
                 slots.append(await self._make(self.member_election(k), first=k == 0))
             async with FirstFailure() as tasks:
-                self._r.slots = slots
+                self._r.tasks = tasks
                 if self._health is not None:
                     self._r.unhealthy = True  # until a check passes
                     tasks.start_soon(self._health_watch, self._health)
@@ -705,7 +783,7 @@ class Shards:
                             self._r.slot = k
                             self._changed()
                             log.info("%s is a member of %s (member election %d)", self.identity, self.group, k)
-                            await anyio.sleep_forever()
+                            await self._watch_inbox(k)
                 except LeadershipLost as exc:
                     log.warning("%s lost its member election %d (%s): taking another", self.identity, k, exc.reason)
                 except BackendUnavailable as exc:
@@ -905,7 +983,7 @@ class Shards:
         """Ask once for ``name``; if granted, hold it (and run its work) until resigned or lost."""
         try:
             with owner.scope:
-                elector = await self._make(self.shard_election(name))
+                elector = owner.elector = await self._make(self.shard_election(name))
                 try:
                     await self._lead(name, owner, elector, work)
                 except LeadershipLost as exc:
@@ -922,9 +1000,16 @@ class Shards:
                     owner.gone = True
                     log.info("%s: asking for %s failed (%s); asked again on the next pass", self.identity, name, exc)
                 finally:
+                    if owner.handed_to is not None:
+                        # No longer counts: this instance is short of the name it gave, and takes the one the
+                        # receiver resigns for it.
+                        owner.gone = True
+                        self._r.claim.set()
+                        await self._until_led_by(elector, owner)
                     with anyio.CancelScope(shield=True):
                         await elector.aclose()
         finally:
+            owner.taken.set()
             owner.asked.set()
             self._r.answered.set()
             owner.done.set()

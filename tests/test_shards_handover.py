@@ -38,7 +38,8 @@ def environ_of(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> dic
         endpoints = ",".join(request.getfixturevalue("etcd_endpoints"))
         return {"AIOELECT_ETCD_ENDPOINTS": endpoints, "AIOELECT_LEASE": str(LEASE)}
     if kind == "postgres":
-        return {"AIOELECT_POSTGRES_DSN": request.getfixturevalue("postgres_dsn")}
+        # schema: the leaders table the handover notes live beside.
+        return {"AIOELECT_POSTGRES_DSN": request.getfixturevalue("postgres_dsn"), "AIOELECT_SCHEMA": "public"}
     if kind == "mysql":
         return {"AIOELECT_MYSQL_DSN": request.getfixturevalue("mysql_dsn")}
     raise AssertionError(kind)
@@ -119,7 +120,7 @@ async def test_drain_moves_every_name_by_release_and_stays_out(
     assert register.running == {}
 
 
-@pytest.mark.parametrize("kind", ["memory", "file", "redis", "etcd"])
+@pytest.mark.parametrize("kind", ["memory", "file", "redis", "etcd", "postgres", "mysql"])
 async def test_hand_over_moves_a_name_to_the_instance_named(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
