@@ -319,7 +319,14 @@ class Shards:
     * ``work(name)`` runs while the name is owned; an exception from it, or
       a permanent backend error, ends :meth:`run` with that exception after
       every name has been let go. When ``work`` returns the name stays owned
-      (held, doing nothing) until it moves.
+      (held, doing nothing) until it moves;
+    * :meth:`hand_over` moves one owned name to a named member, :meth:`drain`
+      every name to the others for good, and an instance whose
+      :meth:`set_health` check fails leaves the same way for a while: each
+      name's work stopped before the name is released, so the names move by
+      release, never by a lease running out. Each member observes one
+      *inbox* election, ``{group}/inbox/{k}`` beside its member election
+      ``k``, through which a name is handed to it.
 
     Fate sharing: names on one shared session (an
     :class:`~aioelect.EtcdSession`, :class:`~aioelect.MySQLSession` or
