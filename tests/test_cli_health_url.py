@@ -3,17 +3,22 @@ takes part (``shards``); a leader whose URL answers 503, or hangs past --health-
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import http.server
 import secrets
 import signal
+import ssl
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from aioelect.cli._health_url import parse_health_url
 
 from .test_cli import Lines, Spawner, Target, cli, target, wait_until
 from .test_cli_handover import handover_options
@@ -189,3 +194,28 @@ def test_shards_unhealthy_url_hands_every_name_over(spawner: Spawner, probe: Pro
     assert "C" not in {e.split()[3] for e in out.read_text().splitlines()}
     assert "not taking part" in spawner.stderr(procs["C"]) and "answered 503" in spawner.stderr(procs["C"])
     assert "unhealthy" in spawner.stderr(procs["A"])
+
+
+async def test_https_verifies_the_certificate(certs: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose certificate the system does not trust fails the check; trusted (SSL_CERT_FILE), it passes."""
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certs.server_cert, certs.server_key)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=context)
+    try:
+        url = parse_health_url(f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/healthz")
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await url.check()
+        monkeypatch.setenv("SSL_CERT_FILE", certs.ca)
+        assert await url.check() is True
+    finally:
+        server.close()
+        await server.wait_closed()

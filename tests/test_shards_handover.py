@@ -159,3 +159,37 @@ async def test_drain_needs_a_run() -> None:
     shards = Shards(2, group="g", electors=lambda n: MemoryElector(name=n))
     with pytest.raises(UsageError, match="not running"):
         await shards.drain()
+
+
+async def test_an_unhealthy_instance_hands_every_name_over_and_one_never_healthy_owns_none() -> None:
+    """c's check always fails: it never joins. a's starts failing: after 2 failures its names go to b; once it
+    passes again after the back-off, a takes its share back."""
+    healthy = {"a": True, "b": True, "c": False}
+    register = Register()
+    group = f"health-{secrets.token_hex(3)}"
+
+    def make(identity: str) -> Shards:
+        shards = Shards(6, group=group, identity=identity, electors=lambda n: MemoryElector(name=n, renew_deadline=5))
+
+        async def check() -> bool:
+            return healthy[identity]
+
+        shards.set_health(check, failures=2, interval=0.05, timeout=1, backoff=0.5)
+        return shards
+
+    fleet = Fleet(make, register)
+    try:
+        a, b, c = fleet.start("a"), fleet.start("b"), fleet.start("c")
+        await until("a and b own 3 each", lambda: len(a.owned) == len(b.owned) == 3, 10)
+        assert c.owned == frozenset() and "c" not in a.members
+        healthy["a"] = False
+        moved = await until("b owns every name", lambda: len(b.owned) == 6 and not a.owned, 5)
+        print(f"memory: an unhealthy instance's names moved in {moved:.2f}s")
+        assert "a" not in b.members and not fleet.tasks["a"].done()
+        healthy["a"] = True
+        await until("a takes its share back", lambda: len(a.owned) == len(b.owned) == 3, 10)
+        assert c.owned == frozenset()
+        owners(fleet)
+    finally:
+        await fleet.close()
+    assert register.violations == []
