@@ -671,8 +671,8 @@ class Shards:
             self._leave(r)
 
     async def _gifts(self, tasks: FirstFailure, work: ShardWork | None) -> None:
-        """Read this instance's member election for names handed over to it, and ask for each until it is granted
-        or its handover ends."""
+        """Ask for each name handed over here (seen in this instance's inbox) until it is granted or its handover
+        window ends."""
         while True:
             await anyio.sleep(GIFT_POLL)
             r = self._r
@@ -892,10 +892,11 @@ class Shards:
             me = self._r.assigned[0][-1] if self._r.assigned is not None and target else self.identity
             owners = self._r.assigned[1] if self._r.assigned is not None else {}
             joined = self._r.joined
-            gift = self._r.owners
+            tasks = self._r.owners
+            # A name handed over here is kept (resigned last): the one resigned instead goes to the giver.
             active.sort(
                 key=lambda n: (
-                    gift[n].gift and not self._r.out,
+                    tasks[n].gift and not self._r.out,
                     n in self._r.held,
                     n in target,
                     owners.get(n) not in joined,
