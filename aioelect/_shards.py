@@ -24,10 +24,12 @@ backend hands its names on.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import math
 import os
+import secrets
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -38,8 +40,9 @@ import anyio
 
 from ._config import validate_name
 from ._elector import Elector, Leadership, backend_of, default_identity, leading_if_free, validate_identity
-from ._errors import BackendUnavailable, LeadershipLost, UsageError
+from ._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
 from ._factory import env_options, from_env, shared_sql_session
+from ._health import Health
 from ._settings import Settings
 from ._tasks import FirstFailure
 
@@ -55,6 +58,12 @@ FULL_RETRY = 1.0
 
 #: The longest pause between two passes over the names of an instance short of its share that found none free.
 CLAIM_RETRY = 1.0
+
+#: How the leader of an inbox election (``{group}/inbox/{k}``) starts when it hands a name to member ``k``.
+GIFT = "gift:"
+
+#: How often a member asks again for a name handed over to it, and a giver for the inbox of the member it gives to.
+GIFT_POLL = 0.25
 
 
 def _score(member: str, name: str) -> int:
@@ -106,6 +115,15 @@ class _Owner:
     #: The work raised while its leadership was held: what it raised ends the run, whatever it is (a
     #: BackendUnavailable or LeadershipLost of the work's own is not the lock request's or the name's).
     failed: bool = False
+    #: Handed over to this instance (:meth:`Shards.hand_over`): kept over the share, resigned last.
+    gift: bool = False
+    #: The name's elector, once made.
+    elector: Elector | None = None
+    #: Handed over (:meth:`Shards.hand_over`): to whom, until when (monotonic), and set once it leads the name (or
+    #: the window ended): the elector observes the name until then.
+    handed_to: str | None = None
+    handed_until: float = 0.0
+    taken: anyio.Event = field(default_factory=anyio.Event)
 
     @property
     def counts(self) -> bool:
@@ -146,6 +164,28 @@ class _Round:
     wake: anyio.Event = field(default_factory=anyio.Event)
     claim: anyio.Event = field(default_factory=anyio.Event)
     answered: anyio.Event = field(default_factory=anyio.Event)
+    #: Draining (:meth:`Shards.drain`): no member election held, no name asked for, until the run ends.
+    draining: bool = False
+    #: Out unhealthy (:meth:`Shards.set_health`): as draining, until the check passes again; set when it does.
+    unhealthy: bool = False
+    rejoin: anyio.Event = field(default_factory=anyio.Event)
+    #: Cancels the holding of the member election (a drain leaves it).
+    member_scope: anyio.CancelScope | None = None
+    #: Set whenever this instance stops holding its member election.
+    left: anyio.Event = field(default_factory=anyio.Event)
+    #: The run's tasks (a hand-over rings an inbox in one of them), and one lock per inbox rung: one elector
+    #: per election at a time (a shared session holds one lock per name).
+    tasks: FirstFailure | None = None
+    rings: dict[int, anyio.Lock] = field(default_factory=dict)
+    #: Names handed over to this instance and not yet taken: until when each is asked for (monotonic).
+    gifts: dict[str, float] = field(default_factory=dict)
+    #: The handovers already seen in this instance's inbox.
+    gifts_seen: set[str] = field(default_factory=set)
+
+    @property
+    def out(self) -> bool:
+        """Whether this instance stays out: it holds no member election and asks for no name."""
+        return self.draining or self.unhealthy
 
 
 def _session_identity(elector: Elector) -> tuple[str, bool] | None:
@@ -279,7 +319,14 @@ class Shards:
     * ``work(name)`` runs while the name is owned; an exception from it, or
       a permanent backend error, ends :meth:`run` with that exception after
       every name has been let go. When ``work`` returns the name stays owned
-      (held, doing nothing) until it moves.
+      (held, doing nothing) until it moves;
+    * :meth:`hand_over` moves one owned name to a named member, :meth:`drain`
+      every name to the others for good, and an instance whose
+      :meth:`set_health` check fails leaves the same way for a while: each
+      name's work stopped before the name is released, so the names move by
+      release, never by a lease running out. Each member observes one
+      *inbox* election, ``{group}/inbox/{k}`` beside its member election
+      ``k``, through which a name is handed to it.
 
     Fate sharing: names on one shared session (an
     :class:`~aioelect.EtcdSession`, :class:`~aioelect.MySQLSession` or
@@ -327,6 +374,7 @@ class Shards:
         self._electors = electors
         #: What this instance sees and does in its current run (an empty one between runs).
         self._r = _Round()
+        self._health: Health | None = None
         self._running = False
 
     def __repr__(self) -> str:
@@ -367,6 +415,279 @@ class Shards:
         lead = self._r.held.get(name)
         return lead if lead is not None and lead.held else None
 
+    # --- handing names over ------------------------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """Whether this run drains (:meth:`drain`): it holds no member election and asks for no name."""
+        return self._r.draining
+
+    def inbox_election(self, slot: int) -> str:
+        """The election name of the inbox of member slot ``slot``: who leads it hands a name to that member."""
+        return f"{self.group}/inbox/{slot}"
+
+    async def hand_over(self, name: str, to: str | None = None, *, timeout: float = 30.0) -> str:  # noqa: ASYNC109
+        """Move ``name``, owned here, to the live member ``to``; return who it goes to.
+
+        Without ``to``, the other live member with the highest rendezvous
+        weight for ``name`` is chosen. ``to`` is told through its inbox
+        election (``{group}/inbox/{k}`` for its member election ``k``, which
+        it observes while it is a member: no connection beyond its
+        elections'), which this instance leads until ``to`` leads ``name``
+        or ``timeout`` has passed. This instance then steps down from
+        ``name`` (:meth:`~aioelect.Leadership.step_down`): the name's work is
+        stopped before the name is released, and its handover note lets only
+        ``to`` lead it for ``timeout`` seconds. ``to`` keeps the name beyond
+        its share and rebalances: it resigns another name, which an instance
+        short of its share (this one) takes. Not taken within ``timeout``,
+        the name goes to whoever is short of it.
+
+        Returns once this instance has released the name. Raises
+        :class:`~aioelect.UsageError` if the name is not owned here, ``to``
+        is not another live member, or the backend keeps no handover notes
+        (local, fencing off, PostgreSQL without ``schema=``);
+        TimeoutError if another handover to ``to`` holds its inbox for all of
+        ``timeout``.
+        """
+        if to is not None:
+            to = validate_identity(to)
+        if not (isinstance(timeout, (int, float)) and 0 < timeout < math.inf):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, not {timeout!r}")
+        lead = self.leadership(name)
+        r = self._r
+        owner = r.owners.get(name)
+        if lead is None or r.tasks is None or owner is None or owner.elector is None:
+            raise UsageError(f"hand_over(): {self.identity!r} does not own {name!r}")
+        try:
+            backend_of(owner.elector).state_store()
+        except UsageError:
+            raise UsageError(
+                f"hand_over({name!r}): this backend keeps no handover notes (it needs fenced state: etcd, MySQL, "
+                "PostgreSQL with schema=, Redis, file, memory, with fencing tokens)"
+            ) from None
+        others = {m: k for k, m in r.seen.items() if m is not None and k != r.slot}
+        if to is None:
+            if not others:
+                raise UsageError(f"hand_over({name!r}): no other live member of {self.group} to take it")
+            to = max(sorted(others), key=lambda m: _score(m, name))
+        if to not in others:
+            raise UsageError(f"hand_over({name!r}): {to!r} is not another live member of {self.group}")
+        gift = f"{GIFT}{self.names.index(name)}:{timeout:g}:{secrets.token_hex(3)}:{self.identity}"[:128]
+        rung = anyio.Event()
+        until = time.monotonic() + timeout
+        r.tasks.start_soon(self._ring, others[to], gift, owner, until, rung)
+        with anyio.fail_after(timeout):
+            await rung.wait()
+        if self._r is not r or not lead.held:
+            raise UsageError(f"hand_over(): {self.identity!r} no longer owns {name!r}")
+        log.info("%s: handing %s over to %s", self.identity, name, to)
+        owner.handed_to, owner.handed_until = to, until
+        try:
+            await lead.step_down(to, timeout=timeout, reason="handed over")
+        except BaseException:
+            owner.taken.set()
+            raise
+        return to
+
+    async def _ring(self, slot: int, gift: str, owner: _Owner, until: float, rung: anyio.Event) -> None:
+        """Lead the inbox of member ``slot`` as ``gift`` (set ``rung`` then) until the name ``owner`` held is led by
+        the member it was handed to, or ``until``; a failure is logged, never raised (the run goes on)."""
+        with anyio.move_on_after(until - time.monotonic()):
+            async with self._r.rings.setdefault(slot, anyio.Lock()):  # a handover before this one rings it
+                await self._ring_once(slot, gift, owner, until, rung)
+
+    async def _ring_once(self, slot: int, gift: str, owner: _Owner, until: float, rung: anyio.Event) -> None:
+        inbox: Elector | None = None
+        try:
+            inbox = self._electors(self.inbox_election(slot))
+            inbox.identity = gift
+            while time.monotonic() < until:
+                async with leading_if_free(inbox) as held:
+                    if held is not None:
+                        rung.set()
+                        with anyio.move_on_after(until - time.monotonic()):
+                            await owner.taken.wait()
+                        return
+                await anyio.sleep(GIFT_POLL)  # another instance's handover to the same member holds its inbox
+        except Exception as exc:  # never the run's end: the name is handed over all the same, unannounced
+            log.warning(
+                "%s: the inbox of member %d could not be led (%s): handing over unannounced", self.identity, slot, exc
+            )
+            rung.set()
+        finally:
+            if inbox is not None:
+                with anyio.CancelScope(shield=True):
+                    await inbox.aclose()
+
+    async def _until_led_by(self, elector: Elector, owner: _Owner) -> None:
+        """Observe the name handed over (on its own elector: one elector per election on a shared session) until
+        the member it went to leads it, or the handover window ends."""
+        with anyio.move_on_after(max(0.0, owner.handed_until - time.monotonic())):
+            try:
+                async for leader in elector.observe():
+                    if leader == owner.handed_to:
+                        break
+            except ElectionError as exc:
+                log.info("%s: the handed over name is unobserved (%s)", self.identity, exc)
+        owner.taken.set()
+
+    async def _watch_inbox(self, slot: int) -> None:
+        """While this instance holds member election ``slot``: take note of every name handed over to it."""
+        inbox = await self._make(self.inbox_election(slot))
+        try:
+            while True:
+                try:
+                    async for leader in inbox.observe():
+                        if leader is not None and leader.startswith(GIFT):
+                            self._gift(leader)
+                except ElectionError as exc:
+                    log.warning("%s: inbox %d unobserved (%s); observing again", self.identity, slot, exc)
+                    await anyio.sleep(FULL_RETRY)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await inbox.aclose()
+
+    def _gift(self, leader: str) -> None:
+        """A name handed over here, as the leader of this instance's inbox says it: asked for until granted, or
+        for as long as the giver's note lets only this instance take it."""
+        r = self._r
+        if leader in r.gifts_seen or r.out:
+            return
+        r.gifts_seen.add(leader)
+        try:
+            index, window, _, giver = leader[len(GIFT) :].split(":", 3)
+            name, left = self.names[int(index)], float(window)
+        except (ValueError, IndexError):
+            log.warning("%s: inbox led by %r, not a handover: ignored", self.identity, leader)
+            return
+        log.info("%s: %s handed over here by %s", self.identity, name, giver)
+        r.gifts[name] = time.monotonic() + left
+
+    async def drain(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        """Leave: stop every owned name's work and release the name, and the member election, so that the other
+        instances take the names at once; this run asks for nothing again.
+
+        The member election and every name are let go together: the others
+        see this instance leave, count larger shares and ask for its names,
+        each granted as soon as its work has stopped and it is released
+        (within :data:`CLAIM_RETRY` of it), never by a lease expiring. The
+        run goes on, a draining observer that owns nothing, until it is
+        cancelled. Returns once everything is released; TimeoutError after
+        ``timeout`` seconds (None: as long as the work takes to stop), the
+        drain going on. UsageError if :meth:`run` is not running.
+        """
+        if not self._running:
+            raise UsageError("drain(): Shards.run() is not running")
+        r = self._r
+        if not r.draining:
+            log.info("%s: draining %d name(s) of %s", self.identity, len(r.owners), self.group)
+            r.draining = True
+            self._leave(r)
+        with anyio.fail_after(timeout) if timeout is not None else contextlib.nullcontext():
+            while r.owners:
+                await next(iter(r.owners.values())).done.wait()
+            while r.slot is not None:
+                r.left = anyio.Event()
+                if r.slot is not None:
+                    await r.left.wait()
+        log.info("%s: drained: owns nothing and asks for nothing", self.identity)
+
+    def _leave(self, r: _Round) -> None:
+        """Let go of the member election and of every name (each once its work has stopped): ``r`` is out."""
+        r.gifts.clear()
+        if r.member_scope is not None:
+            r.member_scope.cancel()
+        for owner in list(r.owners.values()):
+            owner.scope.cancel()
+        r.wake.set()
+
+    def set_health(
+        self,
+        check: Callable[[], Awaitable[object]] | None,
+        *,
+        failures: int = 3,
+        interval: float = 5.0,
+        timeout: float = 2.0,
+        backoff: float = 30.0,
+    ) -> None:
+        """Take part only while ``await check()`` passes; after ``failures`` failures in a row, hand every name over.
+
+        A check passes unless it returns False, raises, or runs past
+        ``timeout`` seconds (it is cancelled then). An instance joins (holds
+        a member election and asks for names) only once a check passes;
+        while it takes part the check runs every ``interval`` seconds, and
+        after ``failures`` failures in a row it leaves as :meth:`drain` does
+        (every name's work stopped, then the name released, the member
+        election released: the others take the names at once), stays out for
+        ``backoff`` seconds and then until a check passes. Each change is
+        logged with its reason. None removes the check. Takes effect at the
+        next :meth:`run`.
+        """
+        self._health = None if check is None else Health(check, failures, interval, timeout, backoff)
+
+    async def _health_watch(self, health: Health) -> None:
+        r = self._r
+        while True:
+            said: str | None = None
+            while True:
+                left = health.out_until - time.monotonic()
+                if left > 0:
+                    await anyio.sleep(left)
+                    continue
+                why = await health.problem()
+                if why is None:
+                    break
+                if why != said:
+                    log.warning("%s: not taking part in %s: %s", self.identity, self.group, why)
+                    said = why
+                await anyio.sleep(health.interval)
+            if said is not None:
+                log.info("%s: health check passes again: taking part in %s", self.identity, self.group)
+            r.unhealthy = False
+            r.rejoin.set()
+            r.wake.set()
+            failed = 0
+            while failed < health.failures:
+                await anyio.sleep(health.interval)
+                why = await health.problem()
+                if why is None:
+                    if failed:
+                        log.info("%s: health check passes again after %d failure(s)", self.identity, failed)
+                    failed = 0
+                    continue
+                failed += 1
+                log.warning(
+                    "%s: health check failed (%d of %d in a row): %s", self.identity, failed, health.failures, why
+                )
+            log.warning(
+                "%s: unhealthy (%s): handing %d name(s) over; staying out for %gs",
+                self.identity,
+                why,
+                len(r.owners),
+                health.backoff,
+            )
+            health.out_until = time.monotonic() + health.backoff
+            r.unhealthy = True
+            self._leave(r)
+
+    async def _gifts(self, tasks: FirstFailure, work: ShardWork | None) -> None:
+        """Ask for each name handed over here (seen in this instance's inbox) until it is granted or its handover
+        window ends."""
+        while True:
+            await anyio.sleep(GIFT_POLL)
+            r = self._r
+            if r.out:
+                continue
+            now = time.monotonic()
+            for name, until in list(r.gifts.items()):
+                if until <= now:
+                    log.info("%s: %s was handed over here but not granted in time", self.identity, name)
+                    del r.gifts[name]
+                elif name not in r.owners:
+                    owner = _Owner(gift=True)
+                    r.owners[name] = owner
+                    tasks.start_soon(self._own, name, owner, work)
+
     # --- running -----------------------------------------------------------------------
 
     async def run(self, work: ShardWork | None = None) -> None:
@@ -398,10 +719,15 @@ class Shards:
             for k in range(self.max_instances):
                 slots.append(await self._make(self.member_election(k), first=k == 0))
             async with FirstFailure() as tasks:
+                self._r.tasks = tasks
+                if self._health is not None:
+                    self._r.unhealthy = True  # until a check passes
+                    tasks.start_soon(self._health_watch, self._health)
                 for k, slot in enumerate(slots):
                     tasks.start_soon(self._observe, k, slot)
                 tasks.start_soon(self._membership, slots)
                 tasks.start_soon(self._claims, tasks, work)
+                tasks.start_soon(self._gifts, tasks, work)
                 await self._rebalance()
         finally:
             with anyio.CancelScope(shield=True):
@@ -448,6 +774,9 @@ class Shards:
         """Hold one member election for as long as this runs; take another when it is lost."""
         await self._r.all_seen.wait()
         while True:
+            while self._r.out:  # draining (until the run ends), or unhealthy (until the check passes)
+                rejoin = self._r.rejoin = anyio.Event()
+                await rejoin.wait()
             # Free-looking slots first: a held one would only refuse.
             order = sorted(range(len(slots)), key=lambda k: self._r.seen.get(k) is not None)
             for k in order:
@@ -455,17 +784,22 @@ class Shards:
                     async with leading_if_free(slots[k]) as lead:
                         if lead is None:
                             continue
-                        self._r.slot = k
-                        self._changed()
-                        log.info("%s is a member of %s (member election %d)", self.identity, self.group, k)
-                        await anyio.sleep_forever()
+                        with anyio.CancelScope() as self._r.member_scope:
+                            if self._r.out:
+                                break
+                            self._r.slot = k
+                            self._changed()
+                            log.info("%s is a member of %s (member election %d)", self.identity, self.group, k)
+                            await self._watch_inbox(k)
                 except LeadershipLost as exc:
                     log.warning("%s lost its member election %d (%s): taking another", self.identity, k, exc.reason)
                 except BackendUnavailable as exc:
                     log.warning("member election %d of %s: %s; trying again", k, self.group, exc)
                     await anyio.sleep(FULL_RETRY)
                 finally:
+                    self._r.member_scope = None
                     self._r.slot = None
+                    self._r.left.set()
                     self._changed()
                 break
             else:
@@ -487,7 +821,7 @@ class Shards:
             return (), frozenset()  # not every member election reported yet: nothing is known
         members = tuple(sorted({m for m in self._r.seen.values() if m is not None}))
         me = None if self._r.slot is None else self._r.seen.get(self._r.slot)
-        if me is None:
+        if me is None or self._r.out:
             return members, frozenset()  # not a member (yet): the others do not count on us
         if self._r.assigned is None or self._r.assigned[0] != (*members, me):
             owners = assign(self.names, members)
@@ -517,6 +851,8 @@ class Shards:
 
     def _short(self) -> int:
         """How many names this instance lacks for its share, counting the lock requests on their way."""
+        if self._r.out:
+            return 0
         return len(self._r.target) - sum(o.counts for o in self._r.owners.values())
 
     async def _rebalance(self) -> None:
@@ -556,7 +892,17 @@ class Shards:
             me = self._r.assigned[0][-1] if self._r.assigned is not None and target else self.identity
             owners = self._r.assigned[1] if self._r.assigned is not None else {}
             joined = self._r.joined
-            active.sort(key=lambda n: (n in self._r.held, n in target, owners.get(n) not in joined, _score(me, n)))
+            tasks = self._r.owners
+            # A name handed over here is kept (resigned last): the one resigned instead goes to the giver.
+            active.sort(
+                key=lambda n: (
+                    tasks[n].gift and not self._r.out,
+                    n in self._r.held,
+                    n in target,
+                    owners.get(n) not in joined,
+                    _score(me, n),
+                )
+            )
             for name in active[: min(excess, self.step)]:
                 self._r.owners[name].scope.cancel()
             return excess > self.step
@@ -645,7 +991,7 @@ class Shards:
         """Ask once for ``name``; if granted, hold it (and run its work) until resigned or lost."""
         try:
             with owner.scope:
-                elector = await self._make(self.shard_election(name))
+                elector = owner.elector = await self._make(self.shard_election(name))
                 try:
                     await self._lead(name, owner, elector, work)
                 except LeadershipLost as exc:
@@ -662,9 +1008,16 @@ class Shards:
                     owner.gone = True
                     log.info("%s: asking for %s failed (%s); asked again on the next pass", self.identity, name, exc)
                 finally:
+                    if owner.handed_to is not None:
+                        # No longer counts: this instance is short of the name it gave, and takes the one the
+                        # receiver resigns for it.
+                        owner.gone = True
+                        self._r.claim.set()
+                        await self._until_led_by(elector, owner)
                     with anyio.CancelScope(shield=True):
                         await elector.aclose()
         finally:
+            owner.taken.set()
             owner.asked.set()
             self._r.answered.set()
             owner.done.set()
@@ -682,6 +1035,10 @@ class Shards:
             self._r.holders.pop(name, None)
             self._r.grants += 1
             self._r.held[name] = lead
+            if owner.gift:
+                # Kept beyond the share: the rebalance resigns another name instead, for whoever is short.
+                self._r.gifts.pop(name, None)
+                self._changed()
             try:
                 if work is not None:
                     try:

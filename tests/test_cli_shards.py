@@ -142,6 +142,57 @@ def test_names_move_between_instances_on_postgres(postgres: PostgresServer, spaw
     assert gap < RELEASED_WITHIN
 
 
+def _drain(spawner: Spawner, backend: list[str], tmp_path: Path) -> float:
+    """Three instances; a SIGTERM drains one: its names go to the two others (each CMD stopped first), never one
+    name's CMD on two instances at once. Returns the longest gap between a CMD stopping and its successor starting."""
+    out = tmp_path / "cmds.log"
+    group = f"cli-drain-{secrets.token_hex(3)}"
+    procs = {ident: start(spawner, backend, group, ident, out) for ident in ("A", "B", "C")}
+    wait_until("every name running once", lambda: len(running(out)) == 4 and len(set(running(out).values())) == 3, 30)
+    leaving = next(i for i, n in Counter(running(out).values()).items() if n == 2)
+    mine = {name for name, owner in running(out).items() if owner == leaving}
+    signalled = time.monotonic()
+    procs[leaving].send_signal(signal.SIGTERM)
+    assert procs[leaving].wait(30) == 128 + signal.SIGTERM
+    stay = set(procs) - {leaving}
+    wait_until(
+        "the two others run every CMD",
+        lambda: set(running(out)) == set("abcd") and set(running(out).values()) == stay,
+        30,
+    )
+    assert sorted(Counter(running(out).values()).values()) == [2, 2]
+    gaps = []
+    for name in mine:
+        stopped = [e[5] for e in events(out) if e[0] == "stop" and e[1] == name and e[3] == leaving]
+        taken = [e[5] for e in events(out) if e[0] == "start" and e[1] == name and e[3] in stay and e[5] >= signalled]
+        assert stopped and taken and taken[0] > stopped[-1]
+        gaps.append(taken[0] - stopped[-1])
+    for ident in stay:
+        procs[ident].send_signal(signal.SIGTERM)
+    for ident in stay:
+        assert procs[ident].wait(30) == 128 + signal.SIGTERM
+    assert running(out) == {}
+    return max(gaps)
+
+
+@pytest.mark.parametrize("kind", ["file", "redis", "etcd", "mysql"])
+def test_sigterm_drains_an_instance_s_names_to_the_others(
+    kind: str, request: pytest.FixtureRequest, spawner: Spawner, tmp_path: Path
+) -> None:
+    """The leases here (20 s) are far longer than RELEASED_WITHIN: the names move by release."""
+    if kind == "file":
+        backend = ["--file", str(tmp_path / "lock")]
+    elif kind == "redis":
+        backend = ["--redis", request.getfixturevalue("redis_url"), "--lease", "20"]
+    elif kind == "etcd":
+        backend = ["--etcd", ",".join(request.getfixturevalue("etcd_endpoints")), "--ttl", "20"]
+    else:
+        backend = ["--mysql", request.getfixturevalue("mysql_dsn")]
+    gap = _drain(spawner, backend, tmp_path)
+    print(f"{kind}: drain on SIGTERM, longest gap {gap:.2f}s")
+    assert gap < RELEASED_WITHIN
+
+
 def test_shards_needs_a_reachable_backend_and_a_command(tmp_path: Path) -> None:
     from .test_cli import cli
 

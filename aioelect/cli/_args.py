@@ -40,7 +40,7 @@ from .._settings import (
     ENV_SCHEMA,
     SECRET_VARIABLES,
 )
-from ._args_handover import add_handover_options, add_step_down
+from ._args_handover import add_handover_options, add_health_options, add_step_down
 from ._help import EPILOG, RUN_DESCRIPTION, SHARDS_DESCRIPTION
 from ._output import shown
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE
@@ -343,6 +343,7 @@ def build_parser() -> Parsers:
         metavar="N",
         help="how many instances can take part (default 16); one more owns nothing and logs a warning",
     )
+    add_health_options(shards, _positive, _number, shards=True)
     leader = sub.add_parser(
         "leader",
         parents=[common],

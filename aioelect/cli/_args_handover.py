@@ -7,17 +7,32 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add_handover_options", "add_step_down"]
+__all__ = ["add_handover_options", "add_health_options", "add_step_down"]
 
 
-def add_handover_options(run: argparse.ArgumentParser, _positive: Callable[[str], float], _number: Any) -> None:
-    """``run``'s health, priority and step-down serving options."""
-    health = run.add_argument_group("health")
+def add_health_options(
+    parser: argparse.ArgumentParser, _positive: Callable[[str], float], _number: Any, *, shards: bool = False
+) -> None:
+    """The health check options of ``run`` (``shards``: of ``shards``, where an unhealthy instance hands its
+    names to the others)."""
+    health = parser.add_argument_group("health")
     health.add_argument(
         "--health-cmd",
         metavar="CMD",
         help="a command (split as a shell would, run without one) that exits 0 while this instance is healthy: "
-        "it campaigns only then, and as leader steps down after --health-failures failures in a row",
+        + (
+            "it takes part (owns names) only then, and hands every name to the others after --health-failures "
+            "failures in a row"
+            if shards
+            else "it campaigns only then, and as leader steps down after --health-failures failures in a row"
+        ),
+    )
+    health.add_argument(
+        "--health-url",
+        metavar="URL",
+        help="an http:// or https:// URL (certificate verified) that answers a GET with 2xx while this instance "
+        "is healthy, within --health-timeout; no proxy, no redirects; a user:password in it is sent as Basic "
+        "authorization and never logged. With --health-cmd, both must pass",
     )
     health.add_argument(
         "--health-interval", type=_positive, default=5.0, metavar="SECONDS", help="between two checks (default 5)"
@@ -34,15 +49,24 @@ def add_handover_options(run: argparse.ArgumentParser, _positive: Callable[[str]
         type=_number(int, lambda n: n >= 1, "a whole number >= 1"),
         default=3,
         metavar="N",
-        help="failures in a row that make the leader step down (default 3)",
+        help="failures in a row that make "
+        + ("this instance hand its names over" if shards else "the leader step down")
+        + " (default 3)",
     )
     health.add_argument(
         "--health-backoff",
         type=_positive,
         default=30.0,
         metavar="SECONDS",
-        help="how long a leader that stepped down unhealthy stays out (default 30)",
+        help="how long "
+        + ("an instance that handed its names over unhealthy" if shards else "a leader that stepped down unhealthy")
+        + " stays out (default 30)",
     )
+
+
+def add_handover_options(run: argparse.ArgumentParser, _positive: Callable[[str], float], _number: Any) -> None:
+    """``run``'s health, priority and step-down serving options."""
+    add_health_options(run, _positive, _number)
     run.add_argument(
         "--serve-step-down",
         action="store_true",

@@ -35,9 +35,9 @@ from ..integrations.health import HealthServer
 from ._configure import Config, first_contact
 from ._orphans import reaper
 from ._output import json_line, out
-from ._run import Runner, choose_grace, command_check, serve_health, serve_metrics
+from ._run import Runner, choose_grace, health_check, serve_health, serve_metrics
 from ._status import EXIT_NO_LEADER, EXIT_NOT_STEPPED_DOWN, BackendError, UsageError
-from ._supervisor import STOP_SIGNALS, child_environment, stop_timeout_for
+from ._supervisor import STOP_SIGNALS, stop_timeout_for
 
 __all__ = ["execute"]
 
@@ -186,10 +186,10 @@ async def execute(
         on_signal(sig)
     reaping = reaper() if runner is not None else None
     try:
-        if runner is not None and args.health_cmd is not None:
-            checks_env = child_environment(environ, pass_secrets=args.pass_secret, extra={})
+        check = health_check(args, environ) if runner is not None else None
+        if check is not None:
             elector.set_health(
-                command_check(args.health_cmd, checks_env),
+                check,
                 failures=args.health_failures,
                 interval=args.health_interval,
                 timeout=args.health_timeout,

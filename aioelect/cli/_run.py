@@ -42,7 +42,15 @@ if TYPE_CHECKING:
     from .._http import BoundedHTTPServer
     from ..integrations.health import HealthServer
 
-__all__ = ["Runner", "check_metrics", "choose_grace", "forwarded_signal", "serve_health", "serve_metrics"]
+__all__ = [
+    "Runner",
+    "check_metrics",
+    "choose_grace",
+    "forwarded_signal",
+    "health_check",
+    "serve_health",
+    "serve_metrics",
+]
 
 log = logging.getLogger("aioelect.cli")
 
@@ -165,6 +173,20 @@ def command_check(command: str, environ: Mapping[str, str]) -> Callable[[], Awai
                     await proc.wait()
 
     return check
+
+
+def health_check(args: argparse.Namespace, environ: Mapping[str, str]) -> Callable[[], Awaitable[bool]] | None:
+    """The health check ``--health-cmd`` and ``--health-url`` ask for (both: each must pass); None without them."""
+    from ._health_url import combined_check, parse_health_url
+
+    checks: list[Callable[[], Awaitable[object]]] = []
+    if args.health_cmd is not None:
+        checks.append(
+            command_check(args.health_cmd, child_environment(environ, pass_secrets=args.pass_secret, extra={}))
+        )
+    if args.health_url is not None:
+        checks.append(parse_health_url(args.health_url).check)
+    return combined_check(checks) if checks else None
 
 
 class Runner:

@@ -14,9 +14,17 @@ its environment. Guarantees, on top of :mod:`aioelect.cli._supervisor`'s
   backend's safety margin (:func:`~aioelect.cli._run.choose_grace`);
 * a CMD that exits is started again after ``--restart-delay`` while its
   name is still owned; processes it left running are stopped first;
+* with ``--health-cmd`` or ``--health-url``, an instance takes part only
+  once its check passes, and after ``--health-failures`` failures in a row
+  hands every name over as on a stop signal (below), staying out for
+  ``--health-backoff`` seconds and then until the check passes;
 * each of :data:`~aioelect.cli._supervisor.STOP_SIGNALS` is forwarded to
-  every CMD (SIGPIPE as SIGTERM), then every name is let go once its tree
-  is gone, and aioelect exits with 128 + the signal.
+  every CMD (SIGPIPE as SIGTERM), and the instance drains
+  (:meth:`aioelect.Shards.drain`): it leaves its member election and asks
+  for no name again, each name is released once its CMD's tree is gone
+  (the grace honoured), so the other instances take the names as they are
+  released, never after a lease runs out; then aioelect exits with 128 +
+  the signal.
 
 On etcd every election of the instance shares one lease (an
 :class:`~aioelect.EtcdSession`), on MySQL and PostgreSQL one connection (a
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -42,11 +51,12 @@ import anyio
 from .._early import take
 from .._elector import Elector, Leadership, current_leadership, default_identity, lock_descriptors
 from .._errors import ElectionError
+from .._errors import UsageError as NotRunning
 from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from .._shards import Shards
 from ._configure import Config, first_contact
 from ._orphans import reaper
-from ._run import choose_grace, forwarded_signal
+from ._run import choose_grace, forwarded_signal, health_check
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
 from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, stop_timeout_for
 
@@ -117,6 +127,13 @@ class ShardsRunner:
         self.max_instances: int = args.max_instances
         self.given_grace: float | None = args.grace
         self.timeout: float = args.timeout
+        self.health = health_check(args, environ)
+        self.health_options = {
+            "failures": args.health_failures,
+            "interval": args.health_interval,
+            "timeout": args.health_timeout,
+            "backoff": args.health_backoff,
+        }
         self.grace = 0.0
         self.identity: str = config.options.get("identity") or default_identity()
         group = config.options.get("name")
@@ -127,14 +144,22 @@ class ShardsRunner:
         self.running: dict[str, ProcessGroup] = {}
         self.signals: list[int] = []
 
-    def on_signal(self, sig: int, scope: anyio.CancelScope) -> None:
-        """Forward ``sig`` to every CMD and stop: each name is let go once its CMD's tree is gone."""
+    def on_signal(self, sig: int, stop: anyio.Event) -> None:
+        """Forward ``sig`` to every CMD and drain: each name is let go once its CMD's tree is gone."""
         self.signals.append(sig)
         forwarded = forwarded_signal(sig)
         for name, group in self.running.items():
             if group.running:
                 log.info("forwarding %s to CMD of %s (pid %d)", signal.Signals(forwarded).name, name, group.pid)
                 group.signal(forwarded)
+        stop.set()
+
+    async def _drain_on(self, stop: anyio.Event, shards: Shards, scope: anyio.CancelScope) -> None:
+        """Once a stop signal came: drain, then end the run."""
+        await stop.wait()
+        log.info("%s: draining: every name to the other instances, each once its CMD has stopped", self.identity)
+        with contextlib.suppress(NotRunning):  # the run has not started: there is nothing to let go
+            await shards.drain()
         scope.cancel()
 
     def _elector(self, election: str) -> Elector:
@@ -196,6 +221,8 @@ class ShardsRunner:
                 shards = self._shards(session_out)
             except (TypeError, ValueError) as exc:
                 raise UsageError(str(exc)) from None
+            if self.health is not None:
+                shards.set_health(self.health, **self.health_options)
             # Fail fast (status 3) on a server that cannot be reached at all; later outages are retried.
             await first_contact(probe, self.config, self.timeout)
         finally:
@@ -203,11 +230,14 @@ class ShardsRunner:
                 await probe.aclose()
         loop = asyncio.get_running_loop()
         reaping = reaper()
+        stop = anyio.Event()
         with anyio.CancelScope() as scope:
             for sig in STOP_SIGNALS:
-                loop.add_signal_handler(sig, self.on_signal, sig, scope)
+                loop.add_signal_handler(sig, self.on_signal, sig, stop)
             for sig in take(STOP_SIGNALS):  # received while the command was starting
-                self.on_signal(sig, scope)
+                self.on_signal(sig, stop)
+            # A task of its own, not a task group: run()'s errors reach the handler below as themselves.
+            drainer = asyncio.ensure_future(self._drain_on(stop, shards, scope))
             try:
                 if session_out:
                     async with session_out[0]:
@@ -217,6 +247,9 @@ class ShardsRunner:
             except ElectionError as exc:
                 raise BackendError(str(exc)) from None
             finally:
+                drainer.cancel()
+                with anyio.CancelScope(shield=True):
+                    await asyncio.wait([drainer])
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
                 with anyio.CancelScope(shield=True):
