@@ -1065,6 +1065,14 @@ class Elector:
             self._log.info("campaigning; %s", self._backend.describe_timing())
         self._move(_Do.CAMPAIGN)
         me = self._campaigner = object()
+        if not once and self._gate.priority is not None:
+            try:
+                # Before "campaigning": an instance seen campaigning is one a releasing leader of a lower
+                # priority hands over to (a rolling deploy may stop the old leader at once).
+                await self._gate.announce(self._identity)
+            except BaseException:
+                self._stop(me)
+                raise
         self._emit("campaigning")
         hold: Hold | None = None
         watcher: asyncio.Task[None] | None = None

@@ -263,22 +263,29 @@ class Gate:
         word could not change a release), and only if absent, lapsed, ours, or
         of a lower priority.
         """
-        store = self.store()
-        if store is None:
-            return
         while True:
+            await anyio.sleep(WAITING_INTERVAL)
+            await self.announce(identity)
+
+    async def announce(self, identity: str) -> None:
+        """Say once, if it is so, that ``identity`` waits with a priority above the leader's (see
+        :meth:`_say_waiting`); bounded by :data:`WAITING_INTERVAL`, a failure logged and otherwise ignored."""
+        store, priority = self.store(), self.priority
+        if store is None or priority is None:
+            return
+        with anyio.move_on_after(WAITING_INTERVAL):
             try:
-                if (self.health is None or await self.health.problem() is None) and priority.value > _recorded(
-                    await store.read(LEADER_KEY)
-                ):
-                    now = time.time()
-                    current = _waiting(await store.read_posted(WAITING_KEY))
-                    if current is None or current[2] < now or current[0] == identity or current[1] < priority.value:
-                        record = {"identity": identity, "priority": priority.value, "until": now + 3 * WAITING_INTERVAL}
-                        await store.post(WAITING_KEY, encode(record))
+                if self.health is not None and await self.health.problem() is not None:
+                    return
+                if priority.value <= _recorded(await store.read(LEADER_KEY)):
+                    return
+                now = time.time()
+                current = _waiting(await store.read_posted(WAITING_KEY))
+                if current is None or current[2] < now or current[0] == identity or current[1] < priority.value:
+                    record = {"identity": identity, "priority": priority.value, "until": now + 3 * WAITING_INTERVAL}
+                    await store.post(WAITING_KEY, encode(record))
             except ElectionError as exc:
                 self._log.debug("priority: waiting not posted (%s)", exc)
-            await anyio.sleep(WAITING_INTERVAL)
 
     async def waiting_successor(self, identity: str) -> str | None:
         """For a leader with a priority that releases: the waiting candidate of a higher priority, if one says so.

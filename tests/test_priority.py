@@ -99,8 +99,8 @@ async def test_a_rolling_deploy_with_priorities_moves_leadership_once(case: Back
 
 
 async def test_a_leader_stopped_before_any_settle_time_passes_to_the_waiting_newer_version(case: BackendCase) -> None:
-    """The fast rolling deploy: each old instance is stopped half a second after its replacement started (the
-    default 10 s settle time far from over). The stopping leader releases to the waiting candidate of a higher
+    """The fast rolling deploy: each old instance is stopped as soon as its replacement is campaigning (its
+    "campaigning" event; the default 10 s settle time far from over). The stopping leader releases to the waiting candidate of a higher
     priority, so leadership moves once, to the new version, never to an old peer that happened to wait first."""
     name = unique_name()
     async with contextlib.AsyncExitStack() as stack:
@@ -128,7 +128,9 @@ async def test_a_leader_stopped_before_any_settle_time_passes_to_the_waiting_new
             await asyncio.sleep(1.0)
             for old, new in zip(olds, news, strict=True):
                 start(new)
-                await asyncio.sleep(0.5)  # campaigning, far from its settle time
+                with anyio.fail_after(10):
+                    while not any(e.kind == "campaigning" and e.identity == new.identity for e in events):
+                        await asyncio.sleep(0.01)
                 await stop(old)
             await asyncio.sleep(2.0)  # any move still to come
             acquired = [e.identity for e in events if e.kind == "acquired"]

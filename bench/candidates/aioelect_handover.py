@@ -122,7 +122,8 @@ async def deployed(args: argparse.Namespace) -> None:
 
     async with elector(args) as candidate:
         candidate.set_priority(args.priority, settle=args.settle)
-        emit("CAMPAIGN")
+        # Ready as a deploy sees it: campaigning (with a priority, once it said it waits).
+        candidate.add_listener(lambda event: emit("CAMPAIGN") if event.kind == "campaigning" else None)
         try:
             await candidate.run(work)
         finally:
