@@ -100,8 +100,9 @@ async def test_a_rolling_deploy_with_priorities_moves_leadership_once(case: Back
 
 async def test_a_leader_stopped_before_any_settle_time_passes_to_the_waiting_newer_version(case: BackendCase) -> None:
     """The fast rolling deploy: each old instance is stopped as soon as its replacement is campaigning (its
-    "campaigning" event; the default 10 s settle time far from over). The stopping leader releases to the waiting candidate of a higher
-    priority, so leadership moves once, to the new version, never to an old peer that happened to wait first."""
+    "campaigning" event; the default 10 s settle time far from over). The stopping leader releases to the
+    waiting candidate of a higher priority, so leadership moves once, to the new version, never to an old
+    peer that happened to wait first."""
     name = unique_name()
     async with contextlib.AsyncExitStack() as stack:
         olds = [await stack.enter_async_context(make(case, name, f"old-{i}")) for i in range(3)]
