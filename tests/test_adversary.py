@@ -46,6 +46,7 @@ NS = 1_000_000_000
 #: the list found it again in 4 replays of 6 (docs/adversary.md, "Shown to find").
 #: redis-sentinel 1 and 7 each find, on the library at e8940ad^ (scripts/adversary-old.sh redis-split), a master cut
 #: off from its sentinels confirming the old leader's renews beside the promoted replica's leader (overlap).
+#: redis-cluster 1 and 2 each cut the slot's master off from the cluster bus (about 35 s with the cluster's start).
 SEEDS = {
     "etcd": [1, 16, 18],
     "mysql": [3, 8, 18],
@@ -53,6 +54,7 @@ SEEDS = {
     "redis": [1, 2],
     "redis-sentinel": [1, 7],
     "etcd-cluster": [1, 2],
+    "redis-cluster": [1, 2],
 }
 #: The CI seed of sharded leadership (Shards instances over 8 names), per backend.
 SHARD_SEEDS = {"etcd": [1]}
