@@ -38,7 +38,7 @@ from tests.harness.plugin import server_unavailable, skip_if_external
 from tests.harness.processes import popen
 
 NS = 1_000_000_000
-#: The CI seeds, per backend, and each one's seconds: about 3 minutes in all with the servers' starts. MySQL 3, 8
+#: The CI seeds, per backend, and each one's seconds: about 6 minutes in all with the servers' starts. MySQL 3, 8
 #: and 18 each find, on the library at 79d808b^ (scripts/adversary-old.sh mysql-kill), a kept session's old
 #: connection id KILLed on the restarted server, ending the new leader's session (deposed), on every replay so far
 #: (tests/test_adversary_old.py runs them there). etcd 1, 16 and 18 each found, on the library at 12e8962^

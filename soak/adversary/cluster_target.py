@@ -72,13 +72,18 @@ class ClusterTarget(RedisTarget):
     # -- the cluster -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self.nets = Namespaces(6)
-        cluster = RedisCluster(3, replicas=1, node_timeout_ms=NODE_TIMEOUT_MS)
-        self.cluster = cluster
-        for server, node in zip(cluster.nodes, self.nets.nodes, strict=True):
-            server.place(node)
-            self._node[id(server)] = node
-        cluster.start()
+        """Form the cluster in its namespaces; on a failure, remove whatever was started, then raise."""
+        try:
+            self.nets = Namespaces(6)
+            cluster = RedisCluster(3, replicas=1, node_timeout_ms=NODE_TIMEOUT_MS)
+            self.cluster = cluster
+            for server, node in zip(cluster.nodes, self.nets.nodes, strict=True):
+                server.place(node)
+                self._node[id(server)] = node
+            cluster.start()
+        except BaseException:
+            self.cleanup()
+            raise
 
     def cleanup(self) -> None:
         if self.cluster is not None:
