@@ -24,7 +24,7 @@ from pathlib import Path
 
 from tests.harness import MissingBinaryError, PostgresServer
 
-from . import report
+from . import register, report
 from .checker import check
 from .runner import BackendRun, run_backend
 from .timing import ELECTION_LABELS, SHARDS_LABELS, SPLIT_LABELS, TIMINGS
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         register_server.start()
+        register.create_tables(register_server)  # once: the backends' threads only add their rows
         threads = [threading.Thread(target=one, args=(label,), name=f"soak-{label}") for label in args.backends]
         for thread in threads:
             thread.start()

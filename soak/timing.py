@@ -172,8 +172,10 @@ def _etcd_split() -> Timing:
         bounds={
             **{k: timing.bounds[k] for k in ("kill", "pause", "depose", "partition-drop", "partition-stall")},
             # The majority elects a raft leader of its own, which renews every lease; a candidate connected to the
-            # isolated member reconnects (backoff) to reach a member that answers.
-            "isolate": ("heal", _RAFT_ELECTION + _ETCD_BACKOFF + expiry),
+            # isolated member reconnects (backoff) to reach a member that answers. At the heal the isolated member,
+            # its term raised by its own campaigns (etcd 3.4 runs without --pre-vote), can force a second election,
+            # long enough for the leader to miss its renew deadline: its lease is then renewed and expires after it.
+            "isolate": ("heal", 2 * _RAFT_ELECTION + _ETCD_BACKOFF + expiry),
         },
     )
 
