@@ -134,13 +134,15 @@ test-scale: venv servers
 # SEED replays a schedule; MINUTES is how long each backend runs (the backends run side by side).
 # SHARDS=1 runs the shards workload (aioelect.Shards over 12 names, a register row per name) on etcd and PostgreSQL.
 # STOPS=1 runs aioelect run supervisors whose every process is stopped and continued at random (soak/stops.py).
+# SPLITS=1 splits server nodes from each other (soak/splits.py: a Sentinel group and a 3-member etcd; needs root).
 SEED ?=
 MINUTES ?= 20
 SHARDS ?=
 STOPS ?=
+SPLITS ?=
 soak: venv servers
 	$(BIN)/python -m soak --minutes $(MINUTES) $(if $(SEED),--seed $(SEED),) $(if $(SHARDS),--shards,) \
-		$(if $(STOPS),--stops,)
+		$(if $(STOPS),--stops,) $(if $(SPLITS),--splits,)
 	$(BIN)/python -m soak.ticks --seconds $$(( $(MINUTES) * 60 )) $(if $(SEED),--seed $(SEED),)
 
 # The message-level adversary (soak/adversary/): seeded faults on every request, reply and watch message, an

@@ -3,6 +3,9 @@
 ``--stops`` runs the stopped-processes workload instead (``aioelect run`` supervisors whose every process is
 stopped and continued at random; :mod:`soak.stops`) on etcd and PostgreSQL.
 
+``--splits`` runs the split workload (server nodes in network namespaces of their own, split from each other;
+:mod:`soak.splits`) on ``sentinel-split`` and ``etcd3-split`` instead; it needs root.
+
 ``--shards`` runs the shards workload (``aioelect.Shards`` over 12 names, a register row per name) on
 ``shards-etcd`` and ``shards-postgres`` instead of the single election.
 
@@ -21,10 +24,10 @@ from pathlib import Path
 
 from tests.harness import MissingBinaryError, PostgresServer
 
-from . import report
+from . import register, report
 from .checker import check
 from .runner import BackendRun, run_backend
-from .timing import ELECTION_LABELS, SHARDS_LABELS, TIMINGS
+from .timing import ELECTION_LABELS, SHARDS_LABELS, SPLIT_LABELS, TIMINGS
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -43,13 +46,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help=f"the shards workload: default backends {','.join(SHARDS_LABELS)}",
     )
     parser.add_argument(
+        "--splits",
+        action="store_true",
+        help=f"the split workload (server nodes split from each other, root): backends {','.join(SPLIT_LABELS)}",
+    )
+    parser.add_argument(
         "--stops",
         action="store_true",
         help="the stopped-processes workload (aioelect run supervisors, every process stopped and continued)",
     )
     args = parser.parse_args(argv)
     if args.backends is None:
-        args.backends = ",".join(SHARDS_LABELS if args.shards else ELECTION_LABELS)
+        default = SHARDS_LABELS if args.shards else SPLIT_LABELS if args.splits else ELECTION_LABELS
+        args.backends = ",".join(default)
     args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     unknown = set(args.backends) - set(TIMINGS)
     if unknown:
@@ -95,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         register_server.start()
+        register.create_tables(register_server)  # once: the backends' threads only add their rows
         threads = [threading.Thread(target=one, args=(label,), name=f"soak-{label}") for label in args.backends]
         for thread in threads:
             thread.start()

@@ -4,7 +4,7 @@ The schedule (:func:`plan`) is a pure function of the seed, the backend and
 the length: when each fault starts, its kind, whom it aims at (the leader or
 another candidate, chosen when it fires), how long it lasts. At most two
 faults are in force at once; faults on the whole server (restart, member,
-slow) one at a time. :class:`Nemesis` runs each fault on a thread of its own
+slow, the splits of server nodes) one at a time. :class:`Nemesis` runs each fault on a thread of its own
 and heals it in a ``finally``: a fault that fails half-way is still undone.
 """
 
@@ -27,8 +27,10 @@ from .timing import Timing
 
 __all__ = ["Nemesis", "Planned", "plan"]
 
+#: Server nodes split from each other (the split workload, :mod:`soak.splits`).
+_SPLITS = frozenset({"cut-sentinels", "cut-replicas", "isolate"})
 #: Faults on the whole server: one at a time.
-_SERVER_WIDE = frozenset({"restart", "member", "slow"})
+_SERVER_WIDE = frozenset({"restart", "member", "slow"}) | _SPLITS
 _MAX_IN_FORCE = 2
 #: ``join`` starts no candidate beyond this many live ones (the shards candidates' member elections).
 _MAX_LIVE = 7
@@ -59,6 +61,12 @@ def _duration(rng: random.Random, kind: str, lease: float) -> float:
         return rng.uniform(1.0, 6.0)
     if kind == "slow":
         return rng.uniform(2.0, 6.0)
+    if kind == "cut-sentinels":
+        return rng.uniform(4.0, 8.0)  # past the sentinels' down-after: a failover under the leader
+    if kind == "cut-replicas":
+        return rng.uniform(2.0, 5.0)
+    if kind == "isolate":
+        return rng.uniform(3.0, 7.0)  # past a raft election
     return 0.0
 
 
@@ -91,7 +99,7 @@ def plan(seed: int, label: str, kinds: tuple[str, ...], seconds: float, lease: f
             variant = f"{rng.uniform(0.05, 0.25):.3f}"  # seconds each chunk is held, each way
         aim = "leader" if rng.random() < 0.7 else "other"
         schedule.append(Planned(round(t, 3), kind, aim, round(duration, 3), variant))
-        end = t + duration + (5.0 if kind in ("restart", "member") else 0.0)
+        end = t + duration + (5.0 if kind in ("restart", "member") or kind in _SPLITS else 0.0)
         ends.append(end)
         if kind in _SERVER_WIDE:
             server_free_at = end
@@ -229,6 +237,8 @@ class Nemesis:
             elif planned.kind == "member":
                 assert isinstance(self.target, Etcd3Target)
                 detail = self.target.kill_member(int(planned.variant), planned.duration)
+            elif planned.kind in _SPLITS:
+                detail = self.target.split(planned.kind, planned.duration)
             else:
                 detail = self._slow(planned.duration, float(planned.variant))
         finally:

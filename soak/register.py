@@ -34,10 +34,17 @@ INSERT INTO soak_history (key, token, writer, sent_ns) SELECT $1, $2, $3, $4 FRO
 """
 
 
-def create(server: PostgresServer, key: str) -> None:
-    """Create the tables (if missing) and an empty register ``key`` (token 0)."""
+def create_tables(server: PostgresServer) -> None:
+    """Create the tables if missing. Not concurrently with itself: two ``CREATE TABLE IF NOT EXISTS`` of one
+    table at once can both go on and one fail (PostgreSQL's catalog), so the soak runs it once before the
+    backends start."""
     for statement in _SCHEMA:
         server.query(statement)
+
+
+def create(server: PostgresServer, key: str) -> None:
+    """Create the tables (if missing) and an empty register ``key`` (token 0)."""
+    create_tables(server)
     server.query("INSERT INTO soak_register (key, token) VALUES ($1, 0) ON CONFLICT (key) DO NOTHING", [key])
 
 

@@ -71,6 +71,10 @@ class Target:
         """What the candidates left on the server (connections, leases, keys), as sentences; [] if nothing."""
         raise NotImplementedError
 
+    def split(self, kind: str, duration: float) -> str:
+        """Split server nodes from each other for ``duration`` s (``kind``: see :mod:`soak.splits`), then heal."""
+        raise NotImplementedError(f"{self.label} has no split {kind}")
+
 
 class _OneServer(Target):
     """A target that is one server process: restarted as a whole."""
@@ -297,13 +301,20 @@ _TARGETS: dict[str, type[Target]] = {
 }
 
 
+def _targets() -> dict[str, type[Target]]:
+    # The split workload's targets subclass these: imported once this module is.
+    from .splits import Etcd3SplitTarget, SentinelSplitTarget
+
+    return {**_TARGETS, "sentinel-split": SentinelSplitTarget, "etcd3-split": Etcd3SplitTarget}
+
+
 def make_target(label: str, name: str) -> Target:
-    return _TARGETS[label](name)
+    return _targets()[label](name)
 
 
 def checked_kinds(label: str) -> list[str]:
     """The fault kinds as the checker and the report name them (a partition is a drop or a stall)."""
     kinds: list[str] = []
-    for kind in _TARGETS[label].fault_kinds:
+    for kind in _targets()[label].fault_kinds:
         kinds += ["partition-drop", "partition-stall"] if kind == "partition" else [kind]
     return kinds

@@ -14,7 +14,7 @@ from typing import Any
 
 from aioelect._config import confirmation_gap
 
-__all__ = ["ELECTION_LABELS", "SHARDS_LABELS", "SHARD_NAMES", "SLACK", "TIMINGS", "Timing"]
+__all__ = ["ELECTION_LABELS", "SHARDS_LABELS", "SHARD_NAMES", "SLACK", "SPLIT_LABELS", "TIMINGS", "Timing"]
 
 #: Seconds added to every leaderless bound and, in part, to the overlap margin: scheduling, not the library.
 SLACK = 2.0
@@ -36,6 +36,8 @@ _ETCD_EXPIRY = 1.0
 #: The etcd backend's reconnect backoff tops out at 2 s; a three-member cluster elects a raft leader in about 1-2 s.
 _ETCD_BACKOFF = 2.0
 _RAFT_ELECTION = 2.0
+#: Seconds a sentinel takes, once it reaches a demoted master again, to make it a replica of the promoted one.
+_SENTINEL_RECONFIGURE = 10.0
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,42 @@ def _etcd() -> Timing:
     )
 
 
+def _sentinel_split() -> Timing:
+    """Redis under Sentinel with ``min_replicas=1``: a leader's renews count only once a replica has them, so a
+    master cut off from the sentinels or its replicas confirms nothing once it has no replica left."""
+    timing = _redis()
+    expiry = _LEASE + _POLL + SLACK
+    return replace(
+        timing,
+        options={**timing.options, "min_replicas": 1},
+        bounds={
+            **{k: timing.bounds[k] for k in ("kill", "pause", "depose")},
+            # After the heal the sentinels turn the old master into a replica of the promoted one (a few seconds,
+            # _SENTINEL_RECONFIGURE) and candidates still on it ask the sentinels again; the leader's copy of its
+            # key on the promoted node expires lease after its last confirmed renew.
+            "cut-sentinels": ("heal", _SENTINEL_RECONFIGURE + expiry),
+            # No WAIT is answered while the cut lasts: nobody can be granted; after it, the key expires or is kept.
+            "cut-replicas": ("heal", expiry),
+        },
+    )
+
+
+def _etcd_split() -> Timing:
+    timing = _etcd()
+    expiry = _TTL + _ETCD_EXPIRY + SLACK
+    return replace(
+        timing,
+        bounds={
+            **{k: timing.bounds[k] for k in ("kill", "pause", "depose", "partition-drop", "partition-stall")},
+            # The majority elects a raft leader of its own, which renews every lease; a candidate connected to the
+            # isolated member reconnects (backoff) to reach a member that answers. At the heal the isolated member,
+            # its term raised by its own campaigns (etcd 3.4 runs without --pre-vote), can force a second election,
+            # long enough for the leader to miss its renew deadline: its lease is then renewed and expires after it.
+            "isolate": ("heal", 2 * _RAFT_ELECTION + _ETCD_BACKOFF + expiry),
+        },
+    )
+
+
 def _shards(timing: Timing) -> Timing:
     """The shards workload on a shared session: the same options (the session's), and a bound for ``join``
     (a fresh candidate starts: names move to it through their elections)."""
@@ -158,9 +196,14 @@ TIMINGS: dict[str, tuple[str, Timing]] = {
     # The shards workload: aioelect.Shards over SHARD_NAMES on one shared session per candidate.
     "shards-etcd": ("etcd", _shards(_etcd())),
     "shards-postgres": ("postgres", _shards(_sql())),
+    # The split workload: server nodes split from each other (soak/splits.py).
+    "sentinel-split": ("redis", _sentinel_split()),
+    "etcd3-split": ("etcd", _etcd_split()),
 }
 #: The labels of the election workload (``make soak``), and of the shards workload (``make soak SHARDS=1``).
 ELECTION_LABELS = ("mariadb", "postgres", "redis", "etcd1", "etcd3")
 SHARDS_LABELS = ("shards-etcd", "shards-postgres")
+#: The labels of the split workload (``make soak SPLITS=1``).
+SPLIT_LABELS = ("sentinel-split", "etcd3-split")
 #: The names the shards workload spreads over its candidates.
 SHARD_NAMES = tuple(f"s{i}" for i in range(12))

@@ -38,7 +38,7 @@ from tests.harness.plugin import server_unavailable, skip_if_external
 from tests.harness.processes import popen
 
 NS = 1_000_000_000
-#: The CI seeds, per backend, and each one's seconds: about 3 minutes in all with the servers' starts. MySQL 3, 8
+#: The CI seeds, per backend, and each one's seconds: about 6 minutes in all with the servers' starts. MySQL 3, 8
 #: and 18 each find, on the library at 79d808b^ (scripts/adversary-old.sh mysql-kill), a kept session's old
 #: connection id KILLed on the restarted server, ending the new leader's session (deposed), on every replay so far
 #: (tests/test_adversary_old.py runs them there). etcd 1, 16 and 18 each found, on the library at 12e8962^
@@ -46,6 +46,7 @@ NS = 1_000_000_000
 #: the list found it again in 4 replays of 6 (docs/adversary.md, "Shown to find").
 #: redis-sentinel 1 and 7 each find, on the library at e8940ad^ (scripts/adversary-old.sh redis-split), a master cut
 #: off from its sentinels confirming the old leader's renews beside the promoted replica's leader (overlap).
+#: redis-cluster 1 and 2 each cut the slot's master off from the cluster bus (about 35 s with the cluster's start).
 SEEDS = {
     "etcd": [1, 16, 18],
     "mysql": [3, 8, 18],
@@ -53,6 +54,7 @@ SEEDS = {
     "redis": [1, 2],
     "redis-sentinel": [1, 7],
     "etcd-cluster": [1, 2],
+    "redis-cluster": [1, 2],
 }
 #: The CI seed of sharded leadership (Shards instances over 8 names), per backend.
 SHARD_SEEDS = {"etcd": [1]}

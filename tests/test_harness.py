@@ -425,3 +425,39 @@ def test_namespaces_split_two_nodes_while_this_process_reaches_both() -> None:
             server.cleanup()
     finally:
         nets.cleanup()
+
+
+def test_namespaces_split_one_port_between_two_nodes_and_leave_the_rest() -> None:
+    """A cut on a port drops the TCP packets to and from that port only (a Cluster's bus, not its clients'
+    connections): a connection from one node to that port of the other times out, one to another port of the
+    same node goes through; after the heal both go through."""
+    from .harness.netns import Namespaces
+
+    nets = Namespaces(2)
+    try:
+        a, b = nets.nodes
+        servers = [RedisServer(), RedisServer()]
+        try:
+            for server in servers:
+                server.place(b)
+                server.start()
+            cut, kept = servers
+
+            def from_a(server: RedisServer) -> int:
+                probe = f"exec 3<>/dev/tcp/{b.address}/{server.port}"
+                argv = [*a.prefix, "timeout", "2", "bash", "-c", probe]
+                return subprocess.run(argv, capture_output=True, timeout=10, check=False).returncode
+
+            nets.cut(a, b, port=cut.port)
+            assert nets.cuts == {(a.index, b.index)}
+            assert from_a(cut) == 124, "the cut should drop the packets to that port (the probe times out)"
+            assert from_a(kept) == 0, "another port of the same node should still be reached"
+            assert cut.command("PING") == "PONG"  # this process still reaches the node on every port
+            nets.heal_all()
+            assert nets.cuts == set()
+            assert from_a(cut) == 0
+        finally:
+            for server in servers:
+                server.cleanup()
+    finally:
+        nets.cleanup()

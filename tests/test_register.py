@@ -13,12 +13,15 @@ OPEN_AT_MOST = 0
 def test_every_test_the_register_names_exists() -> None:
     missing = []
     for row in REGISTER:
-        if row.breaks is None:
-            continue
-        path, _, name = row.breaks.partition("::")
-        source = ROOT / path
-        if not source.exists() or not re.search(rf"^(async )?def {re.escape(name)}\(", source.read_text(), re.M):
-            missing.append(row.breaks)
+        for test in ([row.breaks] if row.breaks else []) + list(row.also):
+            path, _, name = test.partition("::")
+            name, _, case = name.partition("[")  # a parametrized test's case: named in its file as a string
+            source = ROOT / path
+            text = source.read_text() if source.exists() else ""
+            if not re.search(rf"^(async )?def {re.escape(name)}\(", text, re.M) or (
+                case and f'"{case[:-1]}"' not in text
+            ):
+                missing.append(test)
     assert not missing, f"the register names tests that do not exist: {missing}"
 
 

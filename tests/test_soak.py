@@ -329,3 +329,40 @@ def test_short_shards_soak_passes(tmp_path: Path) -> None:
         owned = {e["name"] for e in events if e["e"] == "act" and e["ok"]}
         assert owned == set(SHARD_NAMES), f"{label}: names never written: {set(SHARD_NAMES) - owned}"
     print(report)
+
+
+SPLITS_SOAK_SECONDS = 45
+
+
+@pytest.mark.timeout(SPLITS_SOAK_SECONDS + 150)
+def test_short_splits_soak_passes(tmp_path: Path) -> None:
+    """The split workload (soak/splits.py): server nodes in network namespaces split from each other.
+
+    The seed's schedule cuts the Sentinel group's master off from its replicas and then from its sentinels, and
+    isolates the raft leader's member of the three-member etcd twice, beside kills, pauses and deposes.
+    """
+    _require_servers()
+    argv = ["-m", "soak", "--splits", "--minutes", str(SPLITS_SOAK_SECONDS / 60), "--seed", "20260050"]
+    proc = subprocess.run(
+        [sys.executable, *argv, "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=SPLITS_SOAK_SECONDS + 140,
+    )
+    report = (tmp_path / "report.md").read_text() if (tmp_path / "report.md").exists() else "(no report)"
+    assert proc.returncode == 0, (
+        f"soak failed (status {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
+    )
+    splits = {"sentinel-split": {"cut-sentinels", "cut-replicas"}, "etcd3-split": {"isolate"}}
+    for label, kinds in splits.items():
+        assert f"| {label} | pass |" in report
+        faults = [json.loads(line) for line in (tmp_path / label / "faults.jsonl").read_text().splitlines()]
+        assert kinds <= {f["kind"] for f in faults}, f"{label}: {[f['kind'] for f in faults]}"
+    cut = next(f for f in faults_of(tmp_path, "sentinel-split") if f["kind"] == "cut-sentinels")
+    assert "(failed over)" in cut["detail"], cut  # the sentinels promoted a replica under the leader
+    print(report)
+
+
+def faults_of(out: Path, label: str) -> list[dict[str, str]]:
+    return [json.loads(line) for line in (out / label / "faults.jsonl").read_text().splitlines()]

@@ -10,6 +10,7 @@ against a real server, so every time is exact. :mod:`soak.checker` judges
 the history. See docs/adversary.md.
 """
 
+from .cluster_target import ClusterTarget
 from .etcd_cluster_target import EtcdClusterTarget
 from .postgres_target import PostgresTarget
 from .redis_target import RedisTarget
@@ -20,3 +21,4 @@ SERVERS["postgres"] = PostgresTarget
 SERVERS["redis"] = RedisTarget  # beside the others, in modules of their own
 SERVERS["redis-sentinel"] = SentinelTarget
 SERVERS["etcd-cluster"] = EtcdClusterTarget
+SERVERS["redis-cluster"] = ClusterTarget

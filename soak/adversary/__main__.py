@@ -22,7 +22,7 @@ from .stops import STOP_BACKENDS, run_stops
 
 _NS = 1_000_000_000
 #: The targets whose nodes are split from each other (several servers): sharded leadership is not played there.
-SPLIT = ("redis-sentinel", "etcd-cluster")
+SPLIT = ("redis-sentinel", "etcd-cluster", "redis-cluster")
 
 
 def describe(outcome: Outcome, trace: float = 0.0, *, full: bool = False) -> str:
@@ -71,6 +71,8 @@ async def _main(args: argparse.Namespace) -> int:
                 print(describe(outcome, args.trace, full=args.full_trace), flush=True)
                 for fault in outcome.faults:
                     kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
+                    if "(failed over)" in fault.detail:  # a split the other nodes answered with a failover
+                        kinds[f"{fault.kind} failed over"] = kinds.get(f"{fault.kind} failed over", 0) + 1
                 failed += not outcome.ok
                 seed += 1
         finally:

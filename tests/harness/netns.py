@@ -5,7 +5,9 @@ which forwards between the nodes; this process (the root namespace) has a
 link of its own to the router. So every packet between two nodes crosses
 the router, where :meth:`Namespaces.cut` drops it silently (a policy rule
 of type ``blackhole`` for each direction: a partition, not a refused
-connection), while this process still reaches every node. Needs root and
+connection), while this process still reaches every node. A cut can also
+drop only the TCP traffic of one port (a Redis Cluster's bus, not its
+clients' or replicas' connections). Needs root and
 ``ip`` (iproute2); the addresses are a private ``10.X.0.0/16`` block no
 route of this host uses yet.
 """
@@ -56,7 +58,7 @@ class Namespaces:
         self.block = block
         self._router = f"aioelect-{tag}-r"
         self._host_link = f"vs{tag}h"
-        self._rules: set[tuple[int, int]] = set()
+        self._rules: set[tuple[int, int, int | None]] = set()
         self.nodes: list[Node] = []
         self._cleaned = False
         track(self, self.cleanup)
@@ -91,32 +93,41 @@ class Namespaces:
             subprocess.run([*here, "addr", "add", f"{addr}/24", "dev", link], check=True, capture_output=True)
             subprocess.run([*here, "link", "set", link, "up"], check=True, capture_output=True)
 
-    def _rule(self, verb: str, a: Node, b: Node) -> None:
+    def _rule(self, verb: str, a: Node, b: Node, port: int | None) -> None:
         for src, dst in ((a, b), (b, a)):
-            self._in(self._router, "ip", "rule", verb, "from", src.address, "to", dst.address, "blackhole")
+            match = ("from", src.address, "to", dst.address)
+            if port is None:
+                self._in(self._router, "ip", "rule", verb, *match, "blackhole")
+                continue
+            for side in ("sport", "dport"):
+                self._in(self._router, "ip", "rule", verb, *match, "ipproto", "tcp", side, str(port), "blackhole")
 
-    def cut(self, a: Node, b: Node) -> None:
-        """Drop every packet between ``a`` and ``b`` from now on (both ways); idempotent."""
-        pair = (min(a.index, b.index), max(a.index, b.index))
-        if pair not in self._rules:
-            self._rule("add", a, b)
-            self._rules.add(pair)
+    def cut(self, a: Node, b: Node, *, port: int | None = None) -> None:
+        """Drop every packet between ``a`` and ``b`` from now on (both ways); idempotent.
 
-    def heal(self, a: Node, b: Node) -> None:
-        pair = (min(a.index, b.index), max(a.index, b.index))
-        if pair in self._rules:
-            self._rule("del", a, b)
-            self._rules.discard(pair)
+        With ``port``, only the TCP packets between them to or from that port
+        (a connection to a server on either node listening there): their
+        other traffic goes on."""
+        key = (min(a.index, b.index), max(a.index, b.index), port)
+        if key not in self._rules:
+            self._rule("add", a, b, port)
+            self._rules.add(key)
+
+    def heal(self, a: Node, b: Node, *, port: int | None = None) -> None:
+        key = (min(a.index, b.index), max(a.index, b.index), port)
+        if key in self._rules:
+            self._rule("del", a, b, port)
+            self._rules.discard(key)
 
     def heal_all(self) -> None:
         by_index = {n.index: n for n in self.nodes}
-        for i, j in sorted(self._rules):
-            self.heal(by_index[i], by_index[j])
+        for i, j, port in sorted(self._rules, key=lambda rule: (rule[0], rule[1], rule[2] or 0)):
+            self.heal(by_index[i], by_index[j], port=port)
 
     @property
     def cuts(self) -> set[tuple[int, int]]:
-        """The node pairs (by index) split now."""
-        return set(self._rules)
+        """The node pairs (by index) split now, wholly or on a port."""
+        return {(i, j) for i, j, _ in self._rules}
 
     def cleanup(self) -> None:
         """Remove the route, the links and every namespace (idempotent; the servers in them must be stopped)."""

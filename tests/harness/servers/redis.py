@@ -227,7 +227,8 @@ class RedisCluster(Started):
     replica is in sync with its master.
 
     Each node is a :class:`RedisServer` (``appendonly yes``, ``appendfsync always``) with its cluster bus on a
-    free port of its own; each can be killed, stopped and started again individually.
+    free port of its own (:meth:`bus_port`); each can be killed, stopped and started again individually, and
+    :meth:`~RedisServer.place`-d in a network namespace of its own before :meth:`start`.
     """
 
     def __init__(
@@ -271,20 +272,26 @@ class RedisCluster(Started):
     @property
     def url(self) -> str:
         """``redis+cluster://`` (``rediss+cluster://`` with TLS) listing every node."""
-        nodes = ",".join(f"{LOOPBACK}:{n.port}" for n in self.nodes)
+        nodes = ",".join(f"{n.host}:{n.port}" for n in self.nodes)
         if self.tls is not None:
             return f"rediss+cluster://{nodes}/?ssl_ca_certs={self.tls.ca}"
         return f"redis+cluster://{nodes}/"
 
     def command(self, node: RedisServer, *args: Any, timeout: float = 5.0) -> Any:
         """Run one command on ``node`` as the default user (over TLS on a TLS cluster)."""
-        return redis_command(node.port, *args, timeout=timeout, ca=self.tls.ca if self.tls is not None else None)
+        ca = self.tls.ca if self.tls is not None else None
+        return redis_command(node.port, *args, host=node.host, timeout=timeout, ca=ca)
+
+    @staticmethod
+    def bus_port(node: RedisServer) -> int:
+        """The port of ``node``'s cluster bus."""
+        return int(node.extra_args[node.extra_args.index("--cluster-port") + 1])
 
     def start(self) -> None:
         for node in self.nodes:
             node.start()
         log = os.path.join(self.nodes[0].directory, "cluster-create.log")
-        argv = [self._cli, "--cluster", "create", *(f"{LOOPBACK}:{n.port}" for n in self.nodes)]
+        argv = [self._cli, "--cluster", "create", *(f"{n.host}:{n.port}" for n in self.nodes)]
         if self.tls is not None:
             argv += ["--tls", "--cacert", self.tls.ca]
         run_bounded(
