@@ -310,14 +310,13 @@ def write(results: dict[str, Any], args: argparse.Namespace, meta: dict[str, Any
         "",
         *table(results, args.reps, args.settle),
         "",
-        "A priority moves leadership only once a higher-priority candidate has waited `settle` seconds and the "
-        "leader has seen its request (leaders look every second). In the first rolling variant each old leader is "
-        "stopped before that: its release hands leadership to whoever waited first, often the next old instance, "
-        "so leadership can move at every old leader's stop. In the second the new instance's request is served "
-        "before the old leader stops: one move on every backend. So a deploy should give each new instance at "
-        "least `settle` + 1 s (here `settle` + 2 s) before it stops an old one: a readiness delay such as "
-        "Kubernetes' `minReadySeconds`. The client-go row quotes its `LeaderElectionConfig` documentation: its "
-        "gap after a release is the waiters' retry period, not a notification, and it has no named successor.",
+        "In the first rolling variant each old instance is stopped as soon as its replacement is campaigning (its "
+        "`campaigning` event, sent once it has said that it waits with its priority), long before `settle`: the "
+        "stopping leader hands over to the waiting candidate of a higher priority instead of a plain release, so "
+        "leadership moves once, to the first new instance. In the second, the new instance's own request "
+        "(after `settle`) is served before the old leader stops: one move as well. The client-go row quotes its "
+        "`LeaderElectionConfig` documentation: its gap after a release is the waiters' retry period, not a "
+        "notification, and it has no named successor.",
         END,
     ]
     path = HERE / "RESULTS.md"
