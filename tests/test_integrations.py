@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 import aioelect
 from aioelect import FileElector, MySQLElector
+from aioelect._factory import priority_from
 from aioelect._settings import Settings
 from aioelect.cli._args import build_parser, split_command
 from aioelect.cli._configure import configure
@@ -653,6 +654,9 @@ def test_kubernetes_manifest_parses_and_its_probes_match_the_cli() -> None:
     }
     config = configure(args, Settings.from_environ(environ))
     assert config.kind in ("mysql", "postgres", "etcd") and "replace-me" not in config.where
+    # A rolling update moves leadership once: every pod has a priority, and handover notes have their schema.
+    assert priority_from(environ.get("AIOELECT_PRIORITY")) is not None
+    assert config.kind != "postgres" or environ.get("AIOELECT_SCHEMA")
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     for kind, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         get = container[kind]["httpGet"]
