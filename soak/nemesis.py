@@ -28,7 +28,7 @@ from .timing import Timing
 __all__ = ["Nemesis", "Planned", "plan"]
 
 #: Server nodes split from each other (the split workload, :mod:`soak.splits`).
-_SPLITS = frozenset({"cut-sentinels", "cut-replicas", "isolate"})
+_SPLITS = frozenset({"cut-sentinels", "cut-replicas", "isolate", "crash-loop"})
 #: Faults on the whole server: one at a time.
 _SERVER_WIDE = frozenset({"restart", "member", "slow"}) | _SPLITS
 _MAX_IN_FORCE = 2
@@ -67,6 +67,8 @@ def _duration(rng: random.Random, kind: str, lease: float) -> float:
         return rng.uniform(2.0, 5.0)
     if kind == "isolate":
         return rng.uniform(3.0, 7.0)  # past a raft election
+    if kind == "crash-loop":
+        return rng.uniform(0.0, 1.0)  # not a length: the loop's draws (3 to 5 restarts, each up under 1 s)
     return 0.0
 
 

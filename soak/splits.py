@@ -16,14 +16,20 @@ a server. Two targets, with the nemesis's server-wide split faults:
   leader's member off from the other two (they elect a leader of their own
   while candidates connected to the isolated member still reach it).
 
+On both, *crash-loop* SIGKILLs a node (mostly the master, or the raft
+leader's member) and starts it again 3 to 5 times, each time within a
+second of its last start.
+
 Before a split the target waits (at most 15 s) until the group has settled.
 """
 
 from __future__ import annotations
 
+import random
 import subprocess
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tests.harness import TCPProxy
 from tests.harness.netns import Namespaces
@@ -34,13 +40,13 @@ from .targets import Etcd3Target, Target
 __all__ = ["SPLIT_KINDS", "Etcd3SplitTarget", "SentinelSplitTarget"]
 
 #: The nemesis's split faults (server-wide: one at a time, with no restart beside them).
-SPLIT_KINDS = frozenset({"cut-sentinels", "cut-replicas", "isolate"})
+SPLIT_KINDS = frozenset({"cut-sentinels", "cut-replicas", "isolate", "crash-loop"})
 
 
 class SentinelSplitTarget(Target):
     label = "sentinel-split"
     backend = "redis"
-    fault_kinds = ("kill", "pause", "depose", "cut-sentinels", "cut-replicas")
+    fault_kinds = ("kill", "pause", "depose", "cut-sentinels", "cut-replicas", "crash-loop")
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -72,6 +78,11 @@ class SentinelSplitTarget(Target):
         assert nets is not None
         note = _settle(group._settled)
         master = group.master()
+        if kind == "crash-loop":
+            rng = random.Random(duration)
+            server: Any = master if rng.random() < 0.7 else rng.choice([*group.redis, *group.sentinels])
+            role = "the master" if server is master else f"{server.kind} {server.host}"
+            return f"{role} {_crash_loop(server, rng)}{note}"
         others = group.sentinels if kind == "cut-sentinels" else [r for r in group.redis if r is not master]
         try:
             for other in others:
@@ -101,7 +112,7 @@ class SentinelSplitTarget(Target):
 
 class Etcd3SplitTarget(Etcd3Target):
     label = "etcd3-split"
-    fault_kinds = ("kill", "pause", "depose", "partition", "isolate")
+    fault_kinds = ("kill", "pause", "depose", "partition", "isolate", "crash-loop")
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -124,10 +135,15 @@ class Etcd3SplitTarget(Etcd3Target):
 
     def split(self, kind: str, duration: float) -> str:
         nets, cluster = self.nets, self.cluster
-        assert nets is not None and kind == "isolate"
+        assert nets is not None and kind in ("isolate", "crash-loop")
         leader = cluster.leader(timeout=15.0)
         note = "" if leader is not None else " (no raft leader within 15 s)"
         leader = leader or cluster.members[0]
+        if kind == "crash-loop":
+            rng = random.Random(duration)
+            member = leader if rng.random() < 0.7 else rng.choice(cluster.members)
+            role = "the raft leader's member" if member is leader else f"member {member.name}"
+            return f"{role} {_crash_loop(member, rng)}{note}"
         i = cluster.members.index(leader)
         others = [n for j, n in enumerate(nets.nodes) if j != i]
         try:
@@ -157,6 +173,19 @@ class Etcd3SplitTarget(Etcd3Target):
         if self.nets is not None:
             self.nets.heal_all()
         self.cluster.start()
+
+
+def _crash_loop(node: Any, rng: random.Random) -> str:
+    """SIGKILL ``node`` and start it again, 3 to 5 times, each within a second of its last start."""
+    times = rng.randint(3, 5)
+    ups = []
+    for _ in range(times):
+        node.kill()
+        node.start()
+        up = rng.uniform(0.05, 0.9)
+        ups.append(f"{up:.2f}")
+        time.sleep(up)
+    return f"SIGKILLed and started {times} times, up {', '.join(ups)} s each"
 
 
 def _settle(settled: Callable[[], bool]) -> str:

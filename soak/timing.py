@@ -160,6 +160,9 @@ def _sentinel_split() -> Timing:
             "cut-sentinels": ("heal", _SENTINEL_RECONFIGURE + expiry),
             # No WAIT is answered while the cut lasts: nobody can be granted; after it, the key expires or is kept.
             "cut-replicas": ("heal", expiry),
+            # A master restarted several times may be failed over meanwhile (as cut-sentinels), or come back with
+            # the key it persisted (appendfsync always), kept by the leader or expiring lease after its last renew.
+            "crash-loop": ("heal", _SENTINEL_RECONFIGURE + expiry),
         },
     )
 
@@ -176,6 +179,9 @@ def _etcd_split() -> Timing:
             # its term raised by its own campaigns (etcd 3.4 runs without --pre-vote), can force a second election,
             # long enough for the leader to miss its renew deadline: its lease is then renewed and expires after it.
             "isolate": ("heal", 2 * _RAFT_ELECTION + _ETCD_BACKOFF + expiry),
+            # The raft leader's member restarted several times: an election each time it is lost, and the
+            # candidates connected to it reconnect (backoff) to a member that answers.
+            "crash-loop": ("heal", 2 * _RAFT_ELECTION + _ETCD_BACKOFF + expiry),
         },
     )
 

@@ -338,8 +338,8 @@ SPLITS_SOAK_SECONDS = 45
 def test_short_splits_soak_passes(tmp_path: Path) -> None:
     """The split workload (soak/splits.py): server nodes in network namespaces split from each other.
 
-    The seed's schedule cuts the Sentinel group's master off from its replicas and then from its sentinels, and
-    isolates the raft leader's member of the three-member etcd twice, beside kills, pauses and deposes.
+    The seed's schedule cuts the Sentinel group's master off from its replicas and then from its sentinels,
+    isolates the raft leader's member of the three-member etcd, and crash-loops a node of each, beside deposes.
     """
     _require_servers()
     argv = ["-m", "soak", "--splits", "--minutes", str(SPLITS_SOAK_SECONDS / 60), "--seed", "20260050"]
@@ -354,7 +354,10 @@ def test_short_splits_soak_passes(tmp_path: Path) -> None:
     assert proc.returncode == 0, (
         f"soak failed (status {proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
     )
-    splits = {"sentinel-split": {"cut-sentinels", "cut-replicas"}, "etcd3-split": {"isolate"}}
+    splits = {
+        "sentinel-split": {"cut-sentinels", "cut-replicas", "crash-loop"},
+        "etcd3-split": {"isolate", "crash-loop"},
+    }
     for label, kinds in splits.items():
         assert f"| {label} | pass |" in report
         faults = [json.loads(line) for line in (tmp_path / label / "faults.jsonl").read_text().splitlines()]
