@@ -26,6 +26,8 @@ import aioelect
 from aioelect.backends.redis._options import RedisSettings
 from soak.adversary import redis_target, stop_cmd
 from soak.adversary.__main__ import describe
+from soak.adversary.fenced import Grant, Write, run_fenced
+from soak.adversary.fenced import judge as judge_fence
 from soak.adversary.network import Network, Profile
 from soak.adversary.run import OPTIONS, Loss, _attach, deposed, run_seed, tokens
 from soak.adversary.servers import SERVERS, EtcdTarget, MariaDBTarget, Target
@@ -740,3 +742,75 @@ def test_a_stopped_supervisor_stops_nothing_its_cmd_works_on_beside_the_next_lea
     stop = Fault("stop-supervisor", "s0", stopped, woken, woken, "", "s0")
     assert judge_trees(beats, [stop], margin)[0] == [], "the time s0 was stopped, and the margin after, count"
     assert max(b.last for b in beats if b.who == "s0") < woken + int(margin * NS), "s0 ended its tree once woken"
+
+
+#: The CI seeds of the fenced workload (soak/adversary/fenced.py), per backend, and each one's seconds: each seed
+#: freezes its first leader past its lease with its write in flight.
+FENCED_SEEDS = {"etcd": [15], "mysql": [15], "postgres": [15], "redis": [15]}
+FENCED_SECONDS = 8.0
+
+
+def _write(who: str, token: int, sent: float, replied: float, outcome: str = "accepted", key: str = "r/job/1") -> Write:
+    return Write(who, token, key, token, int(sent * NS), int(replied * NS), outcome, in_flight=False)
+
+
+def test_fence_judge_reports_a_write_accepted_after_a_newer_tokens_write_was_seen_accepted() -> None:
+    newer = _write("b", 5, 1.0, 1.1)
+    writes = [_write("a", 4, 0.5, 0.6), newer, _write("a", 4, 1.2, 1.3, key="r/cursor")]
+    found, counts = judge_fence(writes, [], {"token": 4, "who": "a", "job": 4})
+    assert [v.kind for v in found] == ["fence"]
+    assert "a's write of r/cursor under token 4 accepted" in found[0].message
+    assert (counts["fence late"], counts["fence late accepted"], counts["fence late refused"]) == (1, 1, 0)
+
+
+def test_fence_judge_accepts_a_write_sent_before_the_newer_one_was_seen_and_counts_refusals() -> None:
+    # Sent before b's write was seen accepted: the server may have ordered it first.
+    concurrent = _write("a", 4, 1.05, 1.3)
+    refused = _write("a", 4, 1.2, 1.25, outcome="refused")
+    found, counts = judge_fence([_write("b", 5, 1.0, 1.1), concurrent, refused], [])
+    assert found == []
+    assert (counts["fence late"], counts["fence late refused"], counts["fence late accepted"]) == (1, 1, 0)
+
+
+def test_fence_judge_reports_a_write_accepted_after_a_newer_token_was_granted() -> None:
+    found, counts = judge_fence([_write("a", 4, 2.0, 2.1)], [Grant("b", 5, int(1.0 * NS))])
+    assert [v.kind for v in found] == ["fence"]
+    assert counts["fence stale accepted"] == 1 and counts["fence late"] == 0
+    # A write found written after the run (its reply lost) counts as accepted.
+    lost = Write("a", 4, "r/job/2", 2, int(2.0 * NS), int(2.1 * NS), "failed", in_flight=True, landed=True)
+    assert [v.kind for v in judge_fence([lost], [Grant("b", 5, int(1.0 * NS))])[0]] == ["fence"]
+
+
+def test_fence_judge_reports_a_cursor_left_under_an_older_token() -> None:
+    writes = [_write("b", 5, 1.0, 1.1, key="r/cursor")]
+    assert judge_fence(writes, [], {"token": 5, "who": "b", "job": 5})[0] == []
+    assert [v.kind for v in judge_fence(writes, [], {"token": 4, "who": "a", "job": 4})[0]] == ["fence"]
+
+
+@pytest.mark.parametrize("backend", sorted(FENCED_SEEDS))
+def test_adversary_fenced_seeds_refuse_every_late_write(backend: str) -> None:
+    """Leaders write fenced state under the adversary, the first one frozen past its lease with its write in
+    flight: no write accepted under a token older than one seen granted or written, every such write refused."""
+    failures = []
+    with _server(backend, f"adversary-ci-fenced-{backend}") as target:
+        for seed in FENCED_SEEDS[backend]:
+            target.name = f"adversary-ci-fenced-{seed}"
+            outcome = anyio.run(lambda: run_fenced(target, seed, FENCED_SECONDS))  # noqa: B023 - run at once
+            counts = outcome.counts
+            assert counts["fence frozen"] >= 1 and counts["fence in flight"] >= 1, describe(outcome)
+            # The frozen leader's write went out after its successor was granted, and the server refused it.
+            assert counts["fence stale"] >= 1 and counts["fence stale refused"] >= 1, describe(outcome)
+            if not outcome.ok:
+                failures.append(describe(outcome, trace=10.0))
+    assert not failures, "\n".join(failures)
+
+
+def test_adversary_fenced_workload_with_the_fence_off_finds_late_writes_accepted() -> None:
+    """The same workload with every write unfenced (no token check, through the same store): the judge reports
+    the frozen leader's write accepted after its successor's."""
+    with _server("redis", "adversary-ci-unfenced") as target:
+        target.name = "adversary-ci-unfenced-15"
+        outcome = anyio.run(lambda: run_fenced(target, 15, FENCED_SECONDS, unfenced=True))
+    assert outcome.counts["fence frozen"] >= 1, describe(outcome)
+    assert "fence" in {v.kind for v in outcome.violations}, describe(outcome)
+    assert outcome.counts["fence stale accepted"] >= 1, describe(outcome)

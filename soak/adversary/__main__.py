@@ -15,6 +15,7 @@ import time
 
 import anyio
 
+from .fenced import FREEZE, run_fenced
 from .run import Outcome, run_seed
 from .servers import SERVERS, Target
 from .shards import run_shards
@@ -51,6 +52,8 @@ async def _main(args: argparse.Namespace) -> int:
         backends = [b for b in backends if b not in SPLIT]
     if args.stops:
         backends = [b for b in backends if b in STOP_BACKENDS]
+    if args.fenced:
+        backends = [b for b in backends if b in FREEZE]
     first = args.seed if args.seed is not None else random.randrange(1_000_000)
     failed = 0
     kinds: dict[str, int] = {}  # the operator's faults, by kind, over every seed
@@ -66,6 +69,8 @@ async def _main(args: argparse.Namespace) -> int:
                     outcome = await run_shards(target, seed, args.seconds, instances=args.electors)
                 elif args.stops:
                     outcome = await run_stops(target, seed, args.seconds, supervisors=args.electors)
+                elif args.fenced:
+                    outcome = await run_fenced(target, seed, args.seconds, electors=args.electors)
                 else:
                     outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
                 print(describe(outcome, args.trace, full=args.full_trace), flush=True)
@@ -96,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         "--stops",
         action="store_true",
         help="aioelect run supervisors, every process of theirs stopped and continued (soak/adversary/stops.py)",
+    )
+    parser.add_argument(
+        "--fenced",
+        action="store_true",
+        help="each leader does a fenced write, some frozen past the lease with it in flight (soak/adversary/fenced.py)",
     )
     parser.add_argument("--trace", type=float, default=10.0, help="seconds of trace shown before a violation")
     parser.add_argument("--full-trace", action="store_true", help="the whole trace of every seed")

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
 import aioelect
+from aioelect._backend import Interceptor
 from aioelect._config import confirmation_gap
 from soak.checker import Act, Fault, History, Term, Verdict, Violation, check
 from soak.timing import OVERLAP_SLACK
@@ -221,6 +223,8 @@ class _Candidate:
         self.end_term = False
         #: The campaign in progress: the operator may cancel it (the elector gives up, as on a timeout).
         self.campaign: anyio.CancelScope | None = None
+        #: Run at the start of each leadership, before any act (the fenced workload's job: soak/adversary/fenced.py).
+        self.job: Callable[[aioelect.Leadership], Awaitable[None]] | None = None
 
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -243,6 +247,8 @@ class _Candidate:
                 continue
             self._count("leadership")
             start = time.monotonic_ns()
+            if self.job is not None:
+                await self.job(lead)
             # Short leaderships make handovers; long ones outlast the margin, so that two leaders show.
             hold = rng.uniform(*self.long_hold) if rng.random() < self.long_hold_p else rng.uniform(0.05, 0.5)
             stop = min(time.monotonic() + hold, until)
@@ -456,7 +462,7 @@ def _elector(target: Target, who: str) -> aioelect.Elector:
     return aioelect.new(**{backend: target.target()}, name=target.name, identity=who, **options)
 
 
-def _attach(elector: aioelect.Elector, network: Network) -> None:
+def _attach(elector: aioelect.Elector, network: Interceptor) -> None:
     """Put ``network`` between the elector's backend and its server (the backends' interceptor seam)."""
     backend: Any = elector._backend  # not backend_of(): the old libraries (old/) lack it
     if hasattr(backend, "intercept"):
@@ -468,11 +474,18 @@ def _attach(elector: aioelect.Elector, network: Network) -> None:
 
 
 async def run_seed(
-    target: Target, seed: int, seconds: float, *, electors: int | None = None, profile: Profile | None = None
+    target: Target,
+    seed: int,
+    seconds: float,
+    *,
+    electors: int | None = None,
+    profile: Profile | None = None,
+    setup: Callable[[_Candidate], None] | None = None,
 ) -> Outcome:
     """Run ``electors`` electors against ``target`` for ``seconds`` under seed ``seed``; judge the history.
 
     Without ``electors`` or ``profile``, the seed draws them (3 to 6 electors, :meth:`Profile.draw`).
+    ``setup`` is called with each candidate before it starts (a workload of its own: soak/adversary/fenced.py).
     """
     master = random.Random(seed)
     profile = (
@@ -492,6 +505,8 @@ async def run_seed(
         _attach(elector, network)
         _listen(elector, trace.sink(who))
         candidates.append(_Candidate(who, elector, network, random.Random(master.getrandbits(64)), profile))
+        if setup is not None:
+            setup(candidates[-1])
     operator_rng = random.Random(master.getrandbits(64))
     victim = master.choice(candidates)
     victim.network.victim = True
