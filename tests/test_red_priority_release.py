@@ -86,3 +86,31 @@ async def test_red_release_inside_work_behaves_as_a_plain_release(
         finally:
             for follower in followers:
                 await follower.close()
+
+
+async def test_red_a_successor_that_stopped_right_after_saying_it_waits(case: BackendCase) -> None:
+    """The newer version campaigns, says it waits, and is stopped; the old leader releases at once. A live peer of
+    the old version waits: it must lead within the release window (5 s) and a poll, never later."""
+    name = unique_name()
+    async with make(case, name, "old-0") as old0, make(case, name, "old-1") as old1, make(case, name, "new") as new:
+        for elector, priority in ((old0, 0), (old1, 0), (new, 1)):
+            elector.set_priority(priority, settle=60)
+        events = record(old0, old1, new)
+        lead = await old0.acquire()
+        peer = Follower(old1)
+        successor = Follower(new)
+        try:
+            await asyncio.sleep(1.5)  # new says it waits
+            await successor.close()  # stopped (cancelled) before it led
+            started = time.monotonic()
+            await lead.release()
+            released = time.monotonic() - started
+            await peer.wait(timeout=30)
+            gap = time.monotonic() - started
+            print(f"RED {case.kind}: release() took {released:.3f}s; old-1 led {gap:.3f}s after it began")
+            stepped = [(e.identity, e.reason, e.successor) for e in events if e.kind == "stepped_down"]
+            assert stepped == [("old-0", "release", "new")], stepped  # handed to the stopped candidate
+            assert gap < 5.0 + 1.5, gap
+        finally:
+            await peer.close()
+            await successor.close()
