@@ -28,6 +28,7 @@ from typing import Any
 import anyio
 
 from ._backend import Backend, Hold, StateStore, Written, monotonic
+from ._config import validate_identity
 from ._errors import BackendUnavailable, ElectionError, PermanentBackendError, UsageError
 from ._health import Health
 from ._log import ElectionLog
@@ -308,7 +309,7 @@ class Gate:
             record = json.loads(raw) if raw is not None else None
             if isinstance(record, dict) and record.get("identity") == leader:
                 return int(record["priority"])
-        except (TypeError, ValueError, KeyError):
+        except (TypeError, ValueError, KeyError, OverflowError):
             pass
         return 0
 
@@ -481,18 +482,20 @@ def _recorded(raw: bytes | None) -> int:
         record = json.loads(raw) if raw is not None else None
         if isinstance(record, dict):
             return int(record["priority"])
-    except (TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError, OverflowError):
         pass
     return 0
 
 
 def _waiting(raw: bytes | None) -> tuple[str, int, float] | None:
-    """The record under :data:`WAITING_KEY`: (identity, priority, until); None if absent or not one."""
+    """The record under :data:`WAITING_KEY`: (identity, priority, until); None if absent or not one (an identity
+    no candidate could have, a priority no integer holds)."""
     try:
         record = json.loads(raw) if raw is not None else None
         if isinstance(record, dict):
-            return str(record["identity"]), int(record["priority"]), float(record["until"])
-    except (TypeError, ValueError, KeyError):
+            identity = validate_identity(record["identity"])
+            return identity, int(record["priority"]), float(record["until"])
+    except (TypeError, ValueError, KeyError, OverflowError):
         pass
     return None
 
