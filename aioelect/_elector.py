@@ -382,7 +382,8 @@ class Leadership:
         if successor is None or not self.held:
             return False
         try:
-            await self._step_down(successor, RELEASE_WINDOW, "release", None)
+            # As a plain release: work that called release() from inside itself goes on, to return its result.
+            await self._step_down(successor, RELEASE_WINDOW, "release", None, stop_caller=False)
         except ElectionError as exc:
             self._log.warning(
                 "release to %r, of higher priority, not handed over (%s): a plain release", successor, exc
@@ -424,11 +425,13 @@ class Leadership:
         request: str | None,
         *,
         wait: bool = True,
+        stop_caller: bool = True,
     ) -> None:
         """:meth:`step_down`, the note naming the step-down ``request`` it answers (None: asked in-process).
 
         ``wait=False`` returns once the release is asked for (the keeper stops the work and lets go): for a
         caller that runs inside the leader work's task group, which must end before the release can.
+        ``stop_caller=False`` leaves the caller's own work running once released, as :meth:`release` does.
         """
         if to is not None:
             to = validate_identity(to)
@@ -443,7 +446,7 @@ class Leadership:
             raise UsageError(f"step_down(): {self._elector.name!r} is not led by this leadership ({state})")
         self._stepping = anyio.Event()
         caller = asyncio.current_task()
-        mine = [w for w in self._work if w.task is caller] if wait else []
+        mine = [w for w in self._work if w.task is caller] if wait and stop_caller else []
         try:
             note = Note(self.identity, self.token or 0, to, time.time() + timeout, timeout, reason, request=request)
             if not await self._elector._gate.leave(self._hold, note):
