@@ -164,3 +164,31 @@ async def test_red_release_with_the_state_unanswering_is_about_as_prompt_as_a_pl
                 await follower.close()
     print(f"RED etcd, {hung} unanswering: release() took {took[None]:.3f}s plain, {took[0]:.3f}s with a priority")
     assert took[0] < took[None] + 1.5, took  # the note write's own 5 s bound adds 5 s
+
+
+async def test_red_a_malformed_step_down_request_does_not_stop_the_leader_serving_requests(case: BackendCase) -> None:
+    """A step-down request naming an identity no candidate could have: the leader ignores it, and still acts on
+    the next, well-formed, request (it raised ValueError in the serving task, which ended for the leadership)."""
+    from aioelect._handover import REQUEST_KEY
+
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "b") as b:
+        a.set_priority(0)
+        lead = await a.acquire()
+        store = a._gate.store()
+        assert store is not None
+
+        def request(id_: str, successor: str) -> bytes:
+            fields = {"id": id_, "successor": successor, "timeout": 5, "until": time.time() + 30, "by": "red"}
+            return json.dumps({**fields, "reason": "red"}).encode()
+
+        await store.post(REQUEST_KEY, request("bad", ""))
+        await asyncio.sleep(2.5)  # two polls of the serving task
+        assert lead.held
+        follower = Follower(b)
+        try:
+            await store.post(REQUEST_KEY, request("good", "b"))
+            await follower.wait(timeout=15)
+            assert not lead.held
+        finally:
+            await follower.close()
