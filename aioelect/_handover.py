@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -124,8 +125,17 @@ class Request:
             request = cls(**json.loads(raw))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a step-down request: {raw[:120]!r}") from exc
-        if not isinstance(request.id, str) or not isinstance(request.timeout, (int, float)):
+        if not isinstance(request.id, str) or not all(
+            isinstance(n, (int, float)) for n in (request.timeout, request.until)
+        ):
             raise ValueError(f"not a step-down request: {raw[:120]!r}")
+        if not 0 < request.timeout < math.inf:
+            raise ValueError(f"not a step-down request (its window): {raw[:120]!r}")
+        if request.successor is not None:
+            try:
+                validate_identity(request.successor)
+            except ValueError:
+                raise ValueError(f"not a step-down request (its successor): {raw[:120]!r}") from None
         return request
 
 
