@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -191,4 +192,78 @@ async def test_red_a_malformed_step_down_request_does_not_stop_the_leader_servin
             await follower.wait(timeout=15)
             assert not lead.held
         finally:
+            await follower.close()
+
+
+#: Set in the task that calls release() (and the tasks it starts: etcd's calls run in tasks of their own).
+_RELEASING: contextvars.ContextVar[bool] = contextvars.ContextVar("_RELEASING", default=False)
+
+
+class _Slow:
+    """etcd exchanges made slow: the state reads of release(), every state write, and the resign; the first state
+    read of anyone else (the leader's serving task, polling for requests) starts release()."""
+
+    def __init__(self, start_release: Callable[[], None]) -> None:
+        self.start_release: Callable[[], None] | None = start_release
+        self.resigned_at: float | None = None
+
+    async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
+        if what == "read state" and _RELEASING.get():
+            await asyncio.sleep(0.9)  # within the 1 s bound on the read of who waits
+        elif what == "read state" and self.start_release is not None:
+            self.start_release, start = None, self.start_release
+            start()
+        elif what == "write state":
+            await asyncio.sleep(1.5)
+        elif what == "resign":
+            await asyncio.sleep(1.0)
+            reply = await send()
+            self.resigned_at = time.monotonic()
+            return reply
+        return await send()
+
+
+async def test_red_release_racing_a_step_down_request_returns_once_the_backend_let_go(
+    request: pytest.FixtureRequest,
+) -> None:
+    """etcd. The leader (priority 0) releases while a candidate of priority 1 waits; meanwhile its serving task
+    acts on a step-down request (wait=False). release() must return only once the backend has let go (its
+    docstring), not as soon as the request's step-down was asked for."""
+    from aioelect._handover import REQUEST_KEY
+
+    case = CASES["etcd"](request)
+    name = unique_name()
+    async with make(case, name, "old") as old, make(case, name, "new") as new:
+        old.set_priority(0)
+        new.set_priority(1, settle=60)
+        lead = await old.acquire()
+        follower = Follower(new)
+        returned: list[float] = []
+        releasing: list[asyncio.Task[None]] = []
+
+        async def release() -> None:
+            _RELEASING.set(True)
+            await lead.release()
+            returned.append(time.monotonic())
+
+        def start_release() -> None:
+            releasing.append(asyncio.ensure_future(release()))
+
+        slow = _Slow(start_release)
+        try:
+            await asyncio.sleep(2.0)  # new says it waits
+            store = old._gate.store()
+            assert store is not None
+            fields = {"id": "r", "successor": "new", "timeout": 5, "until": time.time() + 30, "by": "red"}
+            backend_of(old).intercept(slow)
+            await store.post(REQUEST_KEY, json.dumps({**fields, "reason": "red"}).encode())
+            with anyio.fail_after(30):
+                while not releasing:
+                    await asyncio.sleep(0.01)
+                await releasing[0]
+                await follower.wait(timeout=20)
+            print(f"RED etcd: release() returned {returned[0] - (slow.resigned_at or 0):+.3f}s after the resign")
+            assert slow.resigned_at is not None and returned[0] >= slow.resigned_at
+        finally:
+            backend_of(old).intercept(None)
             await follower.close()
