@@ -361,8 +361,9 @@ class Leadership:
         """
         if self._state is _Lead.HELD and self._stepping is None and self._elector._gate.priority is not None:
             with anyio.CancelScope(shield=True):  # a release asked by a cancelled caller (SIGTERM) still hands over
-                if await self._release_to_priority():
-                    return
+                # Handed over or not, the release below waits for the backend to let go: a step-down it shared
+                # (a request answered meanwhile) returned once the release was asked for.
+                await self._release_to_priority()
         task = asyncio.current_task()
         if task is not None and self._state not in LEADERSHIP_TRANSITIONS.final:
             self._releasers.add(task)
