@@ -361,8 +361,9 @@ class Leadership:
         """
         if self._state is _Lead.HELD and self._stepping is None and self._elector._gate.priority is not None:
             with anyio.CancelScope(shield=True):  # a release asked by a cancelled caller (SIGTERM) still hands over
-                if await self._release_to_priority():
-                    return
+                # Handed over or not, the release below waits for the backend to let go: a step-down it shared
+                # (a request answered meanwhile) returned once the release was asked for.
+                await self._release_to_priority()
         task = asyncio.current_task()
         if task is not None and self._state not in LEADERSHIP_TRANSITIONS.final:
             self._releasers.add(task)
@@ -382,7 +383,8 @@ class Leadership:
         if successor is None or not self.held:
             return False
         try:
-            await self._step_down(successor, RELEASE_WINDOW, "release", None)
+            # As a plain release: work that called release() from inside itself goes on, to return its result.
+            await self._step_down(successor, RELEASE_WINDOW, "release", None, stop_caller=False)
         except ElectionError as exc:
             self._log.warning(
                 "release to %r, of higher priority, not handed over (%s): a plain release", successor, exc
@@ -424,11 +426,13 @@ class Leadership:
         request: str | None,
         *,
         wait: bool = True,
+        stop_caller: bool = True,
     ) -> None:
         """:meth:`step_down`, the note naming the step-down ``request`` it answers (None: asked in-process).
 
         ``wait=False`` returns once the release is asked for (the keeper stops the work and lets go): for a
         caller that runs inside the leader work's task group, which must end before the release can.
+        ``stop_caller=False`` leaves the caller's own work running once released, as :meth:`release` does.
         """
         if to is not None:
             to = validate_identity(to)
@@ -443,7 +447,7 @@ class Leadership:
             raise UsageError(f"step_down(): {self._elector.name!r} is not led by this leadership ({state})")
         self._stepping = anyio.Event()
         caller = asyncio.current_task()
-        mine = [w for w in self._work if w.task is caller] if wait else []
+        mine = [w for w in self._work if w.task is caller] if wait and stop_caller else []
         try:
             note = Note(self.identity, self.token or 0, to, time.time() + timeout, timeout, reason, request=request)
             if not await self._elector._gate.leave(self._hold, note):

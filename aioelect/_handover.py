@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,7 @@ from typing import Any
 import anyio
 
 from ._backend import Backend, Hold, StateStore, Written, monotonic
+from ._config import validate_identity
 from ._errors import BackendUnavailable, ElectionError, PermanentBackendError, UsageError
 from ._health import Health
 from ._log import ElectionLog
@@ -123,8 +125,17 @@ class Request:
             request = cls(**json.loads(raw))
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a step-down request: {raw[:120]!r}") from exc
-        if not isinstance(request.id, str) or not isinstance(request.timeout, (int, float)):
+        if not isinstance(request.id, str) or not all(
+            isinstance(n, (int, float)) for n in (request.timeout, request.until)
+        ):
             raise ValueError(f"not a step-down request: {raw[:120]!r}")
+        if not 0 < request.timeout < math.inf:
+            raise ValueError(f"not a step-down request (its window): {raw[:120]!r}")
+        if request.successor is not None:
+            try:
+                validate_identity(request.successor)
+            except ValueError:
+                raise ValueError(f"not a step-down request (its successor): {raw[:120]!r}") from None
         return request
 
 
@@ -315,7 +326,7 @@ class Gate:
             record = json.loads(raw) if raw is not None else None
             if isinstance(record, dict) and record.get("identity") == leader:
                 return int(record["priority"])
-        except (TypeError, ValueError, KeyError):
+        except (TypeError, ValueError, KeyError, OverflowError):
             pass
         return 0
 
@@ -488,18 +499,20 @@ def _recorded(raw: bytes | None) -> int:
         record = json.loads(raw) if raw is not None else None
         if isinstance(record, dict):
             return int(record["priority"])
-    except (TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError, OverflowError):
         pass
     return 0
 
 
 def _waiting(raw: bytes | None) -> tuple[str, int, float] | None:
-    """The record under :data:`WAITING_KEY`: (identity, priority, until); None if absent or not one."""
+    """The record under :data:`WAITING_KEY`: (identity, priority, until); None if absent or not one (an identity
+    no candidate could have, a priority no integer holds)."""
     try:
         record = json.loads(raw) if raw is not None else None
         if isinstance(record, dict):
-            return str(record["identity"]), int(record["priority"]), float(record["until"])
-    except (TypeError, ValueError, KeyError):
+            identity = validate_identity(record["identity"])
+            return identity, int(record["priority"]), float(record["until"])
+    except (TypeError, ValueError, KeyError, OverflowError):
         pass
     return None
 

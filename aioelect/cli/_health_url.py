@@ -10,7 +10,8 @@ Guarantees:
   honoured);
 * a user and password in the URL are sent as HTTP Basic authorization and
   never shown: every message names the URL without them, and without its
-  query string;
+  query string; a URL with an ``@`` past its host (a password's unencoded
+  ``/``, ``?`` or ``#``) is a :class:`UsageError` that shows none of it;
 * one check is one connection, straight to the URL's host (no proxy, no
   redirect followed: a 3xx fails), closed once the status line is read; the
   check is cancelled (connection and all) when the health check's timeout
@@ -109,9 +110,16 @@ def parse_health_url(url: str) -> HealthURL:
         raise UsageError("--health-url: a URL has no spaces or control characters")
     try:
         parts = urllib.parse.urlsplit(url)
+        # An '@' past the host is a user and password whose '/', '?' or '#' split the URL early: they would
+        # be read (and shown) as the host, port and path.
+        if "@" in parts.path + parts.query + parts.fragment:
+            raise UsageError(
+                "--health-url: an '@' after the host: a '/', '?' or '#' in a user or password is percent-encoded"
+            )
         port = parts.port
-    except ValueError as exc:
-        raise UsageError(f"--health-url: not a URL ({exc})") from None
+    except ValueError:
+        # urllib's message quotes the part it could not read, which may be a password's.
+        raise UsageError("--health-url: not a URL (its host or port cannot be read)") from None
     scheme = parts.scheme.lower()
     host = parts.hostname or ""
     where = host if ":" not in host else f"[{host}]"
