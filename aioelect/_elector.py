@@ -27,7 +27,7 @@ from ._backend import Backend, Hold, Loss, Reporter, monotonic
 from ._config import default_identity, positive, validate_identity
 from ._errors import ElectionError, ElectorClosed, LeadershipLost, LossKind, PermanentBackendError, UsageError
 from ._events import Event, EventKind, Listener
-from ._handover import RELEASE_WINDOW, Gate, Note, Priority, Request
+from ._handover import NOTE_TIMEOUT, RELEASE_READ_TIMEOUT, RELEASE_WINDOW, Gate, Note, Priority, Request
 from ._health import Health
 from ._log import ElectionLog
 from ._tasks import TaskSet, consume, first_of
@@ -384,7 +384,9 @@ class Leadership:
             return False
         try:
             # As a plain release: work that called release() from inside itself goes on, to return its result.
-            await self._step_down(successor, RELEASE_WINDOW, "release", None, stop_caller=False)
+            await self._step_down(
+                successor, RELEASE_WINDOW, "release", None, stop_caller=False, note_bound=RELEASE_READ_TIMEOUT
+            )
         except ElectionError as exc:
             self._log.warning(
                 "release to %r, of higher priority, not handed over (%s): a plain release", successor, exc
@@ -427,6 +429,7 @@ class Leadership:
         *,
         wait: bool = True,
         stop_caller: bool = True,
+        note_bound: float = NOTE_TIMEOUT,
     ) -> None:
         """:meth:`step_down`, the note naming the step-down ``request`` it answers (None: asked in-process).
 
@@ -450,7 +453,7 @@ class Leadership:
         mine = [w for w in self._work if w.task is caller] if wait and stop_caller else []
         try:
             note = Note(self.identity, self.token or 0, to, time.time() + timeout, timeout, reason, request=request)
-            if not await self._elector._gate.leave(self._hold, note):
+            if not await self._elector._gate.leave(self._hold, note, note_bound):
                 raise LeadershipLost("step_down(): a newer leader exists; nothing handed over", LossKind.DEPOSED)
             self._log.info("stepping down (%s): %s", reason, note.describe())
             self._elector._emit("handover_requested", token=self.token, reason=reason, successor=to)

@@ -52,7 +52,7 @@ PRIORITY_WINDOW = 30.0
 #: The window of a release that passes to the waiting candidate of higher priority (it is campaigning: it takes
 #: the lock at once; if it died meanwhile, the election opens to all after this).
 RELEASE_WINDOW = 5.0
-#: Bound on the read of :data:`WAITING_KEY` by a leader that releases: past it, a plain release.
+#: Bound on the read of :data:`WAITING_KEY` by a leader that releases, and on its note: past it, a plain release.
 RELEASE_READ_TIMEOUT = 1.0
 #: How often a candidate an open note excludes reads it again.
 POLL_INTERVAL = 0.5
@@ -478,18 +478,18 @@ class Gate:
             )
         return store
 
-    async def leave(self, hold: Hold, note: Note) -> bool:
+    async def leave(self, hold: Hold, note: Note, bound: float = NOTE_TIMEOUT) -> bool:
         """Write ``note`` under ``hold``'s token: True; False if the token is not the newest (nothing written).
 
         UsageError where the backend keeps no notes; BackendUnavailable if the
-        write did not finish within :data:`NOTE_TIMEOUT`.
+        write did not finish within ``bound`` seconds.
         """
         store = self._notes_store()
         written: Written | None = None
-        with anyio.move_on_after(NOTE_TIMEOUT):
+        with anyio.move_on_after(bound):
             written = await store.write(hold, NOTE_KEY, note.encode(), compare=False, expected=None)
         if written is None:
-            raise BackendUnavailable(f"handover note not written within {NOTE_TIMEOUT:g}s: still leading")
+            raise BackendUnavailable(f"handover note not written within {bound:g}s: still leading")
         return written is not Written.FENCED
 
 

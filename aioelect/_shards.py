@@ -62,6 +62,9 @@ CLAIM_RETRY = 1.0
 #: How the leader of an inbox election (``{group}/inbox/{k}``) starts when it hands a name to member ``k``.
 GIFT = "gift:"
 
+#: How long an instance that left (draining, unhealthy) still watches the inbox of the member election it held: a
+#: name handed over to it meanwhile is let go at once instead of waiting out the giver's window.
+OUT_INBOX_WATCH = 60.0
 #: How often a member asks again for a name handed over to it, and a giver for the inbox of the member it gives to.
 GIFT_POLL = 0.25
 
@@ -551,7 +554,7 @@ class Shards:
         """A name handed over here, as the leader of this instance's inbox says it: asked for until granted, or
         for as long as the giver's note lets only this instance take it."""
         r = self._r
-        if leader in r.gifts_seen or r.out:
+        if leader in r.gifts_seen:
             return
         r.gifts_seen.add(leader)
         try:
@@ -560,8 +563,32 @@ class Shards:
         except (ValueError, IndexError):
             log.warning("%s: inbox led by %r, not a handover: ignored", self.identity, leader)
             return
+        if r.out:
+            self._decline(r, name, time.monotonic() + left)
+            return
         log.info("%s: %s handed over here by %s", self.identity, name, giver)
         r.gifts[name] = time.monotonic() + left
+
+    def _decline(self, r: _Round, name: str, until: float) -> None:
+        """A name handed over to this instance while it is out (draining, unhealthy): the giver's note lets only
+        this instance take it until ``until``, so it takes the name and lets it go at once, without its work,
+        and the others may take it (a release, not the note's window)."""
+        log.info("%s: %s handed over here while this instance is out: taken and let go at once", self.identity, name)
+
+        async def take_and_let_go() -> None:
+            elector = await self._make(self.shard_election(name))
+            try:
+                with anyio.move_on_after(max(0.0, until - time.monotonic())):
+                    lead = await elector.acquire()
+                    await lead.release()
+            except ElectionError as exc:
+                log.warning("%s: %s, handed over here while out, not let go (%s)", self.identity, name, exc)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await elector.aclose()
+
+        if r.tasks is not None:  # None: the run is over, and its electors with it
+            r.tasks.start_soon(take_and_let_go)
 
     async def drain(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
         """Leave: stop every owned name's work and release the name, and the member election, so that the other
@@ -594,6 +621,8 @@ class Shards:
 
     def _leave(self, r: _Round) -> None:
         """Let go of the member election and of every name (each once its work has stopped): ``r`` is out."""
+        for name, until in r.gifts.items():  # handed over here and not taken yet: only this instance may
+            self._decline(r, name, until)
         r.gifts.clear()
         if r.member_scope is not None:
             r.member_scope.cancel()
@@ -773,10 +802,21 @@ class Shards:
     async def _membership(self, slots: list[Elector]) -> None:
         """Hold one member election for as long as this runs; take another when it is lost."""
         await self._r.all_seen.wait()
+        held: int | None = None  # the member election this instance held last
         while True:
             while self._r.out:  # draining (until the run ends), or unhealthy (until the check passes)
                 rejoin = self._r.rejoin = anyio.Event()
-                await rejoin.wait()
+                if held is None:
+                    await rejoin.wait()
+                    continue
+                # A handover to this instance may still be on its way (its giver chose it before it left): its
+                # inbox is watched a while longer, and a name handed over is taken and let go at once (_decline).
+                with anyio.move_on_after(OUT_INBOX_WATCH):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._watch_inbox, held)
+                        await rejoin.wait()
+                        tg.cancel_scope.cancel()
+                held = None
             # Free-looking slots first: a held one would only refuse.
             order = sorted(range(len(slots)), key=lambda k: self._r.seen.get(k) is not None)
             for k in order:
@@ -787,7 +827,7 @@ class Shards:
                         with anyio.CancelScope() as self._r.member_scope:
                             if self._r.out:
                                 break
-                            self._r.slot = k
+                            self._r.slot = held = k
                             self._changed()
                             log.info("%s is a member of %s (member election %d)", self.identity, self.group, k)
                             await self._watch_inbox(k)
