@@ -63,7 +63,7 @@ SHARD_SEEDS = {"etcd": [1]}
 #: shim still running after the next leader's CMD started (overlap), in every run so far (docs/adversary.md).
 STOP_SEEDS = {"etcd": [1, 2]}
 #: The CI seeds with the operator's step-downs (soak/adversary/handovers.py), per backend; each judges at least one.
-HANDOVER_SEEDS = {"etcd": [2], "mysql": [1], "postgres": [1], "redis": [1]}
+HANDOVER_SEEDS = {"etcd": [2], "mysql": [1], "postgres": [4], "redis": [1]}
 HANDOVER_SECONDS = 10.0
 SECONDS = 12.0
 

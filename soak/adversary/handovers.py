@@ -240,7 +240,7 @@ class Handovers:
         elif kind == "step-down-twice":
             outcome = await self._twice(lead, to, rng.choice(waiting).who if waiting else None, timeout, rng)
         elif kind == "step-down-deposed":
-            outcome = await self._deposed(lead, to if rng.random() < 0.7 else None, timeout, rng)
+            outcome = await self._deposed(leader, to if rng.random() < 0.7 else None, timeout, rng)
         elif kind in ("successor-dies", "successor-cut") and successor is not None:
             step = Step(kind, leader.who, lead.token, step.at, timeout, victim=successor.who)
             results: list[str] = []
@@ -312,8 +312,10 @@ class Handovers:
             tg.cancel_scope.cancel()
         return f"in-process and requested (to {other!r}) at once: " + "; ".join(results)
 
-    async def _deposed(self, lead: aioelect.Leadership, to: str | None, window: float, rng: Any) -> str:
+    async def _deposed(self, leader: _Candidate, to: str | None, window: float, rng: Any) -> str:
         """A step-down while the operator takes the lock from the leader (a fault of its own)."""
+        assert leader.lead is not None
+        lead = leader.lead
         kinds = [k for k in DEPOSE if k in self.target.actions]
         if not kinds:
             return await self._step_down(lead, to, window)
@@ -323,7 +325,10 @@ class Handovers:
         async def depose(delay: float) -> None:
             await anyio.sleep(delay)
             start = time.monotonic_ns()
-            detail = await self.target.act(kind, rng)
+            if kind == "delete-key" and self.target.backend == "etcd":
+                detail = await self.target.delete_key_of(leader.network.leases)  # the leader's key, not any
+            else:
+                detail = await self.target.act(kind, rng)
             heal = time.monotonic_ns()
             self.faults.append(Fault(kind, self.target.backend, start, heal, heal, detail))
             self.say(f"{kind} (with a step-down): {detail}")

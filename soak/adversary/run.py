@@ -332,8 +332,8 @@ async def _operator(
     pace = profile.pace if profile is not None and profile.pace is not None else target.pace
     kinds = [*actions, "recampaign"]
     weights = [*actions.values(), 2.0]
-    if handovers is not None:  # as often, in all, as the target's own actions
-        share = sum(actions.values()) / sum(handovers.kinds.values())
+    if handovers is not None:  # twice as often, in all, as the target's own actions
+        share = 2 * sum(actions.values()) / sum(handovers.kinds.values())
         kinds += handovers.kinds
         weights += [w * share for w in handovers.kinds.values()]
     after_restart = False
