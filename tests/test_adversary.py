@@ -363,6 +363,20 @@ def test_handover_judge_reports_a_successor_passed_over_without_a_warning() -> N
     assert found == []
 
 
+def test_handover_judge_takes_the_next_leader_from_the_request_even_if_its_news_comes_before_the_notes() -> None:
+    """The note's write reply held back: the successor's acquisition is seen before the note's own event."""
+    seen = [
+        _seen(1.5, "e2", "acquired", 6),
+        _seen(2.5, "e0", "handover_requested", 5, "e1"),
+        _seen(4, "e1", "acquired"),
+    ]
+    warned = [(int(1.4 * NS), "handover from 'e0' not taken within 2s: the election opened to all candidates")]
+    found, counts = judge_handovers([_step(taken_by="e2")], seen, warned, reopen=3.0, until=int(20 * NS))
+    assert found == [] and counts["handover passed over, with a WARNING"] == 1
+    found, _ = judge_handovers([_step(taken_by="e2")], seen, [], reopen=3.0, until=int(20 * NS))
+    assert [v.kind for v in found] == ["silent"] and found[0].message.startswith("e2 led")
+
+
 def test_handover_judge_reports_one_leadership_stepping_down_twice() -> None:
     seen = [
         _seen(1.01, "e0", "handover_requested", 5, "e1"),

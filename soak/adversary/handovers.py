@@ -26,7 +26,7 @@ operator's other actions, until someone leads after the step-down, or
 * ``stuck``: nobody led within :func:`reopen_bound` of the note;
 * ``twice``: one leadership stepped down more than once (two requests at
   once have exactly one outcome);
-* ``silent``: the first leader after the note is not the one it named (or,
+* ``silent``: the first leader after the step-down is not the one it named (or,
   naming nobody, is the one who stepped down, within the window), the named
   successor did not take the note first, and no handover WARNING was logged
   (the note unread, or not taken within its window).
@@ -408,7 +408,9 @@ def judge(
             continue
         note = asked[0]
         deadline = note.at + int((step.timeout + reopen) * _NS)
-        nxt = next((s for s in seen if s.kind == "acquired" and s.at > note.at), None)
+        # The first leadership after the step-down was asked for: the note is a fenced write, so none can start
+        # between then and the write; its news may come before the note's own (the write's reply held back).
+        nxt = next((s for s in seen if s.kind == "acquired" and s.at > step.at), None)
         if nxt is None or nxt.at > deadline:
             if deadline > until:
                 count("handover unjudged (the run ended)")
@@ -435,14 +437,14 @@ def judge(
         if note.successor is not None and step.taken_by == note.successor:
             count("handover taken by the one named, which then went")
             continue
-        warned = any(note.at <= at <= nxt.at + _NS and any(s in m for s in _SAID) for at, m in warnings)
+        warned = any(step.at <= at <= nxt.at + _NS and any(s in m for s in _SAID) for at, m in warnings)
         if warned:
             count("handover passed over, with a WARNING")
             continue
         found.append(
             Violation(
                 "silent",
-                f"{nxt.who} led {(nxt.at - note.at) / 1e9:.2f}s after {step.leader} (token {step.token}) stepped "
+                f"{nxt.who} led {(nxt.at - step.at) / 1e9:.2f}s after {step.leader} (token {step.token}) stepped "
                 f"down to {note.successor!r} ({step.kind}; note taken by {step.taken_by!r}) with no WARNING",
                 nxt.at,
             )
