@@ -28,6 +28,8 @@ from soak.adversary import redis_target, stop_cmd
 from soak.adversary.__main__ import describe
 from soak.adversary.fenced import Grant, Write, run_fenced
 from soak.adversary.fenced import judge as judge_fence
+from soak.adversary.handovers import Seen, Step
+from soak.adversary.handovers import judge as judge_handovers
 from soak.adversary.network import Network, Profile
 from soak.adversary.run import OPTIONS, Loss, _attach, deposed, run_seed, tokens
 from soak.adversary.servers import SERVERS, EtcdTarget, MariaDBTarget, Target
@@ -64,6 +66,9 @@ SHARD_SEEDS = {"etcd": [1]}
 #: found, on the library at f73605d^ (scripts/adversary-old.sh stopped-shim), a worker of a CMD that stopped its
 #: shim still running after the next leader's CMD started (overlap), in every run so far (docs/adversary.md).
 STOP_SEEDS = {"etcd": [1, 2]}
+#: The CI seeds with the operator's step-downs (soak/adversary/handovers.py), per backend; each judges at least one.
+HANDOVER_SEEDS = {"etcd": [2], "mysql": [1], "postgres": [4], "redis": [1]}
+HANDOVER_SECONDS = 10.0
 SECONDS = 12.0
 
 
@@ -149,6 +154,23 @@ def test_network_passes_replies_and_loses_some() -> None:
     clean = Network(random.Random(1), Profile(short_p=0, long_p=0, lost_request_p=0, lost_reply_p=0), OSError)
     assert _exchange(clean, "read leader", send) == "reply"
     assert clean.counts == {}
+
+
+def test_network_loses_every_exchange_of_an_elector_cut_off_and_none_after() -> None:
+    sent: list[str] = []
+
+    async def send() -> str:
+        sent.append("sent")
+        return "reply"
+
+    network = Network(random.Random(1), Profile(short_p=0, long_p=0, lost_request_p=0, lost_reply_p=0), OSError)
+    network.cut = True
+    for what in ("read leader", "watch message", "lease keep-alive"):
+        with pytest.raises(OSError):
+            _exchange(network, what, send)
+    assert sent == [] and network.counts["cut-off exchange"] == 3
+    network.cut = False
+    assert _exchange(network, "read leader", send) == "reply"
 
 
 def test_network_cancels_a_watch_that_waits() -> None:
@@ -276,14 +298,25 @@ def _server(backend: str, name: str) -> Iterator[Target]:
 
 @pytest.mark.parametrize("backend", sorted(SEEDS))
 def test_adversary_seeds_find_no_violation(backend: str) -> None:
+    """The seeds, then on the same server the handover seeds: the operator also steps leaders down (to a
+    candidate, to nobody, twice at once, while deposing the leader, to a successor that dies or is cut off), and
+    no election may be stuck or a successor passed over silently."""
     failures = []
+    judged = 0
     with _server(backend, f"adversary-ci-{backend}") as target:
         for seed in SEEDS[backend]:
             target.name = f"adversary-ci-{seed}"
             outcome = anyio.run(lambda: run_seed(target, seed, SECONDS))  # noqa: B023 - run at once
             if not outcome.ok:
                 failures.append(describe(outcome, trace=10.0))
+        for seed in HANDOVER_SEEDS.get(backend, []):
+            target.name = f"adversary-ci-handovers-{seed}"
+            outcome = anyio.run(lambda: run_seed(target, seed, HANDOVER_SECONDS, handovers=True))  # noqa: B023
+            judged += outcome.counts.get("handover judged", 0)
+            if not outcome.ok:
+                failures.append(describe(outcome, trace=10.0))
     assert not failures, "\n".join(failures)
+    assert judged >= 1 or backend not in HANDOVER_SEEDS, "no step-down was judged"
 
 
 @pytest.mark.parametrize("backend", sorted(SHARD_SEEDS))
@@ -299,6 +332,63 @@ def test_adversary_shards_seeds_find_no_name_owned_twice(backend: str) -> None:
             if not outcome.ok:
                 failures.append(describe(outcome, trace=10.0))
     assert not failures, "\n".join(failures)
+
+
+def _step(kind: str = "successor-dies", at: float = 1.0, taken_by: str | None = None) -> Step:
+    return Step(kind, "e0", 5, int(at * NS), 2.0, taken_by=taken_by, victim="e1")
+
+
+def _seen(at: float, who: str, kind: str, token: int | None = None, successor: str | None = None) -> Seen:
+    return Seen(int(at * NS), who, kind, token, successor)
+
+
+def test_handover_judge_reports_an_election_nobody_led_after_a_dead_successor() -> None:
+    seen = [_seen(1.01, "e0", "handover_requested", 5, "e1")]
+    found, _ = judge_handovers([_step()], seen, [], reopen=3.0, until=int(20 * NS))
+    assert [v.kind for v in found] == ["stuck"]
+    seen.append(_seen(5.5, "e2", "acquired", 6))
+    warned = [(int(4.0 * NS), "handover from 'e0' not taken within 2s: the election opened to all candidates")]
+    found, counts = judge_handovers([_step()], seen, warned, reopen=3.0, until=int(20 * NS))
+    assert found == [] and counts["successor-dies judged"] == 1
+
+
+def test_handover_judge_leaves_a_note_the_run_ended_on_unjudged() -> None:
+    seen = [_seen(1.01, "e0", "handover_requested", 5, "e1")]
+    found, counts = judge_handovers([_step()], seen, [], reopen=3.0, until=int(4 * NS))
+    assert found == [] and counts == {"handover unjudged (the run ended)": 1}
+
+
+def test_handover_judge_reports_a_successor_passed_over_without_a_warning() -> None:
+    seen = [_seen(1.01, "e0", "handover_requested", 5, "e1"), _seen(1.2, "e2", "acquired", 6)]
+    found, _ = judge_handovers([_step(taken_by="e2")], seen, [], reopen=3.0, until=int(20 * NS))
+    assert [v.kind for v in found] == ["silent"]
+    # The named successor took the note, then went: the next may lead at once.
+    found, _ = judge_handovers([_step(taken_by="e1")], seen, [], reopen=3.0, until=int(20 * NS))
+    assert found == []
+
+
+def test_handover_judge_takes_the_next_leader_from_the_request_even_if_its_news_comes_before_the_notes() -> None:
+    """The note's write reply held back: the successor's acquisition is seen before the note's own event."""
+    seen = [
+        _seen(1.5, "e2", "acquired", 6),
+        _seen(2.5, "e0", "handover_requested", 5, "e1"),
+        _seen(4, "e1", "acquired"),
+    ]
+    warned = [(int(1.4 * NS), "handover from 'e0' not taken within 2s: the election opened to all candidates")]
+    found, counts = judge_handovers([_step(taken_by="e2")], seen, warned, reopen=3.0, until=int(20 * NS))
+    assert found == [] and counts["handover passed over, with a WARNING"] == 1
+    found, _ = judge_handovers([_step(taken_by="e2")], seen, [], reopen=3.0, until=int(20 * NS))
+    assert [v.kind for v in found] == ["silent"] and found[0].message.startswith("e2 led")
+
+
+def test_handover_judge_reports_one_leadership_stepping_down_twice() -> None:
+    seen = [
+        _seen(1.01, "e0", "handover_requested", 5, "e1"),
+        _seen(1.02, "e0", "handover_requested", 5, "e2"),
+        _seen(1.2, "e1", "acquired", 6),
+    ]
+    found, _ = judge_handovers([_step("step-down-twice")], seen, [], reopen=3.0, until=int(20 * NS))
+    assert [v.kind for v in found] == ["twice"]
 
 
 def test_deposed_counts_a_check_failed_by_the_server_not_one_failed_by_the_adversary() -> None:

@@ -74,9 +74,7 @@ def test_step_down_to_the_leader_itself_asks_nothing(target: Target, spawner: Sp
     spawner.wait(leader)
 
 
-def test_a_handover_in_progress_shows_in_leader_and_observe(
-    target: Target, spawner: Spawner, tmp_path: Path
-) -> None:
+def test_a_handover_in_progress_shows_in_leader_and_observe(target: Target, spawner: Spawner, tmp_path: Path) -> None:
     lines = Lines(tmp_path / "ticks")
     backend = [*target.with_name(), *target.tuning, *handover_options(target)]
     leader = spawner.run_cmd(*backend, "--identity", "cand-a", "--serve-step-down", out=lines.path, mode="graceful")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -258,3 +259,74 @@ async def test_a_campaign_cancelled_while_its_grant_is_checked_against_the_note_
     finally:
         await a.aclose()
         await b.aclose()
+
+
+async def test_a_named_successor_that_dies_mid_handover_leaves_the_election_to_another_after_the_timeout(
+    case: BackendCase, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The successor is alive when the leader names it and dies (its elector closed) inside the window: nobody
+    takes the note, so the others stay out until the window ends, then one of them leads, with a WARNING."""
+    name = unique_name()
+    async with make(case, name, "a") as a, make(case, name, "c") as c:
+        b = make(case, name, "b")
+        await b.__aenter__()
+        events = record(a, b, c)
+        lead_a = await a.acquire()
+        follower_c = Follower(c)
+        try:
+            await asyncio.sleep(0.3)
+            started = time.monotonic()
+            with caplog.at_level(logging.INFO, logger="aioelect"):
+                await lead_a.step_down(to="b", timeout=2)
+                await asyncio.sleep(0.5)  # b has not campaigned yet: the handover waits on it
+                await b.aclose()  # b dies mid-handover
+                assert not follower_c.won.is_set()  # the note still keeps c out
+                lead_c = await follower_c.wait(timeout=2 + case.takeover_bound + 5)
+            waited = time.monotonic() - started
+            assert 1.5 <= waited < 2 + case.takeover_bound + 3, waited
+            assert lead_a.token is not None and lead_c.token is not None and lead_c.token > lead_a.token
+            assert [e.identity for e in events if e.kind == "acquired"] == ["a", "c"]
+            warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "not taken within" in r.message]
+            assert warnings and "'b'" in warnings[0].message
+        finally:
+            await follower_c.close()
+            await b.aclose()
+
+
+async def test_a_step_down_in_process_and_a_request_at_once_have_one_outcome(case: BackendCase) -> None:
+    """The leader steps down to b in-process while a request to c, posted from elsewhere, is served: exactly one
+    of them is acted on (one note, one stepped_down), and only the successor it names leads next."""
+    name = unique_name()
+    async with (
+        make(case, name, "a") as a,
+        make(case, name, "b") as b,
+        make(case, name, "c") as c,
+        make(case, name, "poster") as poster,
+    ):
+        events = record(a, b, c)
+        lead_a = await a.acquire()
+        follower_b, follower_c = Follower(b), Follower(c)
+        try:
+            await asyncio.sleep(0.3)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(functools.partial(aioelect.serve_step_downs, lead_a, interval=0.02))
+                await aioelect.request_step_down(poster, to="c", timeout=30)
+                await asyncio.sleep(0.01)  # the next poll of the request is due about now
+                with contextlib.suppress(UsageError):  # the request was acted on first: not led any more
+                    await lead_a.step_down(to="b", timeout=30)
+                with anyio.fail_after(10):
+                    while lead_a.held:
+                        await anyio.sleep(0.02)
+            asked = [e for e in events if e.kind == "handover_requested"]
+            stepped = [e for e in events if e.kind == "stepped_down"]
+            assert len(asked) == 1 and len(stepped) == 1, events
+            assert (asked[0].identity, stepped[0].successor) == ("a", asked[0].successor)
+            chosen, other = (follower_b, follower_c) if asked[0].successor == "b" else (follower_c, follower_b)
+            lead = await chosen.wait(timeout=case.takeover_bound + 5)
+            assert lead.token is not None and lead_a.token is not None and lead.token > lead_a.token
+            await asyncio.sleep(1.0)
+            assert not other.won.is_set()
+            assert [e.identity for e in events if e.kind == "acquired"] == ["a", asked[0].successor]
+        finally:
+            await follower_b.close()
+            await follower_c.close()

@@ -72,7 +72,9 @@ async def _main(args: argparse.Namespace) -> int:
                 elif args.fenced:
                     outcome = await run_fenced(target, seed, args.seconds, electors=args.electors)
                 else:
-                    outcome = await run_seed(target, seed, args.seconds, electors=args.electors)
+                    outcome = await run_seed(
+                        target, seed, args.seconds, electors=args.electors, handovers=args.handovers
+                    )
                 print(describe(outcome, args.trace, full=args.full_trace), flush=True)
                 for fault in outcome.faults:
                     kinds[fault.kind] = kinds.get(fault.kind, 0) + 1
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         "--fenced",
         action="store_true",
         help="each leader does a fenced write, some frozen past the lease with it in flight (soak/adversary/fenced.py)",
+    )
+    parser.add_argument(
+        "--handovers", action="store_true", help="the operator also steps leaders down (soak/adversary/handovers.py)"
     )
     parser.add_argument("--trace", type=float, default=10.0, help="seconds of trace shown before a violation")
     parser.add_argument("--full-trace", action="store_true", help="the whole trace of every seed")

@@ -216,6 +216,8 @@ class Network:
         self.counts: Counter[str] = Counter()
         #: Off while the run ends, so that closing is not itself faulted.
         self.active = True
+        #: While set, every exchange is lost (the elector cut off from its server): set by the operator's handovers.
+        self.cut = False
         #: This elector's requests completed so far (not keep-alives, not watch exchanges), and how many of its
         #: replies are held until overtaken now (the operator reacts to them).
         self.requests = 0
@@ -243,6 +245,10 @@ class Network:
     async def exchange(self, what: str, send: Callable[[], Awaitable[Any]]) -> Any:
         if not self.active:
             return await send()
+        if self.cut:
+            self.counts["cut-off exchange"] += 1
+            await anyio.sleep(0.05)  # not a busy loop: the elector retries
+            raise self._lost(what)
         p, rng = self._profile, self._rng
         # Every draw is taken now, in the order exchanges start, whatever happens to this one.
         # A watch's creation and its messages are how a leader hears that its key went: held back at most

@@ -18,6 +18,7 @@ ended by someone who took it for another).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,8 @@ from soak.checker import Act, Fault, History, Term, Verdict, Violation, check
 from soak.timing import OVERLAP_SLACK
 
 from . import redis_target
+from .handovers import OPTIONS as HANDOVER_OPTIONS
+from .handovers import Handovers, reopen_bound
 from .network import Network, Profile
 from .servers import Target
 
@@ -221,6 +224,8 @@ class _Candidate:
         #: True while it leads; ``end_term`` set by the operator ends that leadership early (a release).
         self.leading = False
         self.end_term = False
+        #: The leadership while it leads (the operator's handovers step it down).
+        self.lead: aioelect.Leadership | None = None
         #: The campaign in progress: the operator may cancel it (the elector gives up, as on a timeout).
         self.campaign: anyio.CancelScope | None = None
         #: Run at the start of each leadership, before any act (the fenced workload's job: soak/adversary/fenced.py).
@@ -252,7 +257,7 @@ class _Candidate:
             # Short leaderships make handovers; long ones outlast the margin, so that two leaders show.
             hold = rng.uniform(*self.long_hold) if rng.random() < self.long_hold_p else rng.uniform(0.05, 0.5)
             stop = min(time.monotonic() + hold, until)
-            self.leading, self.end_term = True, False
+            self.leading, self.end_term, self.lead = True, False, lead
             while time.monotonic() < stop and not self.end_term:
                 t0 = time.monotonic_ns()
                 if not lead.held:
@@ -262,7 +267,7 @@ class _Candidate:
             if lead.lost:
                 self.losses.append(Loss(self.who, lead.token, start, time.monotonic_ns(), lead.lost_reason or ""))
             await lead.release()
-            self.leading = False
+            self.leading, self.lead = False, None
             # Mostly back at once; sometimes a pause with the kept session, which the operator may end (after a
             # restart...) by a re-campaign on that session.
             if rng.random() >= self.pause_p:
@@ -319,6 +324,7 @@ async def _operator(
     errors: list[str],
     say: Any,
     profile: Profile | None = None,
+    handovers: Handovers | None = None,
 ) -> None:
     """The operator's actions on the server, one every ``target.pace`` seconds or so, and re-campaigns.
 
@@ -332,6 +338,10 @@ async def _operator(
     pace = profile.pace if profile is not None and profile.pace is not None else target.pace
     kinds = [*actions, "recampaign"]
     weights = [*actions.values(), 2.0]
+    if handovers is not None:  # twice as often, in all, as the target's own actions
+        share = 2 * sum(actions.values()) / sum(handovers.kinds.values())
+        kinds += handovers.kinds
+        weights += [w * share for w in handovers.kinds.values()]
     after_restart = False
     react = profile is not None and profile.react
     quiet = 0.0  # until then, only reactions
@@ -361,7 +371,10 @@ async def _operator(
             say(f"recampaign: {_recampaign(candidates, rng, every=every)}")
             continue
         try:
-            detail = await target.act(kind, rng)
+            if handovers is not None and kind in handovers.kinds:
+                detail = await handovers.act(kind, rng)
+            else:
+                detail = await target.act(kind, rng)
         except Exception as exc:
             errors.append(f"{kind} failed: {exc!r}")
             await anyio.to_thread.run_sync(target.recover)
@@ -456,9 +469,9 @@ async def _react(
         say(f"abandon: nobody campaigns just ahead of {holder.who}")
 
 
-def _elector(target: Target, who: str) -> aioelect.Elector:
+def _elector(target: Target, who: str, handovers: bool = False) -> aioelect.Elector:
     backend = target.backend
-    options = {**OPTIONS[backend], **target.extra_options}
+    options = {**OPTIONS[backend], **target.extra_options, **(HANDOVER_OPTIONS.get(backend, {}) if handovers else {})}
     return aioelect.new(**{backend: target.target()}, name=target.name, identity=who, **options)
 
 
@@ -481,11 +494,13 @@ async def run_seed(
     electors: int | None = None,
     profile: Profile | None = None,
     setup: Callable[[_Candidate], None] | None = None,
+    handovers: bool = False,
 ) -> Outcome:
     """Run ``electors`` electors against ``target`` for ``seconds`` under seed ``seed``; judge the history.
 
     Without ``electors`` or ``profile``, the seed draws them (3 to 6 electors, :meth:`Profile.draw`).
     ``setup`` is called with each candidate before it starts (a workload of its own: soak/adversary/fenced.py).
+    With ``handovers``, the operator also steps leaders down (:mod:`.handovers`), and the judge checks those too.
     """
     master = random.Random(seed)
     profile = (
@@ -501,7 +516,7 @@ async def run_seed(
         network = Network(
             random.Random(master.getrandbits(64)), profile, target.lost, target.cancelled, trace.sink(who)
         )
-        elector = _elector(target, who)
+        elector = _elector(target, who, handovers)
         _attach(elector, network)
         _listen(elector, trace.sink(who))
         candidates.append(_Candidate(who, elector, network, random.Random(master.getrandbits(64)), profile))
@@ -518,25 +533,39 @@ async def run_seed(
     trace.sink(victim.who)("the seed's victim: slow " + (", ".join(profile.slow) or "-"))
     faults: list[Fault] = []
     errors: list[str] = []
+    bound = margin(target.backend, profile)
+    hand = _handovers(target, candidates, faults, trace, profile, bound) if handovers else None
     begin = time.monotonic_ns()
     until = time.monotonic() + seconds
     try:
-        async with anyio.create_task_group() as tg:
-            for candidate in candidates:
-                await candidate.elector.__aenter__()
-                tg.start_soon(candidate.loop, until)
-            tg.start_soon(
-                _operator, target, candidates, operator_rng, until, faults, errors, trace.sink("operator"), profile
-            )
+        with hand.warnings_caught() if hand is not None else contextlib.nullcontext():
+            async with anyio.create_task_group() as tg:
+                for candidate in candidates:
+                    await candidate.elector.__aenter__()
+                    tg.start_soon(hand.live if hand is not None else _loop, candidate, until)
+                tg.start_soon(
+                    _operator,
+                    target,
+                    candidates,
+                    operator_rng,
+                    until,
+                    faults,
+                    errors,
+                    trace.sink("operator"),
+                    profile,
+                    hand,
+                )
     finally:
         for candidate in candidates:
             candidate.network.active = False
             with anyio.CancelScope(shield=True):
                 await candidate.elector.aclose()
+        if hand is not None:
+            with anyio.CancelScope(shield=True):
+                await hand.observer.aclose()
     end = time.monotonic_ns()
     acts = [act for c in candidates for act in c.acts]
     losses = [loss for c in candidates for loss in c.losses]
-    bound = margin(target.backend, profile)
     history = History(
         label=f"{target.label} seed {seed}",
         acts=acts,
@@ -554,10 +583,40 @@ async def run_seed(
         verdict.violations += deposed(losses, faults, bound + 2.0)
     elif target.backend == "redis":
         verdict.violations += redis_target.deposed(losses, faults, bound + 2.0)
+    if hand is not None:
+        verdict.violations += hand.judge(begin + int(seconds * _NS))
     counts: dict[str, int] = {}
     for c in candidates:
         for key, value in list(c.network.counts.items()) + list(c.counts.items()):
             counts[key] = counts.get(key, 0) + value
     for fault in faults:
         counts[fault.kind] = counts.get(fault.kind, 0) + 1
+    counts.update(hand.counts if hand is not None else {})
     return Outcome(target.label, seed, verdict, faults, losses, counts, trace.lines, profile.slow)
+
+
+async def _loop(candidate: _Candidate, until: float) -> None:
+    await candidate.loop(until)
+
+
+def _handovers(
+    target: Target, candidates: list[_Candidate], faults: list[Fault], trace: _Trace, profile: Profile, bound: float
+) -> Handovers:
+    """The operator's handover actions on ``candidates``: each elector watched, renewed as it was made."""
+
+    async def renew(candidate: _Candidate) -> aioelect.Elector:
+        elector = _elector(target, candidate.who, True)
+        _attach(elector, candidate.network)
+        _listen(elector, trace.sink(candidate.who))
+        hand.watch(elector, candidate.who)
+        await elector.__aenter__()
+        target.electors = [c.elector for c in candidates if c is not candidate] + [elector]
+        return elector
+
+    options = {**OPTIONS[target.backend], **target.extra_options}
+    reopen = reopen_bound(target.backend, options, profile, bound)
+    observer = _elector(target, "observer", True)
+    hand = Handovers(target, candidates, faults, trace.sink("operator"), renew, observer, reopen)
+    for candidate in candidates:
+        hand.watch(candidate.elector, candidate.who)
+    return hand
