@@ -1,4 +1,4 @@
-"""Red team: Leadership.release() handing over to the waiting candidate of a higher priority, on real servers."""
+"""Leadership.release() handing over to the waiting candidate of a higher priority, on real servers."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ async def _post_waiting(elector: object, record_: dict[str, object] | bytes) -> 
     await store.post(WAITING_KEY, raw)
 
 
-async def test_red_release_with_an_invalid_waiting_identity_still_releases(case: BackendCase) -> None:
+async def test_release_with_an_invalid_waiting_identity_still_releases(case: BackendCase) -> None:
     """A waiting record naming an identity no elector could have (empty): release() must not raise."""
     name = unique_name()
     async with make(case, name, "leader") as leader:
@@ -41,7 +41,7 @@ async def test_red_release_with_an_invalid_waiting_identity_still_releases(case:
         assert not lead.held
 
 
-async def test_red_release_with_an_overflowing_waiting_priority_still_releases(case: BackendCase) -> None:
+async def test_release_with_an_overflowing_waiting_priority_still_releases(case: BackendCase) -> None:
     """A waiting record whose priority is 1e999 (JSON reads it as inf): release() must not raise."""
     name = unique_name()
     async with make(case, name, "leader") as leader:
@@ -54,7 +54,7 @@ async def test_red_release_with_an_overflowing_waiting_priority_still_releases(c
 
 
 @pytest.mark.parametrize("successor_priority", [None, 1], ids=["plain", "handover"])
-async def test_red_release_inside_work_behaves_as_a_plain_release(
+async def test_release_inside_work_behaves_as_a_plain_release(
     case: BackendCase, successor_priority: int | None
 ) -> None:
     """Work that calls release() and then returns a result: with a waiting candidate of a higher priority, the
@@ -92,7 +92,7 @@ async def test_red_release_inside_work_behaves_as_a_plain_release(
                 await follower.close()
 
 
-async def test_red_a_successor_that_stopped_right_after_saying_it_waits(case: BackendCase) -> None:
+async def test_a_successor_that_stopped_right_after_saying_it_waits(case: BackendCase) -> None:
     """The newer version campaigns, says it waits, and is stopped; the old leader releases at once. A live peer of
     the old version waits: it must lead within the release window (5 s) and a poll, never later."""
     name = unique_name()
@@ -111,7 +111,7 @@ async def test_red_a_successor_that_stopped_right_after_saying_it_waits(case: Ba
             released = time.monotonic() - started
             await peer.wait(timeout=30)
             gap = time.monotonic() - started
-            print(f"RED {case.kind}: release() took {released:.3f}s; old-1 led {gap:.3f}s after it began")
+            print(f"{case.kind}: release() took {released:.3f}s; old-1 led {gap:.3f}s after it began")
             stepped = [(e.identity, e.reason, e.successor) for e in events if e.kind == "stepped_down"]
             assert stepped == [("old-0", "release", "new")], stepped  # handed to the stopped candidate
             assert gap < 5.0 + 1.5, gap
@@ -133,7 +133,7 @@ class _Hang:
 
 
 @pytest.mark.parametrize("hung", ["state write", "state", "everything"])
-async def test_red_release_with_the_state_unanswering_is_about_as_prompt_as_a_plain_release(
+async def test_release_with_the_state_unanswering_is_about_as_prompt_as_a_plain_release(
     request: pytest.FixtureRequest, hung: str
 ) -> None:
     """etcd (its state goes through the interceptor): the leader of priority 0 releases (SIGTERM) while a
@@ -163,11 +163,11 @@ async def test_red_release_with_the_state_unanswering_is_about_as_prompt_as_a_pl
             finally:
                 backend_of(old).intercept(None)
                 await follower.close()
-    print(f"RED etcd, {hung} unanswering: release() took {took[None]:.3f}s plain, {took[0]:.3f}s with a priority")
+    print(f"etcd, {hung} unanswering: release() took {took[None]:.3f}s plain, {took[0]:.3f}s with a priority")
     assert took[0] < took[None] + 1.5, took  # the note write's own 5 s bound adds 5 s
 
 
-async def test_red_a_malformed_step_down_request_does_not_stop_the_leader_serving_requests(case: BackendCase) -> None:
+async def test_a_malformed_step_down_request_does_not_stop_the_leader_serving_requests(case: BackendCase) -> None:
     """A step-down request naming an identity no candidate could have: the leader ignores it, and still acts on
     the next, well-formed, request (it raised ValueError in the serving task, which ended for the leadership)."""
     from aioelect._handover import REQUEST_KEY
@@ -223,7 +223,7 @@ class _Slow:
         return await send()
 
 
-async def test_red_release_racing_a_step_down_request_returns_once_the_backend_let_go(
+async def test_release_racing_a_step_down_request_returns_once_the_backend_let_go(
     request: pytest.FixtureRequest,
 ) -> None:
     """etcd. The leader (priority 0) releases while a candidate of priority 1 waits; meanwhile its serving task
@@ -262,7 +262,7 @@ async def test_red_release_racing_a_step_down_request_returns_once_the_backend_l
                     await asyncio.sleep(0.01)
                 await releasing[0]
                 await follower.wait(timeout=20)
-            print(f"RED etcd: release() returned {returned[0] - (slow.resigned_at or 0):+.3f}s after the resign")
+            print(f"etcd: release() returned {returned[0] - (slow.resigned_at or 0):+.3f}s after the resign")
             assert slow.resigned_at is not None and returned[0] >= slow.resigned_at
         finally:
             backend_of(old).intercept(None)

@@ -1,4 +1,4 @@
-"""Red team: Shards.hand_over() racing a drain of the member it names."""
+"""Shards.hand_over() racing a drain of the member it names."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.mark.parametrize("kind", ["memory", "file", "redis"])
-async def test_red_hand_over_to_a_member_that_drains_meanwhile_leaves_no_name_unowned_for_the_window(
+async def test_hand_over_to_a_member_that_drains_meanwhile_leaves_no_name_unowned_for_the_window(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """a hands a name to b as b drains (a rolling deploy stopping b): b takes nothing; the name must go to a live
@@ -32,7 +32,7 @@ async def test_red_hand_over_to_a_member_that_drains_meanwhile_leaves_no_name_un
         await b.drain(timeout=30)
         results = await asyncio.gather(handed, return_exceptions=True)
         gap = await until(f"{name} owned again", lambda: name in owners(fleet), 30)
-        print(f"RED {kind}: hand_over -> {results[0]!r}; {name} owned again {time.monotonic() - began:.2f}s after")
+        print(f"{kind}: hand_over -> {results[0]!r}; {name} owned again {time.monotonic() - began:.2f}s after")
         assert name not in b.owned
         assert time.monotonic() - began < RELEASED_WITHIN + 2, gap
     finally:
@@ -41,7 +41,7 @@ async def test_red_hand_over_to_a_member_that_drains_meanwhile_leaves_no_name_un
 
 
 @pytest.mark.parametrize("kind", ["memory", "file", "redis", "etcd", "postgres", "mysql"])
-async def test_red_crossing_hand_overs_and_a_drain_during_a_rebalance_never_own_a_name_twice(
+async def test_crossing_hand_overs_and_a_drain_during_a_rebalance_never_own_a_name_twice(
     kind: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     """a hands a name to b while b hands one to a, twice over, then c joins and a drains at once: never a name
@@ -64,7 +64,7 @@ async def test_red_crossing_hand_overs_and_a_drain_during_a_rebalance_never_own_
             done = await asyncio.gather(
                 a.hand_over(mine, to="b", timeout=10), b.hand_over(theirs, to="a", timeout=10), return_exceptions=True
             )
-            print(f"RED {kind}: crossing hand_overs -> {done!r}")
+            print(f"{kind}: crossing hand_overs -> {done!r}")
             await until("every name owned", lambda: len(owners(fleet)) == 6, 30)
         fleet.start("c")
         await asyncio.sleep(0.3)  # c is joining: a and b resign names to it

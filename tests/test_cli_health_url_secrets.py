@@ -1,4 +1,4 @@
-"""Red team: --health-url never shows a password, even one with an unescaped '/', '?' or '#'."""
+"""--health-url never shows a password, even one with an unescaped '/', '?' or '#'."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .test_cli import cli
         "http://user:1234/hunter2@127.0.0.1:8080/healthz",  # a valid URL to host 'user', port 1234
     ],
 )
-def test_red_a_password_with_an_unescaped_delimiter_is_never_shown(url: str, tmp_path: Path) -> None:
+def test_a_password_with_an_unescaped_delimiter_is_never_shown(url: str, tmp_path: Path) -> None:
     try:
         shown = repr(parse_health_url(url))
     except UsageError as exc:
