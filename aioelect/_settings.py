@@ -52,6 +52,7 @@ __all__ = [
     "ENV_MYSQL_DSN",
     "ENV_NAME",
     "ENV_PASSWORD",
+    "ENV_HEALTH_URL",
     "ENV_POLL_INTERVAL",
     "ENV_POSTGRES_DSN",
     "ENV_REDIS_URL",
@@ -144,6 +145,8 @@ ENV_TOKEN = "AIOELECT_TOKEN"
 ENV_SHARD = "AIOELECT_SHARD"
 #: A candidate's priority (:meth:`aioelect.Elector.set_priority`).
 ENV_PRIORITY = "AIOELECT_PRIORITY"
+#: ``aioelect run`` / ``shards`` ``--health-url`` where the URL holds a password: kept out of ``ps`` and CMD.
+ENV_HEALTH_URL = "AIOELECT_HEALTH_URL"
 
 #: The backends in the factory's priority order, each with the variable that configures it.
 BACKEND_VARIABLES = (
@@ -179,7 +182,14 @@ BACKEND_KINDS = (*(kind for kind, _ in BACKEND_VARIABLES), "local", "memory")
 
 #: The secret variables aioelect defines. Any other ``AIOELECT_`` variable whose name holds
 #: ``PASSWORD`` or ends in ``_DSN`` or ``_URL`` is a secret too (see :func:`is_secret`).
-SECRET_VARIABLES = (ENV_PASSWORD, ENV_MYSQL_DSN, ENV_POSTGRES_DSN, ENV_REDIS_URL, ENV_REDIS_SENTINEL_PASSWORD)
+SECRET_VARIABLES = (
+    ENV_PASSWORD,
+    ENV_MYSQL_DSN,
+    ENV_POSTGRES_DSN,
+    ENV_REDIS_URL,
+    ENV_REDIS_SENTINEL_PASSWORD,
+    ENV_HEALTH_URL,
+)
 
 #: libpq's environment variables (PostgreSQL's client library, read by psql and every libpq client, and in part
 #: by asyncpg): the password, the password and service files, and what they connect to and how.

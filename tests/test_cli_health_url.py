@@ -219,3 +219,20 @@ async def test_https_verifies_the_certificate(certs: Any, monkeypatch: pytest.Mo
     finally:
         server.close()
         await server.wait_closed()
+
+
+def test_a_health_url_in_the_environment_is_used_and_kept_from_cmd(probe: Probe, tmp_path: Path) -> None:
+    """``AIOELECT_HEALTH_URL`` (a password kept out of ``ps``) is the check as ``--health-url`` would be: a 503
+    keeps the instance from campaigning; a 200 lets it lead, and CMD's environment does not hold the URL."""
+    secret = secrets.token_hex(8)
+    url = probe.url("/healthz", f"ops:{secret}@")
+    lock = str(tmp_path / "lock")
+    probe.status["/healthz"] = 503
+    refused = cli("run", "--file", lock, "--name", "g", "--no-wait", *HEALTH, "--", "true", AIOELECT_HEALTH_URL=url)
+    assert refused.returncode != 0 and secret not in refused.stderr, refused.stderr
+    probe.status["/healthz"] = 200
+    done = cli("run", "--file", lock, "--name", "g", *HEALTH, "--", "env", AIOELECT_HEALTH_URL=url)
+    assert done.returncode == 0, done.stderr
+    assert "AIOELECT_HEALTH_URL" not in done.stdout and secret not in done.stdout + done.stderr
+    expected = "Basic " + base64.b64encode(f"ops:{secret}".encode()).decode()
+    assert expected in probe.authorizations

@@ -32,7 +32,8 @@ def add_health_options(
         metavar="URL",
         help="an http:// or https:// URL (certificate verified) that answers a GET with 2xx while this instance "
         "is healthy, within --health-timeout; no proxy, no redirects; a user:password in it is sent as Basic "
-        "authorization and never logged. With --health-cmd, both must pass",
+        "authorization and never logged (one with a password is best given as AIOELECT_HEALTH_URL, which ps does "
+        "not show and CMD does not get). With --health-cmd, both must pass",
     )
     health.add_argument(
         "--health-interval", type=_positive, default=5.0, metavar="SECONDS", help="between two checks (default 5)"

@@ -18,6 +18,7 @@ from .._settings import (
     ENV_FENCING,
     ENV_FILE,
     ENV_FILE_MODE,
+    ENV_HEALTH_URL,
     ENV_IDENTITY,
     ENV_KEY_PREFIX,
     ENV_LEASE,
@@ -57,6 +58,7 @@ environment:
   {ENV_NAME:<24} election name (lock name / key prefix)
   {ENV_IDENTITY:<24} this candidate's identity (default hostname:pid:random)
   {ENV_PRIORITY:<24} this candidate's priority (run --priority): a higher one is handed the leadership
+  {ENV_HEALTH_URL:<24} --health-url, kept out of ps and of CMD's environment
   {ENV_PASSWORD:<24} password for the DSN's user or the etcd user; never printed
   {ENV_ETCD_USER:<24} etcd user name
   {ENV_REDIS_SENTINEL_USERNAME}

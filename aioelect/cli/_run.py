@@ -33,7 +33,7 @@ import anyio
 
 from .._elector import Elector, Leadership, lock_descriptors
 from .._requests import serve_step_downs
-from .._settings import ENV_IDENTITY, ENV_TOKEN
+from .._settings import ENV_HEALTH_URL, ENV_IDENTITY, ENV_TOKEN
 from .._tasks import first_of
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
@@ -184,8 +184,9 @@ def health_check(args: argparse.Namespace, environ: Mapping[str, str]) -> Callab
         checks.append(
             command_check(args.health_cmd, child_environment(environ, pass_secrets=args.pass_secret, extra={}))
         )
-    if args.health_url is not None:
-        checks.append(parse_health_url(args.health_url).check)
+    url = args.health_url if args.health_url is not None else environ.get(ENV_HEALTH_URL) or None
+    if url is not None:
+        checks.append(parse_health_url(url).check)
     return combined_check(checks) if checks else None
 
 
