@@ -40,6 +40,9 @@ from tests.harness.netns import Namespaces, Node
 from .network import Profile
 from .redis_target import RedisTarget, _settings
 
+#: What a cluster node answers while the cluster cannot serve the slot (down, or the slot moving).
+_NOT_SERVED = ("CLUSTERDOWN", "TRYAGAIN", "MOVED", "ASK", "MASTERDOWN", "LOADING")
+
 __all__ = ["ClusterTarget"]
 
 #: Seconds without the bus before a node is failed: the cut outlasts it.
@@ -153,6 +156,16 @@ class ClusterTarget(RedisTarget):
             return cluster.command(self.master(), *args)
 
         return await anyio.to_thread.run_sync(run)
+
+    async def act(self, action: str, rng: random.Random) -> str:
+        """As the single server's, but an action on the key or a client that the cluster refuses while it is down
+        or moving the slot (a split or crash loop just healed) is not done, and says so: ``no ...``."""
+        try:
+            return await super().act(action, rng)
+        except RuntimeError as exc:
+            if action in ("cut-bus", "crash-loop") or not str(exc).startswith(_NOT_SERVED):
+                raise
+            return f"no {action}: the cluster refused it ({str(exc)[:80]})"
 
     def _settled(self) -> bool:
         cluster = self.cluster
