@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=None)
     parser.add_argument("--scale", default="", help="comma-separated election counts of the scale scenario")
     parser.add_argument("--report-only", action="store_true")
-    parser.add_argument("--budget", type=float, default=1100.0, help="seconds before remaining scenarios are skipped")
+    parser.add_argument("--budget", type=float, default=1500.0, help="seconds before remaining scenarios are skipped")
     parser.add_argument("--no-install", action="store_true")
     args = parser.parse_args()
     if not args.no_install:

@@ -192,7 +192,7 @@ async def _phases(runner: Runner, impls: list[Impl], scenarios: list[str], overl
         jobs = []
         # The longest (etcdctl's 60 s TTL) first, so that they overlap everything else.
         for impl in sorted(impls, key=lambda i: -i.takeover_window):
-            for scenario in ("crash", "frozen", "deposed", "blocked"):
+            for scenario in ("crash", "frozen", "deposed"):
                 if _runs(impl, scenario, scenarios) and (scenario != "crash" or impl.lease_bound_crash):
                     jobs.append(bounded(impl, scenario))
         await asyncio.gather(*jobs)
@@ -209,14 +209,22 @@ async def _phases(runner: Runner, impls: list[Impl], scenarios: list[str], overl
 
         await asyncio.gather(*(lane(b) for b in sorted({i.backend for i in impls})))
 
+    async def phase4() -> None:
+        # How long a block the leader survives depends on how soon its loop runs again after it: nothing beside.
+        print("phase 4: a blocked event loop, one implementation at a time", flush=True)
+        for impl in impls:
+            if _runs(impl, "blocked", scenarios):
+                await runner.job(impl, "blocked", _limit(impl, "blocked", ctx))
+
     if overlap_phases:
         # Smoke runs only: everything side by side; the counters of phase 3 then include phase 2's traffic.
-        await asyncio.gather(scale_lane(), phase2(), phase3())
+        await asyncio.gather(scale_lane(), phase2(), phase3(), phase4())
         return
     # Scale has servers of its own, so its counters stay apart; its CPU load makes phase 2 noisier, which
-    # that phase's second-scale bounds tolerate. Phase 3 measures CPU, so it runs alone, after both.
+    # that phase's second-scale bounds tolerate. Phase 3 measures CPU, and phase 4 a blocked loop: each alone.
     await asyncio.gather(scale_lane(), phase2())
     await phase3()
+    await phase4()
 
 
 def _outcome_to_json(outcome: Outcome) -> dict[str, Any]:

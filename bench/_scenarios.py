@@ -41,7 +41,7 @@ class Ctx:
     frozen_lease: int = 5
     #: The blocked-loop scenario: block lengths are stepped by this much, up to block_max (seconds).
     block_step: float = 0.5
-    block_max: float = 8.0
+    block_max: float = 6.0
     rtt_count: int = 200
     coldstart_reps: int = 10
     scale_counts: tuple[int, ...] = (1, 10, 100, 1000)
