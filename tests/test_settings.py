@@ -106,6 +106,7 @@ def test_repr_shows_no_secret() -> None:
 
 def test_secret_variables() -> None:
     assert set(SECRET_VARIABLES) == {
+        "AIOELECT_HEALTH_URL",
         "AIOELECT_PASSWORD",
         "AIOELECT_REDIS_SENTINEL_PASSWORD",
         "AIOELECT_MYSQL_DSN",
