@@ -15,7 +15,6 @@ import time
 
 import anyio
 
-from .fenced import FREEZE, run_fenced
 from .run import Outcome, run_seed
 from .servers import SERVERS, Target
 from .shards import run_shards
@@ -53,6 +52,8 @@ async def _main(args: argparse.Namespace) -> int:
     if args.stops:
         backends = [b for b in backends if b in STOP_BACKENDS]
     if args.fenced:
+        from .fenced import FREEZE  # not at the top: the library before a fix (old/) lacks what it imports
+
         backends = [b for b in backends if b in FREEZE]
     first = args.seed if args.seed is not None else random.randrange(1_000_000)
     failed = 0
@@ -70,6 +71,8 @@ async def _main(args: argparse.Namespace) -> int:
                 elif args.stops:
                     outcome = await run_stops(target, seed, args.seconds, supervisors=args.electors)
                 elif args.fenced:
+                    from .fenced import run_fenced
+
                     outcome = await run_fenced(target, seed, args.seconds, electors=args.electors)
                 else:
                     outcome = await run_seed(

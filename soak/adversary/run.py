@@ -23,21 +23,23 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 import aioelect
-from aioelect._backend import Interceptor
 from aioelect._config import confirmation_gap
 from soak.checker import Act, Fault, History, Term, Verdict, Violation, check
 from soak.timing import OVERLAP_SLACK
 
 from . import redis_target
-from .handovers import OPTIONS as HANDOVER_OPTIONS
-from .handovers import Handovers, reopen_bound
 from .network import Network, Profile
 from .servers import Target
+
+if TYPE_CHECKING:  # the library as it was before a fix (old/, scripts/adversary-old.sh) lacks what these import
+    from aioelect._backend import Interceptor
+
+    from .handovers import Handovers
 
 __all__ = ["OPTIONS", "Loss", "Outcome", "deposed", "margin", "run_seed", "tokens"]
 
@@ -471,7 +473,11 @@ async def _react(
 
 def _elector(target: Target, who: str, handovers: bool = False) -> aioelect.Elector:
     backend = target.backend
-    options = {**OPTIONS[backend], **target.extra_options, **(HANDOVER_OPTIONS.get(backend, {}) if handovers else {})}
+    options = {**OPTIONS[backend], **target.extra_options}
+    if handovers:
+        from .handovers import OPTIONS as HANDOVER_OPTIONS
+
+        options.update(HANDOVER_OPTIONS.get(backend, {}))
     return aioelect.new(**{backend: target.target()}, name=target.name, identity=who, **options)
 
 
@@ -603,6 +609,7 @@ def _handovers(
     target: Target, candidates: list[_Candidate], faults: list[Fault], trace: _Trace, profile: Profile, bound: float
 ) -> Handovers:
     """The operator's handover actions on ``candidates``: each elector watched, renewed as it was made."""
+    from .handovers import Handovers, reopen_bound
 
     async def renew(candidate: _Candidate) -> aioelect.Elector:
         elector = _elector(target, candidate.who, True)
