@@ -85,7 +85,7 @@ def test_ci_seeds_find_the_bug_on_the_library_before_its_fix(old: str, tmp_path:
     # TMPDIR: the stops workload keeps the heartbeats and logs of a run that found something there.
     env = {**os.environ, "ADVERSARY_OLD": str(where), "PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
     found = None
-    runs = 0
+    runs: list[str] = []  # per run: its seed, status and headline, or why it broke
     try:
         for seed in seeds:
             argv = ["bash", str(SCRIPT), old, "--backend", backend, *([mode] if mode else []), "--seed", str(seed)]
@@ -93,17 +93,21 @@ def test_ci_seeds_find_the_bug_on_the_library_before_its_fix(old: str, tmp_path:
             run = subprocess.run(
                 [*argv, "--seconds", str(SECONDS)], env=env, capture_output=True, text=True, timeout=120, check=False
             )
-            runs += 1
-            # 0: nothing found; 1: a violation; anything else: the run itself broke.
+            # 0: nothing found; 1: a violation, or Python's status for an exception (then no violation is named).
             assert run.returncode in (0, 1), f"seed {seed}: exit {run.returncode}\n{run.stderr[-3000:]}"
+            found_lines = [line.strip() for line in run.stdout.splitlines() if re.match(r"  [a-z-]+: ", line)]
+            head = run.stdout.splitlines()[0] if run.stdout.strip() else "(no output)"
+            if run.returncode == 1 and not found_lines:
+                broke = run.stderr[run.stderr.rfind("Traceback") :] if "Traceback" in run.stderr else run.stderr
+                head += f"; exit 1 naming no violation:\n{broke[-1500:]}"
+            runs.append(f"seed {seed}: exit {run.returncode}: {head}")
             if run.returncode == 1:
-                found_lines = [line.strip() for line in run.stdout.splitlines() if re.match(r"  [a-z-]+: ", line)]
                 lines = [line for line in found_lines if line.startswith(violation)]
                 others = [line for line in found_lines if not line.startswith((violation, *also))]
                 assert lines or not others, f"seed {seed}: a violation other than {violation!r}\n{run.stdout[-3000:]}"
                 if not lines:
                     continue
-                found = f"seed {seed}, run {runs}: {lines[0]}"
+                found = f"seed {seed}, run {len(runs)}: {lines[0]}"
                 break
     finally:
         subprocess.run(
@@ -112,5 +116,8 @@ def test_ci_seeds_find_the_bug_on_the_library_before_its_fix(old: str, tmp_path:
             check=False,
         )
         subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True, check=False)
-    assert found is not None, f"{runs} runs of the CI seeds {seeds} found nothing on the library before the fix"
+    summary = "\n".join(runs)
+    assert found is not None, (
+        f"{len(runs)} runs of the CI seeds {seeds} found nothing on the library before the fix:\n{summary}"
+    )
     print(f"{old}: {found}")
