@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -461,3 +462,28 @@ def test_namespaces_split_one_port_between_two_nodes_and_leave_the_rest() -> Non
                 server.cleanup()
     finally:
         nets.cleanup()
+
+
+# -- a deep TMPDIR ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("server", [MariaDBServer, PostgresServer])
+def test_a_server_starts_under_a_temporary_directory_too_deep_for_a_socket_path(
+    server: type[MariaDBServer | PostgresServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Unix socket's path holds at most 107 bytes: a server under a deep TMPDIR (a test's tmp_path under xdist)
+    puts its socket in a short directory of its own, and removes that directory on cleanup."""
+    top = tempfile.mkdtemp(prefix="aioelect-deep-", dir="/tmp")
+    try:
+        os.chmod(top, 0o755)  # postgres runs as its own user
+        deep = os.path.join(top, "d" * (100 - len(top)))
+        os.mkdir(deep)
+        monkeypatch.setattr("tempfile.tempdir", deep)
+        with server() as started:
+            assert started.directory.startswith(deep)
+            assert len(started.socket_dir) <= 80
+            assert started.query("SELECT 1") == [(1,)]
+            short = started.socket_dir
+        assert not os.path.exists(short)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)

@@ -44,6 +44,9 @@ __all__ = ["ManagedServer", "OnePortServer", "Started"]
 
 _S = TypeVar("_S", bound="Started")
 
+#: The longest :attr:`ManagedServer.socket_dir`: room left for a socket's name (``.s.PGSQL.65535``, ``mysql.sock``)
+#: within the 107 bytes of a socket address.
+_SOCKET_DIR_MAX = 80
 _ADDRESS_IN_USE = re.compile(r"address already in use|could not bind|could not create listen socket", re.I)
 
 
@@ -101,6 +104,7 @@ class ManagedServer(Started):
         self._frozen = False
         self._cleaned = False
         self._dir = tempfile.mkdtemp(prefix=f"aioelect-{self.kind}-")
+        self._short_dir: str | None = None
         self.log_path = os.path.join(self._dir, "server.log")
         self.data_dir = os.path.join(self._dir, "data")
         track(self, self.cleanup)
@@ -137,6 +141,20 @@ class ManagedServer(Started):
     def directory(self) -> str:
         """Temporary directory owned by this server (data, socket, log)."""
         return self._dir
+
+    @property
+    def socket_dir(self) -> str:
+        """Where the server puts its Unix socket: :attr:`directory`, or a short directory of its own under /tmp when
+        a deep TMPDIR (a test's ``tmp_path`` under xdist) would make the socket's path longer than the 107 bytes a
+        socket address holds (the server would refuse to start)."""
+        if len(self._dir) <= _SOCKET_DIR_MAX:
+            return self._dir
+        if self._short_dir is None:
+            self._short_dir = tempfile.mkdtemp(prefix=f"aioelect-{self.kind}-", dir="/tmp")
+            user = self._run_as()
+            if user is not None:  # the server's own user creates its socket there
+                os.chown(self._short_dir, user.pw_uid, user.pw_gid)
+        return self._short_dir
 
     @property
     def pid(self) -> int:
@@ -295,6 +313,8 @@ class ManagedServer(Started):
                 self._kill_process()
                 self._cleaned = True
                 shutil.rmtree(self._dir, ignore_errors=True)
+                if self._short_dir is not None:
+                    shutil.rmtree(self._short_dir, ignore_errors=True)
                 untrack(self)
 
     def __repr__(self) -> str:

@@ -46,7 +46,7 @@ class MariaDBServer(OnePortServer):
         self._install_db = require_binary("mariadb-install-db", "mysql_install_db")
         super().__init__(port=port, extra_args=extra_args, startup_timeout=startup_timeout, stop_timeout=stop_timeout)
         self.database = database
-        self.socket_path = os.path.join(self._dir, "mysql.sock")
+        self.socket_path = os.path.join(self.socket_dir, "mysql.sock")
 
     @property
     def dsn(self) -> str:

@@ -81,7 +81,7 @@ class PostgresServer(OnePortServer):
             "shared_buffers": "32MB",
             "max_connections": "200",
         }
-        argv = [self._postgres, "-D", self.data_dir, "-p", str(self._port), "-k", self._dir]
+        argv = [self._postgres, "-D", self.data_dir, "-p", str(self._port), "-k", self.socket_dir]
         for name, value in settings.items():
             argv += ["-c", f"{name}={value}"]
         return [*argv, *self.extra_args]
