@@ -816,7 +816,7 @@ async def test_a_kept_session_the_server_ended_is_replaced_at_once(
         assert "campaign interrupted" not in caplog.text
         await lead.release()
         # The new session got every setting in its startup packet (the server's version known by now).
-        kept = elector._backend._spare[0].raw  # type: ignore[attr-defined]
+        kept = elector._backend.sessions.kept.conn.raw  # type: ignore[attr-defined]
         shown = {
             k: await kept.fetchval(f"SHOW {k}")
             for k in (
@@ -877,7 +877,7 @@ async def test_lock_session_keepalives_never_end_it_before_the_lease(postgres_ds
     async with make(postgres_dsn, unique_name("pg"), "keepalive", lease=10, renew_deadline=9) as elector:
         lead = await elector.acquire()
         await lead.release()
-        kept = elector._backend._spare[0].raw  # type: ignore[attr-defined]
+        kept = elector._backend.sessions.kept.conn.raw  # type: ignore[attr-defined]
         rows = await kept.fetch(
             "SELECT name, setting::int FROM pg_catalog.pg_settings WHERE name LIKE 'tcp\\_keepalives\\_%'"
         )

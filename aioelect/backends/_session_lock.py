@@ -5,8 +5,13 @@ every database whose lock belongs to a session (MySQL ``GET_LOCK``,
 PostgreSQL advisory locks). A database is a *dialect*: a subclass of
 :class:`SessionLockBackend` that says how to connect (driver, TLS), which
 statements wait for, check, release and fence the lock, which errors no
-retry can fix, how to end another session and how to find the holder. The
-engine guarantees, for every dialect:
+retry can fix, how to end another session and how to find the holder. Where
+the lock's requests run is the backend's :class:`LockSessions`, given when
+it is made: by default sessions of its own (:class:`OwnSessions`, what this
+docstring describes), or a shared session's one connection
+(``_shared_lock``); either way the campaign loop, its back-off and its
+error handling are the engine's, written once. The engine guarantees, for
+every dialect:
 
 * a campaign waits on the server for the lock, one request per
   ``poll_interval`` at most (a request that returns early is followed by a
@@ -72,10 +77,14 @@ from .._config import DSN, LockTiming, check_options, parse_dsn, server_address
 from .._errors import BackendUnavailable, ElectionError, LossKind, PermanentBackendError
 
 __all__ = [
+    "Campaign",
     "CommonOptions",
     "Dialect",
     "ErrorKind",
+    "KeptSession",
     "LockConnection",
+    "LockSessions",
+    "OwnSessions",
     "Pending",
     "SessionLockBackend",
     "SessionLockOptions",
@@ -351,7 +360,15 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
 class SessionLockHold(Hold, Generic[_C]):
     """A lock granted to one session: confirmed on that session, released by it."""
 
-    def __init__(self, backend: SessionLockBackend[_C], conn: _C, token: int | None, acquired_at: float) -> None:
+    def __init__(
+        self,
+        sessions: OwnSessions[_C],
+        backend: SessionLockBackend[_C],
+        conn: _C,
+        token: int | None,
+        acquired_at: float,
+    ) -> None:
+        self._sessions = sessions
         self._backend = backend
         self._conn = conn
         self.token = token
@@ -396,9 +413,67 @@ class SessionLockHold(Hold, Generic[_C]):
             b.log.debug("unlock failed (%s); closing the session drops the lock", b.describe(exc))
         finally:
             if freed and not conn.broken:
-                await b._keep(conn)
+                await self._sessions.keep(b, conn)
             else:
                 await conn.aclose(b.check_timeout)
+
+
+class Campaign(abc.ABC):
+    """One campaign's requests for the lock, made by its backend's :class:`LockSessions`.
+
+    :meth:`SessionLockBackend.campaign` drives it, and owns the back-off,
+    the classification of errors and their reports: it calls :meth:`ask`,
+    then :meth:`wait_between` while :meth:`ask` gives no hold, and
+    :meth:`interrupted` after each transient failure; :meth:`end` always.
+    """
+
+    @abc.abstractmethod
+    async def ask(self) -> Hold | None:
+        """The lock's next request (none when the sessions know it is not free): the hold if granted, else None."""
+
+    @abc.abstractmethod
+    async def wait_between(self) -> None:
+        """Between two requests: report the holder if it changed, and wait until the next request is due."""
+
+    @abc.abstractmethod
+    async def interrupted(self) -> bool:
+        """After a transient failure: end what the failure left (a session, ended on the server if a request is
+        pending); True when only a kept session was found ended, so the next request goes at once, without
+        back-off or report."""
+
+    @abc.abstractmethod
+    async def end(self) -> None:
+        """The campaign is over (won, refused or cancelled): end what it still has that no hold took."""
+
+
+class LockSessions(abc.ABC, Generic[_C]):
+    """Where a backend's lock requests run: given to the backend when it is made.
+
+    :class:`OwnSessions` (the default) opens a lock session per campaign of
+    one backend; a shared session (``SharedLockSession``) runs the locks of
+    every backend made on it on its one connection. Either way, the
+    backend's one campaign loop and its error handling are the engine's.
+    """
+
+    #: What was set up on the server through these sessions (a dialect's names, e.g. a table created), so that
+    #: the backends using them set it up once.
+    prepared: set[str]
+
+    @abc.abstractmethod
+    def campaign(self, backend: SessionLockBackend[_C], identity: str) -> Campaign:
+        """A campaign of ``backend`` for ``identity`` (nothing sent before its first :meth:`Campaign.ask`)."""
+
+    @abc.abstractmethod
+    async def look(self, backend: SessionLockBackend[_C], look: Callable[[_C], Awaitable[_T]]) -> _T:
+        """``look(conn)`` on a connection to look at ``backend``'s lock; an error as ``backend.failure`` words it."""
+
+    @abc.abstractmethod
+    async def close_observer(self, backend: SessionLockBackend[_C]) -> None:
+        """Drop at once what :meth:`look` keeps open for ``backend`` alone (a campaign just won)."""
+
+    @abc.abstractmethod
+    async def forget(self, backend: SessionLockBackend[_C]) -> None:
+        """``backend`` is closed: close what it alone used; what other backends use stays."""
 
 
 class SessionLockBackend(Backend, Generic[_C]):
@@ -406,6 +481,8 @@ class SessionLockBackend(Backend, Generic[_C]):
 
     A dialect sets the class attributes and implements the abstract methods;
     every statement runs through :meth:`LockConnection.run` with a timeout.
+    Where the lock's sessions come from is the :class:`LockSessions` the
+    backend is given (by default its own, :class:`OwnSessions`).
     """
 
     dialect: ClassVar[Dialect]
@@ -416,7 +493,9 @@ class SessionLockBackend(Backend, Generic[_C]):
     #: Why a campaign starts over when the check after a grant does not show the lock held by our session.
     not_held: ClassVar[str] = "the server granted the lock but does not show it held by our session"
 
-    def __init__(self, name: str, timing: LockTiming, address: tuple[str, int]) -> None:
+    def __init__(
+        self, name: str, timing: LockTiming, address: tuple[str, int], sessions: LockSessions[_C] | None = None
+    ) -> None:
         super().__init__(name)
         self.timing = timing
         self.poll_interval = timing.poll_interval
@@ -427,11 +506,8 @@ class SessionLockBackend(Backend, Generic[_C]):
         self.connect_timeout = timing.connect_timeout
         self.lease = timing.lease
         self._address = address
-        self._observer: _C | None = None
-        self._observer_lock = anyio.Lock()
-        # A lock session whose release the server confirmed, kept for the next campaign: (conn, identity, since).
-        self._spare: tuple[_C, str, float] | None = None
-        self._closed = False
+        #: Where the lock's requests run (see :class:`LockSessions`).
+        self.sessions: LockSessions[_C] = sessions if sessions is not None else OwnSessions()
         #: Handed to every session this backend opens (see :attr:`LockConnection.interceptor`).
         self.interceptor: Interceptor | None = None
 
@@ -597,47 +673,35 @@ class SessionLockBackend(Backend, Generic[_C]):
     # --- campaign ---------------------------------------------------------------------
 
     async def campaign(self, identity: str) -> Hold:
+        """Ask for the lock as the sessions say, until granted; retry what is transient, with back-off.
+
+        The one loop of every session-lock campaign, whatever its sessions: a
+        transient failure is reported and retried after a back-off (reset by
+        every answered request), except a kept session found ended, replaced
+        at once; anything else raises :meth:`failure`.
+        """
         backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
-        seen: Any = _UNSEEN
-        while True:
-            conn: _C | None = None
-            reused = False
-            try:
-                conn, reused = await self._session(identity)
-                # A first request that does not wait: a busy lock's holder is then reported at once.
-                request = self._try_request
-                while True:
-                    sent = monotonic()
-                    granted = await request(conn)
-                    if granted:
-                        hold = await self._won(conn, identity)
-                        conn = None
+        campaign = self.sessions.campaign(self, identity)
+        try:
+            while True:
+                try:
+                    hold = await campaign.ask()
+                    if hold is not None:
                         return hold
                     backoff.reset()
-                    reused = False
-                    seen = await self._report_holder(conn, seen)
-                    if request is self._request:
-                        early = sent + self.poll_interval - monotonic()
-                        if early > 0:  # the server did not wait: never ask again at once
-                            await anyio.sleep(early)
-                    request = self._request
-                    self.log.debug("lock busy; waiting again")
-            except Exception as exc:
-                if self.classify(exc) is not ErrorKind.TRANSIENT:
-                    raise self.failure(exc, "the campaign") from None
-                delay = 0.0
-                if reused:  # the kept session was ended meanwhile (a restart, a KILL): a new one at once
-                    self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
-                else:
-                    delay = backoff.next_delay()
-                    self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
-                if conn is not None:
-                    await self._drop(conn)
-                    conn = None
-                await anyio.sleep(delay)
-            finally:
-                if conn is not None:
-                    await self._drop(conn)
+                    await campaign.wait_between()
+                except Exception as exc:
+                    if self.classify(exc) is not ErrorKind.TRANSIENT:
+                        raise self.failure(exc, "the campaign") from None
+                    delay = 0.0
+                    if await campaign.interrupted():  # the kept session was ended meanwhile (a restart, a KILL)
+                        self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
+                    else:
+                        delay = backoff.next_delay()
+                        self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
+                    await anyio.sleep(delay)
+        finally:
+            await campaign.end()
 
     async def _report_holder(self, conn: _C, seen: Any) -> Any:
         """Between two lock requests, on the lock session: report the holder if it changed since ``seen``.
@@ -654,64 +718,22 @@ class SessionLockBackend(Backend, Generic[_C]):
         return holder if final else _UNSEEN
 
     async def try_campaign(self, identity: str) -> Hold | None:
-        """One lock request that does not wait: the hold, or None (connection closed) if another session holds it.
+        """One lock request that does not wait: the hold, or None if another session holds it.
 
         A kept session the server ended meanwhile is replaced once, at once
-        (the kept one is taken by :meth:`_session`, so the next is new).
+        (the kept one is taken by the first request, so the next is new).
         """
-        while True:
-            conn: _C | None = None
-            reused = False
-            try:
-                conn, reused = await self._session(identity)
-                granted = await self._try_request(conn)
-                if not granted:
-                    return None
-                hold = await self._won(conn, identity)
-                conn = None
-                return hold
-            except Exception as exc:
-                if not reused or self.classify(exc) is not ErrorKind.TRANSIENT:
-                    raise self.failure(exc, "the campaign") from None
-                self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
-            finally:
-                if conn is not None:
-                    # A request cut off in flight may have been granted: end its session rather than trust the close.
-                    await self._drop(conn)
-
-    async def _won(self, conn: _C, identity: str) -> SessionLockHold[_C]:
-        """The hold of a lock just granted to ``conn``, dated from a check sent after the grant.
-
-        The request may have waited on the server for up to ``poll_interval``
-        before the grant: dated from it, a leadership could start past its
-        renew deadline. A check sent now and answered proves the session (and
-        with it the lock) alive when the server ran it, which is after
-        ``confirmed``.
-        """
-        confirmed = monotonic()
-        token = await self._granted(conn, identity)
-        return SessionLockHold(self, conn, token, confirmed)
-
-    async def _session(self, identity: str) -> tuple[_C, bool]:
-        """A lock session for ``identity``: the kept one if still fresh and alive (True), else a new one (False).
-
-        The kept one is alive when a check sent on it now is answered: a
-        session the server ended meanwhile (a restart, a ``KILL``) is closed
-        before any lock request is sent on it, so nothing is left pending.
-        """
-        spare, self._spare = self._spare, None
-        if spare is not None:
-            conn, kept_for, since = spare
-            if not conn.broken and kept_for == identity and monotonic() - since < self.lease / 2:
+        campaign = self.sessions.campaign(self, identity)
+        try:
+            while True:
                 try:
-                    await self._held(conn)
+                    return await campaign.ask()
                 except Exception as exc:
+                    if self.classify(exc) is not ErrorKind.TRANSIENT or not await campaign.interrupted():
+                        raise self.failure(exc, "the campaign") from None
                     self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
-                else:
-                    if not conn.broken:
-                        return conn, True
-            await conn.aclose(self.check_timeout)
-        return await self._new_session(identity), False
+        finally:
+            await campaign.end()
 
     async def _new_session(self, identity: str) -> _C:
         """A new lock session for ``identity``, used only once every server-side bound on it is at least ``lease``."""
@@ -728,19 +750,6 @@ class SessionLockBackend(Backend, Generic[_C]):
         conn.identity = identity
         conn.interceptor = self.interceptor
         return conn
-
-    async def _keep(self, conn: _C) -> None:
-        """Keep ``conn``, whose release the server confirmed (it holds no lock), for the next campaign."""
-        identity = conn.identity
-        if self._closed or self._spare is not None or identity is None:
-            await conn.aclose(self.check_timeout)
-            return
-        self._spare = (conn, identity, monotonic())
-
-    async def _close_spare(self) -> None:
-        if self._spare is not None:
-            conn, self._spare = self._spare[0], None
-            await conn.aclose(self.check_timeout)
 
     async def _drop(self, conn: _C) -> None:
         """Close a campaign's connection; if its session has a lock request pending, end it on the server.
@@ -771,7 +780,7 @@ class SessionLockBackend(Backend, Generic[_C]):
     # --- who leads --------------------------------------------------------------------
 
     async def leader(self) -> str | None:
-        return await self._on_observer(self._leader_on)
+        return await self.sessions.look(self, self._leader_on)
 
     async def watch(self) -> AsyncIterator[str | None]:
         """Nothing to poll beside a campaign: the campaign reports each new holder itself.
@@ -782,35 +791,6 @@ class SessionLockBackend(Backend, Generic[_C]):
         """
         await anyio.sleep_forever()
         yield None  # pragma: no cover - never reached: the watch ends with the campaign, by cancellation
-
-    async def _on_observer(self, look: Callable[[_C], Awaitable[_T]]) -> _T:
-        """``look(conn)`` on the observer connection, opened (again) if needed; one retry on a new connection."""
-        async with self._observer_lock:
-            retried = False
-            while True:
-                try:
-                    return await look(await self._observer_connection())
-                except Exception as exc:
-                    transient = self.classify(exc) is ErrorKind.TRANSIENT
-                    if transient and self._observer is not None:
-                        self._observer.close()
-                        self._observer = None
-                    if retried or not transient:
-                        raise self.failure(exc, "the query") from None
-                    retried = True
-
-    async def _observer_connection(self) -> _C:
-        """The observer connection, a new one if there is none (call with the observer lock held)."""
-        observer = self._observer
-        if observer is not None and not observer.broken:
-            return observer
-        # Shielded (bounded by the connect timeout): a look cancelled mid-connect would leave
-        # a session on the server until the half-open socket is collected.
-        with anyio.CancelScope(shield=True):
-            fresh = await self._open("observer")
-        fresh.interceptor = self.interceptor
-        self._observer = fresh
-        return fresh
 
     async def _leader_on(self, conn: _C) -> str | None:
         return (await self._identify(conn))[1]
@@ -833,6 +813,101 @@ class SessionLockBackend(Backend, Generic[_C]):
         return holder, await self._unrecorded(conn, holder), not self.records_identity
 
     async def close_observer(self) -> None:
+        await self.sessions.close_observer(self)
+
+    async def aclose(self) -> None:
+        await self.sessions.forget(self)
+
+
+@dataclass(frozen=True)
+class KeptSession(Generic[_C]):
+    """A lock session whose release the server confirmed (it holds no lock), kept for the next campaign."""
+
+    conn: _C
+    #: The identity it was opened for: only a campaign for that identity takes it.
+    identity: str
+    #: When it was kept (monotonic): the server ends a session idle for ``lease``.
+    since: float
+
+
+class OwnSessions(LockSessions[_C]):
+    """A lock session of its own per campaign, for one backend: the engine's guarantees as the module states them.
+
+    A campaign's session is the one kept from the backend's last leadership
+    while it is fresh and answers a check, else a new one; leader() looks on
+    an observer connection of its own, opened when first asked.
+    """
+
+    def __init__(self) -> None:
+        self.prepared = set()
+        #: The session kept for the next campaign (None: none).
+        self.kept: KeptSession[_C] | None = None
+        self._observer: _C | None = None
+        self._observer_lock = anyio.Lock()
+        self._closed = False
+
+    def campaign(self, backend: SessionLockBackend[_C], identity: str) -> Campaign:
+        return _OwnCampaign(self, backend, identity)
+
+    async def session(self, backend: SessionLockBackend[_C], identity: str) -> tuple[_C, bool]:
+        """A lock session for ``identity``: the kept one if still fresh and alive (True), else a new one (False).
+
+        The kept one is alive when a check sent on it now is answered: a
+        session the server ended meanwhile (a restart, a ``KILL``) is closed
+        before any lock request is sent on it, so nothing is left pending.
+        """
+        kept, self.kept = self.kept, None
+        if kept is not None:
+            conn = kept.conn
+            if not conn.broken and kept.identity == identity and monotonic() - kept.since < backend.lease / 2:
+                try:
+                    await backend._held(conn)
+                except Exception as exc:
+                    backend.log.debug("kept session unusable (%s); opening a new one", backend.describe(exc))
+                else:
+                    if not conn.broken:
+                        return conn, True
+            await conn.aclose(backend.check_timeout)
+        return await backend._new_session(identity), False
+
+    async def keep(self, backend: SessionLockBackend[_C], conn: _C) -> None:
+        """Keep ``conn``, whose release the server confirmed (it holds no lock), for the next campaign."""
+        identity = conn.identity
+        if self._closed or self.kept is not None or identity is None:
+            await conn.aclose(backend.check_timeout)
+            return
+        self.kept = KeptSession(conn, identity, monotonic())
+
+    async def look(self, backend: SessionLockBackend[_C], look: Callable[[_C], Awaitable[_T]]) -> _T:
+        """``look(conn)`` on the observer connection, opened (again) if needed; one retry on a new connection."""
+        async with self._observer_lock:
+            retried = False
+            while True:
+                try:
+                    return await look(await self._observer_connection(backend))
+                except Exception as exc:
+                    transient = backend.classify(exc) is ErrorKind.TRANSIENT
+                    if transient and self._observer is not None:
+                        self._observer.close()
+                        self._observer = None
+                    if retried or not transient:
+                        raise backend.failure(exc, "the query") from None
+                    retried = True
+
+    async def _observer_connection(self, backend: SessionLockBackend[_C]) -> _C:
+        """The observer connection, a new one if there is none (call with the observer lock held)."""
+        observer = self._observer
+        if observer is not None and not observer.broken:
+            return observer
+        # Shielded (bounded by the connect timeout): a look cancelled mid-connect would leave
+        # a session on the server until the half-open socket is collected.
+        with anyio.CancelScope(shield=True):
+            fresh = await backend._open("observer")
+        fresh.interceptor = backend.interceptor
+        self._observer = fresh
+        return fresh
+
+    async def close_observer(self, backend: SessionLockBackend[_C]) -> None:
         """Drop the observer connection at once: the campaign that just won waits for this, so no goodbye."""
         if self._observer is None and not self._observer_lock.locked():
             return  # none, and no look opening one: nothing to wait for
@@ -841,9 +916,83 @@ class SessionLockBackend(Backend, Generic[_C]):
                 observer, self._observer = self._observer, None
                 observer.close()
 
-    async def aclose(self) -> None:
+    async def forget(self, backend: SessionLockBackend[_C]) -> None:
         self._closed = True
-        await self._close_spare()
+        if self.kept is not None:
+            conn, self.kept = self.kept.conn, None
+            await conn.aclose(backend.check_timeout)
         if self._observer is not None:
             observer, self._observer = self._observer, None
-            await observer.aclose(self.check_timeout)
+            await observer.aclose(backend.check_timeout)
+
+
+class _OwnCampaign(Campaign, Generic[_C]):
+    """A campaign on a lock session of its own: it waits on the server, one request per ``poll_interval`` at most.
+
+    A first request that does not wait (a busy lock's holder is then
+    reported at once), then requests that wait; between two, the holder is
+    reported from the same session. A failure ends the session (on the
+    server too if a request is pending) and the next request opens one.
+    """
+
+    def __init__(self, sessions: OwnSessions[_C], backend: SessionLockBackend[_C], identity: str) -> None:
+        self._sessions = sessions
+        self._b = backend
+        self._identity = identity
+        self._conn: _C | None = None
+        #: Whether the session is the kept one and no request on it was answered yet.
+        self._reused = False
+        #: Whether the next request waits on the server (not the first on a session).
+        self._waits = False
+        self._sent = 0.0
+        self._seen: Any = _UNSEEN
+
+    async def ask(self) -> Hold | None:
+        b = self._b
+        if self._conn is None:
+            self._conn, self._reused = await self._sessions.session(b, self._identity)
+            self._waits = False
+        self._sent = monotonic()
+        granted = await (b._request if self._waits else b._try_request)(self._conn)
+        if not granted:
+            self._reused = False
+            return None
+        hold = await self._won(self._conn)
+        self._conn = None
+        return hold
+
+    async def _won(self, conn: _C) -> SessionLockHold[_C]:
+        """The hold of a lock just granted to ``conn``, dated from a check sent after the grant.
+
+        The request may have waited on the server for up to ``poll_interval``
+        before the grant: dated from it, a leadership could start past its
+        renew deadline. A check sent now and answered proves the session (and
+        with it the lock) alive when the server ran it, which is after
+        ``confirmed``.
+        """
+        confirmed = monotonic()
+        token = await self._b._granted(conn, self._identity)
+        return SessionLockHold(self._sessions, self._b, conn, token, confirmed)
+
+    async def wait_between(self) -> None:
+        b, conn = self._b, self._conn
+        if conn is None:  # pragma: no cover - wait_between follows an ask that kept its session
+            return
+        self._seen = await b._report_holder(conn, self._seen)
+        if self._waits:
+            early = self._sent + b.poll_interval - monotonic()
+            if early > 0:  # the server did not wait: never ask again at once
+                await anyio.sleep(early)
+        self._waits = True
+        b.log.debug("lock busy; waiting again")
+
+    async def interrupted(self) -> bool:
+        reused, self._reused = self._reused, False
+        await self.end()
+        return reused
+
+    async def end(self) -> None:
+        if self._conn is not None:
+            # A request cut off in flight may have been granted: end its session rather than trust the close.
+            conn, self._conn = self._conn, None
+            await self._b._drop(conn)

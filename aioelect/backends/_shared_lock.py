@@ -50,16 +50,16 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._backend import Backoff, Confirm, Hold, Loss, SharedSession, monotonic
+from .._backend import Confirm, Hold, Loss, SharedSession, monotonic
 from .._config import check_options, default_identity, validate_identity
 from .._errors import LossKind
 from .._log import ElectionLog
-from ._session_lock import _UNSEEN, ErrorKind, LockConnection, SessionLockBackend
+from ._session_lock import _UNSEEN, Campaign, LockConnection, LockSessions, SessionLockBackend
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["SharedHold", "SharedLockSession", "SharedLocks"]
+__all__ = ["SharedHold", "SharedLockSession"]
 
 _C = TypeVar("_C", bound=LockConnection)
 _T = TypeVar("_T")
@@ -92,90 +92,64 @@ class _Round:
     failure: str | None = None
 
 
-class SharedLocks(SessionLockBackend[_C]):
-    """The backend of one elector on a :class:`SharedLockSession`: a dialect backend whose locks live on its session.
+class _SharedCampaign(Campaign, Generic[_C]):
+    """A campaign on a shared session: it asks when the lock may be free, and in between waits with the others.
 
-    Placed before the dialect's backend in the bases (``class X(SharedLocks[C], MySQLBackend)``).
+    A lock request (that does not wait) is sent at first, on a release
+    notice, and when a waiting round shows the lock free; otherwise the
+    waiter reads its holder from the session's waiting round, one statement
+    for every waiting elector of the session per ``poll_interval``.
     """
 
-    shared: SharedLockSession[_C]
+    def __init__(self, session: SharedLockSession[_C], backend: SessionLockBackend[_C], identity: str) -> None:
+        self._session = session
+        self._b = backend
+        self._identity = identity
+        self._seen: Any = _UNSEEN
+        #: Whether the next ask sends a request (else the lock is known busy).
+        self._ask = True
+        self._last = monotonic()
+        self._notice = anyio.Event()
 
-    async def campaign(self, identity: str) -> Hold:
-        """Ask for the lock when it may be free, and in between wait with the session's other waiters.
+    async def ask(self) -> Hold | None:
+        session, b = self._session, self._b
+        self._notice = session.notice_for(b.name)
+        if not self._ask:
+            return None
+        hold, self._seen = await session.attempt(b, self._identity, self._seen)
+        if hold is not None:
+            return hold
+        self._last = monotonic()
+        session.wait(b)
+        return None
 
-        A lock request (that does not wait) is sent at first, on a release
-        notice, and when a waiting round shows the lock free; otherwise the
-        waiter reads its holder from the session's waiting round, one
-        statement for every waiting elector of the session per
-        ``poll_interval``.
-        """
-        backoff = Backoff(first=0.1, maximum=max(self.poll_interval, 1.0))
-        seen: Any = _UNSEEN
-        session = self.shared
-        ask = True
-        last = monotonic()
-        try:
-            while True:
-                notice = session.notice_for(self.name)
-                try:
-                    if ask:
-                        hold, seen = await session.attempt(self, identity, seen)
-                        if hold is not None:
-                            return hold
-                        last = monotonic()
-                        session.wait(self)
-                    backoff.reset()
-                    with anyio.move_on_after(max(0.0, last + self.poll_interval - monotonic())):
-                        await notice.wait()
-                    if notice.is_set():  # a release announced: ask at once
-                        ask = True
-                        continue
-                    done = await session.holders(after=last + self.poll_interval / 2)
-                    last = max(done.sent, last)
-                    holder = done.holders.get(self.name, None)
-                    ask = holder is None  # free, or not in that round: ask
-                    if not ask and holder != seen:
-                        seen = await session.identify(self, holder)
-                except Exception as exc:
-                    if self.classify(exc) is not ErrorKind.TRANSIENT:
-                        raise self.failure(exc, "the campaign") from None
-                    delay = backoff.next_delay()
-                    self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
-                    ask = True
-                    await anyio.sleep(delay)
-        finally:
-            session.unwait(self)
+    async def wait_between(self) -> None:
+        session, b = self._session, self._b
+        with anyio.move_on_after(max(0.0, self._last + b.poll_interval - monotonic())):
+            await self._notice.wait()
+        if self._notice.is_set():  # a release announced: ask at once
+            self._ask = True
+            return
+        done = await session.holders(after=self._last + b.poll_interval / 2)
+        self._last = max(done.sent, self._last)
+        holder = done.holders.get(b.name, None)
+        self._ask = holder is None  # free, or not in that round: ask
+        if not self._ask and holder != self._seen:
+            self._seen = await session.identify(b, holder)
 
-    async def try_campaign(self, identity: str) -> Hold | None:
-        try:
-            hold, _ = await self.shared.attempt(self, identity, _UNSEEN)
-        except Exception as exc:
-            raise self.failure(exc, "the campaign") from None
-        return hold
+    async def interrupted(self) -> bool:
+        self._ask = True
+        return False
 
-    async def _on_observer(self, look: Callable[[_C], Awaitable[_T]]) -> _T:
-        """``look(conn)`` on the session's connection: a shared session opens no connection to look."""
-        try:
-            return await self.shared.run(look)
-        except Exception as exc:
-            raise self.failure(exc, "the query") from None
-
-    async def close_observer(self) -> None:
-        """Nothing of its own to close: the session's connection is the session's."""
-
-    async def aclose(self) -> None:
-        self._closed = True
-        self.shared.leave(self.name, self)
-
-    async def _notify_release(self, conn: _C) -> None:
-        """After a confirmed release on ``conn``: announce it to waiters elsewhere, where the dialect can."""
+    async def end(self) -> None:
+        self._session.unwait(self._b)
 
 
 class SharedHold(Hold, Generic[_C]):
     """A lock granted on a shared session: confirmed by the session's check rounds, released on its connection."""
 
     def __init__(
-        self, session: SharedLockSession[_C], backend: SharedLocks[_C], conn: _C, token: int | None, at: float
+        self, session: SharedLockSession[_C], backend: SessionLockBackend[_C], conn: _C, token: int | None, at: float
     ) -> None:
         self._session = session
         self._backend = backend
@@ -249,23 +223,24 @@ class SharedHold(Hold, Generic[_C]):
         await self._session.release(self)
 
 
-class SharedLockSession(SharedSession, Generic[_C]):
+class SharedLockSession(SharedSession, LockSessions[_C]):
     """One lock connection shared by the electors of a process (see the module's guarantees).
 
-    A dialect subclass names its options and backends (:attr:`options_spec`,
-    :attr:`backend_class`, :attr:`shared_class`) and says how to check many
+    It is the :class:`LockSessions` of every backend made on it
+    (:meth:`backend`). A dialect subclass names its options and backend
+    (:attr:`options_spec`, :attr:`backend_class`) and says how to check many
     locks, and read many holders, in one statement (:meth:`_held_many`,
-    :meth:`_holders_many`); it may listen for release notices (:meth:`_listen`).
+    :meth:`_holders_many`); it may listen for release notices (:meth:`_listen`)
+    and announce releases (:meth:`_announce_release`).
     """
 
     #: The public class name, in errors.
     who = "SharedLockSession"
     #: The TypedDict of the session's options (the dialect's options but ``name``).
     options_spec: Any
-    #: The dialect's backend, and the backend of an elector on the session; both built as ``cls(dsn, name=...,
-    #: **options)``.
+    #: The dialect's backend, built as ``cls(dsn, name=..., sessions=..., **options)``: the session's own (through
+    #: which it connects) with sessions of its own, an elector's with this session as its sessions.
     backend_class: Any
-    shared_class: Any
 
     def __init__(self, dsn: str | None, identity: str | None, options: Mapping[str, Any]) -> None:
         super().__init__()
@@ -286,9 +261,10 @@ class SharedLockSession(SharedSession, Generic[_C]):
         self._holds: dict[str, SharedHold[_C]] = {}
         self._notices: dict[str, anyio.Event] = {}
         #: The campaigns waiting for a lock, by name: their holders are read together, once per round.
-        self._waits: dict[str, SharedLocks[_C]] = {}
+        self._waits: dict[str, SessionLockBackend[_C]] = {}
         self._wait_rounds = anyio.Lock()
         self._last_wait: _Holders | None = None
+        self.prepared = set()
 
     def __repr__(self) -> str:
         host, port = self.template._address
@@ -308,16 +284,19 @@ class SharedLockSession(SharedSession, Generic[_C]):
     # --- the dialect ------------------------------------------------------------------
 
     @abc.abstractmethod
-    async def _held_many(self, conn: _C, backends: list[SharedLocks[_C]]) -> frozenset[str]:
+    async def _held_many(self, conn: _C, backends: list[SessionLockBackend[_C]]) -> frozenset[str]:
         """The names of ``backends`` whose locks ``conn``'s session holds, in as few statements as the server allows."""
 
     @abc.abstractmethod
-    async def _holders_many(self, conn: _C, backends: list[SharedLocks[_C]]) -> dict[str, Hashable]:
+    async def _holders_many(self, conn: _C, backends: list[SessionLockBackend[_C]]) -> dict[str, Hashable]:
         """The holder of each of ``backends``' locks (as its ``_holder`` shows it; None: free), in as few
         statements as the server allows."""
 
     async def _listen(self, conn: _C) -> None:
         """Subscribe ``conn`` to release notices (call :meth:`released` with each name)."""
+
+    async def _announce_release(self, conn: _C, name: str) -> None:
+        """After a confirmed release of ``name`` on ``conn``: tell waiters elsewhere, where the dialect can."""
 
     def _on_end(self, conn: _C, ended: Callable[[], None]) -> None:
         """Call ``ended`` as soon as the driver sees ``conn`` end between statements (the server ended the
@@ -325,7 +304,9 @@ class SharedLockSession(SharedSession, Generic[_C]):
 
     # --- electors ---------------------------------------------------------------------
 
-    def backend(self, name: str, close: Callable[[], Coroutine[Any, Any, None]] | None = None) -> SharedLocks[_C]:
+    def backend(
+        self, name: str, close: Callable[[], Coroutine[Any, Any, None]] | None = None
+    ) -> SessionLockBackend[_C]:
         """A backend for election ``name`` on this session (ValueError: the name is taken, or the session closed)."""
         if self._closed:
             raise ValueError(f"this {self.who} is closed: make electors on an open one")
@@ -334,8 +315,9 @@ class SharedLockSession(SharedSession, Generic[_C]):
                 f"an elector on this {self.who} already campaigns on {name!r}: a session holds one lock per name; "
                 "close it first, or use another session"
             )
-        backend: SharedLocks[_C] = self.shared_class(self._dsn, name=name, **self._options)  # ValueError: a bad name
-        backend.shared = self
+        backend: SessionLockBackend[_C] = self.backend_class(  # ValueError: a bad name
+            self._dsn, name=name, sessions=self, **self._options
+        )
         self._members[name] = (backend, close or backend.aclose)
         return backend
 
@@ -350,13 +332,32 @@ class SharedLockSession(SharedSession, Generic[_C]):
         super().leave(name, backend)
         self._notices.pop(name, None)
 
-    def wait(self, backend: SharedLocks[_C]) -> None:
+    def wait(self, backend: SessionLockBackend[_C]) -> None:
         """``backend``'s campaign waits: its holder is read in the next waiting rounds."""
         self._waits[backend.name] = backend
 
-    def unwait(self, backend: SharedLocks[_C]) -> None:
+    def unwait(self, backend: SessionLockBackend[_C]) -> None:
         if self._waits.get(backend.name) is backend:
             del self._waits[backend.name]
+
+    # --- the sessions of its backends -------------------------------------------------
+
+    def campaign(self, backend: SessionLockBackend[_C], identity: str) -> Campaign:
+        return _SharedCampaign(self, backend, identity)
+
+    async def look(self, backend: SessionLockBackend[_C], look: Callable[[_C], Awaitable[_T]]) -> _T:
+        """``look(conn)`` on the session's connection: a shared session opens no connection to look."""
+        try:
+            return await self.run(look)
+        except Exception as exc:
+            raise backend.failure(exc, "the query") from None
+
+    async def close_observer(self, backend: SessionLockBackend[_C]) -> None:
+        """Nothing of ``backend``'s own to close: the session's connection is the session's."""
+
+    async def forget(self, backend: SessionLockBackend[_C]) -> None:
+        """``backend``'s elector is closed: it leaves the session, whose connection stays for the others."""
+        self.leave(backend.name, backend)
 
     async def holders(self, after: float) -> _Holders:
         """A waiting round sent at ``after`` or later: the last one if recent enough, else a new one."""
@@ -375,7 +376,7 @@ class SharedLockSession(SharedSession, Generic[_C]):
             self._last_wait = done
             return done
 
-    async def identify(self, backend: SharedLocks[_C], holder: Hashable) -> Any:
+    async def identify(self, backend: SessionLockBackend[_C], holder: Hashable) -> Any:
         """Report the holder of ``backend``'s lock, seen as ``holder``, with its identity: what to compare the next
         holder with."""
 
@@ -461,7 +462,9 @@ class SharedLockSession(SharedSession, Generic[_C]):
 
     # --- campaign, check, release -----------------------------------------------------
 
-    async def attempt(self, backend: SharedLocks[_C], identity: str, seen: Any) -> tuple[SharedHold[_C] | None, Any]:
+    async def attempt(
+        self, backend: SessionLockBackend[_C], identity: str, seen: Any
+    ) -> tuple[SharedHold[_C] | None, Any]:
         """One lock request that does not wait: the hold if granted, else None and the holder reported.
 
         The statements are shielded from cancellation (each is bounded); a
@@ -555,7 +558,7 @@ class SharedLockSession(SharedSession, Generic[_C]):
                 try:
                     freed = await b._unlock(conn)
                     if freed:
-                        await b._notify_release(conn)
+                        await self._announce_release(conn, hold.name)
                     else:  # not ours any more (lost meanwhile): nothing held to give back
                         b.log.debug("the server shows the lock not held by the shared session; nothing to release")
                 except Exception as exc:

@@ -47,6 +47,7 @@ from ._mysql_tls import tls_from_query
 from ._session_lock import (
     Dialect,
     LockConnection,
+    LockSessions,
     Pending,
     SessionLockBackend,
     SessionLockOptions,
@@ -55,7 +56,7 @@ from ._session_lock import (
     read_options,
     socket_fd,
 )
-from ._shared_lock import SharedLocks, SharedLockSession, held_names
+from ._shared_lock import SharedLockSession, held_names
 from ._sql_state import SqlStateStore
 
 if TYPE_CHECKING:
@@ -150,6 +151,8 @@ _FLOOR_ROW = (
     "ON DUPLICATE KEY UPDATE token = token"
 )
 _TO_BINARY = f"ALTER TABLE {FENCING_TABLE} MODIFY name VARBINARY(64) NOT NULL"
+#: In :attr:`LockSessions.prepared` once the fencing table is set up (created, binary names, its floor row).
+_FENCING_SET_UP = "fencing table"
 # The check after a grant and the token bump in one statement: the row is written only if our
 # session holds the lock (else 0 rows are affected), and LAST_INSERT_ID(expr) makes the server
 # report the new token in the statement's answer (its insert id), so no SELECT follows.
@@ -391,7 +394,15 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
         "MySQL", "MySQLElector", ("mysql", "mariadb"), 3306, "wait_timeout", min_lease=2, whole_lease=True
     )
 
-    def __init__(self, dsn: str | None = None, **options: Unpack[MySQLOptions]) -> None:
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        sessions: LockSessions[_MySQLConnection] | None = None,
+        **options: Unpack[MySQLOptions],
+    ) -> None:
+        """``sessions``: where its locks are requested (None: sessions of its own; a :class:`MySQLSession` gives
+        itself to the electors on it)."""
         where = read_options(dsn, options, MySQLOptions, self.dialect)
         if where.fencing and not where.database:
             raise ValueError(
@@ -416,7 +427,9 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
         ssl = ssl if ssl is not None else dsn_tls
         if ssl is not None:
             connect_args["ssl"] = ssl
-        super().__init__(validate_name(options["name"], max_length=_MAX_NAME), where.timing, (where.host, where.port))
+        super().__init__(
+            validate_name(options["name"], max_length=_MAX_NAME), where.timing, (where.host, where.port), sessions
+        )
         self._connect_args = connect_args
         self.fencing = where.fencing
         self.allow_unsafe_topology = options.get("allow_unsafe_topology", False)
@@ -426,7 +439,6 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
         )
         self._durability_checked = False
         self._topology_checked = False
-        self._fencing_ready = False
         warning = transport_warning(
             where.host,
             encrypted=ssl is not None,
@@ -623,7 +635,8 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
             ) from None
 
     async def _bump_token(self, conn: _MySQLConnection, identity: str) -> int:
-        if not self._fencing_ready:
+        # Once per backend's sessions: a shared session sets the table up once for every election on it.
+        if _FENCING_SET_UP not in self.sessions.prepared:
             try:
                 with warnings.catch_warnings():  # "table already exists" is expected
                     warnings.simplefilter("ignore")
@@ -640,7 +653,7 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
                 await self._migrate_names(conn)
             # The floor row read by every bump: present, it is locked alone (absent, the read would lock a gap).
             await conn.write(_FLOOR_ROW, (), timeout=self.check_timeout)
-            self._fencing_ready = True
+            self.sessions.prepared.add(_FENCING_SET_UP)
         rows, token = await conn.write(_BUMP, (self.name, identity, self.name), timeout=self.check_timeout)
         if rows == 0:  # the check in the statement found the lock not held by our session: nothing written
             raise SessionLost(self.not_held)
@@ -792,20 +805,6 @@ class _MySQLStateStore(SqlStateStore[_MySQLConnection]):
 _CHECK_BATCH = 1000
 
 
-class _SharedMySQLBackend(SharedLocks[_MySQLConnection], MySQLBackend):
-    """An election whose ``GET_LOCK`` lives on a :class:`MySQLSession`'s connection."""
-
-    async def _bump_token(self, conn: _MySQLConnection, identity: str) -> int:
-        # The fencing table is set up once per session, not once per election.
-        template = self.shared.template
-        if isinstance(template, MySQLBackend) and template._fencing_ready:
-            self._fencing_ready = True
-        token = await super()._bump_token(conn, identity)
-        if isinstance(template, MySQLBackend):
-            template._fencing_ready = True
-        return token
-
-
 class MySQLSession(SharedLockSession[_MySQLConnection]):
     """One MySQL/MariaDB connection holding the ``GET_LOCK`` of every elector of a process on it.
 
@@ -857,7 +856,6 @@ class MySQLSession(SharedLockSession[_MySQLConnection]):
     who = "MySQLSession"
     options_spec = MySQLSessionOptions
     backend_class = MySQLBackend
-    shared_class = _SharedMySQLBackend
 
     def __init__(
         self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[MySQLSessionOptions]
@@ -867,20 +865,22 @@ class MySQLSession(SharedLockSession[_MySQLConnection]):
     def _on_end(self, conn: _MySQLConnection, ended: Callable[[], None]) -> None:
         conn.on_end(ended)
 
-    async def _held_many(self, conn: _MySQLConnection, backends: list[SharedLocks[_MySQLConnection]]) -> frozenset[str]:
+    async def _held_many(
+        self, conn: _MySQLConnection, backends: list[SessionLockBackend[_MySQLConnection]]
+    ) -> frozenset[str]:
         if not backends:
             await conn.scalar("SELECT 1", timeout=self.template.check_timeout)
             return frozenset()
         return held_names(backends, await self._per_name(conn, "IS_USED_LOCK(%s) = CONNECTION_ID()", backends))
 
     async def _holders_many(
-        self, conn: _MySQLConnection, backends: list[SharedLocks[_MySQLConnection]]
+        self, conn: _MySQLConnection, backends: list[SessionLockBackend[_MySQLConnection]]
     ) -> dict[str, Hashable]:
         answers = await self._per_name(conn, "IS_USED_LOCK(%s)", backends)
         return {b.name: holder for b, holder in zip(backends, answers, strict=True)}
 
     async def _per_name(
-        self, conn: _MySQLConnection, expression: str, backends: list[SharedLocks[_MySQLConnection]]
+        self, conn: _MySQLConnection, expression: str, backends: list[SessionLockBackend[_MySQLConnection]]
     ) -> list[Any]:
         """``expression`` of each backend's name, up to :data:`_CHECK_BATCH` names per statement."""
         answers: list[Any] = []

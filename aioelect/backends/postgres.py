@@ -83,6 +83,7 @@ from ._postgres_wire import EndWatch
 from ._session_lock import (
     Dialect,
     LockConnection,
+    LockSessions,
     Pending,
     SessionLockBackend,
     SessionLockOptions,
@@ -92,7 +93,7 @@ from ._session_lock import (
     socket_fd,
     tls_error,
 )
-from ._shared_lock import SharedLocks, SharedLockSession
+from ._shared_lock import SharedLockSession
 from ._sql_state import SqlStateStore
 
 if TYPE_CHECKING:
@@ -449,7 +450,15 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
     lost_session = "lock connection closed (session terminated, server restarted or network lost)"
     lost_lock = "advisory lock is no longer held by our session"
 
-    def __init__(self, dsn: str | None = None, **options: Unpack[PostgresOptions]) -> None:
+    def __init__(
+        self,
+        dsn: str | None = None,
+        *,
+        sessions: LockSessions[_PostgresConnection] | None = None,
+        **options: Unpack[PostgresOptions],
+    ) -> None:
+        """``sessions``: where its locks are requested (None: sessions of its own; a :class:`PostgresSession`
+        gives itself to the electors on it)."""
         where = read_options(dsn, options, PostgresOptions, self.dialect)
         query = dict(where.dsn.query) if where.dsn else {}
         tls = {k: query.pop(k) for k in ("sslmode", *TLS_FILES) if k in query}
@@ -476,7 +485,7 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
             "database": where.database,
         }
         name = validate_name(options["name"])
-        super().__init__(name, where.timing, (where.host, where.port))
+        super().__init__(name, where.timing, (where.host, where.port), sessions)
         self._connect_args = connect_args
         self._tls = plan
         self.key = advisory_key(name)
@@ -968,13 +977,6 @@ class _PostgresStateStore(SqlStateStore[_PostgresConnection]):
         await conn.execute("COMMIT" if commit else "ROLLBACK", timeout=self._b.check_timeout)
 
 
-class _SharedPostgresBackend(SharedLocks[_PostgresConnection], PostgresBackend):
-    """An election whose advisory lock lives on a :class:`PostgresSession`'s connection."""
-
-    async def _notify_release(self, conn: _PostgresConnection) -> None:
-        await conn.fetchval(_NOTIFY, RELEASE_CHANNEL, self.name, timeout=self.check_timeout)
-
-
 class PostgresSession(SharedLockSession[_PostgresConnection]):
     """One PostgreSQL connection holding the advisory lock of every elector of a process on it.
 
@@ -1024,7 +1026,6 @@ class PostgresSession(SharedLockSession[_PostgresConnection]):
     who = "PostgresSession"
     options_spec = PostgresSessionOptions
     backend_class = PostgresBackend
-    shared_class = _SharedPostgresBackend
 
     def __init__(
         self, dsn: str | None = None, *, identity: str | None = None, **options: Unpack[PostgresSessionOptions]
@@ -1043,15 +1044,18 @@ class PostgresSession(SharedLockSession[_PostgresConnection]):
 
         await conn.run(lambda: conn.raw.add_listener(RELEASE_CHANNEL, notice), self.template.check_timeout)
 
+    async def _announce_release(self, conn: _PostgresConnection, name: str) -> None:
+        await conn.fetchval(_NOTIFY, RELEASE_CHANNEL, name, timeout=self.template.check_timeout)
+
     async def _held_many(
-        self, conn: _PostgresConnection, backends: list[SharedLocks[_PostgresConnection]]
+        self, conn: _PostgresConnection, backends: list[SessionLockBackend[_PostgresConnection]]
     ) -> frozenset[str]:
         rows = await conn.fetch(_HELD_ALL, timeout=self.template.check_timeout)
         held = {(int(row[0]), int(row[1])) for row in rows}
         return frozenset(b.name for b in backends if isinstance(b, PostgresBackend) and (b.classid, b.objid) in held)
 
     async def _holders_many(
-        self, conn: _PostgresConnection, backends: list[SharedLocks[_PostgresConnection]]
+        self, conn: _PostgresConnection, backends: list[SessionLockBackend[_PostgresConnection]]
     ) -> dict[str, Hashable]:
         keyed = {(b.classid, b.objid): b.name for b in backends if isinstance(b, PostgresBackend)}
         holders: dict[str, Hashable] = dict.fromkeys(keyed.values())

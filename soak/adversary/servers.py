@@ -218,6 +218,22 @@ class EtcdTarget(Target):
         return [f"{len(keys)} key(s) left under {self.name}/"] if keys else []
 
 
+def _kept_session(backend: Any) -> tuple[Any, float] | None:
+    """(the connection, the monotonic time it was kept) of the lock session ``backend`` keeps, if any.
+
+    Today's library keeps it on the backend's own sessions (``sessions.kept``,
+    with ``conn`` and ``since``); an old one (scripts/adversary-old.sh) on the
+    backend itself, as a tuple ``(connection, identity, time kept)``.
+    """
+    old = getattr(backend, "_spare", None)
+    if isinstance(old, tuple):
+        return old[0], float(old[2])
+    kept = getattr(getattr(backend, "sessions", None), "kept", None)
+    if kept is None:
+        return None
+    return kept.conn, float(kept.since)
+
+
 class MariaDBTarget(Target):
     backend = "mysql"
     # Restarts often: each starts connection ids afresh, so the ids of sessions kept across one are reused soon;
@@ -259,10 +275,9 @@ class MariaDBTarget(Target):
         """
         ids = []
         for elector in self.electors:
-            backend: Any = elector._backend  # private: the adversary reads the kept session's id
-            spare = getattr(backend, "_spare", None)  # (session, identity, monotonic time it was kept)
-            if spare is not None and time.monotonic() - spare[2] >= idle:
-                ids.append(int(spare[0].session_id))
+            kept = _kept_session(elector._backend)  # private: the adversary reads the kept session's id
+            if kept is not None and time.monotonic() - kept[1] >= idle:
+                ids.append(int(kept[0].session_id))
         return sorted(ids)
 
     def _greeting_id(self) -> int:
