@@ -423,8 +423,9 @@ class Campaign(abc.ABC):
 
     :meth:`SessionLockBackend.campaign` drives it, and owns the back-off,
     the classification of errors and their reports: it calls :meth:`ask`,
-    then :meth:`wait_between` while :meth:`ask` gives no hold, and
-    :meth:`interrupted` after each transient failure; :meth:`end` always.
+    then :meth:`wait_between` while :meth:`ask` gives no hold; after each
+    transient failure :meth:`interrupted`, the report, then :meth:`discard`;
+    :meth:`end` always.
     """
 
     @abc.abstractmethod
@@ -436,10 +437,14 @@ class Campaign(abc.ABC):
         """Between two requests: report the holder if it changed, and wait until the next request is due."""
 
     @abc.abstractmethod
-    async def interrupted(self) -> bool:
-        """After a transient failure: end what the failure left (a session, ended on the server if a request is
-        pending); True when only a kept session was found ended, so the next request goes at once, without
-        back-off or report."""
+    def interrupted(self) -> bool:
+        """A transient failure: True when only a kept session was found ended, so the next request goes at once,
+        without back-off or report."""
+
+    @abc.abstractmethod
+    async def discard(self) -> None:
+        """After a transient failure, once reported: end what it left (a session, ended on the server if a request
+        is pending), so that the next request starts clean."""
 
     @abc.abstractmethod
     async def end(self) -> None:
@@ -694,11 +699,12 @@ class SessionLockBackend(Backend, Generic[_C]):
                     if self.classify(exc) is not ErrorKind.TRANSIENT:
                         raise self.failure(exc, "the campaign") from None
                     delay = 0.0
-                    if await campaign.interrupted():  # the kept session was ended meanwhile (a restart, a KILL)
+                    if campaign.interrupted():  # the kept session was ended meanwhile (a restart, a KILL)
                         self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
                     else:
                         delay = backoff.next_delay()
                         self.report_error(f"campaign interrupted ({self.describe(exc)})", delay)
+                    await campaign.discard()
                     await anyio.sleep(delay)
         finally:
             await campaign.end()
@@ -729,9 +735,10 @@ class SessionLockBackend(Backend, Generic[_C]):
                 try:
                     return await campaign.ask()
                 except Exception as exc:
-                    if self.classify(exc) is not ErrorKind.TRANSIENT or not await campaign.interrupted():
+                    if self.classify(exc) is not ErrorKind.TRANSIENT or not campaign.interrupted():
                         raise self.failure(exc, "the campaign") from None
                     self.log.debug("kept session unusable (%s); opening a new one", self.describe(exc))
+                    await campaign.discard()
         finally:
             await campaign.end()
 
@@ -986,10 +993,12 @@ class _OwnCampaign(Campaign, Generic[_C]):
         self._waits = True
         b.log.debug("lock busy; waiting again")
 
-    async def interrupted(self) -> bool:
+    def interrupted(self) -> bool:
         reused, self._reused = self._reused, False
-        await self.end()
         return reused
+
+    async def discard(self) -> None:
+        await self.end()
 
     async def end(self) -> None:
         if self._conn is not None:

@@ -137,9 +137,12 @@ class _SharedCampaign(Campaign, Generic[_C]):
         if not self._ask and holder != self._seen:
             self._seen = await session.identify(b, holder)
 
-    async def interrupted(self) -> bool:
+    def interrupted(self) -> bool:
         self._ask = True
         return False
+
+    async def discard(self) -> None:
+        """Nothing to end: the session's connection is the session's (a failure that closed it lost it there)."""
 
     async def end(self) -> None:
         self._session.unwait(self._b)
