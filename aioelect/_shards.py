@@ -195,7 +195,7 @@ def _session_identity(elector: Elector) -> tuple[str, bool] | None:
     """The identity of the shared SQL session ``elector`` is on, and whether the server reports the session's
     identity (not the elector's) as the leader of every election on it; None when it is on no such session."""
     backend = backend_of(elector)
-    identity = getattr(getattr(backend, "shared", None), "identity", None)
+    identity = getattr(getattr(backend, "sessions", None), "identity", None)  # a shared session's; own ones have none
     if not isinstance(identity, str):
         return None
     return identity, not getattr(backend, "records_identity", False)
