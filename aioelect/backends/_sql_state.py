@@ -13,6 +13,7 @@ frozen inside that transaction holds the next grant up for ``lease`` at most.
 from __future__ import annotations
 
 import abc
+from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 import anyio
@@ -23,10 +24,18 @@ from .._errors import ElectionError
 __all__ = ["SqlStateStore"]
 
 _C = TypeVar("_C")
+_T = TypeVar("_T")
 
 
 class SqlStateStore(StateStore, Generic[_C]):
-    """One connection, opened on first use, one transaction at a time; a dialect says the statements."""
+    """One connection, opened on first use and kept until :meth:`aclose`, one transaction at a time; a dialect
+    says the statements.
+
+    The server ends the kept connection once it sits idle for ``lease``: a
+    read, a post or a transaction's ``BEGIN`` that fails on a kept
+    connection runs once more on a new one (each is sent whole or not at
+    all, so running it twice changes nothing).
+    """
 
     def __init__(self) -> None:
         self._conn: _C | None = None
@@ -103,13 +112,29 @@ class SqlStateStore(StateStore, Generic[_C]):
         self._conn = fresh
         return fresh
 
+    async def _again_if_kept(self, step: Callable[[_C], Awaitable[_T]]) -> _T:
+        """``step(conn)`` on the connection; if it fails on a kept one (the server may have ended it while it sat
+        idle), once more on a new connection."""
+        kept = self._conn is not None and not self._broken(self._conn)
+        conn = await self._connection()
+        try:
+            return await step(conn)
+        except Exception:
+            if not kept:
+                raise
+            self._drop()
+        return await step(await self._connection())
+
     async def read(self, key: str) -> bytes | None:
         async with self._lock:
             try:
-                return await self._read(await self._connection(), key)
-            except Exception as exc:
+                return await self._again_if_kept(lambda conn: self._read(conn, key))
+            except BaseException as exc:
+                # A read cut off (a cancellation, a timeout) leaves its reply on the connection: never reused.
                 self._drop()
-                raise self._failure(exc, "the state read") from exc
+                if isinstance(exc, Exception):
+                    raise self._failure(exc, "the state read") from exc
+                raise
 
     @abc.abstractmethod
     async def _post(self, conn: _C, key: str, value: bytes) -> None:
@@ -118,31 +143,27 @@ class SqlStateStore(StateStore, Generic[_C]):
     async def post(self, key: str, value: bytes) -> None:
         async with self._lock:
             try:
-                await self._post(await self._connection(), key, value)
-            except Exception as exc:
+                await self._again_if_kept(lambda conn: self._post(conn, key, value))
+            except BaseException as exc:
                 self._drop()
-                raise self._failure(exc, "the request") from exc
+                if isinstance(exc, Exception):
+                    raise self._failure(exc, "the request") from exc
+                raise
 
     async def _begun(self) -> _C:
         """A connection with a transaction begun on it.
 
-        A kept connection that the server ended while it sat idle (its idle
-        bound is ``lease``: a leader frozen longer finds it gone) fails at
-        ``BEGIN``, before anything of the write was sent: the transaction is
-        begun once more on a new connection, where the fence answers.
+        A kept connection that the server ended while it sat idle (a leader
+        frozen longer than ``lease`` finds it gone) fails at ``BEGIN``,
+        before anything of the write was sent: the transaction is begun once
+        more on a new connection, where the fence answers.
         """
-        kept = self._conn is not None and not self._broken(self._conn)
-        conn = await self._connection()
-        try:
+
+        async def begin(conn: _C) -> _C:
             await self._begin(conn)
             return conn
-        except Exception:
-            if not kept:
-                raise
-            self._drop()
-        conn = await self._connection()
-        await self._begin(conn)
-        return conn
+
+        return await self._again_if_kept(begin)
 
     async def write(self, hold: Hold, key: str, value: bytes, *, compare: bool, expected: bytes | None) -> Written:
         assert hold.token is not None
