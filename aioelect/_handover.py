@@ -208,7 +208,7 @@ class Gate:
             if self.health is not None:
                 await self.health.until_healthy(self._log)
             hold = await self._campaign_asking(identity)
-            if await self._admit(hold, identity, wait=True):
+            if await self._closing_state(self._admit(hold, identity, wait=True)):
                 return hold
 
     async def _campaign_asking(self, identity: str) -> Hold:
@@ -383,9 +383,20 @@ class Gate:
                 self._log.warning("not campaigning: %s", why)
                 return None
         hold = await self._backend.try_campaign(identity)
-        if hold is None or await self._admit(hold, identity, wait=False):
+        if hold is None or await self._closing_state(self._admit(hold, identity, wait=False)):
             return hold
         return None
+
+    async def _closing_state(self, step: Awaitable[bool]) -> bool:
+        """``await step``; the state's connection, if this opened it, closed after unless the backend keeps it
+        (where each candidate holds a connection of its own anyway; many electors on one shared session would
+        each hold one more)."""
+        opened = self._backend._state_store is None and not self._backend.keeps_state_open
+        try:
+            return await step
+        finally:
+            if opened:
+                await self._backend.close_state()
 
     async def _admit(self, hold: Hold, identity: str, *, wait: bool) -> bool:
         try:

@@ -241,8 +241,8 @@ class SharedLockSession(SharedSession, LockSessions[_C]):
     who = "SharedLockSession"
     #: The TypedDict of the session's options (the dialect's options but ``name``).
     options_spec: Any
-    #: The dialect's backend, built as ``cls(dsn, name=..., sessions=..., **options)``: the session's own (through
-    #: which it connects) with sessions of its own, an elector's with this session as its sessions.
+    #: The dialect's backend, built as ``cls(dsn, name=..., **options)``: the session's own (through which it
+    #: connects) with sessions of its own, an elector's then given this session as its sessions.
     backend_class: Any
 
     def __init__(self, dsn: str | None, identity: str | None, options: Mapping[str, Any]) -> None:
@@ -318,9 +318,8 @@ class SharedLockSession(SharedSession, LockSessions[_C]):
                 f"an elector on this {self.who} already campaigns on {name!r}: a session holds one lock per name; "
                 "close it first, or use another session"
             )
-        backend: SessionLockBackend[_C] = self.backend_class(  # ValueError: a bad name
-            self._dsn, name=name, sessions=self, **self._options
-        )
+        backend: SessionLockBackend[_C] = self.backend_class(self._dsn, name=name, **self._options)  # ValueError
+        backend.sessions = self  # set here only: options never reach it, so no elector joins a session unchecked
         self._members[name] = (backend, close or backend.aclose)
         return backend
 

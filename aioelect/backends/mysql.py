@@ -47,7 +47,6 @@ from ._mysql_tls import tls_from_query
 from ._session_lock import (
     Dialect,
     LockConnection,
-    LockSessions,
     Pending,
     SessionLockBackend,
     SessionLockOptions,
@@ -394,15 +393,7 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
         "MySQL", "MySQLElector", ("mysql", "mariadb"), 3306, "wait_timeout", min_lease=2, whole_lease=True
     )
 
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        sessions: LockSessions[_MySQLConnection] | None = None,
-        **options: Unpack[MySQLOptions],
-    ) -> None:
-        """``sessions``: where its locks are requested (None: sessions of its own; a :class:`MySQLSession` gives
-        itself to the electors on it)."""
+    def __init__(self, dsn: str | None = None, **options: Unpack[MySQLOptions]) -> None:
         where = read_options(dsn, options, MySQLOptions, self.dialect)
         if where.fencing and not where.database:
             raise ValueError(
@@ -427,9 +418,7 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
         ssl = ssl if ssl is not None else dsn_tls
         if ssl is not None:
             connect_args["ssl"] = ssl
-        super().__init__(
-            validate_name(options["name"], max_length=_MAX_NAME), where.timing, (where.host, where.port), sessions
-        )
+        super().__init__(validate_name(options["name"], max_length=_MAX_NAME), where.timing, (where.host, where.port))
         self._connect_args = connect_args
         self.fencing = where.fencing
         self.allow_unsafe_topology = options.get("allow_unsafe_topology", False)

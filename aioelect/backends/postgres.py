@@ -83,7 +83,6 @@ from ._postgres_wire import EndWatch
 from ._session_lock import (
     Dialect,
     LockConnection,
-    LockSessions,
     Pending,
     SessionLockBackend,
     SessionLockOptions,
@@ -450,15 +449,7 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
     lost_session = "lock connection closed (session terminated, server restarted or network lost)"
     lost_lock = "advisory lock is no longer held by our session"
 
-    def __init__(
-        self,
-        dsn: str | None = None,
-        *,
-        sessions: LockSessions[_PostgresConnection] | None = None,
-        **options: Unpack[PostgresOptions],
-    ) -> None:
-        """``sessions``: where its locks are requested (None: sessions of its own; a :class:`PostgresSession`
-        gives itself to the electors on it)."""
+    def __init__(self, dsn: str | None = None, **options: Unpack[PostgresOptions]) -> None:
         where = read_options(dsn, options, PostgresOptions, self.dialect)
         query = dict(where.dsn.query) if where.dsn else {}
         tls = {k: query.pop(k) for k in ("sslmode", *TLS_FILES) if k in query}
@@ -485,7 +476,7 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
             "database": where.database,
         }
         name = validate_name(options["name"])
-        super().__init__(name, where.timing, (where.host, where.port), sessions)
+        super().__init__(name, where.timing, (where.host, where.port))
         self._connect_args = connect_args
         self._tls = plan
         self.key = advisory_key(name)
