@@ -31,3 +31,42 @@ async def test_an_elector_given_a_shared_session_as_sessions_never_leads_beside_
         finally:
             await stray.aclose()
             await member.aclose()
+
+
+def test_the_adversary_reads_the_session_an_elector_keeps() -> None:
+    """soak/adversary's MariaDB operator finds the lock session an elector keeps after a release (its id), and
+    none once a campaign took it back: it restarts the server to reuse exactly those ids."""
+    import anyio
+
+    import aioelect
+    from soak.adversary.run import OPTIONS
+    from soak.adversary.servers import MariaDBTarget
+    from tests.harness import MissingBinaryError
+    from tests.harness.plugin import server_unavailable, skip_if_external
+
+    skip_if_external("mysql")
+    target = MariaDBTarget("red-kept")
+    try:
+        target.start()
+    except MissingBinaryError as exc:
+        target.cleanup()
+        server_unavailable(str(exc))
+
+    async def main() -> tuple[list[int], int, list[int]]:
+        async with aioelect.new(mysql=target.target(), name=target.name, identity="A", **OPTIONS["mysql"]) as a:
+            target.electors.append(a)
+            lead = await a.acquire()
+            held_by = int(target.server.query("SELECT IS_USED_LOCK(%s)", (target.name,), database="")[0][0])
+            await lead.release()
+            kept = target.kept_ids(idle=0)
+            again = await a.acquire()
+            taken = target.kept_ids(idle=0)
+            await again.release()
+            return kept, held_by, taken
+
+    try:
+        kept, held_by, taken = anyio.run(main)
+    finally:
+        target.cleanup()
+    assert taken == []
+    assert kept == [held_by]
