@@ -1,4 +1,5 @@
-"""Red-team probes of the session-lock engine's LockSessions seam (MySQL/MariaDB and PostgreSQL, real servers)."""
+"""Where a session-lock backend runs its requests (its own sessions, or a shared session): each elector of a name
+leads alone, a kept session serves one identity, and nothing is left on the servers (MySQL/MariaDB, PostgreSQL)."""
 
 from __future__ import annotations
 
