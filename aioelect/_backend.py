@@ -289,12 +289,6 @@ class Backend(abc.ABC):
         """
         raise UsageError(f"{type(self).__name__} talks to no server: there is no exchange to intercept")
 
-    @property
-    def keeps_state_open(self) -> bool:
-        """Whether the fenced state's connection, once opened, stays open between leaderships (until
-        :meth:`close_state`): True where each candidate holds a connection of its own to the server anyway."""
-        return False
-
     def state_store(self) -> StateStore:
         """This election's fenced state on the backend's server (see :class:`StateStore`), made on first use.
 

@@ -388,10 +388,8 @@ class Gate:
         return None
 
     async def _closing_state(self, step: Awaitable[bool]) -> bool:
-        """``await step``; the state's connection, if this opened it, closed after unless the backend keeps it
-        (where each candidate holds a connection of its own anyway; many electors on one shared session would
-        each hold one more)."""
-        opened = self._backend._state_store is None and not self._backend.keeps_state_open
+        """``await step``; the state's connection, if this opened it, closed after (an idle elector holds none)."""
+        opened = self._backend._state_store is None
         try:
             return await step
         finally:

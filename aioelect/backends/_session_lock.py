@@ -786,12 +786,6 @@ class SessionLockBackend(Backend, Generic[_C]):
 
     # --- who leads --------------------------------------------------------------------
 
-    @property
-    def keeps_state_open(self) -> bool:
-        # A session of its own per candidate: one more for the state costs little. A shared session's electors
-        # (a thousand on one connection) would each hold one.
-        return isinstance(self.sessions, OwnSessions)
-
     async def leader(self) -> str | None:
         return await self.sessions.look(self, self._leader_on)
 

@@ -33,8 +33,8 @@ class SqlStateStore(StateStore, Generic[_C]):
 
     The server ends the kept connection once it sits idle for ``lease``: a
     read, a post or a transaction's ``BEGIN`` that fails on a kept
-    connection runs once more on a new one (each is sent whole or not at
-    all, so running it twice changes nothing).
+    connection runs once more on a new one (running any of them twice
+    changes nothing).
     """
 
     def __init__(self) -> None:
