@@ -32,9 +32,8 @@ class SqlStateStore(StateStore, Generic[_C]):
     says the statements.
 
     The server ends the kept connection once it sits idle for ``lease``: a
-    read, a post or a transaction's ``BEGIN`` that fails on a kept
-    connection runs once more on a new one (running any of them twice
-    changes nothing).
+    read or a transaction's ``BEGIN`` that fails on a kept connection runs
+    once more on a new one (neither changes anything on the server).
     """
 
     def __init__(self) -> None:
@@ -143,7 +142,9 @@ class SqlStateStore(StateStore, Generic[_C]):
     async def post(self, key: str, value: bytes) -> None:
         async with self._lock:
             try:
-                await self._again_if_kept(lambda conn: self._post(conn, key, value))
+                # Not again on a new connection: a post whose reply was lost may have committed, and a second one
+                # could replace a request another process posted in between.
+                await self._post(await self._connection(), key, value)
             except BaseException as exc:
                 self._drop()
                 if isinstance(exc, Exception):
