@@ -273,6 +273,22 @@ def test_lost_leadership_stops_cmd_with_sigterm_then_sigkill_and_forever_campaig
     assert not pid_alive(int(second[1]))
 
 
+def test_a_sigpipe_neither_stops_aioelect_run_nor_reaches_cmd(mysql_dsn: str, spawner: Spawner, tmp_path: Path) -> None:
+    """The kernel sends SIGPIPE for a write on a socket whose other end closed (a server that ended the lock
+    session, a probe client gone): it never asks aioelect to stop, and CMD never hears of it."""
+    lines = Lines(tmp_path / "ticks")
+    proc = spawner.run_cmd("--mysql", mysql_dsn, "--name", f"pipe-{secrets.token_hex(4)}", "--identity", "p",
+                           out=lines.path, mode="graceful")  # fmt: skip
+    wait_until("the command to start", lambda: bool(lines.of("p", "start")), 20)
+    proc.send_signal(signal.SIGPIPE)
+    ticks = len(lines.of("p", "tick"))
+    wait_until("CMD to go on ticking", lambda: len(lines.of("p", "tick")) >= ticks + 5, 10)
+    assert proc.poll() is None, spawner.stderr(proc)
+    assert not [row for row in lines.of("p", "signal-13")], "CMD was sent SIGPIPE"
+    proc.send_signal(signal.SIGTERM)
+    assert spawner.wait(proc) == 10 + signal.SIGTERM  # the graceful CMD exits 10 + the signal it got
+
+
 def test_forever_runs_cmd_again_after_it_exits(mysql_dsn: str, spawner: Spawner, tmp_path: Path) -> None:
     lines = Lines(tmp_path / "ticks")
     proc = spawner.run_cmd("--mysql", mysql_dsn, "--name", f"forever-{secrets.token_hex(4)}", "--identity", "f",

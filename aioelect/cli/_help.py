@@ -138,9 +138,9 @@ RUN_DESCRIPTION = f"""\
 Campaign, and run CMD only while this process is the leader.
 
 * SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to
-  CMD (to its process group), SIGPIPE as SIGTERM; aioelect then exits with
-  CMD's status (no restart with --forever). Before CMD starts they stop the
-  campaign.
+  CMD (to its process group); aioelect then exits with CMD's status (no
+  restart with --forever). Before CMD starts they stop the campaign. SIGPIPE
+  is ignored (a write on a closed connection fails instead).
 * CMD's tree: CMD and every process it starts, even one that calls setsid
   or double-forks (Linux: CMD runs under a small shim process, a child
   subreaper, that keeps them all its descendants).
@@ -203,8 +203,8 @@ same --name), and run one CMD per name this instance owns.
 * A CMD that exits is started again after --restart-delay while its name
   is still owned.
 * SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to
-  every CMD (SIGPIPE as SIGTERM); each name is let go once its tree is
-  gone, and aioelect exits with 128 + the signal.
+  every CMD; each name is let go once its tree is gone, and aioelect exits
+  with 128 + the signal. SIGPIPE is ignored.
 * Runs on every backend. On etcd, MySQL and PostgreSQL every election of
   the instance is on one shared session (one etcd lease, one SQL
   connection), so its names are lost together when that session ends; on

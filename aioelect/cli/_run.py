@@ -12,9 +12,9 @@ Guarantees, on top of :mod:`aioelect.cli._supervisor`'s:
 * when CMD exits, processes it left running are stopped the same way
   before the release;
 * each of :data:`~aioelect.cli._supervisor.STOP_SIGNALS` (INT, TERM, HUP,
-  QUIT, USR1, USR2, and PIPE as TERM: :func:`forwarded_signal`) is
-  forwarded to CMD's group and ends aioelect once CMD has exited (no
-  restart with ``--forever``), or stops the campaign before CMD started.
+  QUIT, USR1, USR2) is forwarded to CMD's group and ends aioelect once CMD
+  has exited (no restart with ``--forever``), or stops the campaign before
+  CMD started; SIGPIPE is ignored.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ __all__ = [
     "Runner",
     "check_metrics",
     "choose_grace",
-    "forwarded_signal",
     "health_check",
     "serve_health",
     "serve_metrics",
@@ -141,15 +140,6 @@ async def serve_health(elector: Elector, host: str, port: int) -> HealthServer:
     return health
 
 
-def forwarded_signal(sig: int) -> int:
-    """What CMD gets when aioelect gets ``sig``: the same signal, except SIGTERM for SIGPIPE.
-
-    SIGPIPE tells of aioelect's own output going nowhere; it means nothing
-    to CMD, and many runtimes (Python's among them) ignore it.
-    """
-    return signal.SIGTERM if sig == signal.SIGPIPE else sig
-
-
 def command_check(command: str, environ: Mapping[str, str]) -> Callable[[], Awaitable[bool]]:
     """A health check that runs ``command`` (split as a shell would) and passes if it exits 0.
 
@@ -224,9 +214,8 @@ class Runner:
         if self._campaign_scope is not None:
             self._campaign_scope.cancel()
         if self.group is not None and self.group.running:
-            forwarded = forwarded_signal(sig)
-            log.info("forwarding %s to CMD (pid %d)", signal.Signals(forwarded).name, self.group.pid)
-            self.group.signal(forwarded)
+            log.info("forwarding %s to CMD (pid %d)", signal.Signals(sig).name, self.group.pid)
+            self.group.signal(sig)
 
     def _stopped_status(self) -> int:
         return 128 + self.signals[0]
@@ -298,7 +287,7 @@ class Runner:
             return EXIT_NOT_EXECUTABLE
         log.info("leader (token %s): started %s, pid %d", lead.token, os.path.basename(self.cmd[0]), group.pid)
         if self.signals:  # arrived while CMD was being started
-            group.signal(forwarded_signal(self.signals[-1]))
+            group.signal(self.signals[-1])
         # CMD is the leader's work: on a loss the keeper cancels this scope, then releases the
         # lock only once CMD's whole tree is gone (the finally below).
         with lead.guard():

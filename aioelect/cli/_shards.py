@@ -19,7 +19,7 @@ its environment. Guarantees, on top of :mod:`aioelect.cli._supervisor`'s
   hands every name over as on a stop signal (below), staying out for
   ``--health-backoff`` seconds and then until the check passes;
 * each of :data:`~aioelect.cli._supervisor.STOP_SIGNALS` is forwarded to
-  every CMD (SIGPIPE as SIGTERM), and the instance drains
+  every CMD, and the instance drains
   (:meth:`aioelect.Shards.drain`): it leaves its member election and asks
   for no name again, each name is released once its CMD's tree is gone
   (the grace honoured), so the other instances take the names as they are
@@ -56,7 +56,7 @@ from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from .._shards import Shards
 from ._configure import Config, first_contact
 from ._orphans import reaper
-from ._run import choose_grace, forwarded_signal, health_check
+from ._run import choose_grace, health_check
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
 from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, stop_timeout_for
 
@@ -147,11 +147,10 @@ class ShardsRunner:
     def on_signal(self, sig: int, stop: anyio.Event) -> None:
         """Forward ``sig`` to every CMD and drain: each name is let go once its CMD's tree is gone."""
         self.signals.append(sig)
-        forwarded = forwarded_signal(sig)
         for name, group in self.running.items():
             if group.running:
-                log.info("forwarding %s to CMD of %s (pid %d)", signal.Signals(forwarded).name, name, group.pid)
-                group.signal(forwarded)
+                log.info("forwarding %s to CMD of %s (pid %d)", signal.Signals(sig).name, name, group.pid)
+                group.signal(sig)
         stop.set()
 
     async def _drain_on(self, stop: anyio.Event, shards: Shards, scope: anyio.CancelScope) -> None:

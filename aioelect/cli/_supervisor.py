@@ -80,7 +80,9 @@ def stop_timeout_for(grace: float) -> float:
 
 
 #: The signals ``aioelect run`` handles: each is forwarded to CMD's group and stops the campaign, where the
-#: default action would end aioelect with CMD left behind (SIGPIPE included, which Python ignores).
+#: default action would end aioelect with CMD left behind. Not SIGPIPE: the kernel sends it for a write on a
+#: socket or pipe the other end closed (a server that ended our session, a probe client gone, a dead shim), never
+#: to ask for a stop; Python ignores it, and such a write fails with EPIPE instead.
 STOP_SIGNALS = (
     signal.SIGINT,
     signal.SIGTERM,
@@ -88,7 +90,6 @@ STOP_SIGNALS = (
     signal.SIGQUIT,
     signal.SIGUSR1,
     signal.SIGUSR2,
-    signal.SIGPIPE,
 )
 #: How long the shim gets to start and execute CMD.
 SHIM_START_WAIT = 30.0
