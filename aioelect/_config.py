@@ -10,6 +10,7 @@ import secrets
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -19,6 +20,8 @@ __all__ = [
     "DEFAULT_NAME",
     "DSN",
     "LockTiming",
+    "TIMING_OPTIONS",
+    "TimingRules",
     "dsn_password",
     "check_options",
     "confirmation_gap",
@@ -294,8 +297,58 @@ MIN_DERIVED_CHECK_TIMEOUT = 0.5
 
 
 @dataclass(frozen=True)
+class TimingRules:
+    """What one backend makes of the timing options: their defaults, the bounds on ``lease``, what it becomes.
+
+    The one validation, :meth:`LockTiming.checked`, reads these and nothing
+    else that differs between backends.
+    """
+
+    #: The server-side thing ``lease`` becomes, for messages ("wait_timeout").
+    server_timeout: str
+    #: The least lease, the most, and whether it counts whole seconds.
+    min_lease: float
+    whole_lease: bool
+    max_lease: float = 86400
+    #: The public name of the lease option: ``lease``, or etcd's own ``ttl``.
+    word: str = "lease"
+    #: The defaults of the options not given.
+    lease: float = 10
+    poll_interval: float = 2.0
+    connect_timeout: float = 5.0
+    #: The renew deadline given none, as a share of the lease.
+    renew_share: float | Fraction = 0.7
+    #: A backend confirmed by keep-alives at a fixed share of the lease (etcd) sets it: ``check_interval`` is then
+    #: that share, not an option, and the renew deadline must outlast one keep-alive interval.
+    keepalive_share: Fraction | None = None
+
+    def read(self, options: Mapping[str, Any]) -> LockTiming:
+        """The timing ``options`` give (keyword arguments by their public names), validated: :meth:`LockTiming.checked`.
+
+        The only place the shared timing options are read by name: every backend keeps the :class:`LockTiming`
+        this returns and reads its attributes.
+        """
+        return LockTiming.checked(
+            self,
+            lease=options.get(self.word, self.lease),
+            renew_deadline=options.get("renew_deadline"),
+            poll_interval=options.get("poll_interval", self.poll_interval),
+            check_interval=options.get("check_interval"),
+            check_timeout=options.get("check_timeout"),
+            connect_timeout=options.get("connect_timeout", self.connect_timeout),
+        )
+
+
+#: The timing options a backend reads through :meth:`TimingRules.read`, by their public names.
+TIMING_OPTIONS = ("lease", "renew_deadline", "poll_interval", "check_interval", "check_timeout", "connect_timeout")
+
+
+@dataclass(frozen=True)
 class LockTiming:
-    """The timing of a lock held by one server session (MySQL, PostgreSQL), checked as a whole.
+    """The timing of a lock a server keeps for a silent holder for ``lease`` seconds, checked as a whole.
+
+    Every server backend keeps one (MySQL, PostgreSQL, Redis, etcd), built
+    by :meth:`TimingRules.read` from the constructor's options.
 
     Guarantees ``check_interval + 2 * check_timeout <= renew_deadline < lease``:
     a healthy leader confirms before its deadline (a confirmation is dated
@@ -305,7 +358,10 @@ class LockTiming:
     drop its session and hand the lock on. ``poll_interval`` is not bound by
     the renew deadline: every backend that uses it dates a new leadership from
     a statement sent after the grant, never from a lock request that may have
-    waited on the server.
+    waited on the server. Where the rules set ``keepalive_share`` (etcd),
+    ``check_interval`` is the keep-alive interval and ``check_timeout`` the
+    bound on one keep-alive, and the guarantee is
+    ``check_interval < renew_deadline < lease`` instead.
 
     ``lease`` is the earliest moment the server may end a session it no
     longer hears from only if every other server-side bound is at least as
@@ -323,6 +379,7 @@ class LockTiming:
     @classmethod
     def checked(
         cls,
+        rules: TimingRules,
         *,
         poll_interval: float,
         check_interval: float | None,
@@ -330,11 +387,10 @@ class LockTiming:
         connect_timeout: float,
         lease: float,
         renew_deadline: float | None,
-        server_timeout: str,
-        min_lease: float,
-        whole_lease: bool,
     ) -> LockTiming:
-        """Validate the options (ValueError saying why); ``renew_deadline`` defaults to 0.7 * lease.
+        """Validate the options (ValueError saying why, naming ``lease`` by ``rules.word``).
+
+        ``renew_deadline`` defaults to ``rules.renew_share`` of the lease.
 
         ``check_interval`` defaults to :data:`CHECK_INTERVAL` (1 s), or a
         tenth of a lease shorter than 10 s: at the default renew deadline a
@@ -348,36 +404,60 @@ class LockTiming:
         ``(renew_deadline - check_interval) / 2``, if that is at least
         :data:`MIN_DERIVED_CHECK_TIMEOUT` (0.5 s).
 
-        ``server_timeout`` names the server setting ``lease`` becomes.
+        With ``rules.keepalive_share``, ``check_interval`` is that share of
+        the lease and ``check_timeout`` half the slack between a keep-alive
+        and the deadline (at least 0.1 s), both derived, never given.
         """
+        word, becomes = rules.word, rules.server_timeout
         if isinstance(lease, bool):
-            raise ValueError(f"lease must be a number of seconds, not {lease!r}")
-        lease = positive("lease", lease, maximum=86400)
-        if whole_lease and not lease.is_integer():
-            raise ValueError(f"lease must be a whole number of seconds (it becomes {server_timeout}), not {lease!r}")
-        if lease < min_lease:
-            raise ValueError(f"lease must be at least {min_lease:g} seconds (it becomes {server_timeout})")
+            raise ValueError(f"{word} must be a number of seconds, not {lease!r}")
+        given = lease
+        lease = positive(word, lease)
+        if lease > rules.max_lease:
+            raise ValueError(
+                f"{word} must be at most {rules.max_lease:.0f} seconds (it becomes {becomes}), not {given!r}"
+            )
+        if rules.whole_lease and not lease.is_integer():
+            raise ValueError(f"{word} must be a whole number of seconds (it becomes {becomes}), not {given!r}")
+        if lease < rules.min_lease:
+            raise ValueError(f"{word} must be at least {rules.min_lease:g} seconds (it becomes {becomes})")
+        if rules.keepalive_share is not None:
+            check_interval = _share(lease, rules.keepalive_share)
         check_interval = positive(
             "check_interval", check_interval if check_interval is not None else min(CHECK_INTERVAL, lease / 10)
         )
-        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else lease * 0.7
-        if check_timeout is None:
+        deadline = (
+            positive("renew_deadline", renew_deadline)
+            if renew_deadline is not None
+            else _share(lease, rules.renew_share)
+        )
+        if rules.keepalive_share is not None:
+            check_timeout = max(0.1, min(check_interval, deadline - check_interval) / 2)
+        elif check_timeout is None:
             fits = (deadline - check_interval) / 2
             check_timeout = min(CHECK_TIMEOUT, fits) if fits >= MIN_DERIVED_CHECK_TIMEOUT else CHECK_TIMEOUT
         check_timeout = positive("check_timeout", check_timeout)
         if deadline >= lease:
             raise ValueError(
-                f"renew_deadline ({deadline:g}s) must be shorter than lease ({lease:g}s): "
+                f"renew_deadline ({deadline:g}s) must be shorter than {word} ({lease:g}s): "
                 "a leader must stop before the server can hand the lock to someone else"
             )
-        gap = confirmation_gap(check_interval, check_timeout)
-        if gap > deadline:
-            raise ValueError(
-                f"check_interval + 2 * check_timeout ({gap:g}s) must not exceed renew_deadline ({deadline:g}s): "
-                "two confirmations can be that far apart on a healthy but slow server (a check answered just "
-                "within check_timeout, check_interval, then the next one answered just within check_timeout), "
-                "so a healthy leader would fence itself"
-            )
+        if rules.keepalive_share is not None:
+            if deadline <= check_interval:
+                raise ValueError(
+                    f"renew_deadline ({deadline:g}s) must be longer than the keep-alive interval "
+                    f"{word}/{rules.keepalive_share.denominator} ({check_interval:.3g}s): otherwise a healthy leader "
+                    "would fence itself between two keep-alives"
+                )
+        else:
+            gap = confirmation_gap(check_interval, check_timeout)
+            if gap > deadline:
+                raise ValueError(
+                    f"check_interval + 2 * check_timeout ({gap:g}s) must not exceed renew_deadline ({deadline:g}s): "
+                    "two confirmations can be that far apart on a healthy but slow server (a check answered just "
+                    "within check_timeout, check_interval, then the next one answered just within check_timeout), "
+                    "so a healthy leader would fence itself"
+                )
         return cls(
             poll_interval=positive("poll_interval", poll_interval, maximum=3600),
             check_interval=check_interval,
@@ -429,6 +509,13 @@ class LockTiming:
             f"renew_deadline ({self.renew_deadline:g}s), so the lock could pass on while it still leads; raise "
             f"{setting} to at least {self.lease:g}s on the server, or lower lease (and renew_deadline) below it"
         )
+
+
+def _share(lease: float, share: float | Fraction) -> float:
+    """``share`` of ``lease``; a Fraction p/q as ``lease * p / q``, so that 2/3 of a 6 s lease is exactly 4 s."""
+    if isinstance(share, Fraction):
+        return lease * share.numerator / share.denominator
+    return lease * share
 
 
 def confirmation_gap(check_interval: float, check_timeout: float) -> float:

@@ -79,37 +79,40 @@ _IGNORED_SAID: set[tuple[str, str]] = set()
 
 
 def _portable(kind: str, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` for the ``kind`` backend: ``ttl`` read as ``lease``, whole seconds where the backend counts
-    them, and each portable option the backend has not dropped with a WARNING (once per process)."""
+    """``options`` for the ``kind`` backend: the lease under the word its elector takes (``ttl`` for etcd, else
+    ``lease``), in whole seconds where the backend counts them, and each portable option the backend has not
+    dropped with a WARNING (once per process)."""
     options = dict(options)
-    given_as_ttl = "ttl" in options
-    if given_as_ttl:
-        ttl = options.pop("ttl")
-        if "lease" in options and options["lease"] != ttl:
-            raise ValueError(f"ttl={ttl!r} and lease={options['lease']!r}: ttl is etcd's word for lease, give one")
-        options["lease"] = ttl
+    given: dict[str, Any] = {word: options.pop(word) for word in ("lease", "ttl") if word in options}
+    if len(given) == 2 and given["lease"] != given["ttl"]:
+        raise ValueError(f"ttl={given['ttl']!r} and lease={given['lease']!r}: ttl is etcd's word for lease, give one")
+    if given:
+        # The one word the chosen elector takes for the lease (etcd's is its own, ``ttl``).
+        options["ttl" if kind == "etcd" else "lease"] = _lease(kind, given)
     for option in PORTABLE_OPTIONS:
         if option in options and option not in _HAS[kind]:
             value = options.pop(option)
             if (kind, option) not in _IGNORED_SAID:
                 _IGNORED_SAID.add((kind, option))
                 log.warning("%s=%r means nothing to the %s backend, ignored: %s", option, value, kind, _WHY[kind])
-    lease = options.get("lease")
-    # Only a lease given as ``lease`` is rounded: etcd's own word ``ttl`` keeps etcd's whole seconds, as its
-    # elector takes it.
-    if given_as_ttl:
-        if isinstance(lease, float) and lease.is_integer():
-            options["lease"] = int(lease)
-    elif kind in ("etcd", "mysql") and isinstance(lease, float) and math.isfinite(lease) and lease > 0:
+    return options
+
+
+def _lease(kind: str, given: Mapping[str, Any]) -> Any:
+    """The lease the ``kind`` backend gets from ``given`` (``lease``, ``ttl`` or both, equal)."""
+    if "ttl" in given:
+        # etcd's own word keeps etcd's whole seconds, as its elector takes it: never rounded.
+        ttl = given["ttl"]
+        return int(ttl) if isinstance(ttl, float) and ttl.is_integer() else ttl
+    lease = given["lease"]
+    if kind in ("etcd", "mysql") and isinstance(lease, float) and math.isfinite(lease) and lease > 0:
         # etcd's TTL and MySQL's wait_timeout are whole seconds: rounded up, never shortened.
         if not lease.is_integer():
             log.warning(
                 "lease=%r rounded up to %d s: the %s backend counts whole seconds", lease, math.ceil(lease), kind
             )
-        options["lease"] = math.ceil(lease)
-    if kind == "etcd" and "lease" in options:
-        options["ttl"] = options.pop("lease")
-    return options
+        return math.ceil(lease)
+    return lease
 
 
 _NAME_REQUIRED = (
@@ -262,7 +265,6 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     if priority is not None:
         elector.set_priority(priority)
     return elector
-
 
 
 def priority_from(text: str | None) -> int | None:

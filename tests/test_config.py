@@ -6,7 +6,7 @@ from urllib.parse import quote
 
 import pytest
 
-from aioelect._config import LockTiming, is_loopback, parse_dsn, redact_dsn, transport_warning
+from aioelect._config import LockTiming, TimingRules, is_loopback, parse_dsn, redact_dsn, transport_warning
 
 # --- redaction by text ------------------------------------------------------------
 
@@ -164,11 +164,9 @@ def timing(**kw: object) -> LockTiming:
         "connect_timeout": 5.0,
         "lease": 10.0,
         "renew_deadline": None,
-        "server_timeout": "wait_timeout",
-        "min_lease": 2,
-        "whole_lease": False,
     }
-    return LockTiming.checked(**{**options, **kw})  # type: ignore[arg-type]
+    rules = TimingRules("wait_timeout", min_lease=2, whole_lease=False)
+    return LockTiming.checked(rules, **{**options, **kw})  # type: ignore[arg-type]
 
 
 def test_two_confirmations_of_a_slow_healthy_server_fit_in_the_renew_deadline() -> None:

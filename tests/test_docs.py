@@ -657,15 +657,13 @@ def bounds_table() -> str:
     ):
         dialect = backend.dialect
         timing = LockTiming.checked(
+            dialect.timing,
             poll_interval=2,
             check_interval=1,
             check_timeout=2,
             connect_timeout=5,
             lease=lease,
             renew_deadline=None,
-            server_timeout=dialect.server_timeout,
-            min_lease=dialect.min_lease,
-            whole_lease=dialect.whole_lease,
         )
         assert timing.server_problem(bounds, product=product) is None
         for setting, seconds in bounds.items():

@@ -7,12 +7,14 @@ read the timing each backend describes.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import pytest
 
 import aioelect
 from aioelect import _factory
+from aioelect._config import LockTiming
 from aioelect.testing import MemoryElector
 
 
@@ -116,3 +118,63 @@ def test_the_memory_backend_is_no_backend_of_the_command_line() -> None:
     from aioelect._settings import Settings
 
     assert Settings.from_environ({"AIOELECT_BACKEND": "memory", "AIOELECT_FILE": "/x/l.lock"}).backend() is None
+
+
+def test_every_server_backend_keeps_one_typed_timing_whatever_the_lease_is_called() -> None:
+    """``lease=`` (MySQL, PostgreSQL, Redis), etcd's ``ttl=``, or either through new(): one LockTiming, validated by
+    one function, is what each backend reads its timing from."""
+    timing = {"renew_deadline": 4, "connect_timeout": 3}
+    electors = [
+        aioelect.MySQLElector("mysql://app@127.0.0.1:3306/app", name="typed/timing", lease=6, **timing),
+        aioelect.PostgresElector("postgresql://app@127.0.0.1:5432/app", name="typed/timing", lease=6, **timing),
+        aioelect.RedisElector("redis://127.0.0.1:6379/0", name="typed/timing", lease=6, **timing),
+        aioelect.EtcdElector("127.0.0.1:2379", name="typed/timing", ttl=6, **timing),
+        aioelect.new(etcd="127.0.0.1:2379", name="typed/timing", lease=6, **timing),
+        aioelect.new(mysql="mysql://app@127.0.0.1:3306/app", name="typed/timing", ttl=6, **timing),
+    ]
+    for elector in electors:
+        kept = elector._backend.timing  # type: ignore[attr-defined]
+        assert type(kept) is LockTiming, elector
+        assert (kept.lease, kept.renew_deadline, kept.connect_timeout) == (6, 4, 3), elector
+        assert elector._backend.renew_deadline == 4 and elector._backend.margin == 2, elector
+
+
+def test_etcd_timing_is_refused_by_the_same_validation_as_the_others() -> None:
+    """The same rule, the same words, only the lease's name differs; etcd's default deadline is a parameter."""
+    refusals = []
+    for build in (
+        lambda: aioelect.MySQLElector("mysql://app@127.0.0.1:3306/app", name="typed/t", lease=6, renew_deadline=6),
+        lambda: aioelect.EtcdElector("127.0.0.1:2379", name="typed/t", ttl=6, renew_deadline=6),
+    ):
+        with pytest.raises(ValueError) as refused:
+            build()
+        refusals.append(str(refused.value))
+    assert refusals[0].replace("than lease", "than ttl") == refusals[1]
+    assert "renew_deadline (6s) must be shorter than ttl (6s)" in refusals[1]
+    # Defaults: 0.7 of the lease, and for etcd two of its three keep-alive intervals.
+    mysql = aioelect.MySQLElector("mysql://app@127.0.0.1:3306/app", name="typed/t", lease=6)
+    etcd = aioelect.EtcdElector("127.0.0.1:2379", name="typed/t", ttl=6)
+    assert mysql._backend.timing.renew_deadline == pytest.approx(4.2)  # type: ignore[attr-defined]
+    assert etcd._backend.timing.renew_deadline == 4.0  # type: ignore[attr-defined]
+    assert etcd._backend.timing.check_interval == 2.0  # type: ignore[attr-defined]  # the keep-alive interval
+
+
+def test_no_server_backend_reads_a_timing_option_by_its_name() -> None:
+    """Only TimingRules.read reads the timing options by name; a backend reads its LockTiming's attributes.
+
+    The file and memory backends are left out: they have no lease and no server, so no LockTiming describes them.
+    """
+    from aioelect import backends
+    from aioelect._config import TIMING_OPTIONS
+
+    names = "|".join((*TIMING_OPTIONS, "ttl"))
+    by_name = re.compile(rf"""(\.get\(|\[)\s*["']({names})["']""")
+    root = Path(backends.__file__).parent
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        if path.parent.name != "file" and path.name != "memory.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if by_name.search(line)
+    ]
+    assert found == []

@@ -20,6 +20,7 @@ import pytest
 from aioelect import PermanentBackendError, RedisElector
 from aioelect._config import LockTiming
 from aioelect.backends.redis._bounds import config_problem, least_timeout
+from aioelect.backends.redis._options import TIMING
 
 from .backends import REDIS, unique_name
 from .harness import RedisServer
@@ -155,11 +156,9 @@ async def test_a_server_timeout_shorter_than_the_renews_is_refused_naming_it() -
 def timing(**kw: float) -> LockTiming:
     options = {"poll_interval": 1.0, "check_interval": 1.0, "check_timeout": None, "lease": 10.0, **kw}
     return LockTiming.checked(
+        TIMING,
         connect_timeout=5,
         renew_deadline=None,
-        server_timeout="the lock key's PX expiry",
-        min_lease=0.5,
-        whole_lease=False,
         **options,  # type: ignore[arg-type]
     )
 

@@ -73,7 +73,7 @@ from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 import anyio
 
 from .._backend import Backend, Backoff, Confirm, Hold, Interceptor, Loss, monotonic, until_recorded
-from .._config import DSN, LockTiming, check_options, parse_dsn, server_address
+from .._config import DSN, LockTiming, TimingRules, check_options, parse_dsn, server_address
 from .._errors import BackendUnavailable, ElectionError, LossKind, PermanentBackendError
 
 __all__ = [
@@ -293,10 +293,8 @@ class Dialect:
     #: The DSN schemes it accepts, and the port when none is given.
     schemes: tuple[str, ...]
     default_port: int
-    #: The server setting that ``lease`` becomes, its least value, and whether it counts whole seconds.
-    server_timeout: str
-    min_lease: float
-    whole_lease: bool
+    #: The server setting that ``lease`` becomes, its bounds and the timing defaults.
+    timing: TimingRules
 
 
 @dataclass(frozen=True)
@@ -318,7 +316,7 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
     """Check ``options`` against ``spec`` (a TypedDict) and read the shared ones, each overriding the DSN's part.
 
     TypeError for an unknown option, ValueError naming a bad one (never the
-    password). The timing defaults are shared by every session-lock database.
+    password). The timing is read once, by ``dialect.timing`` (:meth:`~aioelect._config.TimingRules.read`).
     """
     who = dialect.elector
     check_options(who, options, spec)
@@ -334,17 +332,7 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
     fencing = options.get("fencing", True)
     if fencing not in (True, False):
         raise ValueError(f"fencing must be True or False, not {fencing!r}")
-    timing = LockTiming.checked(
-        poll_interval=options.get("poll_interval", 2.0),
-        check_interval=options.get("check_interval"),
-        check_timeout=options.get("check_timeout"),
-        connect_timeout=options.get("connect_timeout", 5.0),
-        lease=options.get("lease", 10),
-        renew_deadline=options.get("renew_deadline"),
-        server_timeout=dialect.server_timeout,
-        min_lease=dialect.min_lease,
-        whole_lease=dialect.whole_lease,
-    )
+    timing = dialect.timing.read(options)
     return CommonOptions(
         host,
         port,
@@ -533,8 +521,8 @@ class SessionLockBackend(Backend, Generic[_C]):
             f"poll_interval={t.poll_interval:g}s check_interval={t.check_interval:g}s "
             f"check_timeout={t.check_timeout:g}s renew_deadline={t.renew_deadline:g}s lease={t.lease:g}s: "
             f"a deposed leader stops within {t.deposed_within:g}s (at once if its session "
-            f"ends), a frozen one is replaced after about {t.lease:g}s ({self.dialect.server_timeout}) and fences "
-            f"itself after {t.renew_deadline:g}s"
+            f"ends), a frozen one is replaced after about {t.lease:g}s ({self.dialect.timing.server_timeout}) and "
+            f"fences itself after {t.renew_deadline:g}s"
         )
 
     # --- the dialect ------------------------------------------------------------------

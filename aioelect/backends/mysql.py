@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import anyio
 
 from .._backend import StateStore
-from .._config import session_bounds, transport_warning, validate_name
+from .._config import TimingRules, session_bounds, transport_warning, validate_name
 from .._errors import ElectionError, PermanentBackendError, UsageError
 from ._mysql_tls import tls_from_query
 from ._session_lock import (
@@ -390,7 +390,11 @@ class MySQLBackend(SessionLockBackend[_MySQLConnection]):
 
     kind = "mysql"
     dialect = Dialect(
-        "MySQL", "MySQLElector", ("mysql", "mariadb"), 3306, "wait_timeout", min_lease=2, whole_lease=True
+        "MySQL",
+        "MySQLElector",
+        ("mysql", "mariadb"),
+        3306,
+        TimingRules("wait_timeout", min_lease=2, whole_lease=True),
     )
 
     def __init__(self, dsn: str | None = None, **options: Unpack[MySQLOptions]) -> None:

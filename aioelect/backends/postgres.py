@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, TypedDict
 import anyio
 
 from .._backend import StateStore
-from .._config import keepalive_bound, session_bounds, transport_warning, validate_name
+from .._config import TimingRules, keepalive_bound, session_bounds, transport_warning, validate_name
 from .._errors import ElectionError, PermanentBackendError, UsageError
 from ._postgres_table import (
     FENCING_TABLE,
@@ -442,9 +442,7 @@ class PostgresBackend(SessionLockBackend[_PostgresConnection]):
         "PostgresElector",
         ("postgresql", "postgres"),
         5432,
-        "idle_session_timeout",
-        min_lease=1,
-        whole_lease=False,
+        TimingRules("idle_session_timeout", min_lease=1, whole_lease=False),
     )
     lost_session = "lock connection closed (session terminated, server restarted or network lost)"
     lost_lock = "advisory lock is no longer held by our session"

@@ -90,6 +90,8 @@ class EtcdBackend(Election):
             if session is None
             else SharedLease(session, lambda: session.leave(settings.name, self))
         )
+        #: The validated timing, as every server backend keeps it: ``lease`` is the ttl.
+        self.timing = settings.timing
         self.ttl = settings.ttl
         self.keepalive_interval = settings.keepalive_interval
         self._renew_deadline = settings.renew_deadline

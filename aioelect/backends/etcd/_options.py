@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TypedDict
 
-from ..._config import check_options, positive, validate_name
+from ..._config import LockTiming, TimingRules, check_options, validate_name
 from ._endpoints import Endpoint, parse_endpoints
 from ._failures import MAX_TTL
 from ._tls import EtcdTLS
@@ -23,6 +24,21 @@ __all__ = ["MAX_TTL", "MIN_TTL", "EtcdOptions", "EtcdSessionOptions", "EtcdSetti
 
 #: etcd grants no lease shorter than its minimum TTL (2 s with default timings).
 MIN_TTL = 2
+
+#: etcd's lease is its ``ttl``, in whole seconds. A leader is confirmed by keep-alives every ``ttl / 3``, as etcd's
+#: Go client sends them, not by checks of its own; so the renew deadline defaults to ``2 * ttl / 3`` (not the 0.7
+#: of the other backends): a whole keep-alive interval after the next keep-alive is due, and a whole one before the
+#: lease can expire. etcd polls nothing: ``poll_interval`` keeps its default, unused.
+TIMING = TimingRules(
+    "the etcd lease's TTL",
+    min_lease=MIN_TTL,
+    whole_lease=True,
+    max_lease=MAX_TTL,
+    word="ttl",
+    lease=5,
+    renew_share=Fraction(2, 3),
+    keepalive_share=Fraction(1, 3),
+)
 
 
 class EtcdSessionOptions(TypedDict, total=False):
@@ -63,9 +79,8 @@ class EtcdSettings:
     endpoints: tuple[Endpoint, ...]
     tls: EtcdTLS | None
     name: str
-    ttl: int
-    renew_deadline: float
-    connect_timeout: float
+    #: ``lease`` is the ttl, ``check_interval`` the keep-alive interval, ``check_timeout`` the bound on one.
+    timing: LockTiming
     username: str | None
     password: str | None = field(repr=False)
     degrade_to_local: bool
@@ -75,8 +90,6 @@ class EtcdSettings:
         """Validate ``options`` for ``endpoints``: ValueError for a bad value, TypeError for an unknown option."""
         check_options(who, options, EtcdOptions)
         ca_file, cert_file, key_file = options.get("ca_file"), options.get("cert_file"), options.get("key_file")
-        ttl: int = options.get("ttl", 5)
-        renew_deadline = options.get("renew_deadline")
         username, password = options.get("username"), options.get("password")
         degrade_to_local = options.get("degrade_to_local", False)
         parsed = parse_endpoints(endpoints)
@@ -89,26 +102,7 @@ class EtcdSettings:
         https = parsed[0].scheme == "https"  # every endpoint's, as parse_endpoints checked
         tls = EtcdTLS.load(ca_file, cert_file, key_file) if tls_files or https else None
         name = validate_name(options["name"], max_length=1024)
-        if isinstance(ttl, bool) or not float(positive("ttl", ttl)).is_integer():
-            raise ValueError(f"ttl must be a whole number of seconds (etcd leases have whole-second TTLs), not {ttl!r}")
-        ttl = int(ttl)
-        if ttl < MIN_TTL:
-            raise ValueError(f"ttl must be at least {MIN_TTL} seconds: etcd grants no shorter lease")
-        if ttl > MAX_TTL:
-            raise ValueError(f"ttl must be at most {MAX_TTL} seconds, not {ttl}: etcd refuses a longer lease")
-        interval = ttl / 3
-        deadline = positive("renew_deadline", renew_deadline) if renew_deadline is not None else ttl * 2 / 3
-        if deadline >= ttl:
-            raise ValueError(
-                f"renew_deadline ({deadline:g}s) must be shorter than ttl ({ttl}s): a leader must stop "
-                "before its lease can expire and another candidate take over"
-            )
-        if deadline <= interval:
-            raise ValueError(
-                f"renew_deadline ({deadline:g}s) must be longer than the keep-alive interval ttl/3 ({interval:.3g}s): "
-                "otherwise a healthy leader would fence itself between two keep-alives"
-            )
-        connect_timeout = positive("connect_timeout", options.get("connect_timeout", 5.0))
+        timing = TIMING.read(options)
         if (username is None) != (password is None):
             raise ValueError("username and password go together: pass both or neither")
         if username is not None and (not isinstance(username, str) or not username):
@@ -121,13 +115,24 @@ class EtcdSettings:
             endpoints=tuple(parsed),
             tls=tls,
             name=name,
-            ttl=ttl,
-            renew_deadline=deadline,
-            connect_timeout=connect_timeout,
+            timing=timing,
             username=username,
             password=password,
             degrade_to_local=degrade_to_local,
         )
+
+    @property
+    def ttl(self) -> int:
+        """The lease etcd is asked for, in whole seconds: ``timing.lease``."""
+        return int(self.timing.lease)
+
+    @property
+    def renew_deadline(self) -> float:
+        return self.timing.renew_deadline
+
+    @property
+    def connect_timeout(self) -> float:
+        return self.timing.connect_timeout
 
     @property
     def margin(self) -> float:
@@ -143,7 +148,7 @@ class EtcdSettings:
     @property
     def keepalive_interval(self) -> float:
         """Seconds between two keep-alives of a session: a third of the lease, as etcd's Go client."""
-        return self.ttl / 3
+        return self.timing.check_interval
 
     @property
     def lead_interval(self) -> float:
@@ -162,9 +167,8 @@ class EtcdSettings:
     @property
     def keepalive_timeout(self) -> float:
         """Bound on one keep-alive: half the slack between two keep-alives at the waiting cadence and the
-        deadline, so a slow one is retried in time."""
-        interval = self.keepalive_interval
-        return max(0.1, min(interval, self.renew_deadline - interval) / 2)
+        deadline (at least 0.1 s), so a slow one is retried in time."""
+        return self.timing.check_timeout
 
     @property
     def release_timeout(self) -> float:

@@ -11,10 +11,10 @@ from typing import Any, TypedDict
 from ..._config import (
     DSN,
     LockTiming,
+    TimingRules,
     check_options,
     is_loopback,
     parse_dsn,
-    positive,
     transport_warning,
     validate_name,
 )
@@ -37,6 +37,8 @@ _TLS_NAME = re.compile(_HOST)
 _MASTER_HOST = re.compile(_HOST + r"(?::[0-9]{1,5})?")
 #: How many keep-alive probes, one a second, declare a silent peer dead.
 KEEPALIVE_PROBES = 2
+#: The lease is the lock key's expiry (``PX``, milliseconds): any fraction of a second.
+TIMING = TimingRules("the lock key's PX expiry", min_lease=0.5, whole_lease=False, poll_interval=1.0)
 
 
 class _RedisElectionName(TypedDict):
@@ -143,18 +145,7 @@ class RedisSettings:
                 raise ValueError(f"{key} file {path!r} does not exist")
         if files["ssl_keyfile"] and not files["ssl_certfile"]:
             raise ValueError("ssl_keyfile needs ssl_certfile")
-        lease = options.get("lease", 10.0)
-        timing = LockTiming.checked(
-            poll_interval=options.get("poll_interval", 1.0),
-            check_interval=options.get("check_interval"),
-            check_timeout=options.get("check_timeout"),  # None: derived to fit renew_deadline
-            connect_timeout=options.get("connect_timeout", 5.0),
-            lease=lease,
-            renew_deadline=options.get("renew_deadline"),
-            server_timeout="the lock key's PX expiry",
-            min_lease=0.5,
-            whole_lease=False,
-        )
+        timing = TIMING.read(options)
         # Requests are bounded by check_timeout; keep-alives find a silently dead subscription (a waiter's, an
         # observer's) within the lease, so a waiter never sleeps through the expiry of a crashed leader's key.
         keepalive = keepalive_idle(timing) + KEEPALIVE_PROBES
@@ -172,7 +163,6 @@ class RedisSettings:
         volatile = options.get("volatile_tokens", False)
         if volatile not in (True, False):
             raise ValueError(f"volatile_tokens must be True or False, not {volatile!r}")
-        positive("lease", lease)
         sentinel_auth = _sentinel_credentials(options, sentinels)
         master_hosts = _master_hosts(parsed.query.get("master_hosts"))
         master_tls_name = parsed.query.get("master_tls_name")
