@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._config import DEFAULT_NAME
+from ._config import DEFAULT_NAME, TIMING_OPTIONS
 from ._elector import Elector
 from ._electors import (
     EtcdElector,
@@ -56,7 +56,7 @@ _MEMORY_WARNING = (
 
 #: The timing options every backend accepts through :func:`new` and :func:`from_env`: a backend uses those it
 #: has and logs each one it has not at WARNING, once per process. ``ttl`` is a synonym of ``lease``.
-PORTABLE_OPTIONS = ("lease", "renew_deadline", "poll_interval", "check_interval", "check_timeout", "connect_timeout")
+PORTABLE_OPTIONS = TIMING_OPTIONS
 
 #: The portable options each backend has, and why the others mean nothing to it.
 _HAS: dict[str, frozenset[str]] = {
