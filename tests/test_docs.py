@@ -723,7 +723,7 @@ def etcd_bounds_rows() -> list[str]:
     from aioelect.backends.etcd._options import EtcdSettings, grant_problem
 
     settings = EtcdSettings.parse("http://127.0.0.1:2379", {"name": "docs"})
-    ttl, deadline = settings.ttl, settings.renew_deadline
+    ttl, deadline = settings.ttl, settings.timing.renew_deadline
     assert grant_problem(ttl, ttl) is None and grant_problem(ttl, ttl + 1) is None  # etcd's minimum TTL: longer
     shorter = grant_problem(ttl, ttl - 1)
     assert shorter is not None and f"{ttl - 1}s lease for the {ttl}s asked" in shorter

@@ -82,7 +82,7 @@ class EtcdBackend(Election):
             check_options("EtcdElector", options, _EtcdElectionName)  # the rest are the session's options
             settings = replace(session.settings, name=validate_name(options["name"], max_length=1024))
             conn = session.conn
-        super().__init__(settings.name, conn, request_timeout=settings.connect_timeout)
+        super().__init__(settings.name, conn, request_timeout=settings.timing.connect_timeout)
         self.settings = settings
         #: Whose lease this elector campaigns under: its own, or a shared session's.
         self.leases: LeaseMode = (
@@ -94,9 +94,9 @@ class EtcdBackend(Election):
         self.timing = settings.timing
         self.ttl = settings.ttl
         self.keepalive_interval = settings.keepalive_interval
-        self._renew_deadline = settings.renew_deadline
+        self._renew_deadline = settings.timing.renew_deadline
         self.session_keepalive_timeout = settings.keepalive_timeout
-        self.connect_timeout = settings.connect_timeout
+        self.connect_timeout = settings.timing.connect_timeout
         self.release_timeout = settings.release_timeout
         self.degrade_to_local = settings.degrade_to_local
         self.degraded: DegradedHold | None = None

@@ -91,7 +91,7 @@ class OwnLeases(LeaseMode):
             session is self.current
             and not session.done.is_set()
             and not self._conn.closed
-            and monotonic() - session.confirmed_at < self._settings.renew_deadline
+            and monotonic() - session.confirmed_at < self._settings.timing.renew_deadline
         )
 
     def keeps(self, session: Session, *, lost: bool) -> bool:

@@ -127,14 +127,6 @@ class EtcdSettings:
         return int(self.timing.lease)
 
     @property
-    def renew_deadline(self) -> float:
-        return self.timing.renew_deadline
-
-    @property
-    def connect_timeout(self) -> float:
-        return self.timing.connect_timeout
-
-    @property
     def margin(self) -> float:
         """Seconds between a cut-off leader fencing itself and the earliest moment its lease can expire.
 
@@ -143,7 +135,7 @@ class EtcdSettings:
         lease for the TTL it granted after that, never less than ``ttl``
         (a shorter grant is refused: :func:`grant_problem`).
         """
-        return self.ttl - self.renew_deadline
+        return self.timing.margin
 
     @property
     def keepalive_interval(self) -> float:
@@ -173,7 +165,7 @@ class EtcdSettings:
     @property
     def release_timeout(self) -> float:
         """Bound on resign and revoke: they end before the elector gives up on a release (5 s)."""
-        return min(self.connect_timeout, 4.0)
+        return min(self.timing.connect_timeout, 4.0)
 
 
 def grant_problem(asked: int, granted: int) -> str | None:

@@ -165,7 +165,7 @@ class Session:
             interval=settings.keepalive_interval,
             lead_interval=settings.lead_interval,
             keepalive_timeout=settings.keepalive_timeout,
-            request_timeout=settings.connect_timeout,
+            request_timeout=settings.timing.connect_timeout,
         )
 
     def _keeper_done(self, task: asyncio.Task[None]) -> None:
@@ -308,7 +308,7 @@ def connect(settings: EtcdSettings, log: Callable[[], ElectionLog]) -> Connectio
         settings.endpoints,
         username=settings.username,
         password=settings.password,
-        connect_timeout=settings.connect_timeout,
+        connect_timeout=settings.timing.connect_timeout,
         log=log,
         tls=settings.tls,
     )
