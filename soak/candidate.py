@@ -11,7 +11,11 @@ while ``held`` is False. Events go to ``--events`` as JSON lines with
   ok = accepted / refused as stale / null when the write failed, error);
 * ``exit`` (tasks: the asyncio tasks still alive after the elector closed), on SIGTERM.
 
-Run as ``python -m soak.candidate`` by :mod:`soak.runner`.
+Run as ``python -m soak.candidate`` by :mod:`soak.runner`. The pieces the other candidate processes
+share are here too: :func:`fenced_work` (the leader work above, for one election or one name of
+:mod:`soak.shards_candidate`), and :func:`session_for` and :func:`elector_on` (an instance's shared session
+and its electors: :mod:`soak.shards_candidate`, tests/candidates/many_elections.py,
+bench/shards_members/aioelect_member.py).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, TextIO
 
 import anyio
@@ -63,16 +68,40 @@ class Events:
         self._stream.flush()
 
 
-async def leader_work(register: Register, events: Events, who: str, rng: random.Random) -> None:
-    """Write under the leadership's token until cancelled (on loss, by ``run()``)."""
+def session_for(backend: str, target: str, identity: str, options: dict[str, Any]) -> Any:
+    """An unentered shared session of ``backend`` ("etcd", "postgres" or "mysql") on ``target`` (comma-separated
+    etcd endpoints, or a DSN) with the session's ``options``; ``identity`` is the SQL session's."""
+    if backend == "etcd":
+        return aioelect.EtcdSession(target.split(","), **options)
+    if backend == "postgres":
+        return aioelect.PostgresSession(target, identity=identity, **options)
+    if backend == "mysql":
+        return aioelect.MySQLSession(target, identity=identity, **options)
+    raise ValueError(f"no shared session for {backend!r}")
+
+
+def elector_on(backend: str, session: Any, name: str, identity: str) -> aioelect.Elector:
+    """The elector of election ``name`` on ``session`` (from :func:`session_for` with the same ``backend``)."""
+    if backend == "etcd":
+        return aioelect.EtcdElector(session=session, name=name, identity=identity)
+    if backend == "postgres":
+        return aioelect.PostgresElector(session=session, name=name)
+    return aioelect.MySQLElector(session=session, name=name)
+
+
+async def fenced_work(
+    write: Callable[[int, int], Awaitable[bool]], events: Events, rng: random.Random, **about: str
+) -> None:
+    """Leader work until cancelled: every 20-50 ms, read ``held`` and, while it is True, ``write(token, t0)`` to
+    the fenced register; never a write while it is False. Every event carries ``about`` (a shard's ``name``)."""
     lead = aioelect.current_leadership()
-    events.emit("lead", token=lead.token)
+    events.emit("lead", **about, token=lead.token)
     told_unheld = False
     while True:
         t0 = time.monotonic_ns()
         if not lead.held:
             if not told_unheld:
-                events.emit("unheld", token=lead.token)
+                events.emit("unheld", **about, token=lead.token)
                 told_unheld = True
             await anyio.sleep(0.01)
             continue
@@ -80,11 +109,16 @@ async def leader_work(register: Register, events: Events, who: str, rng: random.
         ok: bool | None
         error = None
         try:
-            ok = await register.write(lead.token, who, t0)
+            ok = await write(lead.token, t0)
         except Exception as exc:  # the register is never faulted: a failure is worth a line, not a crash
             ok, error = None, repr(exc)
-        events.emit("act", token=lead.token, t0=t0, t1=time.monotonic_ns(), ok=ok, error=error)
+        events.emit("act", **about, token=lead.token, t0=t0, t1=time.monotonic_ns(), ok=ok, error=error)
         await anyio.sleep(rng.uniform(0.02, 0.05))
+
+
+async def leader_work(register: Register, events: Events, who: str, rng: random.Random) -> None:
+    """Write under the leadership's token until cancelled (on loss, by ``run()``)."""
+    await fenced_work(lambda token, t0: register.write(token, who, t0), events, rng)
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -23,34 +23,16 @@ import os
 import random
 import signal
 import sys
-import time
-from typing import Any
 
 import anyio
 
 import aioelect
 
-from .candidate import Events, leftover_tasks
+from .candidate import Events, elector_on, fenced_work, leftover_tasks, session_for
 from .register import SharedRegister
 
 #: Member elections: more than the live candidates a run has at once (joins included).
 MAX_INSTANCES = 8
-
-
-def session_for(backend: str, target: str, identity: str, options: dict[str, Any]) -> Any:
-    if backend == "etcd":
-        return aioelect.EtcdSession(target.split(","), **options)
-    if backend == "postgres":
-        return aioelect.PostgresSession(target, identity=identity, **options)
-    return aioelect.MySQLSession(target, identity=identity, **options)
-
-
-def elector_on(backend: str, session: Any, name: str, identity: str) -> aioelect.Elector:
-    if backend == "etcd":
-        return aioelect.EtcdElector(session=session, name=name, identity=identity)
-    if backend == "postgres":
-        return aioelect.PostgresElector(session=session, name=name)
-    return aioelect.MySQLElector(session=session, name=name)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -87,26 +69,9 @@ async def main(args: argparse.Namespace) -> None:
 
             async def work(name: str) -> None:
                 """Write under the name's token until cancelled (the name moves, or its leadership ends)."""
-                lead = aioelect.current_leadership()
-                events.emit("lead", name=name, token=lead.token)
-                told_unheld = False
-                while True:
-                    t0 = time.monotonic_ns()
-                    if not lead.held:
-                        if not told_unheld:
-                            events.emit("unheld", name=name, token=lead.token)
-                            told_unheld = True
-                        await anyio.sleep(0.01)
-                        continue
-                    assert lead.token is not None, "fencing is on: every leadership has a token"
-                    ok: bool | None
-                    error = None
-                    try:
-                        ok = await register.write(name, lead.token, args.identity, t0)
-                    except Exception as exc:  # the register is never faulted: a failure is worth a line
-                        ok, error = None, repr(exc)
-                    events.emit("act", name=name, token=lead.token, t0=t0, t1=time.monotonic_ns(), ok=ok, error=error)
-                    await anyio.sleep(rng.uniform(0.02, 0.05))
+                await fenced_work(
+                    lambda token, t0: register.write(name, token, args.identity, t0), events, rng, name=name
+                )
 
             async with anyio.create_task_group() as tg:
                 tg.start_soon(shards.run, work)
