@@ -237,11 +237,17 @@ def stopped(faults: list[Fault], kind: str) -> dict[str, list[tuple[int, int]]]:
     return found
 
 
-def overlaps(leaderships: list[Term], faults: list[Fault], margin_ns: int) -> tuple[list[Violation], int]:
+def overlaps(
+    leaderships: list[Term], faults: list[Fault], margin_ns: int, *, strict: bool = False
+) -> tuple[list[Violation], int]:
     """Pairs of candidates that both acted for longer than ``margin_ns``, and the longest such time (ns).
 
     The time both acted is their leaderships' common stretch, less the time either was frozen by a ``pause``
     fault (a SIGSTOPped process does not act; a leader deposed while frozen acts on waking until it notices).
+
+    ``strict`` (the fault suites, which excuse no fault): a leadership that begins and ends inside another
+    candidate's counts as long as the other went on after it began, and a single act inside one counts: the
+    other never noticed a grant it should have lost its lock to.
     """
     frozen = stopped(faults, "pause")
     found: list[Violation] = []
@@ -250,7 +256,8 @@ def overlaps(leaderships: list[Term], faults: list[Fault], margin_ns: int) -> tu
         for earlier in leaderships[:i]:
             if earlier.who == later.who:
                 continue
-            a, b = later.start, min(earlier.end, later.end)
+            inside = strict and earlier.start < later.start and later.end <= earlier.end and later.start < earlier.end
+            a, b = later.start, earlier.end if inside else min(earlier.end, later.end)
             if b <= a:
                 continue
             overlap = b - a - covered(frozen.get(earlier.who, []) + frozen.get(later.who, []), a, b)
@@ -260,7 +267,8 @@ def overlaps(leaderships: list[Term], faults: list[Fault], margin_ns: int) -> tu
                     Violation(
                         "overlap",
                         f"{earlier.who} (token {earlier.token}) and {later.who} (token {later.token}) "
-                        f"both acted for {overlap / NS:.3f} s (margin {margin_ns / NS:.2f} s)",
+                        f"both acted for {overlap / NS:.3f} s (margin {margin_ns / NS:.2f} s)"
+                        + (f": {later.who} led inside {earlier.who}'s term" if inside else ""),
                         later.start,
                     )
                 )

@@ -265,7 +265,7 @@ def judge_terms(terms: list[Term], *, max_gap: float | None = None, margin: floa
     terms = sorted(terms, key=lambda t: (t.start, t.who))
     assert terms, "nobody ever acted as leader"
     summary = _summary(terms)
-    split, _ = overlaps(terms, [], round(margin * NS))
+    split, _ = overlaps(terms, [], round(margin * NS), strict=True)
     assert not split, f"split brain: {'; '.join(v.message for v in split)}; terms: {summary}"
     backwards = token_order(terms)
     assert not backwards, f"token went backwards: {'; '.join(v.message for v in backwards)}"

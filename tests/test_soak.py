@@ -128,6 +128,10 @@ def test_fault_suites_judge_their_terms_by_the_soak_checker() -> None:
     with pytest.raises(AssertionError, match=r"split brain: c1 \(token 5\) and c2 \(token 9\) both acted for 0\.500 s"):
         judge_terms([c1, late])
     judge_terms([c1, late], margin=0.6)
+    # A leadership inside c1's, even of one act: c1 went on for 7 s after c2's grant, beyond any margin.
+    for inside in (Term("c2", 9, 3 * NS, 3 * NS, 100), Term("c2", 9, 3 * NS, 3 * NS + NS // 5, 100)):
+        with pytest.raises(AssertionError, match=r"both acted for 7\.000 s \(margin 0\.60 s\): c2 led inside c1's"):
+            judge_terms([c1, inside], margin=0.6)
     with pytest.raises(AssertionError, match=r"token went backwards: c2's leadership \(token 4\) started after c1's"):
         judge_terms([c1, Term("c2", 4, 10 * NS, 20 * NS, 100)])
     with pytest.raises(AssertionError, match=r"no leader: nobody led for 2\.00 s \(bound 1\.00 s"):
