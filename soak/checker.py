@@ -21,11 +21,30 @@ Times are ``time.monotonic_ns()`` values (system-wide on Linux).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-__all__ = ["Act", "Fault", "History", "Term", "Verdict", "Violation", "Write", "check", "terms"]
+__all__ = [
+    "NS",
+    "Act",
+    "Fault",
+    "History",
+    "Term",
+    "Verdict",
+    "Violation",
+    "Write",
+    "check",
+    "claim",
+    "covered",
+    "leaderless",
+    "overlaps",
+    "stopped",
+    "terms",
+    "token_order",
+]
 
-_NS = 1_000_000_000
+#: Nanoseconds a second: times here are ``time.monotonic_ns()`` values.
+NS = 1_000_000_000
 #: Pauses shorter than this between acts are the candidates' own write interval, not leaderless time.
 _MIN_GAP_NS = 200_000_000
 
@@ -171,10 +190,19 @@ def _token_violations(history: History, leaderships: list[Term]) -> list[Violati
             )
         if highest is None or write.token >= highest.token:
             highest = write
+    found += [
+        Violation("token", f"{t.who} led without a fencing token", t.start) for t in leaderships if t.token is None
+    ]
+    return found + token_order(leaderships)
+
+
+def token_order(leaderships: list[Term]) -> list[Violation]:
+    """Leaderships (ordered by start) whose token is not larger than that of the last one before them with a
+    token; a leadership without a token is passed over."""
+    found: list[Violation] = []
     previous: Term | None = None
     for term in leaderships:
         if term.token is None:
-            found.append(Violation("token", f"{term.who} led without a fencing token", term.start))
             continue
         if previous is not None and previous.token is not None and term.token <= previous.token:
             found.append(
@@ -189,68 +217,108 @@ def _token_violations(history: History, leaderships: list[Term]) -> list[Violati
     return found
 
 
-def _frozen_within(frozen: list[tuple[int, int]], a: int, b: int) -> int:
-    """How much of ``a``..``b`` the (possibly overlapping) ``frozen`` intervals cover."""
-    covered, cursor = 0, a
-    for start, end in sorted(frozen):
+def covered(intervals: list[tuple[int, int]], a: int, b: int) -> int:
+    """How much of ``a``..``b`` the (possibly overlapping) ``intervals`` cover."""
+    total, cursor = 0, a
+    for start, end in sorted(intervals):
         start, end = max(start, cursor), min(end, b)
         if end > start:
-            covered += end - start
+            total += end - start
             cursor = end
-    return covered
+    return total
 
 
-def _overlaps(leaderships: list[Term], faults: list[Fault], margin_ns: int) -> tuple[list[Violation], int]:
-    """Time two candidates both acted: their leaderships' common stretch, less the time either was frozen
-    (a SIGSTOPped process does not act; a leader deposed while frozen acts on waking until it notices)."""
-    frozen: dict[str, list[tuple[int, int]]] = {}
+def stopped(faults: list[Fault], kind: str) -> dict[str, list[tuple[int, int]]]:
+    """Each candidate's stretches (``start``, ``heal``) under the faults of ``kind`` done to it."""
+    found: dict[str, list[tuple[int, int]]] = {}
     for fault in faults:
-        if fault.kind == "pause" and fault.candidate:
-            frozen.setdefault(fault.candidate, []).append((fault.start, fault.heal))
+        if fault.kind == kind and fault.candidate:
+            found.setdefault(fault.candidate, []).append((fault.start, fault.heal))
+    return found
+
+
+def overlaps(
+    leaderships: list[Term], faults: list[Fault], margin_ns: int, *, strict: bool = False
+) -> tuple[list[Violation], int]:
+    """Pairs of candidates that both acted for longer than ``margin_ns``, and the longest such time (ns).
+
+    The time both acted is their leaderships' common stretch, less the time either was frozen by a ``pause``
+    fault (a SIGSTOPped process does not act; a leader deposed while frozen acts on waking until it notices).
+
+    ``strict`` (the fault suites, which excuse no fault): a leadership that begins and ends inside another
+    candidate's counts as long as the other went on after it began, and a single act inside one counts: the
+    other never noticed a grant it should have lost its lock to.
+    """
+    frozen = stopped(faults, "pause")
     found: list[Violation] = []
     worst = 0
     for i, later in enumerate(leaderships):
         for earlier in leaderships[:i]:
             if earlier.who == later.who:
                 continue
-            a, b = later.start, min(earlier.end, later.end)
+            inside = strict and earlier.start < later.start and later.end <= earlier.end and later.start < earlier.end
+            a, b = later.start, earlier.end if inside else min(earlier.end, later.end)
             if b <= a:
                 continue
-            overlap = b - a - _frozen_within(frozen.get(earlier.who, []) + frozen.get(later.who, []), a, b)
+            overlap = b - a - covered(frozen.get(earlier.who, []) + frozen.get(later.who, []), a, b)
             worst = max(worst, overlap)
             if overlap > margin_ns:
                 found.append(
                     Violation(
                         "overlap",
                         f"{earlier.who} (token {earlier.token}) and {later.who} (token {later.token}) "
-                        f"both acted for {overlap / _NS:.3f} s (margin {margin_ns / _NS:.2f} s)",
+                        f"both acted for {overlap / NS:.3f} s (margin {margin_ns / NS:.2f} s)"
+                        + (f": {later.who} led inside {earlier.who}'s term" if inside else ""),
                         later.start,
                     )
                 )
     return found, worst
 
 
-def _gaps(history: History, leaderships: list[Term]) -> tuple[list[Violation], float, float]:
-    """Leaderless stretches in the window, each against the latest deadline of the faults in force."""
-    spans = sorted((t.start, t.end) for t in leaderships if t.end >= history.begin and t.start <= history.end)
+def claim(
+    faults: list[Fault],
+    used: set[int],
+    at: int,
+    window_ns: int,
+    kinds: tuple[str, ...],
+    fits: Callable[[Fault], bool] = lambda fault: True,
+) -> bool:
+    """Whether an operator action of ``kinds`` done at most ``window_ns`` before ``at`` (and that ``fits``)
+    explains a loss at ``at``; the first such action not in ``used`` is added to it, so that one action
+    explains one loss at most. An action that found nothing to act on (detail "no ...") explains nothing."""
+    for i, fault in enumerate(faults):
+        if fault.kind not in kinds or fault.detail.startswith("no ") or i in used:
+            continue
+        if fault.start <= at <= fault.start + window_ns and fits(fault):
+            used.add(i)
+            return True
+    return False
+
+
+def leaderless(
+    leaderships: list[Term], faults: list[Fault], begin: int, end: int, base_gap: float
+) -> tuple[list[Violation], float, float]:
+    """Stretches of ``begin``..``end`` in which nobody acted for longer than ``base_gap`` s or, with faults in
+    force, than the latest of their deadlines; and the worst stretch against its bound (s, s)."""
+    spans = sorted((t.start, t.end) for t in leaderships if t.end >= begin and t.start <= end)
     stretches: list[tuple[int, int]] = []
-    cursor = history.begin
-    for start, end in spans:
+    cursor = begin
+    for start, stop in spans:
         if start > cursor:
             stretches.append((cursor, start))
-        cursor = max(cursor, end)
-    if history.end > cursor:
-        stretches.append((cursor, history.end))
+        cursor = max(cursor, stop)
+    if end > cursor:
+        stretches.append((cursor, end))
     found: list[Violation] = []
-    worst, worst_bound, worst_ratio = 0.0, history.base_gap, -1.0
+    worst, worst_bound, worst_ratio = 0.0, base_gap, -1.0
     for a, b in stretches:
         if b - a < _MIN_GAP_NS:
             continue
-        deadline = a + int(history.base_gap * _NS)
-        in_force = [f for f in history.faults if f.start <= b and f.deadline >= a]
+        deadline = a + int(base_gap * NS)
+        in_force = [f for f in faults if f.start <= b and f.deadline >= a]
         for fault in in_force:
             deadline = max(deadline, fault.deadline)
-        gap, bound = (b - a) / _NS, (deadline - a) / _NS
+        gap, bound = (b - a) / NS, (deadline - a) / NS
         if gap / bound > worst_ratio:
             worst, worst_bound, worst_ratio = gap, bound, gap / bound
         if b > deadline:
@@ -291,13 +359,13 @@ def _shards(history: History) -> tuple[list[Violation], list[Term], int, float, 
         mine = [replace(t, name=name) for t in terms(acts)] if acts else []
         leaderships += mine
         found = _token_violations(own, mine)
-        overlaps, worst = _overlaps(mine, history.faults, int(history.margin * _NS))
+        found_overlaps, worst = overlaps(mine, history.faults, int(history.margin * NS))
         worst_overlap = max(worst_overlap, worst)
-        found += overlaps
+        found += found_overlaps
         if not mine:
             found.append(Violation("gap", "nobody ever led"))
         else:
-            idle = (history.end - max(t.end for t in mine)) / _NS
+            idle = (history.end - max(t.end for t in mine)) / NS
             max_idle = max(max_idle, idle)
             if idle > history.base_gap:
                 found.append(
@@ -324,9 +392,11 @@ def check(history: History) -> Verdict:
     else:
         leaderships = terms(history.acts)
         violations = _token_violations(history, leaderships)
-        overlaps, worst_overlap = _overlaps(leaderships, history.faults, int(history.margin * _NS))
-        violations += overlaps
-        gaps, max_gap, max_gap_bound = _gaps(history, leaderships)
+        found_overlaps, worst_overlap = overlaps(leaderships, history.faults, int(history.margin * NS))
+        violations += found_overlaps
+        gaps, max_gap, max_gap_bound = leaderless(
+            leaderships, history.faults, history.begin, history.end, history.base_gap
+        )
         violations += gaps
     violations += [Violation("leftover", item) for item in history.leftovers]
     violations += [Violation("error", item) for item in history.errors]
@@ -343,6 +413,6 @@ def check(history: History) -> Verdict:
         failed=outcomes[None],
         max_gap=max_gap,
         max_gap_bound=max_gap_bound,
-        max_overlap=worst_overlap / _NS,
+        max_overlap=worst_overlap / NS,
         margin=history.margin,
     )

@@ -1,8 +1,7 @@
-"""Candidate processes and the invariant checker for the fault-injection suite."""
+"""Candidate processes for the fault-injection suite, and their acts judged by :mod:`soak.checker`."""
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import signal
@@ -11,9 +10,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from soak.checker import NS, Term, leaderless, overlaps, token_order
 
 if TYPE_CHECKING:
     from .harness import TCPProxy
@@ -41,16 +42,6 @@ REDIS_OPTIONS = {
 }
 #: Scheduling slack on a shared two-core machine.
 MARGIN = 1.5
-
-
-@dataclass
-class Term:
-    """One candidate's stretch of leader work: first and last ``act`` under one token."""
-
-    who: str
-    token: int | None
-    start: float
-    end: float
 
 
 class EventProcess:
@@ -226,10 +217,20 @@ class Candidates:
         return list(_terms(self.all))
 
     def summary(self) -> str:
-        return "; ".join(f"{t.who} token={t.token} {t.start:.3f}-{t.end:.3f}" for t in self.terms())
+        return _summary(self.terms())
+
+
+def _summary(terms: list[Term]) -> str:
+    return "; ".join(f"{t.who} token={t.token} {t.start / NS:.3f}-{t.end / NS:.3f}" for t in terms)
+
+
+def _ns(t: float) -> int:
+    """A candidate's ``time.monotonic()`` seconds as the checker's ``time.monotonic_ns()`` nanoseconds."""
+    return round(t * NS)
 
 
 def _terms(candidates: list[Candidate]) -> Iterator[Term]:
+    """Each candidate's acts grouped into terms: a new token, a ``lead`` or a ``lost`` starts a new one."""
     for candidate in candidates:
         current: Term | None = None
         for event in candidate.events:
@@ -239,29 +240,36 @@ def _terms(candidates: list[Candidate]) -> Iterator[Term]:
                     current = None
                 continue
             if current is not None and current.token == event.get("token"):
-                current.end = event["t"]
+                current = replace(current, end=_ns(event["t"]), acts=current.acts + 1)
                 continue
             if current is not None:
                 yield current
-            current = Term(candidate.identity, event.get("token"), event["t"], event["t"])
+            current = Term(candidate.identity, event.get("token"), _ns(event["t"]), _ns(event["t"]), 1)
         if current is not None:
             yield current
 
 
 def check_invariants(candidates: Candidates, *, max_gap: float, margin: float = 0.0) -> list[Term]:
-    """Fail if two candidates acted as leader at overlapping times (beyond ``margin``),
-    if a token went backwards, or if nobody led for longer than ``max_gap``.
+    """Fail if two candidates acted as leader at once for longer than ``margin`` s, if a token did not grow
+    from one term to the next, or if nobody led for longer than ``max_gap`` s.
 
     Returns the terms ordered by start.
     """
-    terms = sorted(candidates.terms(), key=lambda t: t.start)
+    return judge_terms(candidates.terms(), max_gap=max_gap, margin=margin)
+
+
+def judge_terms(terms: list[Term], *, max_gap: float | None = None, margin: float = 0.0) -> list[Term]:
+    """Fail unless :mod:`soak.checker`, excusing no fault, finds no overlap beyond ``margin`` s, no token that
+    did not grow and (with ``max_gap``) nobody leaderless for longer than ``max_gap`` s between the first
+    and the last act. Returns ``terms`` ordered by start."""
+    terms = sorted(terms, key=lambda t: (t.start, t.who))
     assert terms, "nobody ever acted as leader"
-    for earlier, later in itertools.pairwise(terms):
-        assert later.start >= earlier.end - margin, (
-            f"split brain: {earlier.who} acted until {earlier.end:.3f} but {later.who} from {later.start:.3f}"
-        )
-        if earlier.token is not None and later.token is not None:
-            assert later.token > earlier.token, f"token went backwards: {earlier.token} then {later.token}"
-        gap = later.start - earlier.end
-        assert gap <= max_gap, f"no leader for {gap:.2f}s between {earlier.who} and {later.who} (bound {max_gap}s)"
+    summary = _summary(terms)
+    split, _ = overlaps(terms, [], round(margin * NS), strict=True)
+    assert not split, f"split brain: {'; '.join(v.message for v in split)}; terms: {summary}"
+    backwards = token_order(terms)
+    assert not backwards, f"token went backwards: {'; '.join(v.message for v in backwards)}"
+    if max_gap is not None:
+        idle, _, _ = leaderless(terms, [], terms[0].start, max(t.end for t in terms), max_gap)
+        assert not idle, f"no leader: {'; '.join(v.message for v in idle)}; terms: {summary}"
     return terms

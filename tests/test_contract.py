@@ -13,8 +13,10 @@ import pytest
 
 import aioelect
 from aioelect import ElectionError, Elector, Leadership, LeadershipLost, leadership
+from soak.checker import Term
 
 from .backends import CAPABILITIES, CASES, BackendCase, Follower, unique_name
+from .faults import judge_terms
 
 
 def requires(*capabilities: str) -> pytest.MarkDecorator:
@@ -172,16 +174,16 @@ async def test_nothing_left_after_close(case: BackendCase) -> None:
 async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
     name = unique_name()
     electors = [case.make(name, identity=f"cand-{i}") for i in range(10)]
-    intervals: list[tuple[float, float, str, int | None]] = []
+    intervals: list[Term] = []
     rounds = 30
 
     async def candidate(elector: Elector) -> None:
         while len(intervals) < rounds:
             async with leadership(elector) as lead:
-                start = time.monotonic()
+                start = time.monotonic_ns()
                 await asyncio.sleep(0.005)
                 assert lead.held
-                intervals.append((start, time.monotonic(), elector.identity, lead.token))
+                intervals.append(Term(elector.identity, lead.token, start, time.monotonic_ns(), 0))
 
     try:
         with anyio.fail_after(60):
@@ -191,12 +193,8 @@ async def test_mutual_exclusion_among_many(case: BackendCase) -> None:
     finally:
         for elector in electors:
             await elector.aclose()
-    intervals.sort()
-    for (_, end, who, token), (start, _, nxt, next_token) in itertools.pairwise(intervals):
-        assert start >= end, f"{who} and {nxt} led at the same time"
-        if token is not None and next_token is not None:
-            assert next_token > token, f"token went backwards: {token} then {next_token}"
-    assert len({who for _, _, who, _ in intervals}) > 1, "leadership never changed hands"
+    judge_terms(intervals)
+    assert len({t.who for t in intervals}) > 1, "leadership never changed hands"
 
 
 @requires("exclusive", "empty_store")

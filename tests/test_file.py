@@ -35,9 +35,10 @@ import pytest
 from aioelect import ElectionError, FileElector, Leadership, LeadershipLost, LossKind, PermanentBackendError, leadership
 from aioelect.backends import file as file_backend
 from aioelect.backends.file import _inotify as file_inotify
+from soak.checker import NS, Term
 
 from .backends import handover_delays
-from .faults import EventProcess
+from .faults import EventProcess, judge_terms
 
 CANDIDATE = Path(__file__).parent / "candidates" / "file_candidate.py"
 
@@ -382,16 +383,17 @@ async def test_mutual_exclusion_across_four_processes(tmp_path: Path, procs: lis
     procs.extend(Proc(path, f"p{i}", rounds=rounds, hold=0.01, marker=marker) for i in range(4))
     await all_done(procs, timeout=60)
     assert not any(p.named("overlap") for p in procs), "two processes were in the critical section at once"
-    terms: list[tuple[float, float, int, str]] = []
+    terms: list[Term] = []
     for i, p in enumerate(procs):
         leads, dones = p.named("lead"), p.named("done")
         assert len(leads) == len(dones) == rounds
-        terms += [(s["t"], e["t"], s["token"], f"p{i}") for s, e in zip(leads, dones, strict=True)]
-    terms.sort()
-    for (_, end, _, who), (start, _, _, nxt) in itertools.pairwise(terms):
-        assert start >= end, f"{who} and {nxt} led at the same time"
-    assert [t[2] for t in terms] == list(range(1, 4 * rounds + 1)), "tokens must count up by one per leadership"
-    assert len({t[3] for t in terms}) == 4
+        terms += [
+            Term(f"p{i}", s["token"], round(s["t"] * NS), round(e["t"] * NS), 1)
+            for s, e in zip(leads, dones, strict=True)
+        ]
+    terms = judge_terms(terms)
+    assert [t.token for t in terms] == list(range(1, 4 * rounds + 1)), "tokens must count up by one per leadership"
+    assert len({t.who for t in terms}) == 4
 
 
 async def test_process_takes_over_when_leader_task_is_cancelled(tmp_path: Path, procs: list[Proc]) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import itertools
 import json
 import logging
 import os
@@ -40,9 +39,10 @@ from aioelect import (
 )
 from aioelect._elector import backend_of
 from aioelect.backends.postgres import KEY_SQL, PostgresBackend, advisory_key, application_name, lock_ids
+from soak.checker import NS, Term
 
 from .backends import Follower, handover_delays, unique_name, with_database
-from .faults import CANDIDATE, EventProcess
+from .faults import CANDIDATE, EventProcess, judge_terms
 from .harness import Certificates, MissingBinaryError, PgBouncer, PostgresServer, free_port
 from .harness.plugin import server_unavailable
 from .session_locks import losing_its_first_grant, unconfirmed_release
@@ -536,20 +536,20 @@ async def test_server_restart_leaves_exactly_one_leader(fresh_postgres: Postgres
     dsn = fresh_postgres.dsn
     name = unique_name("pg")
     electors = [make(dsn, name, f"cand-{i}", fencing=True, poll_interval=0.5) for i in range(3)]
-    terms: list[tuple[float, float, int, str]] = []
+    terms: list[Term] = []
     losses: list[str] = []
 
     async def candidate(elector: Elector) -> None:
         while True:
             try:
                 async with leadership(elector) as lead:
-                    start = time.monotonic()
+                    start = time.monotonic_ns()
                     try:
                         while True:
                             lead.check()
                             await asyncio.sleep(0.02)
                     finally:
-                        terms.append((start, time.monotonic(), lead.token or 0, elector.identity))
+                        terms.append(Term(elector.identity, lead.token or 0, start, time.monotonic_ns(), 0))
             except LeadershipLost as exc:
                 losses.append(exc.reason)
 
@@ -574,15 +574,12 @@ async def test_server_restart_leaves_exactly_one_leader(fresh_postgres: Postgres
     finally:
         for elector in electors:
             await elector.aclose()
-    terms.sort()
     assert len(terms) >= 2, terms
     # A shutdown ends the sessions one at a time: a waiting candidate can be granted the
     # lock the moment the leader's session ends, milliseconds before the leader has seen
     # its connection close. Such terms may overlap by that much, never more, and the
     # fencing token orders them.
-    for (_, end, token, who), (start, _, next_token, nxt) in itertools.pairwise(terms):
-        assert start >= end - 0.2, f"{who} acted until {end:.3f}, {nxt} from {start:.3f}"
-        assert next_token > token, "the fencing token must grow across the restart"
+    judge_terms(terms, margin=0.2)
 
 
 # --- faults on candidate processes ---------------------------------------------------
@@ -616,22 +613,18 @@ async def wait_single_leader(procs: list[Proc], timeout: float, exclude: Proc | 
             await asyncio.sleep(0.01)
 
 
-def terms_of(procs: list[Proc]) -> list[tuple[float, float, int, str]]:
-    """(first act, last act, token, identity) of every leadership, by start."""
+def terms_of(procs: list[Proc]) -> list[Term]:
+    """Every leadership: who read ``held`` True under one token, from the first such read to the last."""
     spans: dict[tuple[str, int], list[float]] = {}
     for p in procs:
         for e in p.events:
             if e["event"] == "tick" and e["held"]:
                 spans.setdefault((p.identity, e["token"]), []).append(e["t"])
-    return sorted((min(ts), max(ts), token, who) for (who, token), ts in spans.items())
+    return [Term(who, token, round(min(ts) * NS), round(max(ts) * NS), len(ts)) for (who, token), ts in spans.items()]
 
 
 def check_no_overlap(procs: list[Proc]) -> None:
-    terms = terms_of(procs)
-    assert terms, "nobody ever acted as leader"
-    for (_, end, token, who), (start, _, next_token, nxt) in itertools.pairwise(terms):
-        assert start >= end, f"split brain: {who} acted until {end:.3f}, {nxt} from {start:.3f}"
-        assert next_token > token, f"token went backwards: {token} then {next_token}"
+    judge_terms(terms_of(procs))
 
 
 async def start_three(postgres_dsn: str, procs: list[Proc]) -> Proc:

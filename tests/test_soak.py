@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from soak.checker import Act, Fault, History, Write, check
+from soak.checker import Act, Fault, History, Term, Write, check
 from soak.nemesis import plan
 from soak.timing import ELECTION_LABELS, SHARD_NAMES, SHARDS_LABELS, TIMINGS
+from tests.faults import judge_terms
 from tests.harness import MissingBinaryError, require_binary
 from tests.harness.plugin import server_unavailable, skip_if_external
 
@@ -116,6 +117,26 @@ def test_checker_reports_a_long_leaderless_gap() -> None:
     verdict = check(_history(acts, faults=_kill_at_10()))
     assert [v.kind for v in verdict.violations] == ["gap"]
     assert "bound 3.00 s" in verdict.violations[0].message and "kill c1" in verdict.violations[0].message
+
+
+def test_fault_suites_judge_their_terms_by_the_soak_checker() -> None:
+    """tests/faults.py's judgement is this checker's: overlap beyond the margin, a token that does not grow and
+    a leaderless stretch beyond the bound each fail it."""
+    c1 = Term("c1", 5, 0, 10 * NS, 100)
+    assert [t.who for t in judge_terms([Term("c2", 9, 10 * NS, 20 * NS, 100), c1], max_gap=1.0)] == ["c1", "c2"]
+    late = Term("c2", 9, 9 * NS + NS // 2, 20 * NS, 100)
+    with pytest.raises(AssertionError, match=r"split brain: c1 \(token 5\) and c2 \(token 9\) both acted for 0\.500 s"):
+        judge_terms([c1, late])
+    judge_terms([c1, late], margin=0.6)
+    # A leadership inside c1's, even of one act: c1 went on for 7 s after c2's grant, beyond any margin.
+    for inside in (Term("c2", 9, 3 * NS, 3 * NS, 100), Term("c2", 9, 3 * NS, 3 * NS + NS // 5, 100)):
+        with pytest.raises(AssertionError, match=r"both acted for 7\.000 s \(margin 0\.60 s\): c2 led inside c1's"):
+            judge_terms([c1, inside], margin=0.6)
+    with pytest.raises(AssertionError, match=r"token went backwards: c2's leadership \(token 4\) started after c1's"):
+        judge_terms([c1, Term("c2", 4, 10 * NS, 20 * NS, 100)])
+    with pytest.raises(AssertionError, match=r"no leader: nobody led for 2\.00 s \(bound 1\.00 s"):
+        judge_terms([c1, Term("c2", 9, 12 * NS, 20 * NS, 100)], max_gap=1.0)
+    judge_terms([c1, Term("c2", 9, 12 * NS, 20 * NS, 100)])  # no bound given: the gap is not judged
 
 
 def test_checker_takes_the_latest_deadline_of_the_faults_in_force() -> None:

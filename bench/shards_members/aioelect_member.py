@@ -13,38 +13,24 @@ import argparse
 import asyncio
 import logging
 import signal
-from typing import Any
 
 import anyio
 
 import aioelect
 from bench.shards_members._common import arguments, emit
-
-
-def session_for(args: argparse.Namespace) -> Any:
-    if args.backend == "etcd":
-        return aioelect.EtcdSession(args.endpoint, ttl=args.ttl)
-    kind = aioelect.MySQLSession if args.backend == "mysql" else aioelect.PostgresSession
-    return kind(args.endpoint, identity=args.identity, lease=args.ttl)
-
-
-def elector_on(args: argparse.Namespace, session: Any, name: str) -> aioelect.Elector:
-    if args.backend == "etcd":
-        return aioelect.EtcdElector(session=session, name=name)
-    if args.backend == "mysql":
-        return aioelect.MySQLElector(session=session, name=name)
-    return aioelect.PostgresElector(session=session, name=name)
+from soak.candidate import elector_on, session_for
 
 
 async def main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    async with session_for(args) as session:
+    options = {"ttl": args.ttl} if args.backend == "etcd" else {"lease": args.ttl}
+    async with session_for(args.backend, args.endpoint, args.identity, options) as session:
         shards = aioelect.Shards(
             args.names,
             group=args.group,
             identity=args.identity,
-            electors=lambda n: elector_on(args, session, n),
+            electors=lambda n: elector_on(args.backend, session, n, args.identity),
             max_instances=args.max_instances,
         )
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import anyio
 
-from soak.checker import Fault, Violation
+from soak.checker import Fault, Violation, claim
 from soak.timing import OVERLAP_SLACK
 from tests.harness import RedisServer
 
@@ -95,14 +95,7 @@ def deposed(losses: list[Any], faults: list[Fault], window: float) -> list[Viola
     for loss in sorted(losses, key=lambda loss: loss.at):
         if not loss.reason.startswith(_KEY_GONE):
             continue
-        explained = False
-        for i, fault in enumerate(faults):
-            acted = fault.kind in KEY_ACTIONS and not fault.detail.startswith("no ") and i not in used
-            if acted and fault.start <= loss.at <= fault.start + w:
-                used.add(i)
-                explained = True
-                break
-        if not explained:
+        if not claim(faults, used, loss.at, w, KEY_ACTIONS):
             found.append(
                 Violation(
                     "deposed",

@@ -23,13 +23,14 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 import aioelect
 from aioelect._config import confirmation_gap
-from soak.checker import Act, Fault, History, Term, Verdict, Violation, check
+from soak.checker import Act, Fault, History, Term, Verdict, Violation, check, claim
 from soak.timing import OVERLAP_SLACK
 
 from . import redis_target
@@ -125,6 +126,12 @@ _SESSION_ENDED = (
 )
 
 
+def _ends(start: int, fault: Fault) -> bool:
+    """Whether a KILL can have ended a leadership that started at ``start``: the holder's session, or another
+    session that became the holder just then."""
+    return fault.kind == "kill-holder" or fault.start - _NS <= start
+
+
 def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Violation]:
     """SQL leaders whose session ended with no operator action to explain it.
 
@@ -160,14 +167,7 @@ def deposed(losses: list[Loss], faults: list[Fault], window: float) -> list[Viol
             and f.start <= t <= f.heal + w
             for f in faults
         )
-        for i, fault in enumerate(faults):
-            if explained:
-                break
-            if fault.kind not in ("kill-holder", "kill-session") or fault.detail.startswith("no ") or i in used:
-                continue  # "no holder", "no session": nobody was killed
-            if fault.start <= t <= fault.start + w and (fault.kind == "kill-holder" or fault.start - _NS <= s):
-                used.add(i)
-                explained = True
+        explained = explained or claim(faults, used, t, w, ("kill-holder", "kill-session"), partial(_ends, s))
         if not explained:
             found.append(
                 Violation(

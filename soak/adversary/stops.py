@@ -45,7 +45,7 @@ from typing import Any
 import anyio
 
 from aioelect._config import confirmation_gap
-from soak.checker import Fault, Term, Verdict, Violation
+from soak.checker import Fault, Term, Verdict, Violation, covered, stopped
 from soak.timing import OVERLAP_SLACK
 from tests.harness.processes import popen
 
@@ -137,17 +137,6 @@ def read_beats(directory: Path) -> list[Beats]:
     return BeatsReader(directory).read()
 
 
-def _excused(stops: list[tuple[int, int]], a: int, b: int) -> int:
-    """How much of ``a``..``b`` the supervisor's stops cover (the margin is allowed once, by the caller)."""
-    covered, cursor = 0, a
-    for start, heal in sorted(stops):
-        start, end = max(start, cursor), min(heal, b)
-        if end > start:
-            covered += end - start
-            cursor = end
-    return covered
-
-
 def judge(beats: list[Beats], faults: list[Fault], margin: float) -> tuple[list[Violation], list[Term], float]:
     """Trees that worked on after the next tree's CMD started, beyond ``margin`` s (the time the earlier tree's
     supervisor was stopped not counted: once woken it has ``margin`` to end its tree); tokens that do not grow.
@@ -161,10 +150,7 @@ def judge(beats: list[Beats], faults: list[Fault], margin: float) -> tuple[list[
          for (who, token), own in trees.items()),
         key=lambda t: (t.start, t.who),
     )  # fmt: skip
-    stops: dict[str, list[tuple[int, int]]] = {}
-    for f in faults:
-        if f.kind == "stop-supervisor":
-            stops.setdefault(f.candidate, []).append((f.start, f.heal))
+    stops = stopped(faults, "stop-supervisor")
     m = int(margin * _NS)
     found: list[Violation] = []
     worst = 0
@@ -173,7 +159,8 @@ def judge(beats: list[Beats], faults: list[Fault], margin: float) -> tuple[list[
         if later is None or earlier.end <= later.start:
             continue
         a = later.start
-        overlap = earlier.end - a - _excused(stops.get(earlier.who, []), a, earlier.end)
+        # A stopped supervisor ends nothing; once woken it has the margin, allowed below.
+        overlap = earlier.end - a - covered(stops.get(earlier.who, []), a, earlier.end)
         worst = max(worst, overlap)
         if overlap <= m:
             continue

@@ -15,23 +15,9 @@ import signal
 from typing import Any
 
 import aioelect
+from soak.candidate import elector_on, session_for
 
 SQL: dict[str, Any] = {"check_interval": 0.5, "check_timeout": 2.0, "lease": 10, "poll_interval": 1.0}
-
-
-def session_for(args: argparse.Namespace) -> Any:
-    if args.backend == "etcd":
-        return aioelect.EtcdSession(args.target.split(","), ttl=10)
-    kind = aioelect.MySQLSession if args.backend == "mysql" else aioelect.PostgresSession
-    return kind(args.target, identity=args.identity, **SQL)
-
-
-def elector(args: argparse.Namespace, session: Any, name: str) -> aioelect.Elector:
-    if args.backend == "etcd":
-        return aioelect.EtcdElector(session=session, name=name, identity=args.identity)
-    if args.backend == "mysql":
-        return aioelect.MySQLElector(session=session, name=name)
-    return aioelect.PostgresElector(session=session, name=name)
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -48,12 +34,14 @@ async def main(args: argparse.Namespace) -> None:
             await lead.wait_lost()
             lost += 1
 
-    async with session_for(args) as session:
+    options = {"ttl": 10} if args.backend == "etcd" else SQL
+    async with session_for(args.backend, args.target, args.identity, options) as session:
         tasks = []
         for i in range(args.count):
             if args.batch and i and i % args.batch == 0:
                 await asyncio.sleep(args.batch_every)
-            tasks.append(asyncio.create_task(campaign(elector(args, session, f"{args.prefix}-{i}"))))
+            e = elector_on(args.backend, session, f"{args.prefix}-{i}", args.identity)
+            tasks.append(asyncio.create_task(campaign(e)))
         while not stop.is_set():
             print(json.dumps({"held": sum(lead.held for lead in leads.values()), "lost": lost}), flush=True)
             with contextlib.suppress(asyncio.TimeoutError):
