@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ._config import DEFAULT_NAME, TIMING_OPTIONS
-from ._elector import Elector
+from ._elector import Elector, backend_of
 from ._electors import (
     EtcdElector,
     FileElector,
@@ -337,3 +337,13 @@ def shared_sql_session(chosen: Mapping[str, Any], identity: str) -> tuple[Any, C
 
     postgres = PostgresSession(chosen["postgres"], identity=identity, **_portable("postgres", rest))
     return postgres, lambda name: PostgresElector(session=postgres, name=name, stop_timeout=stop_timeout)
+
+
+def shared_session_of(elector: Elector) -> tuple[str, bool] | None:
+    """The identity of the shared MySQL or PostgreSQL session ``elector`` is on, and whether the server reports
+    the session's identity (not the elector's) as the leader of every election on it; None on no such session."""
+    backend = backend_of(elector)
+    identity = getattr(getattr(backend, "sessions", None), "identity", None)  # a shared session's; own ones have none
+    if not isinstance(identity, str):
+        return None
+    return identity, not getattr(backend, "records_identity", False)

@@ -1,7 +1,10 @@
 """Sharded leadership: a set of names spread over the live instances, each owned name a leadership of its own.
 
-:class:`Shards` sits above :class:`~aioelect.Elector` and uses only its public
-contract: one election per name decides who owns that name, so mutual
+:class:`Shards` sits above :class:`~aioelect.Elector` and uses its public
+contract, and of a backend only the protocol: whether it keeps fenced state
+(``state_store()``, before a hand-over leaves a note) and, through
+:func:`~aioelect._factory.shared_session_of`, which shared session an elector
+is on. One election per name decides who owns that name, so mutual
 exclusion is the elections' and no backend learns what a shard is. Above
 them, each instance computes the same balanced count of names (its share)
 for every live instance. An instance above its share resigns the excess (its
@@ -41,7 +44,7 @@ import anyio
 from ._config import validate_name
 from ._elector import Elector, Leadership, backend_of, default_identity, leading_if_free, validate_identity
 from ._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
-from ._factory import env_options, from_env, shared_sql_session
+from ._factory import env_options, from_env, shared_session_of, shared_sql_session
 from ._health import Health
 from ._settings import Settings
 from ._tasks import FirstFailure
@@ -134,6 +137,10 @@ class _Owner:
         return not (self.gone or self.scope.cancel_called)
 
 
+def _not_running(election: str) -> Elector:
+    raise UsageError(f"Shards is not running: no elector is made for {election!r} between runs")
+
+
 @dataclass
 class _Round:
     """What one instance sees and does in one :meth:`Shards.run`: made new when a run starts and when it ends."""
@@ -180,6 +187,9 @@ class _Round:
     #: per election at a time (a shared session holds one lock per name).
     tasks: FirstFailure | None = None
     rings: dict[int, anyio.Lock] = field(default_factory=dict)
+    #: Builds the elector of one election, this instance's identity given to it after (on a shared session: the
+    #: run's session).
+    electors: Callable[[str], Elector] = _not_running
     #: Names handed over to this instance and not yet taken: until when each is asked for (monotonic).
     gifts: dict[str, float] = field(default_factory=dict)
     #: The handovers already seen in this instance's inbox.
@@ -189,16 +199,6 @@ class _Round:
     def out(self) -> bool:
         """Whether this instance stays out: it holds no member election and asks for no name."""
         return self.draining or self.unhealthy
-
-
-def _session_identity(elector: Elector) -> tuple[str, bool] | None:
-    """The identity of the shared SQL session ``elector`` is on, and whether the server reports the session's
-    identity (not the elector's) as the leader of every election on it; None when it is on no such session."""
-    backend = backend_of(elector)
-    identity = getattr(getattr(backend, "sessions", None), "identity", None)  # a shared session's; own ones have none
-    if not isinstance(identity, str):
-        return None
-    return identity, not getattr(backend, "records_identity", False)
 
 
 def _names(names: Iterable[str] | int) -> tuple[str, ...]:
@@ -374,6 +374,7 @@ class Shards:
         if isinstance(step, bool) or not isinstance(step, int) or step < 1:
             raise ValueError(f"step must be an int >= 1, not {step!r}")
         self.step = step
+        #: The elector factory given, or built from the environment (a shared session's is made per run instead).
         self._electors = electors
         #: What this instance sees and does in its current run (an empty one between runs).
         self._r = _Round()
@@ -502,7 +503,7 @@ class Shards:
     async def _ring_once(self, slot: int, gift: str, owner: _Owner, until: float, rung: anyio.Event) -> None:
         inbox: Elector | None = None
         try:
-            inbox = self._electors(self.inbox_election(slot))
+            inbox = self._r.electors(self.inbox_election(slot))
             inbox.identity = gift
             while time.monotonic() < until:
                 async with leading_if_free(inbox) as held:
@@ -729,20 +730,19 @@ class Shards:
         if self._running:
             raise UsageError("Shards.run() is already running")
         self._running = True
-        if self._open_session is None:
-            await self._run(work)
-            return  # pragma: no cover (_run returns only by raising)
-        # Built from the environment on MySQL or PostgreSQL: one shared session per run holds every election.
-        session, self._electors = self._open_session(self.identity)
         try:
-            async with session:
-                await self._run(work)
+            if self._open_session is None:
+                await self._run(work, self._electors)
+            else:
+                # Built from the environment on MySQL or PostgreSQL: one shared session per run holds every election.
+                session, electors = self._open_session(self.identity)
+                async with session:
+                    await self._run(work, electors)
         finally:
             self._running = False
 
-    async def _run(self, work: ShardWork | None) -> None:
-        self._running = True
-        self._r = _Round()
+    async def _run(self, work: ShardWork | None, electors: Callable[[str], Elector]) -> None:
+        self._r = _Round(electors=electors)
         slots: list[Elector] = []
         try:
             for k in range(self.max_instances):
@@ -763,14 +763,13 @@ class Shards:
                 for slot in slots:
                     await slot.aclose()
             self._r = _Round()
-            self._running = False
         raise AssertionError("the rebalance loop never returns")  # pragma: no cover
 
     async def _make(self, election: str, first: bool = False) -> Elector:
-        elector = self._electors(election)
+        elector = self._r.electors(election)
         if not isinstance(elector, Elector):
             raise TypeError(f"electors({election!r}) returned {type(elector).__name__}, not an Elector")
-        on_session = _session_identity(elector)
+        on_session = shared_session_of(elector)
         if on_session is not None and on_session[0] != self.identity:
             shared, reported = on_session
             if first and not self._identity_given:

@@ -4,7 +4,8 @@ An object whose life has states keeps them in one enum and changes them only
 through :meth:`Transitions.next`: a step the table does not list for the
 current state changes nothing, so that every way in or out of a state is a
 row of the table, and the diagram in the docs is drawn from the same rows
-(:meth:`Transitions.mermaid`).
+(:meth:`Transitions.mermaid`). Where no such step can be legitimate, the
+owner raises on it instead (the etcd campaign's ``Tracker``).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ from .._settings import ENV_HEALTH_URL, ENV_IDENTITY, ENV_TOKEN
 from .._tasks import first_of
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
+from ._tree import start_cmd
 
 if TYPE_CHECKING:
     from .._http import BoundedHTTPServer
@@ -278,7 +279,7 @@ class Runner:
             return None
         try:
             # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
-            self.group = group = await ProcessGroup.start(self.cmd, env, hold=lock_descriptors(lead))
+            self.group = group = await start_cmd(self.cmd, env, hold=lock_descriptors(lead))
         except FileNotFoundError:
             log.error("CMD not found: %s", self.cmd[0])
             return EXIT_NOT_FOUND

@@ -54,11 +54,13 @@ from .._errors import ElectionError
 from .._errors import UsageError as NotRunning
 from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from .._shards import Shards
+from .._tasks import TaskSet
 from ._configure import Config, first_contact
 from ._orphans import reaper
 from ._run import choose_grace, health_check
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
 from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, stop_timeout_for
+from ._tree import start_cmd
 
 __all__ = ["MAX_NAMES", "ShardsRunner", "parse_names"]
 
@@ -236,7 +238,8 @@ class ShardsRunner:
             for sig in take(STOP_SIGNALS):  # received while the command was starting
                 self.on_signal(sig, stop)
             # A task of its own, not a task group: run()'s errors reach the handler below as themselves.
-            drainer = asyncio.ensure_future(self._drain_on(stop, shards, scope))
+            drainer = TaskSet()
+            drainer.start(self._drain_on(stop, shards, scope), name=f"aioelect shards drain {self.group_name}")
             try:
                 if session_out:
                     async with session_out[0]:
@@ -246,9 +249,7 @@ class ShardsRunner:
             except ElectionError as exc:
                 raise BackendError(str(exc)) from None
             finally:
-                drainer.cancel()
-                with anyio.CancelScope(shield=True):
-                    await asyncio.wait([drainer])
+                await drainer.aclose()
                 for sig in STOP_SIGNALS:
                     loop.remove_signal_handler(sig)
                 with anyio.CancelScope(shield=True):
@@ -274,7 +275,7 @@ class ShardsRunner:
         )
         try:
             # The shim keeps the lock's descriptors: the lock cannot pass on before CMD's tree is gone.
-            group = await ProcessGroup.start(self.cmd, env, hold=lock_descriptors(lead))
+            group = await start_cmd(self.cmd, env, hold=lock_descriptors(lead))
         except FileNotFoundError:
             log.error("CMD not found: %s (exit status %d)", self.cmd[0], EXIT_NOT_FOUND)
             return None

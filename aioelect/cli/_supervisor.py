@@ -4,7 +4,8 @@ It knows nothing of leadership. It guarantees:
 
 * CMD runs in a process group of its own, whose id is CMD's pid, so that
   signals forwarded to CMD reach every process CMD left in that group;
-* on Linux CMD runs under a shim (:mod:`aioelect.cli._shim`), a child
+* on Linux CMD runs under a shim (:mod:`aioelect.cli._shim`; started by
+  :func:`aioelect.cli._tree.start_cmd`, built on this module), a child
   subreaper between this process and CMD: every process CMD starts, even
   one that leaves CMD's process group or session or double-forks, stays
   the shim's descendant; where cgroup v2 is writable the shim and CMD's
@@ -163,18 +164,15 @@ class ProcessGroup:
         #: Done with CMD's return code once CMD has exited.
         self.exited: asyncio.Future[int] = asyncio.ensure_future(process.wait())
 
-    @classmethod
-    async def start(cls, argv: Sequence[str], env: Mapping[str, str], *, hold: Sequence[int] = ()) -> ProcessGroup:
-        """Start ``argv`` (under the shim on Linux); FileNotFoundError or another OSError if it cannot be executed.
+    @staticmethod
+    async def start(argv: Sequence[str], env: Mapping[str, str]) -> ProcessGroup:
+        """Start ``argv`` without the shim; FileNotFoundError or another OSError if it cannot be executed.
 
-        ``hold``: descriptors the shim keeps a duplicate of until CMD's whole tree is gone (Linux only).
+        CMD is started by :func:`aioelect.cli._tree.start_cmd`, which uses
+        the shim where it can and this elsewhere.
         """
-        if _use_shim():
-            from ._tree import ProcessTree  # the tree is built on this class
-
-            return await ProcessTree.start_tree(argv, env, hold=hold)
         process = await asyncio.create_subprocess_exec(*argv, env=dict(env), preexec_fn=_child_setup)
-        return cls(process)
+        return ProcessGroup(process)
 
     @property
     def running(self) -> bool:

@@ -108,6 +108,7 @@ import anyio
 from .._elector import Elector, Leadership
 from .._fenced import FencedStore
 from .._shards import Shards
+from .._tasks import TaskSet, consume
 from ._campaign import Campaign, Role, Status
 
 try:
@@ -403,7 +404,8 @@ class ShardedScheduler:
                 "(ShardedExecutor), so leave 'default' unconfigured"
             ) from None
         self.stop_timeout = float(stop_timeout)
-        self._task: asyncio.Task[None] | None = None
+        #: The shards' run, from start() to stop().
+        self._tasks = TaskSet()
 
     @property
     def owned(self) -> frozenset[str]:
@@ -417,7 +419,7 @@ class ShardedScheduler:
         if strays:
             raise ValueError(f"jobs whose id is not among the shards' names would never run: {strays}")
         self.scheduler.start()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"aioelect shards {self.shards.group}")
+        self._tasks.start(self._run(), name=f"aioelect shards {self.shards.group}", on_done=consume)
 
     async def _run(self) -> None:
         try:
@@ -439,11 +441,7 @@ class ShardedScheduler:
 
     async def stop(self) -> None:
         """Stop every run in progress, let every job id go, and shut the scheduler down. Idempotent."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with anyio.CancelScope(shield=True):
-                await asyncio.gather(task, return_exceptions=True)
+        await self._tasks.aclose()
         await _shut_down(self.scheduler)
 
     async def __aenter__(self) -> ShardedScheduler:

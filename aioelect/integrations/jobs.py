@@ -65,10 +65,9 @@ import math
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-import anyio
-
 from .._elector import Elector, Leadership, current_leadership
 from .._errors import LeadershipLost, UsageError
+from .._tasks import TaskSet
 from ._campaign import Campaign
 from .schedule import Tick, Ticks
 
@@ -101,7 +100,8 @@ class LeaderOnly:
         self._owned = False
         self._lead: Leadership | None = None
         self._context: contextvars.Context | None = None
-        self._running: set[asyncio.Task[Any]] = set()
+        #: The runs in progress: cancelled, and waited for, before the backend lets go.
+        self._running = TaskSet()
 
     @property
     def leadership(self) -> Leadership | None:
@@ -132,15 +132,10 @@ class LeaderOnly:
             await lead.wait_lost()
         finally:
             self._lead = self._context = None
-            running = list(self._running)
-            for task in running:
-                task.cancel()
-            if running:
-                # Shielded: the runs must have stopped before the backend lets go, however this ends.
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.stop_timeout) as scope:
-                    await asyncio.wait(running)
-                if scope.cancelled_caught:
-                    log.error("%d leader-only run(s) ignored cancellation for %gs", len(running), self.stop_timeout)
+            self._running.cancel()
+            # Never interrupted: the runs must have stopped before the backend lets go, however this ends.
+            if not await self._running.wait(self.stop_timeout):
+                log.error("%d leader-only run(s) ignored cancellation for %gs", len(self._running), self.stop_timeout)
 
     def __call__(self, function: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T | None]]:
         """Decorate ``function``: a call runs it only while this instance leads, else returns None at once."""
@@ -156,9 +151,8 @@ class LeaderOnly:
                 return await function(*args, **kwargs)
 
             # A task created inside the leader work's context sees the leadership as current.
-            task = context.run(asyncio.get_running_loop().create_task, run())
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            name = f"aioelect leader-only {getattr(function, '__qualname__', function)}"
+            task = context.run(self._running.start, run(), name=name)
             try:
                 await asyncio.wait({task})
             except asyncio.CancelledError:

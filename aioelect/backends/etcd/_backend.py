@@ -38,7 +38,7 @@ from ..._backend import Backoff, Hold, StateStore, monotonic
 from ..._config import check_options, validate_name
 from ..._errors import BackendUnavailable, ElectionError
 from ..._tasks import first_of
-from ._candidacy import Move, Tracker
+from ._candidacy import Candidacy, Move, Tracker
 from ._degraded import DegradedHold
 from ._election import RANGE_WAIT_MAX, Election, KeyLost, Turn
 from ._failures import SessionEnded, Transient
@@ -141,17 +141,12 @@ class EtcdBackend(Election):
         """Stop ``session``'s keep-alives and forget it, after :meth:`end_session` or instead of it."""
         await self.leases.forget(session, why)
 
-    def _move(self, step: Move) -> None:
-        if not self.candidacy.move(step):
-            # Never expected: the campaign goes on as it would, and the log says where the table is wrong.
-            self.log.error("etcd campaign: step %r is not in the table from %s", step.value, self.candidacy.state.name)
-
     async def campaign(self, identity: str) -> Hold:
         self.candidacy.begin()
         try:
             return await self._campaign(identity)
         except BaseException:
-            self._move(Move.GIVE_UP)
+            self.candidacy.move(Move.GIVE_UP)
             raise
         finally:
             self.sight.end()
@@ -166,17 +161,17 @@ class EtcdBackend(Election):
                 # Only an etcd that never answered this elector: after any contact, another
                 # candidate may lead on etcd, and leading locally would be a second leader.
                 if self.degrade_to_local and not self.conn.ever_answered:
-                    self._move(Move.NEVER_ANSWERED)
+                    self.candidacy.move(Move.NEVER_ANSWERED)
                     return self._degrade(identity, exc)
                 delay = backoff.next_delay()
                 self.report_error(f"cannot start an etcd session ({exc})", delay)
                 await anyio.sleep(delay)
                 continue
-            self._move(Move.SESSION)
+            self.candidacy.move(Move.SESSION)
             try:
                 return await self._campaign_in(session, value, backoff)
             except SessionEnded as exc:
-                self._move(Move.SESSION_ENDED)
+                self.candidacy.move(Move.SESSION_ENDED)
                 self.log.info("session ended while campaigning (%s); campaigning again with a new session", exc)
 
     async def try_campaign(self, identity: str) -> Hold | None:
@@ -190,27 +185,32 @@ class EtcdBackend(Election):
         try:
             session = await self.leases.live()
         except Transient as exc:
-            self._move(Move.GIVE_UP)
+            self.candidacy.move(Move.GIVE_UP)
             raise BackendUnavailable(f"cannot start an etcd session ({exc})") from None
-        self._move(Move.SESSION)
+        except BaseException:
+            self.candidacy.move(Move.GIVE_UP)
+            raise
+        self.candidacy.move(Move.SESSION)
         key = self.prefix + f"{session.lease_id:x}".encode()
-        won = False
         try:
             try:
                 revision, predecessor, read_at = await self._put_candidate(session, key, value)
             except (Transient, KeyLost, SessionEnded) as exc:
                 raise BackendUnavailable(f"etcd campaign interrupted ({exc or type(exc).__name__})") from None
             if predecessor is not None:
-                self._move(Move.PREDECESSOR)
+                self.candidacy.move(Move.PREDECESSOR)
                 return None
-            won = True
-            self._move(Move.FIRST)
-            return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
+            self.candidacy.move(Move.FIRST)
+            hold = EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
+            self.candidacy.move(Move.DATED)
+            return hold
         finally:
             self.sight.end()
-            if not won:
-                self._move(Move.GIVE_UP)
-                await self._withdraw(session, key)
+            if self.candidacy.state is not Candidacy.LEADING:
+                try:
+                    await self._withdraw(session, key)
+                finally:
+                    self.candidacy.move(Move.GIVE_UP)
 
     async def _campaign_in(self, session: Session, value: bytes, backoff: Backoff) -> Hold:
         """Campaign with ``session`` until we lead; raise SessionEnded if it ends first.
@@ -220,30 +220,29 @@ class EtcdBackend(Election):
         answered.
         """
         key = self.prefix + f"{session.lease_id:x}".encode()
-        won = False
         try:
             while True:
                 try:
                     # The hold first: when both end in one step, it is closed here rather than dropped.
-                    which, won = await first_of(lambda: self._try(session, key, value), session.wait_ended)
+                    which, found = await first_of(lambda: self._try(session, key, value), session.wait_ended)
                 except KeyLost:
-                    self._move(Move.KEY_LOST)
+                    self.candidacy.move(Move.KEY_LOST)
                     self.log.warning("our candidate key was deleted while our lease lives; campaigning again")
                     continue
                 except Transient as exc:
                     if exc.lease_gone:
                         session.expire("etcd reports the lease gone")
                         raise SessionEnded(str(exc)) from None
-                    self._move(Move.RETRY)
+                    self.candidacy.move(Move.RETRY)
                     delay = backoff.next_delay()
                     self.report_error(f"campaign interrupted ({exc})", delay)
                     with anyio.move_on_after(delay):
                         await session.wait_ended()
                     continue
                 if which == 1:
-                    raise SessionEnded(str(won))
-                hold, winning = won
-                assert isinstance(hold, EtcdHold) and isinstance(winning, Move)
+                    raise SessionEnded(str(found))
+                hold = found
+                assert isinstance(hold, EtcdHold)
                 try:
                     await self._confirm_fresh(session)
                 except BaseException:
@@ -252,11 +251,10 @@ class EtcdBackend(Election):
                 # Dated from the keep-alive just acknowledged: the lease lives at least ttl past its send.
                 hold.acquired_at = session.confirmed_at
                 backoff.reset()
-                won = True
-                self._move(winning)
+                self.candidacy.move(Move.DATED)
                 return hold
         finally:
-            if not won:
+            if self.candidacy.state is not Candidacy.LEADING:
                 await self._withdraw(session, key)
 
     def _stale(self, session: Session) -> bool:
@@ -301,14 +299,14 @@ class EtcdBackend(Election):
             if not session.done.is_set():
                 return
 
-    async def _try(self, session: Session, key: bytes, value: bytes) -> tuple[EtcdHold, Move]:
-        """Our key put and waited on until it leads: the hold, and the step that proved it (FIRST: a read found no
-        older key; HANDED: the watch saw the last older key go while ours stood)."""
+    async def _try(self, session: Session, key: bytes, value: bytes) -> EtcdHold:
+        """Our key put and waited on until it leads: the hold, the campaign moved to WON by the step that proved it
+        (FIRST: a read found no older key; HANDED: the watch saw the last older key go while ours stood)."""
         revision, predecessor, read_at = await self._put_candidate(session, key, value)
         self.log.debug("candidate key %s created at revision %d", key.decode(errors="replace"), revision)
         shortcut = True
         while predecessor is not None:
-            self._move(Move.PREDECESSOR)
+            self.candidacy.move(Move.PREDECESSOR)
             # In a small election, the watch's own revisions tell whether the predecessor's deletion makes us
             # leader, our key standing under our lease; otherwise, or if anything else happened, read.
             small = self.crowd is not None and self.crowd <= RANGE_WAIT_MAX
@@ -316,16 +314,16 @@ class EtcdBackend(Election):
             waited = await self._wait_turn(predecessor, read_at, shortcut=shortcut, ours=ours)
             shortcut = waited.turn is not Turn.SKIPPED
             if waited.turn is Turn.LEADING and (won := waited.watch) is not None:
+                self.candidacy.move(Move.HANDED)
                 return EtcdHold(
                     self, session, key, revision, session.confirmed_at, watch_from=won.revision + 1, watching=won
-                ), Move.HANDED
-            self._move(Move.MAY_BE_GONE)
+                )
+            self.candidacy.move(Move.MAY_BE_GONE)
             # One read: our key still stands under our lease (it would be gone with the lease), any older key left?
             predecessor, read_at = await self._check(session, key, revision)
+        self.candidacy.move(Move.FIRST)
         # The lease lives at least ttl past its last acknowledged keep-alive: leadership is measured from there.
-        return EtcdHold(
-            self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1
-        ), Move.FIRST
+        return EtcdHold(self, session, key, revision, acquired_at=session.confirmed_at, watch_from=read_at + 1)
 
     async def _withdraw(self, session: Session, key: bytes) -> None:
         """Delete our candidate key and end the session (a shared one only if the delete failed); bounded, never

@@ -2,7 +2,10 @@
 
 A campaign (:meth:`~._backend.EtcdBackend.campaign` and ``try_campaign``)
 moves only through :data:`CANDIDACY_TRANSITIONS`, and the etcd backend's
-state diagram in the docs is drawn from the same table. What follows
+state diagram in the docs is drawn from the same table. The table is
+authoritative: a step it does not list for the current state raises
+:class:`StepNotInTable` (a fault of the campaign's code, never of etcd), and
+where the campaign stands is :attr:`Tracker.state` alone. What follows
 LEADING (keeping and losing the leadership) is the :class:`~aioelect.Leadership`'s
 own state machine.
 """
@@ -13,7 +16,7 @@ import enum
 
 from ..._transitions import Transitions
 
-__all__ = ["CANDIDACY_TRANSITIONS", "Candidacy", "Move", "Tracker"]
+__all__ = ["CANDIDACY_TRANSITIONS", "Candidacy", "Move", "StepNotInTable", "Tracker"]
 
 
 class Candidacy(enum.Enum):
@@ -25,7 +28,10 @@ class Candidacy(enum.Enum):
     CANDIDATE = "candidate"
     #: Waiting for the deletion of the key created just before ours.
     WAITING = "waiting"
-    #: Our key is the oldest under the prefix, under our live lease: we lead.
+    #: Our key is the oldest under the prefix, under our live lease; ``campaign`` renews the lease first if its
+    #: last keep-alive leaves less than one keep-alive interval before the renew deadline.
+    WON = "won"
+    #: The leadership, dated from the lease's last acknowledged keep-alive, is returned.
     LEADING = "leading"
     #: Leading locally, WITHOUT mutual exclusion, because etcd has never answered (``degrade_to_local=True``).
     LOCAL = "local"
@@ -43,6 +49,7 @@ class Move(enum.Enum):
     PREDECESSOR = "an older key stands"
     MAY_BE_GONE = "it may be gone, read again"
     HANDED = "it went while ours stood first"
+    DATED = "dated from the last keep-alive"
     RETRY = "etcd failed, put again"
     KEY_LOST = "our key deleted by hand"
     SESSION_ENDED = "our lease ended"
@@ -51,7 +58,7 @@ class Move(enum.Enum):
 
 _C, _M = Candidacy, Move
 
-#: Every step of a campaign; a step not listed for a state is a fault of the campaign's code (logged, ignored).
+#: Every step of a campaign; a step not listed for a state is a fault of the campaign's code (it raises).
 #: A key deleted by hand is found by a read (CANDIDATE): while WAITING, the watch only says to read again.
 CANDIDACY_TRANSITIONS: Transitions[Candidacy, Move] = Transitions(
     start=_C.NO_SESSION,
@@ -60,19 +67,26 @@ CANDIDACY_TRANSITIONS: Transitions[Candidacy, Move] = Transitions(
         (_C.NO_SESSION, _M.SESSION): _C.CANDIDATE,
         (_C.NO_SESSION, _M.NEVER_ANSWERED): _C.LOCAL,
         (_C.NO_SESSION, _M.GIVE_UP): _C.WITHDRAWN,
-        (_C.CANDIDATE, _M.FIRST): _C.LEADING,
+        (_C.CANDIDATE, _M.FIRST): _C.WON,
         (_C.CANDIDATE, _M.PREDECESSOR): _C.WAITING,
         (_C.CANDIDATE, _M.RETRY): _C.CANDIDATE,
         (_C.CANDIDATE, _M.KEY_LOST): _C.CANDIDATE,
         (_C.CANDIDATE, _M.SESSION_ENDED): _C.NO_SESSION,
         (_C.CANDIDATE, _M.GIVE_UP): _C.WITHDRAWN,
         (_C.WAITING, _M.MAY_BE_GONE): _C.CANDIDATE,
-        (_C.WAITING, _M.HANDED): _C.LEADING,
+        (_C.WAITING, _M.HANDED): _C.WON,
         (_C.WAITING, _M.RETRY): _C.CANDIDATE,
         (_C.WAITING, _M.SESSION_ENDED): _C.NO_SESSION,
         (_C.WAITING, _M.GIVE_UP): _C.WITHDRAWN,
+        (_C.WON, _M.DATED): _C.LEADING,
+        (_C.WON, _M.SESSION_ENDED): _C.NO_SESSION,
+        (_C.WON, _M.GIVE_UP): _C.WITHDRAWN,
     },
 )
+
+
+class StepNotInTable(AssertionError):
+    """A campaign took a step :data:`CANDIDACY_TRANSITIONS` does not list for its state: a bug of the campaign."""
 
 
 class Tracker:
@@ -85,10 +99,11 @@ class Tracker:
         """A new campaign starts with no session in hand."""
         self.state = CANDIDACY_TRANSITIONS.start
 
-    def move(self, step: Move) -> bool:
-        """Take ``step`` if the table allows it from the current state; whether it did."""
+    def move(self, step: Move) -> Candidacy:
+        """Take ``step``; the new state. :class:`StepNotInTable` (the state unchanged) if the table does not
+        allow ``step`` from the current state."""
         target = CANDIDACY_TRANSITIONS.next(self.state, step)
         if target is None:
-            return False
+            raise StepNotInTable(f"etcd campaign: step {step.value!r} is not in the table from {self.state.name}")
         self.state = target
-        return True
+        return target
