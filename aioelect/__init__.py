@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._errors import (
+from .core._errors import (
     BackendUnavailable,
     ElectionError,
     ElectorClosed,
@@ -20,18 +20,18 @@ from ._errors import (
 
 if TYPE_CHECKING:
     from ._api import leadership
-    from ._elector import Elector, Leadership, current_leadership
-    from ._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector, RedisElector
-    from ._events import Event
-    from ._factory import from_env, new
     from ._fence import fenced
     from ._fenced import FencedStore
     from ._main import run
     from ._requests import request_step_down, serve_step_downs
     from ._shards import Shards
     from .backends.etcd import EtcdSession
-    from .backends.mysql import MySQLSession
-    from .backends.postgres import PostgresSession
+    from .backends.sql.mysql import MySQLSession
+    from .backends.sql.postgres import PostgresSession
+    from .core._elector import Elector, Leadership, current_leadership
+    from .core._events import Event
+    from .wiring._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector, RedisElector
+    from .wiring._factory import from_env, new
 
 __all__ = [
     "BackendUnavailable",
@@ -70,13 +70,13 @@ __all__ = [
 #: electors also need its driver: an ImportError names the extra to install.
 _LAZY = {
     "leadership": "aioelect._api",
-    "Elector": "aioelect._elector",
-    "Leadership": "aioelect._elector",
-    "current_leadership": "aioelect._elector",
-    "LocalElector": "aioelect._electors",
-    "Event": "aioelect._events",
-    "from_env": "aioelect._factory",
-    "new": "aioelect._factory",
+    "Elector": "aioelect.core._elector",
+    "Leadership": "aioelect.core._elector",
+    "current_leadership": "aioelect.core._elector",
+    "LocalElector": "aioelect.wiring._electors",
+    "Event": "aioelect.core._events",
+    "from_env": "aioelect.wiring._factory",
+    "new": "aioelect.wiring._factory",
     "fenced": "aioelect._fence",
     "FencedStore": "aioelect._fenced",
     "request_step_down": "aioelect._requests",
@@ -86,10 +86,10 @@ _LAZY = {
     "EtcdElector": "aioelect.backends.etcd",
     "EtcdSession": "aioelect.backends.etcd",
     "FileElector": "aioelect.backends.file",
-    "MySQLElector": "aioelect.backends.mysql",
-    "MySQLSession": "aioelect.backends.mysql",
-    "PostgresElector": "aioelect.backends.postgres",
-    "PostgresSession": "aioelect.backends.postgres",
+    "MySQLElector": "aioelect.backends.sql.mysql",
+    "MySQLSession": "aioelect.backends.sql.mysql",
+    "PostgresElector": "aioelect.backends.sql.postgres",
+    "PostgresSession": "aioelect.backends.sql.postgres",
     "RedisElector": "aioelect.backends.redis",
 }
 
@@ -102,7 +102,7 @@ def __getattr__(name: str) -> Any:
 
     module = importlib.import_module(where)  # ImportError naming the extra when a backend's driver is missing
     if where.startswith("aioelect.backends."):
-        from . import _electors
+        from .wiring import _electors
 
         value = getattr(_electors, name, None) or getattr(module, name)
     else:

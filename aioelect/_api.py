@@ -3,7 +3,7 @@
 It sits above the core and the factory: given no elector it builds one
 from the environment with :func:`aioelect.from_env`, and closes it after.
 The scope itself (campaign, run as leader work, release) is the core's
-:func:`aioelect._elector.leading`, which :meth:`Elector.run` uses too.
+:func:`aioelect.core._elector.leading`, which :meth:`Elector.run` uses too.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, Literal, overload
 
-from ._elector import Elector, Leadership, leading, leading_if_free
-from ._factory import from_env
+from .core._elector import Elector, Leadership, leading, leading_if_free
+from .wiring._factory import from_env
 
 __all__ = ["leadership"]
 

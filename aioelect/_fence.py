@@ -15,8 +15,8 @@ from typing import Any
 
 import anyio
 
-from ._elector import Leadership, elector_of
-from ._errors import LeadershipLost, LossKind, PermanentBackendError, UsageError
+from .core._elector import Leadership, elector_of
+from .core._errors import LeadershipLost, LossKind, PermanentBackendError, UsageError
 
 __all__ = ["FENCE_DDL_MYSQL", "FENCE_DDL_POSTGRES", "FENCE_TABLE", "fenced"]
 

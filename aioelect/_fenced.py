@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._backend import StateStore, Written
-from ._elector import Elector, Leadership, backend_of, elector_of, hold_of, is_closed
-from ._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
-from ._values import check_key, decode, encode
+from .core._backend import StateStore, Written
+from .core._elector import Elector, Leadership, backend_of, elector_of, hold_of, is_closed
+from .core._errors import ElectorClosed, LeadershipLost, LossKind, UsageError
+from .core._values import check_key, decode, encode
 
 __all__ = ["FencedStore"]
 
@@ -39,7 +39,7 @@ class FencedStore:
     * a backend without fenced state (local) raises
       :class:`~aioelect.UsageError` at construction.
 
-    Values are stored as canonical JSON (:mod:`aioelect._values`), so
+    Values are stored as canonical JSON (:mod:`aioelect.core._values`), so
     ``get`` returns what JSON gives back (a tuple comes back a list).
     """
 

@@ -49,7 +49,7 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from ._tasks import TaskSet
+from .core._tasks import TaskSet
 
 __all__ = [
     "ACCEPT_RETRY_DELAY",

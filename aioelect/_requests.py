@@ -11,9 +11,9 @@ from __future__ import annotations
 import secrets
 import time
 
-from ._config import default_identity, positive, validate_identity
-from ._elector import Elector, Leadership
-from ._handover import Request
+from .core._config import default_identity, positive, validate_identity
+from .core._elector import Elector, Leadership
+from .core._handover import Request
 
 __all__ = ["request_step_down", "serve_step_downs"]
 

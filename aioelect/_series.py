@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ._events import Event
+from .core._events import Event
 
 __all__ = [
     "ACQUIRE_WAIT",

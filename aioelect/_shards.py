@@ -3,7 +3,7 @@
 :class:`Shards` sits above :class:`~aioelect.Elector` and uses its public
 contract, and of a backend only the protocol: whether it keeps fenced state
 (``state_store()``, before a hand-over leaves a note) and, through
-:func:`~aioelect._factory.shared_session_of`, which shared session an elector
+:func:`~aioelect.wiring._factory.shared_session_of`, which shared session an elector
 is on. One election per name decides who owns that name, so mutual
 exclusion is the elections' and no backend learns what a shard is. Above
 them, each instance computes the same balanced count of names (its share)
@@ -41,13 +41,13 @@ from typing import Any
 
 import anyio
 
-from ._config import validate_name
-from ._elector import Elector, Leadership, backend_of, default_identity, leading_if_free, validate_identity
-from ._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
-from ._factory import env_options, from_env, shared_session_of, shared_sql_session
-from ._health import Health
-from ._settings import Settings
-from ._tasks import FirstFailure
+from .core._config import validate_name
+from .core._elector import Elector, Leadership, backend_of, default_identity, leading_if_free, validate_identity
+from .core._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
+from .core._health import Health
+from .core._tasks import FirstFailure
+from .wiring._factory import env_options, from_env, shared_session_of, shared_sql_session
+from .wiring._settings import Settings
 
 __all__ = ["Shards", "assign"]
 

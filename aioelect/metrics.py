@@ -28,9 +28,9 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _series
-from ._elector import Elector
-from ._events import Event
 from ._http import BoundedHTTPServer
+from .core._elector import Elector
+from .core._events import Event
 
 try:
     import prometheus_client

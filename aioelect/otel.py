@@ -29,8 +29,8 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _series
-from ._elector import Elector
-from ._events import Event
+from .core._elector import Elector
+from .core._events import Event
 
 try:
     from opentelemetry import metrics as otel_metrics

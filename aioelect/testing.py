@@ -25,6 +25,6 @@ package (module :mod:`aioelect.pytest_plugin`, loaded by pytest through its
 
 from __future__ import annotations
 
-from ._electors import MemoryElector
+from .wiring._electors import MemoryElector
 
 __all__ = ["MemoryElector"]

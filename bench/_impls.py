@@ -80,7 +80,7 @@ IMPLS: list[Impl] = [
         "mysql",
         "aioelect_mysql",
         True,
-        requires=("aioelect.backends.mysql",),
+        requires=("aioelect.backends.sql.mysql",),
         frozen_args=("--lease", "5"),
         how=(
             "`MySQLElector` defaults (poll 2 s, check 1 s, check timeout 2 s, lease 10 s); lease 5 s when frozen "
@@ -188,7 +188,7 @@ IMPLS: list[Impl] = [
         "postgres",
         "aioelect_postgres",
         True,
-        requires=("aioelect.backends.postgres",),
+        requires=("aioelect.backends.sql.postgres",),
         frozen_args=("--lease", "5"),
         how="`PostgresElector` defaults; lease 5 s when frozen (check timeout 1.25 s)",
     ),
@@ -221,7 +221,16 @@ IMPLS: list[Impl] = [
         requires=("aioelect.backends.redis",),
         lease_bound_crash=True,
         scenarios=(
-            "rtt", "graceful", "crash", "frozen", "deposed", "idle", "handoff", "coldstart", "inproc", "blocked"
+            "rtt",
+            "graceful",
+            "crash",
+            "frozen",
+            "deposed",
+            "idle",
+            "handoff",
+            "coldstart",
+            "inproc",
+            "blocked",
         ),
         how="`RedisElector(lease=5)` (the peers' TTL), other options at their defaults: renew every 0.5 s (a tenth"
         " of the lease; check timeout 1.5 s, renew deadline 3.5 s), a waiter subscribed to the election's channel"

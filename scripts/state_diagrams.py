@@ -2,7 +2,7 @@
 
 Each diagram sits in a page between ``<!-- states: NAME -->`` and
 ``<!-- /states -->``, as a mermaid block drawn by
-:meth:`aioelect._transitions.Transitions.mermaid`. ``python
+:meth:`aioelect.core._transitions.Transitions.mermaid`. ``python
 scripts/state_diagrams.py`` rewrites them; tests/test_docs.py fails when a
 committed diagram differs from its table, so a diagram cannot drift.
 """
@@ -13,8 +13,8 @@ import re
 import sys
 from pathlib import Path
 
-from aioelect._elector import ELECTOR_TRANSITIONS, LEADERSHIP_TRANSITIONS
-from aioelect._transitions import Transitions
+from aioelect.core._elector import ELECTOR_TRANSITIONS, LEADERSHIP_TRANSITIONS
+from aioelect.core._transitions import Transitions
 from aioelect.backends.etcd._candidacy import CANDIDACY_TRANSITIONS
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -66,7 +66,7 @@ async def worker(args: argparse.Namespace) -> None:
     import anyio
 
     import aioelect
-    from aioelect._values import encode
+    from aioelect.core._values import encode
     from aioelect.integrations.schedule import Every, Tick, Ticks
 
     out = open(args.events, "a", encoding="utf-8")  # noqa: ASYNC230, SIM115 (once, before anything runs)

@@ -231,7 +231,7 @@ def etcd_case(request: pytest.FixtureRequest) -> BackendCase:
 
 def postgres_case(request: pytest.FixtureRequest) -> BackendCase:
     from aioelect import PostgresElector
-    from aioelect.backends.postgres import advisory_key, lock_ids
+    from aioelect.backends.sql.postgres import advisory_key, lock_ids
 
     from .harness import PostgresServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from aioelect.backends._session_lock import SessionLockBackend
+from aioelect.backends.sql._session_lock import SessionLockBackend
 
 B = TypeVar("B", bound=SessionLockBackend[Any])
 

@@ -438,9 +438,9 @@ def test_bad_usage_exits_2_with_a_message(args: list[str], message: str) -> None
 )
 def test_the_timing_flags_reach_the_backend(args: list[str], environ: dict[str, str], timing: str) -> None:
     """--renew-deadline, --check-interval and --check-timeout set the library's options, over the variables."""
-    from aioelect._settings import Settings
     from aioelect.cli._args import build_parser
     from aioelect.cli._configure import configure
+    from aioelect.wiring._settings import Settings
 
     parsed = build_parser().main.parse_args(["leader", "--name", "cli/timing", *args])
     elector = configure(parsed, Settings.from_environ(environ)).build()

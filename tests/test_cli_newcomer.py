@@ -20,17 +20,17 @@ import anyio
 import pytest
 
 import aioelect
-from aioelect import _backend as aioelect_backend
-from aioelect import _settings
 from aioelect.backends.etcd import EtcdOptions
 from aioelect.backends.file import FileOptions
 from aioelect.backends.local import LocalOptions
-from aioelect.backends.mysql import MySQLOptions
-from aioelect.backends.postgres import PostgresOptions
 from aioelect.backends.redis import RedisOptions
+from aioelect.backends.sql.mysql import MySQLOptions
+from aioelect.backends.sql.postgres import PostgresOptions
 from aioelect.cli._args import build_parser, split_command
 from aioelect.cli._configure import configure
 from aioelect.cli._status import UsageError
+from aioelect.core import _backend as aioelect_backend
+from aioelect.wiring import _settings
 
 from .harness import EtcdServer, MariaDBServer, RedisServer, SentinelServer
 from .test_cli import Spawner, cli, wait_until

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from aioelect import Elector, EtcdElector, MySQLElector, PostgresElector, RedisElector, from_env
-from aioelect._config import parse_dsn
+from aioelect.core._config import parse_dsn
 
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = (ROOT / "compose.yaml").read_text()

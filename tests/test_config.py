@@ -6,7 +6,7 @@ from urllib.parse import quote
 
 import pytest
 
-from aioelect._config import LockTiming, TimingRules, is_loopback, parse_dsn, redact_dsn, transport_warning
+from aioelect.core._config import LockTiming, TimingRules, is_loopback, parse_dsn, redact_dsn, transport_warning
 
 # --- redaction by text ------------------------------------------------------------
 

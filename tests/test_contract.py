@@ -458,7 +458,7 @@ def stubborn_work(
 async def test_voluntary_release_keeps_the_lock_until_stubborn_work_stops(
     case: BackendCase, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("aioelect._elector.STILL_RUNNING_LOG_INTERVAL", 0.3, raising=False)
+    monkeypatch.setattr("aioelect.core._elector.STILL_RUNNING_LOG_INTERVAL", 0.3, raising=False)
     name = unique_name()
     async with case.make(name, stop_timeout=0.2) as a, case.make(name) as b:
         leads: list[Leadership] = []

@@ -115,7 +115,7 @@ def test_demo_on_etcd(tmp_path: Path, request: pytest.FixtureRequest) -> None:
 
 
 def test_demo_on_postgres(tmp_path: Path, postgres_dsn: str) -> None:
-    pytest.importorskip("aioelect.backends.postgres")
+    pytest.importorskip("aioelect.backends.sql.postgres")
     output, summary = run_demo(tmp_path, "--backend", "postgres", *SHORT, AIOELECT_POSTGRES_DSN=postgres_dsn)
     check_takeover(output, summary, takeover_bound=5.0)
 

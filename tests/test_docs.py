@@ -47,8 +47,8 @@ import pytest
 from .docs_fragments import HARNESSES
 
 if TYPE_CHECKING:
-    from aioelect._config import LockTiming
-    from aioelect.backends._session_lock import SessionLockBackend
+    from aioelect.backends.sql._session_lock import SessionLockBackend
+    from aioelect.core._config import LockTiming
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Every page with code blocks; the recipe pages include files of examples/recipes/ that tests/test_recipes.py runs.
@@ -249,7 +249,7 @@ def postgres_case(dsn: str) -> tuple[dict[str, str], Callable[[], None]]:
 
     import asyncpg
 
-    from aioelect.backends.postgres import advisory_key, lock_ids
+    from aioelect.backends.sql.postgres import advisory_key, lock_ids
 
     name = f"docs/{uuid.uuid4().hex[:12]}"
     # schema: the leaders table that fenced state and handover notes live beside, as the pages tell users to.
@@ -635,8 +635,8 @@ BOUND_ROLE = {
 
 def bounds_table() -> str:
     """The table, computed at the defaults from the functions the backends check every lock session with."""
-    from aioelect._config import LockTiming, release_bound
-    from aioelect.backends import mysql, postgres
+    from aioelect.backends.sql import mysql, postgres
+    from aioelect.core._config import LockTiming, release_bound
 
     lease = 10
     rows = ["| backend | bound | aioelect | at the defaults |", "| --- | --- | --- | --- |"]
@@ -684,9 +684,9 @@ def bounds_table() -> str:
 
 def redis_bounds_rows() -> list[str]:
     """Redis's rows, at its defaults, from the settings and the checks every campaign try runs on ``CONFIG GET``."""
-    from aioelect._config import release_bound
     from aioelect.backends.redis import RedisBackend
     from aioelect.backends.redis._bounds import config_problem, least_timeout, server_bounds
+    from aioelect.core._config import release_bound
 
     backend = RedisBackend("redis://127.0.0.1:6379/0", name="docs")
     timing = backend.timing
@@ -758,7 +758,7 @@ def test_the_server_bounds_table_is_computed_from_the_backends() -> None:
 def mysql_backend() -> SessionLockBackend[Any]:
     """A MySQL backend with every timing option at its default (nothing connects)."""
     from aioelect import MySQLElector
-    from aioelect.backends._session_lock import SessionLockBackend
+    from aioelect.backends.sql._session_lock import SessionLockBackend
 
     backend = MySQLElector("mysql://root@127.0.0.1:1/db", name="docs")._backend
     assert isinstance(backend, SessionLockBackend)
@@ -785,7 +785,7 @@ def test_the_documented_margins_are_the_computed_ones() -> None:
 
 def test_the_documented_bound_for_a_deposed_leader_is_the_one_the_code_uses() -> None:
     """check_interval + 2 * check_timeout (LockTiming.deposed_within), in the docs, the campaign log and the soak."""
-    from aioelect._config import confirmation_gap
+    from aioelect.core._config import confirmation_gap
     from soak.timing import _CHECK_INTERVAL, _CHECK_TIMEOUT, OVERLAP_SLACK, TIMINGS
 
     defaults = default_timing()

@@ -2,8 +2,8 @@
 figure is the one the backends compute, and every count the docs state is the count there is.
 
 The lists come from the code, never from this file: the backends and their variables from
-:data:`aioelect._settings.BACKEND_VARIABLES` (the factory's priority order), the values of ``AIOELECT_BACKEND``
-from :data:`aioelect._settings.BACKEND_KINDS`, the commands from the ``aioelect`` parser. A backend added there
+:data:`aioelect.wiring._settings.BACKEND_VARIABLES` (the factory's priority order), the values of ``AIOELECT_BACKEND``
+from :data:`aioelect.wiring._settings.BACKEND_KINDS`, the commands from the ``aioelect`` parser. A backend added there
 fails these tests until every overview names it.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from aioelect._settings import BACKEND_KINDS, BACKEND_VARIABLES
+from aioelect.wiring._settings import BACKEND_KINDS, BACKEND_VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -34,4 +34,4 @@ def test_importing_aioelect_loads_nothing_else() -> None:
     before the rest is imported."""
     code = "import sys, aioelect; print(sorted(m for m in sys.modules if m.startswith(('aioelect', 'anyio'))))"
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
-    assert run.stdout.strip() == "['aioelect', 'aioelect._errors']", run.stdout
+    assert run.stdout.strip() == "['aioelect', 'aioelect.core', 'aioelect.core._errors']", run.stdout

@@ -372,7 +372,7 @@ async def test_acquire_timeout_validation() -> None:
 async def test_release_waits_for_work_that_ignores_cancellation(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("aioelect._elector.STILL_RUNNING_LOG_INTERVAL", 0.2, raising=False)
+    monkeypatch.setattr("aioelect.core._elector.STILL_RUNNING_LOG_INTERVAL", 0.2, raising=False)
     async with LocalElector(identity="stubborn", stop_timeout=0.2) as elector:
         inside = asyncio.Event()
         stopped: list[float] = []
@@ -558,7 +558,7 @@ async def test_try_acquire_and_leadership_without_waiting_on_local() -> None:
 
 
 def test_aioelect_backend_names_one_of_several_backends_for_the_command_too() -> None:
-    from aioelect._settings import Settings
+    from aioelect.wiring._settings import Settings
 
     both = {"AIOELECT_MYSQL_DSN": "mysql://u@h/db", "AIOELECT_POSTGRES_DSN": "postgresql://u@h/db"}
     assert Settings.from_environ(both).backend() == ("mysql", "mysql://u@h/db")

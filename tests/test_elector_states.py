@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from aioelect import ElectorClosed, UsageError
-from aioelect._elector import ELECTOR_TRANSITIONS, _Do, _State
+from aioelect.core._elector import ELECTOR_TRANSITIONS, _Do, _State
 from aioelect.testing import MemoryElector
 
 pytestmark = pytest.mark.timeout(30)
@@ -85,7 +85,7 @@ async def test_a_campaign_started_while_a_cancelled_one_gives_its_grant_back_kee
     # assertion in _lead failed, and its leadership was left with no keeper, the lock or key held by nobody
     # (and aclose() waited for it forever).
     from aioelect import RedisElector
-    from aioelect._elector import backend_of
+    from aioelect.core._elector import backend_of
 
     if kind == "memory":
         elector: Any = MemoryElector(name=aioelect_name, identity="e", renew_deadline=5)

@@ -19,8 +19,8 @@ from aioelect import (
     current_leadership,
     leadership,
 )
-from aioelect._backend import ErrorTable
-from aioelect._elector import backend_of
+from aioelect.core._backend import ErrorTable
+from aioelect.core._elector import backend_of
 from aioelect.testing import MemoryElector
 
 pytestmark = pytest.mark.timeout(30)

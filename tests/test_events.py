@@ -118,7 +118,7 @@ async def test_prometheus_metrics(mariadb: MariaDBServer) -> None:
 def test_log_lines_keep_a_percent_sign_of_the_election_name(caplog: pytest.LogCaptureFixture) -> None:
     """An election name may hold '%' (a percent-encoded name): log lines with and without arguments show it as is,
     pointing at the caller's line."""
-    from aioelect._log import ElectionLog
+    from aioelect.core._log import ElectionLog
 
     log = ElectionLog("etcd", "jobs/a%2Fb%s", "me")
     with caplog.at_level(logging.DEBUG, logger="aioelect"):

@@ -12,7 +12,7 @@ import pytest
 
 import aioelect
 from aioelect import Elector, FencedStore, LeadershipLost, UsageError
-from aioelect._backend import Written
+from aioelect.core._backend import Written
 
 from .backends import CASES, BackendCase, Follower, unique_name
 

@@ -232,7 +232,7 @@ async def test_a_campaign_cancelled_while_its_grant_is_checked_against_the_note_
 ) -> None:
     """The grant is read against the handover note before it is a leadership; a cancellation that lands during
     that read gives the grant back: the lock is never left held by nobody."""
-    from aioelect._elector import backend_of
+    from aioelect.core._elector import backend_of
 
     a = MemoryElector(name=aioelect_name, identity="a")
     b = MemoryElector(name=aioelect_name, identity="b")

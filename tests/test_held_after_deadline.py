@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-import aioelect.backends._session_lock as session_lock
+import aioelect.backends.sql._session_lock as session_lock
 
 from .backends import CASES, unique_name
 

@@ -34,8 +34,6 @@ from starlette.routing import Route
 
 import aioelect
 from aioelect import FileElector, MySQLElector
-from aioelect._factory import priority_from
-from aioelect._settings import Settings
 from aioelect.cli._args import build_parser, split_command
 from aioelect.cli._configure import configure
 from aioelect.integrations import Campaign, asgi
@@ -45,6 +43,8 @@ from aioelect.integrations.apscheduler import LeaderScheduler
 from aioelect.integrations.asgi import election_lifespan
 from aioelect.integrations.health import MAX_REQUEST, PATHS, HealthServer
 from aioelect.testing import MemoryElector
+from aioelect.wiring._factory import priority_from
+from aioelect.wiring._settings import Settings
 
 MakeMemory = Callable[..., MemoryElector]
 

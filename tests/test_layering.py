@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 import aioelect
-from aioelect._backend import Backend, Confirm, Hold, Reporter, monotonic
-from aioelect._events import Event
+from aioelect.core._backend import Backend, Confirm, Hold, Reporter, monotonic
+from aioelect.core._events import Event
 
 ROOT = Path(__file__).resolve().parent.parent
 

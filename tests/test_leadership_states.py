@@ -17,7 +17,7 @@ import anyio
 import pytest
 
 from aioelect import Leadership
-from aioelect._elector import _LOSS, LEADERSHIP_TRANSITIONS, _Lead, _Step
+from aioelect.core._elector import _LOSS, LEADERSHIP_TRANSITIONS, _Lead, _Step
 from aioelect.testing import MemoryElector
 
 pytestmark = pytest.mark.timeout(30)

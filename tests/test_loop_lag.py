@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from aioelect._elector import _LoopLag
+from aioelect.core._elector import _LoopLag
 from aioelect.testing import MemoryElector
 
 from .backends import unique_name

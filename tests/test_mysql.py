@@ -22,8 +22,8 @@ from aioelect import (
     PermanentBackendError,
     leadership,
 )
-from aioelect.backends._session_lock import Pending
-from aioelect.backends.mysql import MySQLBackend
+from aioelect.backends.sql._session_lock import Pending
+from aioelect.backends.sql.mysql import MySQLBackend
 
 from .backends import Follower, unique_name, with_database
 from .harness import MariaDBServer, TCPProxy, free_port

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 import aioelect
-from aioelect import _factory
-from aioelect._config import LockTiming
+from aioelect.core._config import LockTiming
 from aioelect.testing import MemoryElector
+from aioelect.wiring import _factory
 
 
 @pytest.fixture(autouse=True)
@@ -102,9 +102,9 @@ async def test_the_memory_backend_from_the_environment(caplog: pytest.LogCapture
 
 
 def test_the_command_line_reads_the_timing_variables_under_its_flags() -> None:
-    from aioelect._settings import Settings
     from aioelect.cli._args import build_parser
     from aioelect.cli._configure import configure
+    from aioelect.wiring._settings import Settings
 
     environ = {"AIOELECT_ETCD_ENDPOINTS": "127.0.0.1:2379", "AIOELECT_NAME": "portable/cli", "AIOELECT_LEASE": "4"}
     parser = build_parser().main
@@ -115,7 +115,7 @@ def test_the_command_line_reads_the_timing_variables_under_its_flags() -> None:
 
 
 def test_the_memory_backend_is_no_backend_of_the_command_line() -> None:
-    from aioelect._settings import Settings
+    from aioelect.wiring._settings import Settings
 
     assert Settings.from_environ({"AIOELECT_BACKEND": "memory", "AIOELECT_FILE": "/x/l.lock"}).backend() is None
 
@@ -165,7 +165,7 @@ def test_no_server_backend_reads_a_timing_option_by_its_name() -> None:
     The file and memory backends are left out: they have no lease and no server, so no LockTiming describes them.
     """
     from aioelect import backends
-    from aioelect._config import TIMING_OPTIONS
+    from aioelect.core._config import TIMING_OPTIONS
 
     names = "|".join((*TIMING_OPTIONS, "ttl"))
     by_name = re.compile(rf"""(\.get\(|\[)\s*["']({names})["']""")

@@ -37,8 +37,8 @@ from aioelect import (
     PostgresElector,
     leadership,
 )
-from aioelect._elector import backend_of
-from aioelect.backends.postgres import KEY_SQL, PostgresBackend, advisory_key, application_name, lock_ids
+from aioelect.backends.sql.postgres import KEY_SQL, PostgresBackend, advisory_key, application_name, lock_ids
+from aioelect.core._elector import backend_of
 from soak.checker import NS, Term
 
 from .backends import Follower, handover_delays, unique_name, with_database

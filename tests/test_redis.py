@@ -309,7 +309,7 @@ async def test_aclose_as_a_campaign_wins_gives_the_key_back_before_closing(
 ) -> None:
     """aclose() from another task, between the campaign step's win and the acquiring task resuming: the key is
     given back, not left to its lease by a backend already closed."""
-    from aioelect import _tasks
+    from aioelect.core import _tasks
 
     name = unique_name()
     elector = make(redis_server.url, name)

@@ -18,9 +18,9 @@ import anyio
 import pytest
 
 from aioelect import PermanentBackendError, RedisElector
-from aioelect._config import LockTiming
 from aioelect.backends.redis._bounds import config_problem, least_timeout
 from aioelect.backends.redis._options import TIMING
+from aioelect.core._config import LockTiming
 
 from .backends import REDIS, unique_name
 from .harness import RedisServer

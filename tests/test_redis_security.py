@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from aioelect import BackendUnavailable, PermanentBackendError, RedisElector
-from aioelect._settings import Settings
 from aioelect.backends.redis import RedisBackend
 from aioelect.backends.redis._options import RedisSettings
+from aioelect.wiring._settings import Settings
 
 from .backends import REDIS, unique_name
 from .harness import Certificates, RedisServer, SentinelServer, redis_command

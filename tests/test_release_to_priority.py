@@ -13,8 +13,8 @@ import anyio
 import pytest
 
 from aioelect import current_leadership
-from aioelect._elector import backend_of
-from aioelect._handover import WAITING_KEY
+from aioelect.core._elector import backend_of
+from aioelect.core._handover import WAITING_KEY
 
 from .backends import CASES, BackendCase, Follower, unique_name
 from .test_handover import case, make, record
@@ -170,7 +170,7 @@ async def test_release_with_the_state_unanswering_is_about_as_prompt_as_a_plain_
 async def test_a_malformed_step_down_request_does_not_stop_the_leader_serving_requests(case: BackendCase) -> None:
     """A step-down request naming an identity no candidate could have: the leader ignores it, and still acts on
     the next, well-formed, request (it raised ValueError in the serving task, which ended for the leadership)."""
-    from aioelect._handover import REQUEST_KEY
+    from aioelect.core._handover import REQUEST_KEY
 
     name = unique_name()
     async with make(case, name, "a") as a, make(case, name, "b") as b:
@@ -229,7 +229,7 @@ async def test_release_racing_a_step_down_request_returns_once_the_backend_let_g
     """etcd. The leader (priority 0) releases while a candidate of priority 1 waits; meanwhile its serving task
     acts on a step-down request (wait=False). release() must return only once the backend has let go (its
     docstring), not as soon as the request's step-down was asked for."""
-    from aioelect._handover import REQUEST_KEY
+    from aioelect.core._handover import REQUEST_KEY
 
     case = CASES["etcd"](request)
     name = unique_name()

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from aioelect import ElectionError, MySQLElector, PermanentBackendError
-from aioelect.backends._mysql_tls import tls_from_query
+from aioelect.backends.sql._mysql_tls import tls_from_query
 
 from .backends import unique_name
 from .harness import Certificates, DowngradeProxy, MariaDBServer
@@ -298,7 +298,7 @@ async def test_the_transport_is_checked_after_the_connect_too(
     """Should the driver ever skip the greeting check, the connection is still refused for its plaintext transport."""
     import aiomysql
 
-    from aioelect.backends import mysql
+    from aioelect.backends.sql import mysql
 
     unchecked = aiomysql.Connection._request_authentication
     monkeypatch.setattr(mysql._TlsOnlyConnection, "_request_authentication", unchecked)

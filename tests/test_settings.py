@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import aioelect
-from aioelect import _settings
-from aioelect._settings import SECRET_VARIABLES, Settings, is_secret
+from aioelect.wiring import _settings
+from aioelect.wiring._settings import SECRET_VARIABLES, Settings, is_secret
 
 PACKAGE = Path(aioelect.__file__).resolve().parent
 PASSWORD = "s3cr#t:pw"

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 from aioelect import BackendUnavailable, Elector, LossKind, PermanentBackendError
-from aioelect.backends._session_lock import Pending
+from aioelect.backends.sql._session_lock import Pending
 
 from .backends import unique_name, with_database
 from .harness import free_port

@@ -26,8 +26,8 @@ from aioelect import (
     PostgresSession,
     UsageError,
 )
-from aioelect.backends.mysql import MySQLBackend
-from aioelect.backends.postgres import PostgresBackend
+from aioelect.backends.sql.mysql import MySQLBackend
+from aioelect.backends.sql.postgres import PostgresBackend
 
 from .backends import Follower, unique_name
 from .test_sql_sessions import mysql_sessions, postgres_sessions

@@ -1,11 +1,11 @@
-"""aioelect._tasks.FirstFailure: the first task exception ends the group and is raised as it is."""
+"""aioelect.core._tasks.FirstFailure: the first task exception ends the group and is raised as it is."""
 
 from __future__ import annotations
 
 import anyio
 import pytest
 
-from aioelect._tasks import FirstFailure
+from aioelect.core._tasks import FirstFailure
 
 
 async def test_the_first_exception_cancels_the_others_and_is_raised_unwrapped() -> None:

@@ -140,7 +140,7 @@ async def test_a_deposed_leader_cannot_record_a_tick(case: BackendCase) -> None:
         late = {"tick": record["tick"] + 1, "token": lead_a.token}
         # A's record sent as if A still believed it led: refused by the server, nothing recorded.
         store_a = ticks.store(a)._store
-        from aioelect._values import encode
+        from aioelect.core._values import encode
 
         written = await store_a.write(lead_a._hold, ticks.key, encode(late), compare=True, expected=encode(record))
         assert written.value == "fenced"

@@ -54,6 +54,6 @@ def test_the_wheel_ships_the_package_and_its_pytest_plugin_but_no_harness(tmp_pa
 
     for module in ("aioelect/testing.py", "aioelect/pytest_plugin.py", "aioelect/backends/memory.py"):
         assert module in names
-    assert "class MemoryElector(Elector)" in sources["aioelect/_electors.py"]
-    assert "from ._electors import MemoryElector" in sources["aioelect/testing.py"]
+    assert "class MemoryElector(Elector)" in sources["aioelect/wiring/_electors.py"]
+    assert "from .wiring._electors import MemoryElector" in sources["aioelect/testing.py"]
     assert "[pytest11]\naioelect = aioelect.pytest_plugin" in entry_points, entry_points

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, TypedDict
 
 import anyio
 
-from .._backend import Backend, Confirm, Hold, monotonic
-from .._config import DEFAULT_NAME, check_options, validate_name
+from ..core._backend import Backend, Confirm, Hold, monotonic
+from ..core._config import DEFAULT_NAME, check_options, validate_name
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -32,9 +32,9 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, Loss, StateStore, Written, monotonic
-from .._config import positive, validate_name
-from .._errors import BackendUnavailable, LossKind
+from ..core._backend import Backend, Backoff, Confirm, Hold, Loss, StateStore, Written, monotonic
+from ..core._config import positive, validate_name
+from ..core._errors import BackendUnavailable, LossKind
 
 __all__ = ["MemoryBackend", "MemoryElection", "MemoryStateStore", "election_of"]
 

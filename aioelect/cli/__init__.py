@@ -14,7 +14,7 @@ from a server (identities, error messages) is printed with its control and
 other non-printable characters escaped.
 
 The package, one job per module: ``_args`` (options and help),
-``_configure`` (options laid over :class:`aioelect._settings.Settings`),
+``_configure`` (options laid over :class:`aioelect.wiring._settings.Settings`),
 ``_commands`` (``leader``, ``observe``), ``_run`` (``run``), ``_shards`` (``shards``),
 ``_supervisor`` (CMD's process group), ``_output`` (what is printed).
 """
@@ -31,7 +31,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from .._settings import Settings, is_secret
+from ..wiring._settings import Settings, is_secret
 from ._args import build_parser, split_command
 from ._commands import execute
 from ._configure import configure

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
-from .._settings import (
+from ..wiring._settings import (
     ENV_ALLOW_UNSAFE_TOPOLOGY,
     ENV_ALLOW_VOLATILE_TOKENS,
     ENV_CHECK_INTERVAL,
@@ -366,9 +366,7 @@ def build_parser() -> Parsers:
     )
     observe.add_argument("--json", action="store_true", help='print JSON lines {"time", "leader", ...}')
     step_down = add_step_down(sub, common, EPILOG, fmt, _number)
-    return Parsers(
-        parser, {"run": run, "shards": shards, "leader": leader, "observe": observe, "step-down": step_down}
-    )
+    return Parsers(parser, {"run": run, "shards": shards, "leader": leader, "observe": observe, "step-down": step_down})
 
 
 def _version() -> str:

@@ -21,17 +21,17 @@ from typing import Any, cast
 
 import anyio
 
-from .._backend import Backoff
 from .._early import take
-from .._elector import Elector
-from .._errors import BackendUnavailable, ElectionError
-from .._errors import UsageError as LibraryUsageError
-from .._factory import priority_from
-from .._handover import note_fields
 from .._http import BoundedHTTPServer
 from .._requests import request_step_down
-from .._settings import ENV_PRIORITY
+from ..core._backend import Backoff
+from ..core._elector import Elector
+from ..core._errors import BackendUnavailable, ElectionError
+from ..core._errors import UsageError as LibraryUsageError
+from ..core._handover import note_fields
 from ..integrations.health import HealthServer
+from ..wiring._factory import priority_from
+from ..wiring._settings import ENV_PRIORITY
 from ._configure import Config, first_contact
 from ._orphans import reaper
 from ._output import json_line, out

@@ -19,10 +19,10 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import anyio
 
-from .._config import parse_dsn, redact_dsn
-from .._elector import Elector
-from .._errors import BackendMisconfigured, BackendUnavailable, ElectionError
-from .._settings import (
+from ..core._config import parse_dsn, redact_dsn
+from ..core._elector import Elector
+from ..core._errors import BackendMisconfigured, BackendUnavailable, ElectionError
+from ..wiring._settings import (
     BACKEND_OPTION_VARIABLES,
     BACKEND_VARIABLES,
     ENV_BACKEND,
@@ -57,7 +57,7 @@ class Config:
 
     def build(self) -> Elector:
         """Build an elector; raise :class:`UsageError` or :class:`BackendError`."""
-        from .._factory import new
+        from ..wiring._factory import new
 
         kwargs: dict[str, Any] = {self.kind: self.target, **self.options}
         try:

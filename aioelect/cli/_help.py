@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .._settings import (
+from ..wiring._settings import (
     ENV_ALLOW_UNSAFE_TOPOLOGY,
     ENV_ALLOW_VOLATILE_TOKENS,
     ENV_BACKEND,

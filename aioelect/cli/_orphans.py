@@ -12,7 +12,7 @@ import os
 
 import anyio
 
-from .._tasks import TaskSet, consume
+from ..core._tasks import TaskSet, consume
 from ._shim import descendants, processes
 
 __all__ = ["KILL_WAIT", "SHIMS", "STATES", "reap", "reap_orphans", "reaper", "start_time", "stat", "strays"]

@@ -4,7 +4,7 @@ Guarantees:
 
 * no message on stderr (log lines, errors, argparse's usage errors) holds a
   secret this process was given: DSNs are redacted by text
-  (:func:`aioelect._config.redact_dsn`) and every registered secret, in
+  (:func:`aioelect.core._config.redact_dsn`) and every registered secret, in
   its plain and URL-quoted forms, is replaced by ``***``;
 * nothing printed holds a control or other non-printable character: they
   are escaped, because identities and server messages come from other
@@ -22,7 +22,7 @@ import logging
 import sys
 from urllib.parse import quote, unquote
 
-from .._config import dsn_password, redact_dsn
+from ..core._config import dsn_password, redact_dsn
 
 __all__ = ["escape", "json_line", "out", "err", "secrets", "setup_logging", "shown"]
 

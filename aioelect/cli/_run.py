@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from .._elector import Elector, Leadership, lock_descriptors
 from .._requests import serve_step_downs
-from .._settings import ENV_HEALTH_URL, ENV_IDENTITY, ENV_TOKEN
-from .._tasks import first_of
+from ..core._elector import Elector, Leadership, lock_descriptors
+from ..core._tasks import first_of
+from ..wiring._settings import ENV_HEALTH_URL, ENV_IDENTITY, ENV_TOKEN
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
 from ._tree import start_cmd

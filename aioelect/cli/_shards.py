@@ -49,12 +49,12 @@ from typing import Any
 import anyio
 
 from .._early import take
-from .._elector import Elector, Leadership, current_leadership, default_identity, lock_descriptors
-from .._errors import ElectionError
-from .._errors import UsageError as NotRunning
-from .._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from .._shards import Shards
-from .._tasks import TaskSet
+from ..core._elector import Elector, Leadership, current_leadership, default_identity, lock_descriptors
+from ..core._errors import ElectionError
+from ..core._errors import UsageError as NotRunning
+from ..core._tasks import TaskSet
+from ..wiring._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from ._configure import Config, first_contact
 from ._orphans import reaper
 from ._run import choose_grace, health_check
@@ -99,8 +99,8 @@ def _shown(text: str) -> str:
 
 def _shared_etcd(config: Config, identity: str) -> tuple[Any, Callable[[str], Elector]]:
     """One EtcdSession (one lease, one connection) for every election of this instance."""
-    from .._electors import EtcdElector
     from ..backends.etcd import EtcdSession
+    from ..wiring._electors import EtcdElector
 
     stop_timeout = config.options.get("stop_timeout", 5.0)
     # A shared session never degrades to leading without etcd: the option is the elector's alone.

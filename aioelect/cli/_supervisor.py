@@ -32,7 +32,7 @@ It knows nothing of leadership. It guarantees:
 * :func:`reap_orphans` reaps the orphans the kernel hands to this process
   when it runs as PID 1 (in a container), so no zombies pile up;
 * :func:`child_environment` hands CMD the environment without aioelect's
-  secrets (:func:`aioelect._settings.is_secret`) unless passed by name.
+  secrets (:func:`aioelect.wiring._settings.is_secret`) unless passed by name.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from typing import cast
 
 import anyio
 
-from .._settings import is_secret
+from ..wiring._settings import is_secret
 from ._orphans import KILL_WAIT, reap_orphans
 from ._shim import live, processes
 

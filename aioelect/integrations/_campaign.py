@@ -19,10 +19,10 @@ from typing import Any, Literal
 import anyio
 
 from .._api import leadership
-from .._config import redact_dsn
-from .._elector import Elector, Leadership
-from .._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
-from .._tasks import TaskSet, consume
+from ..core._config import redact_dsn
+from ..core._elector import Elector, Leadership
+from ..core._errors import BackendUnavailable, ElectionError, LeadershipLost, UsageError
+from ..core._tasks import TaskSet, consume
 
 __all__ = ["Campaign", "LeaderWork", "Role", "Status"]
 

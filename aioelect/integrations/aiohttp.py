@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
-from .._elector import Elector
+from ..core._elector import Elector
 from ._campaign import Campaign, LeaderWork
 
 try:

@@ -105,10 +105,10 @@ from typing import Any
 
 import anyio
 
-from .._elector import Elector, Leadership
 from .._fenced import FencedStore
 from .._shards import Shards
-from .._tasks import TaskSet, consume
+from ..core._elector import Elector, Leadership
+from ..core._tasks import TaskSet, consume
 from ._campaign import Campaign, Role, Status
 
 try:

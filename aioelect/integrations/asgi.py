@@ -40,7 +40,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from .._elector import Elector, Leadership
+from ..core._elector import Elector, Leadership
 from ._campaign import Campaign, LeaderWork
 
 try:

@@ -45,10 +45,10 @@ from typing import Any
 
 import anyio
 
-from .._elector import Elector
-from .._errors import BackendUnavailable, ElectionError, UsageError
-from .._events import Event
 from .._http import MAX_CONNECTIONS, MAX_REQUEST, REQUEST_TIMEOUT, BoundedHTTPServer
+from ..core._elector import Elector
+from ..core._errors import BackendUnavailable, ElectionError, UsageError
+from ..core._events import Event
 from ._campaign import Campaign, Role, Status
 
 __all__ = ["MAX_CONNECTIONS", "MAX_REQUEST", "PATHS", "REQUEST_TIMEOUT", "HealthServer"]

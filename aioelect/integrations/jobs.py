@@ -65,9 +65,9 @@ import math
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
-from .._elector import Elector, Leadership, current_leadership
-from .._errors import LeadershipLost, UsageError
-from .._tasks import TaskSet
+from ..core._elector import Elector, Leadership, current_leadership
+from ..core._errors import LeadershipLost, UsageError
+from ..core._tasks import TaskSet
 from ._campaign import Campaign
 from .schedule import Tick, Ticks
 

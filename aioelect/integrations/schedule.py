@@ -61,10 +61,10 @@ from typing import Any, Literal, get_args
 
 import anyio
 
-from .._elector import Elector, Leadership
 from .._fence import _TABLE_RE, FENCE_TABLE, fenced
 from .._fenced import FencedStore
-from .._values import check_key
+from ..core._elector import Elector, Leadership
+from ..core._values import check_key
 
 __all__ = ["TICKS_DDL_MYSQL", "TICKS_DDL_POSTGRES", "Every", "Misfire", "Tick", "Ticks"]
 

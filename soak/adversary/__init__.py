@@ -2,7 +2,7 @@
 
 Where the nemesis (:mod:`soak.nemesis`) acts on processes and TCP
 connections, the adversary sits at the backends' interceptor seam
-(:class:`aioelect._backend.Interceptor`): it delays each request and each
+(:class:`aioelect.core._backend.Interceptor`): it delays each request and each
 reply independently, loses some of them, cancels etcd watches as the server
 would, and, beside it, an operator deletes keys, revokes leases, ends
 sessions and restarts the server. Several electors run in one process

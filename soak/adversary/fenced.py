@@ -35,9 +35,9 @@ from typing import Any
 import anyio
 
 import aioelect
-from aioelect._backend import Written
-from aioelect._elector import backend_of, elector_of, hold_of
-from aioelect._values import encode
+from aioelect.core._backend import Written
+from aioelect.core._elector import backend_of, elector_of, hold_of
+from aioelect.core._values import encode
 from soak.checker import Violation
 
 from .network import Network
@@ -113,7 +113,7 @@ class Jobs:
     """The jobs of one run: set up on each candidate (:meth:`attach`), judged after (:meth:`settle`, :func:`judge`).
 
     ``unfenced``: the writes go through the same store with no token
-    check (:meth:`~aioelect._backend.StateStore.post`): the fence turned
+    check (:meth:`~aioelect.core._backend.StateStore.post`): the fence turned
     off, to show that the judge finds the writes it would have refused.
     """
 

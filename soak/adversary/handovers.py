@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 import aioelect
-from aioelect._handover import POLL_INTERVAL
+from aioelect.core._handover import POLL_INTERVAL
 from soak.checker import Fault, Violation
 
 from .network import Profile
@@ -85,7 +85,7 @@ def reopen_bound(backend: str, options: dict[str, Any], profile: Profile, margin
     """Seconds past a note's window by which someone leads, whatever became of the named successor.
 
     After the window a waiting candidate sees the note ended at its next read
-    (every :data:`~aioelect._handover.POLL_INTERVAL`), then campaigns: a lock
+    (every :data:`~aioelect.core._handover.POLL_INTERVAL`), then campaigns: a lock
     a dead or cut-off successor may hold expires (etcd's ``ttl``, Redis's
     ``lease``; a SQL session ends with its connection) and the campaign polls
     (``poll_interval``). The adversary may hold back that read and the

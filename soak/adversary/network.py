@@ -1,4 +1,4 @@
-"""The network and server as the adversary plays them: an :class:`~aioelect._backend.Interceptor`.
+"""The network and server as the adversary plays them: an :class:`~aioelect.core._backend.Interceptor`.
 
 Each exchange between a backend and its server (an etcd request, an etcd
 watch message, a SQL statement) gets its own draws from a seeded RNG: a

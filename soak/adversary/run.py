@@ -29,16 +29,15 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 import aioelect
-from aioelect._config import confirmation_gap
 from soak.checker import Act, Fault, History, Term, Verdict, Violation, check, claim
-from soak.timing import OVERLAP_SLACK
+from soak.timing import OVERLAP_SLACK, confirmation_gap
 
 from . import redis_target
 from .network import Network, Profile
 from .servers import Target
 
 if TYPE_CHECKING:  # the library as it was before a fix (old/, scripts/adversary-old.sh) lacks what these import
-    from aioelect._backend import Interceptor
+    from aioelect.core._backend import Interceptor
 
     from .handovers import Handovers
 
@@ -69,7 +68,7 @@ def margin(backend: str, profile: Profile) -> float:
     hold back up to ``profile.watch_long`` on the way there and again on the
     way back. SQL: each check is bounded by ``check_timeout`` whatever the
     adversary does, so a deposed leader stops within ``check_interval + 2 *
-    check_timeout`` (:func:`aioelect._config.confirmation_gap`), and a closed
+    check_timeout`` (:func:`aioelect.core._config.confirmation_gap`), and a closed
     session is seen at once.
     """
     options = OPTIONS[backend]

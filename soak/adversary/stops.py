@@ -44,9 +44,8 @@ from typing import Any
 
 import anyio
 
-from aioelect._config import confirmation_gap
 from soak.checker import Fault, Term, Verdict, Violation, covered, stopped
-from soak.timing import OVERLAP_SLACK
+from soak.timing import OVERLAP_SLACK, confirmation_gap
 from tests.harness.processes import popen
 
 from .run import Outcome, _Trace, tokens

@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING
 import anyio
 from aetcd import rpc
 
-from ..._backend import Backoff, Hold, StateStore, monotonic
-from ..._config import check_options, validate_name
-from ..._errors import BackendUnavailable, ElectionError
-from ..._tasks import first_of
+from ...core._backend import Backoff, Hold, StateStore, monotonic
+from ...core._config import check_options, validate_name
+from ...core._errors import BackendUnavailable, ElectionError
+from ...core._tasks import first_of
 from ._candidacy import Candidacy, Move, Tracker
 from ._degraded import DegradedHold
 from ._election import RANGE_WAIT_MAX, Election, KeyLost, Turn

@@ -2,8 +2,8 @@
 
 Guarantees: a gRPC call awaited through :func:`settle` is cancelled with
 its caller and never turns the caller's cancellation into one that anyio's
-cancel scopes do not recognise. (:func:`~aioelect._tasks.first_of` and
-:func:`~aioelect._tasks.consume` live beside the other owners of tasks.)
+cancel scopes do not recognise. (:func:`~aioelect.core._tasks.first_of` and
+:func:`~aioelect.core._tasks.consume` live beside the other owners of tasks.)
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from ..._tasks import consume
+from ...core._tasks import consume
 from ._failures import Transient
 
 __all__ = ["settle"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 
-from ..._transitions import Transitions
+from ...core._transitions import Transitions
 
 __all__ = ["CANDIDACY_TRANSITIONS", "Candidacy", "Move", "StepNotInTable", "Tracker"]
 

@@ -23,7 +23,7 @@ import anyio
 import grpc
 from aetcd import rpc
 
-from ..._log import ElectionLog
+from ...core._log import ElectionLog
 from ._calls import settle
 from ._endpoints import Endpoint
 

@@ -18,10 +18,10 @@ from typing import Any, Generic, TypeVar
 import anyio
 import grpc
 
-from ..._backend import Interceptor, monotonic
-from ..._config import is_loopback, transport_warning
-from ..._errors import BackendUnavailable, ElectionError, ElectorClosed, PermanentBackendError
-from ..._log import ElectionLog
+from ...core._backend import Interceptor, monotonic
+from ...core._config import is_loopback, transport_warning
+from ...core._errors import BackendUnavailable, ElectionError, ElectorClosed, PermanentBackendError
+from ...core._log import ElectionLog
 from ._admission import Admission, Lane
 from ._calls import settle
 from ._channel import Channel
@@ -147,7 +147,7 @@ class Connection:
             return ",".join(str(e) for e in self.endpoints)
         return ",".join(f"https://{e}" for e in self.endpoints) + f" over {self.tls.describe()}"
 
-    # --- errors (the :class:`~aioelect._backend.ErrorTable` shape) ---------------------
+    # --- errors (the :class:`~aioelect.core._backend.ErrorTable` shape) ---------------------
 
     def _sorted(self, exc: BaseException, what: str) -> BaseException:
         found = classify(exc, what, self.endpoints[self._index], self.username)

@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-from ..._backend import Confirm, Hold, Loss, monotonic
-from ..._errors import ElectionError, LossKind
-from ..._tasks import first_of
+from ...core._backend import Confirm, Hold, Loss, monotonic
+from ...core._errors import ElectionError, LossKind
+from ...core._tasks import first_of
 from ._connection import Connection
 from ._failures import Transient
 

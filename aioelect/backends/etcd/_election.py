@@ -32,8 +32,8 @@ import anyio
 from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
-from ..._backend import Backend, Backoff, Interceptor
-from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
+from ...core._backend import Backend, Backoff, Interceptor
+from ...core._errors import BackendUnavailable, ElectionError, PermanentBackendError
 from ._admission import Lane
 from ._connection import Connection
 from ._failures import Compacted, Retired, Transient

@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from ..._errors import ElectionError, PermanentBackendError
+from ...core._errors import ElectionError, PermanentBackendError
 from ._endpoints import Endpoint
 
 __all__ = [

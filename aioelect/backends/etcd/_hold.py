@@ -14,10 +14,10 @@ from typing import Any, Protocol
 import anyio
 from aetcd import rpc
 
-from ..._backend import Backoff, Confirm, Hold, Loss
-from ..._errors import ElectionError, LossKind
-from ..._log import ElectionLog
-from ..._tasks import first_of
+from ...core._backend import Backoff, Confirm, Hold, Loss
+from ...core._errors import ElectionError, LossKind
+from ...core._log import ElectionLog
+from ...core._tasks import first_of
 from ._admission import Lane
 from ._connection import Connection
 from ._election import DELETE, OpenWatch

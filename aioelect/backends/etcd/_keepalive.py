@@ -15,8 +15,8 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from ..._errors import ElectionError
-from ..._tasks import TaskSet, consume
+from ...core._errors import ElectionError
+from ...core._tasks import TaskSet, consume
 from ._channel import Channel
 from ._connection import Connection
 from ._failures import Failure, Transient

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import anyio
 
-from ..._backend import monotonic
+from ...core._backend import monotonic
 from ._connection import Connection
 from ._options import EtcdSettings
 from ._session import Session

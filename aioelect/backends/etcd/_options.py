@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import TypedDict
 
-from ..._config import LockTiming, TimingRules, check_options, validate_name
+from ...core._config import LockTiming, TimingRules, check_options, validate_name
 from ._endpoints import Endpoint, parse_endpoints
 from ._failures import MAX_TTL
 from ._tls import EtcdTLS

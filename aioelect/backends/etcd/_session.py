@@ -19,10 +19,10 @@ from collections.abc import Callable
 import anyio
 from aetcd import rpc
 
-from ..._backend import Backoff, Confirm, monotonic
-from ..._errors import ElectionError, LossKind, PermanentBackendError
-from ..._log import ElectionLog
-from ..._tasks import TaskSet
+from ...core._backend import Backoff, Confirm, monotonic
+from ...core._errors import ElectionError, LossKind, PermanentBackendError
+from ...core._log import ElectionLog
+from ...core._tasks import TaskSet
 from ._connection import Connection, SelfBounded
 from ._failures import SessionEnded, Transient, answered
 from ._keepalive import keepalives

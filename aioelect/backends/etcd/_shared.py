@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ..._backend import SharedSession
-from ..._config import check_options
-from ..._errors import BackendUnavailable
-from ..._log import ElectionLog
+from ...core._backend import SharedSession
+from ...core._config import check_options
+from ...core._errors import BackendUnavailable
+from ...core._log import ElectionLog
 from ._failures import Transient
 from ._options import EtcdOptions, EtcdSessionOptions, EtcdSettings
 from ._session import Session, connect

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from aetcd import rpc
 
-from ..._backend import Hold, StateStore, Written
-from ..._errors import UsageError
+from ...core._backend import Hold, StateStore, Written
+from ...core._errors import UsageError
 from ._connection import Connection
 from ._failures import Transient
 from ._hold import EtcdHold

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from ..._errors import PermanentBackendError
+from ...core._errors import PermanentBackendError
 
 __all__ = ["EtcdTLS"]
 

@@ -17,9 +17,9 @@ from typing import Any
 import grpc
 from aetcd import rpc
 
-from ..._backend import Interceptor
-from ..._errors import PermanentBackendError
-from ..._tasks import consume
+from ...core._backend import Interceptor
+from ...core._errors import PermanentBackendError
+from ...core._tasks import consume
 from ._channel import Channel
 from ._failures import Compacted, Retired, Transient, answered
 

@@ -64,9 +64,9 @@ from typing import TYPE_CHECKING, TypedDict
 import anyio
 import anyio.to_thread
 
-from ..._backend import Backend, Backoff, Hold, StateStore, monotonic, until_recorded
-from ..._config import DEFAULT_NAME, check_options, positive, validate_name
-from ..._errors import BackendUnavailable, ElectionError, PermanentBackendError
+from ...core._backend import Backend, Backoff, Hold, StateStore, monotonic, until_recorded
+from ...core._config import DEFAULT_NAME, check_options, positive, validate_name
+from ...core._errors import BackendUnavailable, ElectionError, PermanentBackendError
 from ._inotify import LockFileSignals, Watcher, Watching
 from ._lock import FileHold, LockFile
 from ._paths import MODES, PERMANENT_ERRNOS, directory_problem, open_checked, resolve

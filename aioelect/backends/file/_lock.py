@@ -37,9 +37,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ..._backend import Confirm, Hold, Loss, monotonic
-from ..._errors import BackendUnavailable, LossKind, PermanentBackendError
-from ..._log import ElectionLog
+from ...core._backend import Confirm, Hold, Loss, monotonic
+from ...core._errors import BackendUnavailable, LossKind, PermanentBackendError
+from ...core._log import ElectionLog
 from . import _fork
 from ._paths import at_path, close_fd, open_checked, read_bounded, same, same_file
 

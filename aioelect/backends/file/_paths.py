@@ -29,8 +29,8 @@ import os
 import pwd
 import stat
 
-from ..._errors import ElectionError, PermanentBackendError
-from ..._log import ElectionLog
+from ...core._errors import ElectionError, PermanentBackendError
+from ...core._log import ElectionLog
 
 __all__ = [
     "MODES",

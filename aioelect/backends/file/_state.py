@@ -15,8 +15,8 @@ import os
 
 import anyio.to_thread
 
-from ..._backend import Hold, StateStore, Written
-from ..._errors import PermanentBackendError
+from ...core._backend import Hold, StateStore, Written
+from ...core._errors import PermanentBackendError
 from ._lock import FileHold, LockFile
 from ._paths import open_checked, read_bounded, same_file
 

@@ -66,8 +66,8 @@ from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 
-from ..._backend import Backend, Backoff, Confirm, Hold, Interceptor, StateStore, monotonic
-from ..._errors import BackendMisconfigured, BackendUnavailable, ElectionError, PermanentBackendError
+from ...core._backend import Backend, Backoff, Confirm, Hold, Interceptor, StateStore, monotonic
+from ...core._errors import BackendMisconfigured, BackendUnavailable, ElectionError, PermanentBackendError
 from ._bounds import CONFIG_READ, config_problem, least_timeout
 from ._options import RedisOptions, RedisSettings
 from ._replies import bounded

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..._config import LockTiming
+from ...core._config import LockTiming
 
 __all__ = ["CONFIG_READ", "EXPIRY", "config_problem", "least_timeout", "server_bounds"]
 

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection, SSLConnection
 from redis.crc import key_slot
 
-from ..._errors import PermanentBackendError
+from ...core._errors import PermanentBackendError
 from ._replies import bounded
 
 __all__ = ["SlotConnection", "SlotOwner", "SlotSSLConnection"]

@@ -8,7 +8,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from ..._config import (
+from ...core._config import (
     DSN,
     LockTiming,
     TimingRules,

@@ -24,7 +24,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 
-from ..._errors import PermanentBackendError
+from ...core._errors import PermanentBackendError
 
 __all__ = ["MAX_REPLY", "ReplyTooLarge", "bounded"]
 

@@ -31,7 +31,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import SSLConnection
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
-from ..._errors import PermanentBackendError
+from ...core._errors import PermanentBackendError
 from ._options import RedisSettings, _netloc
 
 __all__ = ["MasterConnection", "MasterRefused", "MasterSSLConnection", "Sentinels", "sentinel_client"]

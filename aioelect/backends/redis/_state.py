@@ -15,8 +15,8 @@ from typing import Any, Protocol
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 
-from ..._backend import Hold, StateStore, Written
-from ..._errors import BackendUnavailable, ElectionError
+from ...core._backend import Hold, StateStore, Written
+from ...core._errors import BackendUnavailable, ElectionError
 from ._scripts import STATE_WRITE
 
 __all__ = ["RedisStateStore"]

@@ -3,7 +3,7 @@
 A backend knows only its server: how to campaign until it holds leadership,
 how to watch a held leadership for loss, how to release it, who leads now.
 It knows nothing about the caller's tasks, work scopes or self-fencing: those
-are written once in :mod:`aioelect._elector` and hold for every backend.
+are written once in :mod:`aioelect.core._elector` and hold for every backend.
 
 The arrows between the two run one way: the elector calls the backend, and
 the backend answers only through what it is handed (the :class:`Reporter`
@@ -329,7 +329,7 @@ class Written(enum.Enum):
 class StateStore(abc.ABC):
     """Small values kept beside one election on its server, written only under the newest token.
 
-    Keys and values arrive checked and encoded (:mod:`aioelect._values`):
+    Keys and values arrive checked and encoded (:mod:`aioelect.core._values`):
     a key is a short string, a value a few bytes of JSON. A backend makes
     each write one atomic step on its server: the check that the writer's
     token is still the newest the election has issued, the comparison with

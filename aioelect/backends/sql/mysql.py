@@ -22,7 +22,7 @@ The lock lives exactly as long as the connection that took it, so:
   *after* ``GET_LOCK`` granted the lock, never from the request, which may
   have waited on the server for up to the wait above.
 
-This module is the MySQL dialect of :mod:`aioelect.backends._session_lock`,
+This module is the MySQL dialect of :mod:`aioelect.backends.sql._session_lock`,
 which owns the campaign, the hold, release and the error classification. It
 owns the statements, the error codes, how to connect (aiomysql, TLS from the
 DSN or ``ssl=``), the refusal of cluster topologies where ``GET_LOCK`` is per
@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._backend import StateStore
-from .._config import TimingRules, session_bounds, transport_warning, validate_name
-from .._errors import ElectionError, PermanentBackendError, UsageError
+from ...core._backend import StateStore
+from ...core._config import TimingRules, session_bounds, transport_warning, validate_name
+from ...core._errors import ElectionError, PermanentBackendError, UsageError
 from ._mysql_tls import tls_from_query
 from ._session_lock import (
     Dialect,
@@ -56,7 +56,7 @@ from ._session_lock import (
     socket_fd,
 )
 from ._shared_lock import SharedLockSession, held_names
-from ._sql_state import SqlStateStore
+from ._state import SqlStateStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

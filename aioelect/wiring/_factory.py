@@ -13,8 +13,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ._config import DEFAULT_NAME, TIMING_OPTIONS
-from ._elector import Elector, backend_of
+from ..core._config import DEFAULT_NAME, TIMING_OPTIONS
+from ..core._elector import Elector, backend_of
 from ._electors import (
     EtcdElector,
     FileElector,
@@ -164,7 +164,7 @@ def new(
 
     The server backends (etcd, MySQL, PostgreSQL, Redis) need ``name``: without
     it, ValueError says why. The file and local backends default to
-    :data:`~aioelect._config.DEFAULT_NAME` (``aioelect/leader``).
+    :data:`~aioelect.core._config.DEFAULT_NAME` (``aioelect/leader``).
     """
     for flag, value in (("local", local), ("memory", memory)):
         if value not in (True, False):
@@ -234,7 +234,7 @@ def from_env(environ: Mapping[str, str] | None = None, **options: Any) -> Electo
     of :func:`new`, on whichever backend is chosen.
 
     Each backend's own options have a variable too
-    (:data:`~aioelect._settings.BACKEND_OPTION_VARIABLES`):
+    (:data:`~aioelect.wiring._settings.BACKEND_OPTION_VARIABLES`):
     ``AIOELECT_FENCING`` (MySQL, PostgreSQL), ``AIOELECT_ALLOW_UNSAFE_TOPOLOGY``
     (MySQL), ``AIOELECT_ALLOW_VOLATILE_TOKENS`` (MySQL's
     ``allow_volatile_tokens``, Redis's ``volatile_tokens``),
@@ -329,11 +329,11 @@ def shared_sql_session(chosen: Mapping[str, Any], identity: str) -> tuple[Any, C
     stop_timeout = chosen.get("stop_timeout", 5.0)
     rest = {k: v for k, v in chosen.items() if k not in (*_TARGETS, "name", "identity", "stop_timeout")}
     if kind == "mysql":
-        from .backends.mysql import MySQLSession
+        from ..backends.sql.mysql import MySQLSession
 
         mysql = MySQLSession(chosen["mysql"], identity=identity, **_portable("mysql", rest))
         return mysql, lambda name: MySQLElector(session=mysql, name=name, stop_timeout=stop_timeout)
-    from .backends.postgres import PostgresSession
+    from ..backends.sql.postgres import PostgresSession
 
     postgres = PostgresSession(chosen["postgres"], identity=identity, **_portable("postgres", rest))
     return postgres, lambda name: PostgresElector(session=postgres, name=name, stop_timeout=stop_timeout)

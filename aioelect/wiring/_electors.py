@@ -13,20 +13,20 @@ import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._backend import Backend
-from ._config import DEFAULT_NAME
-from ._elector import Elector
+from ..core._backend import Backend
+from ..core._config import DEFAULT_NAME
+from ..core._elector import Elector
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .backends.etcd import EtcdBackend, EtcdOptions, EtcdSession
-    from .backends.file import FileBackend, FileOptions
-    from .backends.local import LocalOptions
-    from .backends.memory import MemoryElection
-    from .backends.mysql import MySQLOptions, MySQLSession
-    from .backends.postgres import PostgresOptions, PostgresSession
-    from .backends.redis import RedisOptions
+    from ..backends.etcd import EtcdBackend, EtcdOptions, EtcdSession
+    from ..backends.file import FileBackend, FileOptions
+    from ..backends.local import LocalOptions
+    from ..backends.memory import MemoryElection
+    from ..backends.redis import RedisOptions
+    from ..backends.sql.mysql import MySQLOptions, MySQLSession
+    from ..backends.sql.postgres import PostgresOptions, PostgresSession
 
 __all__ = [
     "EtcdElector",
@@ -81,7 +81,7 @@ class MySQLElector(Elector):
     is a permanent error. An elector whose connection to a host other than
     this machine is unencrypted or unverified logs one WARNING when built.
 
-    Options: :class:`~aioelect.backends.mysql.MySQLOptions` (``name`` is required).
+    Options: :class:`~aioelect.backends.sql.mysql.MySQLOptions` (``name`` is required).
 
     ``session=`` instead of ``dsn``: campaign on a shared
     :class:`~aioelect.MySQLSession` (opt-in), whose one connection holds
@@ -100,7 +100,7 @@ class MySQLElector(Elector):
         stop_timeout: float = 5.0,
         **options: Unpack[MySQLOptions],
     ) -> None:
-        from .backends.mysql import MySQLBackend
+        from ..backends.sql.mysql import MySQLBackend
 
         if session is not None:
             _on_session(self, session, dsn, options, identity, stop_timeout)
@@ -183,7 +183,7 @@ class PostgresElector(Elector):
     when the host is not loopback and the connection may be unencrypted or
     its server unverified.
 
-    Options: :class:`~aioelect.backends.postgres.PostgresOptions` (``name`` is required).
+    Options: :class:`~aioelect.backends.sql.postgres.PostgresOptions` (``name`` is required).
 
     ``session=`` instead of ``dsn``: campaign on a shared
     :class:`~aioelect.PostgresSession` (opt-in), whose one connection holds
@@ -205,7 +205,7 @@ class PostgresElector(Elector):
         stop_timeout: float = 5.0,
         **options: Unpack[PostgresOptions],
     ) -> None:
-        from .backends.postgres import PostgresBackend
+        from ..backends.sql.postgres import PostgresBackend
 
         if session is not None:
             _on_session(self, session, dsn, options, identity, stop_timeout)
@@ -266,7 +266,7 @@ class RedisElector(Elector):
         stop_timeout: float = 5.0,
         **options: Unpack[RedisOptions],
     ) -> None:
-        from .backends.redis import RedisBackend
+        from ..backends.redis import RedisBackend
 
         super().__init__(RedisBackend(url, **options), identity=identity, stop_timeout=stop_timeout)
 
@@ -352,7 +352,7 @@ class EtcdElector(Elector):
         stop_timeout: float = 5.0,
         **options: Unpack[EtcdOptions],
     ) -> None:
-        from .backends.etcd import EtcdBackend
+        from ..backends.etcd import EtcdBackend
 
         self._etcd: EtcdBackend = EtcdBackend(endpoints, session=session, **options)
         super().__init__(self._etcd, identity=identity, stop_timeout=stop_timeout)
@@ -446,7 +446,7 @@ class FileElector(Elector):
         stop_timeout: float = 5.0,
         **options: Unpack[FileOptions],
     ) -> None:
-        from .backends.file import FileBackend
+        from ..backends.file import FileBackend
 
         self._file: FileBackend = FileBackend(path, **options)
         super().__init__(self._file, identity=identity, stop_timeout=stop_timeout)
@@ -475,7 +475,7 @@ class LocalElector(Elector):
     def __init__(
         self, *, identity: str | None = None, stop_timeout: float = 5.0, **options: Unpack[LocalOptions]
     ) -> None:
-        from .backends.local import LocalBackend
+        from ..backends.local import LocalBackend
 
         super().__init__(LocalBackend(**options), identity=identity, stop_timeout=stop_timeout)
 
@@ -515,7 +515,7 @@ class MemoryElector(Elector):
         renew_deadline: float | None = None,
         check_interval: float | None = None,
     ) -> None:
-        from .backends.memory import DEFAULT_RENEW_DEADLINE, MemoryBackend
+        from ..backends.memory import DEFAULT_RENEW_DEADLINE, MemoryBackend
 
         backend = MemoryBackend(
             name,

@@ -50,10 +50,10 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import anyio
 import anyio.lowlevel
 
-from .._backend import Confirm, Hold, Loss, SharedSession, monotonic
-from .._config import check_options, default_identity, validate_identity
-from .._errors import LossKind
-from .._log import ElectionLog
+from ...core._backend import Confirm, Hold, Loss, SharedSession, monotonic
+from ...core._config import check_options, default_identity, validate_identity
+from ...core._errors import LossKind
+from ...core._log import ElectionLog
 from ._session_lock import _UNSEEN, Campaign, LockConnection, LockSessions, SessionLockBackend
 
 if TYPE_CHECKING:

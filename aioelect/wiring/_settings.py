@@ -14,7 +14,7 @@ environment through :meth:`Settings.from_environ`. This module guarantees:
   libpq, MySQL and MariaDB client variable), so that the command keeps them
   out of the environment of the programs it starts.
 
-It imports nothing of aioelect's but :mod:`aioelect._config`, so every
+It imports nothing of aioelect's but :mod:`aioelect.core._config`, so every
 layer may use it.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._config import redact_dsn
+from ..core._config import redact_dsn
 
 __all__ = [
     "BACKEND_KINDS",

@@ -18,8 +18,8 @@ from typing import Generic, TypeVar
 
 import anyio
 
-from .._backend import Hold, StateStore, Written
-from .._errors import ElectionError
+from ...core._backend import Hold, StateStore, Written
+from ...core._errors import ElectionError
 
 __all__ = ["SqlStateStore"]
 

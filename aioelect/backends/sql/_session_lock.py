@@ -37,7 +37,7 @@ every dialect:
   ``check_timeout``, and notices at once the server closing the session; a
   lock taken otherwise, or a server that stops answering, ends the
   leadership within ``check_interval + 2 * check_timeout``
-  (:attr:`~aioelect._config.LockTiming.deposed_within`);
+  (:attr:`~aioelect.core._config.LockTiming.deposed_within`);
   release is idempotent and a connection already gone is not an error;
 * a session is kept for the elector's next campaign only when the server
   answered that the release freed the lock (any doubt, failure or
@@ -72,9 +72,9 @@ from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 import anyio
 
-from .._backend import Backend, Backoff, Confirm, Hold, Interceptor, Loss, monotonic, until_recorded
-from .._config import DSN, LockTiming, TimingRules, check_options, parse_dsn, server_address
-from .._errors import BackendUnavailable, ElectionError, LossKind, PermanentBackendError
+from ...core._backend import Backend, Backoff, Confirm, Hold, Interceptor, Loss, monotonic, until_recorded
+from ...core._config import DSN, LockTiming, TimingRules, check_options, parse_dsn, server_address
+from ...core._errors import BackendUnavailable, ElectionError, LossKind, PermanentBackendError
 
 __all__ = [
     "Campaign",
@@ -316,7 +316,7 @@ def read_options(dsn: str | None, options: Mapping[str, Any], spec: Any, dialect
     """Check ``options`` against ``spec`` (a TypedDict) and read the shared ones, each overriding the DSN's part.
 
     TypeError for an unknown option, ValueError naming a bad one (never the
-    password). The timing is read once, by ``dialect.timing`` (:meth:`~aioelect._config.TimingRules.read`).
+    password). The timing is read once, by ``dialect.timing`` (:meth:`~aioelect.core._config.TimingRules.read`).
     """
     who = dialect.elector
     check_options(who, options, spec)
@@ -539,7 +539,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         longer hears from (an idle timeout, TCP keepalives, a TCP user
         timeout), named as the user would change it. The engine refuses the
         session when one is shorter than ``lease`` (see
-        :meth:`~aioelect._config.LockTiming.server_problem`).
+        :meth:`~aioelect.core._config.LockTiming.server_problem`).
         """
 
     @abc.abstractmethod
@@ -628,7 +628,7 @@ class SessionLockBackend(Backend, Generic[_C]):
         return ErrorKind.TRANSIENT
 
     def permanent(self, exc: BaseException) -> bool:
-        """Whether no retry can fix ``exc`` (:class:`~aioelect._backend.ErrorTable`): anything not transient."""
+        """Whether no retry can fix ``exc`` (:class:`~aioelect.core._backend.ErrorTable`): anything not transient."""
         return self.classify(exc) is not ErrorKind.TRANSIENT
 
     def failure(self, exc: Exception, what: str) -> ElectionError:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .._errors import PermanentBackendError
+from ...core._errors import PermanentBackendError
 
 __all__ = [
     "FENCING_TABLE",

@@ -1,8 +1,8 @@
 """The contract users see, written once above every backend: :class:`Elector`, :class:`Leadership`, the keeper.
 
-It drives any :class:`~aioelect._backend.Backend` it is given and imports
+It drives any :class:`~aioelect.core._backend.Backend` it is given and imports
 none: which backend an elector uses is chosen above, in
-:mod:`aioelect._electors` and :mod:`aioelect._factory`. It guarantees, for
+:mod:`aioelect.wiring._electors` and :mod:`aioelect.wiring._factory`. It guarantees, for
 every backend, what :class:`Elector` and :class:`Leadership` say: leadership
 bound to the acquiring task, loss detected in the background, self-fencing
 on the renew deadline, and leader work stopped before the lock is let go.

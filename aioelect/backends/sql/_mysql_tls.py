@@ -1,7 +1,7 @@
 """How the MySQL backend encrypts its connections: the TLS a DSN's query asks for, in MySQL's ``ssl-mode`` terms.
 
-This module owns the TLS parsing of :mod:`aioelect.backends.mysql`, as
-:mod:`aioelect.backends._postgres_tls` does for PostgreSQL: a mode that
+This module owns the TLS parsing of :mod:`aioelect.backends.sql.mysql`, as
+:mod:`aioelect.backends.sql._postgres_tls` does for PostgreSQL: a mode that
 verifies never connects without a verified certificate, and a missing file,
 an unknown key or a contradiction is a ValueError that names it.
 """

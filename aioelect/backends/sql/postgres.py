@@ -46,10 +46,10 @@ The lock lives exactly as long as the server session that took it, so:
   name is schema-qualified: nothing another role creates can stand in for
   what aioelect calls.
 
-This module is the PostgreSQL dialect of :mod:`aioelect.backends._session_lock`,
+This module is the PostgreSQL dialect of :mod:`aioelect.backends.sql._session_lock`,
 which owns the campaign, the hold, release and the error classification. It
 owns the statements, the SQLSTATEs no retry can fix, how to connect (asyncpg,
-with :mod:`aioelect.backends._postgres_tls` for ``sslmode``), the session
+with :mod:`aioelect.backends.sql._postgres_tls` for ``sslmode``), the session
 settings, the refusal of standbys, the tokens and the leaders table.
 """
 
@@ -65,9 +65,9 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import anyio
 
-from .._backend import StateStore
-from .._config import TimingRules, keepalive_bound, session_bounds, transport_warning, validate_name
-from .._errors import ElectionError, PermanentBackendError, UsageError
+from ...core._backend import StateStore
+from ...core._config import TimingRules, keepalive_bound, session_bounds, transport_warning, validate_name
+from ...core._errors import ElectionError, PermanentBackendError, UsageError
 from ._postgres_table import (
     FENCING_TABLE,
     ensure_state_table,
@@ -93,7 +93,7 @@ from ._session_lock import (
     tls_error,
 )
 from ._shared_lock import SharedLockSession
-from ._sql_state import SqlStateStore
+from ._state import SqlStateStore
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

@@ -1,6 +1,6 @@
 """How the PostgreSQL backend encrypts its connections: libpq's ``sslmode`` rules, resolved once.
 
-This module owns the TLS plan of :mod:`aioelect.backends.postgres`: which
+This module owns the TLS plan of :mod:`aioelect.backends.sql.postgres`: which
 attempts a connection makes (plaintext, TLS, in libpq's order for each
 ``sslmode``), with which certificates, and when a failed attempt is followed
 by the next. It guarantees that a mode that verifies never connects without a
