@@ -6,6 +6,7 @@ Each test states one property that must hold; a failure is a finding, not a flak
 from __future__ import annotations
 
 import importlib
+import pickle
 import zipfile
 from pathlib import Path
 
@@ -66,3 +67,16 @@ def test_judge_terms_fails_a_one_act_term_at_another_terms_start() -> None:
     """The fault suites' judge (judge_terms) fails the same history: a acted for 10 s after b's grant."""
     with pytest.raises(AssertionError, match="split brain"):
         judge_terms([Term("a", 1, 0, 10 * NS, 20), Term("b", 2, 0, 0, 1)])
+
+
+#: ``pickle.dumps(aioelect.BackendUnavailable("lost it"), protocol=2)`` as the release before the core/ and wiring/
+#: folders wrote it (an exception a worker of the previous release stored, e.g. in a task queue's results).
+_PICKLED_BEFORE = b"\x80\x02caioelect._errors\nBackendUnavailable\nq\x00X\x07\x00\x00\x00lost itq\x01\x85q\x02Rq\x03."
+
+
+def test_an_exception_pickled_by_the_previous_layout_loads() -> None:
+    """An aioelect exception pickled under its previous module path (``aioelect._errors``) still unpickles: a
+    rolling upgrade shares pickles (multiprocessing, a task queue's stored results) between the two releases."""
+    loaded = pickle.loads(_PICKLED_BEFORE)
+    assert isinstance(loaded, aioelect.BackendUnavailable)
+    assert str(loaded) == "lost it"
