@@ -6,7 +6,10 @@ Each test states one property that must hold; a failure is a finding, not a flak
 from __future__ import annotations
 
 import importlib
+import os
 import pickle
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -80,3 +83,32 @@ def test_an_exception_pickled_by_the_previous_layout_loads() -> None:
     loaded = pickle.loads(_PICKLED_BEFORE)
     assert isinstance(loaded, aioelect.BackendUnavailable)
     assert str(loaded) == "lost it"
+
+
+def test_soak_timing_under_an_old_library_imports_only_that_library(tmp_path: Path) -> None:
+    """scripts/adversary-old.sh puts an old tree's aioelect first on the path and promises that only that tree's
+    package is imported: soak.timing must take ``confirmation_gap`` from the old layout's ``aioelect._config``,
+    never load this checkout's ``aioelect/core/`` into the old package (the venv's editable install finds it)."""
+    old = tmp_path / "path" / "aioelect"
+    old.mkdir(parents=True)
+    (old / "__init__.py").write_text('"""An aioelect of the old layout: its core at the root."""\n')
+    (old / "_config.py").write_text(
+        "def confirmation_gap(check_interval: float, check_timeout: float) -> float:\n"
+        "    return check_interval + 2 * check_timeout\n"
+    )
+    run = tmp_path / "run"
+    run.mkdir()
+    probe = (
+        "import sys, soak.timing\n"
+        "print(soak.timing.confirmation_gap.__module__)\n"
+        "print(sorted(n + '=' + str(getattr(m, '__file__', '')) for n, m in sys.modules.items() "
+        "if n == 'aioelect' or n.startswith('aioelect.')))\n"
+    )
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": f"{tmp_path / 'path'}{os.pathsep}{ROOT}"}
+    done = subprocess.run(
+        [sys.executable, "-c", probe], cwd=run, env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    module, loaded = done.stdout.splitlines()
+    assert str(ROOT / "aioelect") not in loaded, f"this checkout's modules loaded into the old aioelect: {loaded}"
+    assert module == "aioelect._config"
