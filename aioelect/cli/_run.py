@@ -35,9 +35,9 @@ from .._requests import serve_step_downs
 from ..core._elector import Elector, Leadership, lock_descriptors
 from ..core._tasks import first_of
 from ..wiring._settings import ENV_HEALTH_URL, ENV_IDENTITY, ENV_TOKEN
+from ._start import start_cmd
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_NOT_LEADER, UsageError
 from ._supervisor import DEFAULT_GRACE, KILL_RESERVE, ProcessGroup, child_environment
-from ._tree import start_cmd
 
 if TYPE_CHECKING:
     from .._http import BoundedHTTPServer

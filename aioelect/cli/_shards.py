@@ -58,9 +58,9 @@ from ..wiring._settings import ENV_IDENTITY, ENV_SHARD, ENV_TOKEN
 from ._configure import Config, first_contact
 from ._orphans import reaper
 from ._run import choose_grace, health_check
+from ._start import start_cmd
 from ._status import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, BackendError, UsageError
 from ._supervisor import STOP_SIGNALS, ProcessGroup, child_environment, stop_timeout_for
-from ._tree import start_cmd
 
 __all__ = ["MAX_NAMES", "ShardsRunner", "parse_names"]
 

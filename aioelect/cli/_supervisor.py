@@ -5,7 +5,7 @@ It knows nothing of leadership. It guarantees:
 * CMD runs in a process group of its own, whose id is CMD's pid, so that
   signals forwarded to CMD reach every process CMD left in that group;
 * on Linux CMD runs under a shim (:mod:`aioelect.cli._shim`; started by
-  :func:`aioelect.cli._tree.start_cmd`, built on this module), a child
+  :func:`aioelect.cli._start.start_cmd`, built on this module), a child
   subreaper between this process and CMD: every process CMD starts, even
   one that leaves CMD's process group or session or double-forks, stays
   the shim's descendant; where cgroup v2 is writable the shim and CMD's
@@ -168,7 +168,7 @@ class ProcessGroup:
     async def start(argv: Sequence[str], env: Mapping[str, str]) -> ProcessGroup:
         """Start ``argv`` without the shim; FileNotFoundError or another OSError if it cannot be executed.
 
-        CMD is started by :func:`aioelect.cli._tree.start_cmd`, which uses
+        CMD is started by :func:`aioelect.cli._start.start_cmd`, which uses
         the shim where it can and this elsewhere.
         """
         process = await asyncio.create_subprocess_exec(*argv, env=dict(env), preexec_fn=_child_setup)

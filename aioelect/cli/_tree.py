@@ -1,7 +1,7 @@
 """CMD's whole tree under the shim on Linux: found without the shim's help (its cgroup v2 where writable, the
 shim's descendants, what a dead shim left to this process), signalled and waited for until no process of it is
-alive, whatever state it is in. :func:`start_cmd` starts CMD, here when the shim is used; this module is built on
-:mod:`aioelect.cli._supervisor`, which imports nothing of it."""
+alive, whatever state it is in. :func:`aioelect.cli._start.start_cmd` starts CMD here when the shim is used; this
+module is built on :mod:`aioelect.cli._supervisor`, which imports nothing of it."""
 
 from __future__ import annotations
 
@@ -22,18 +22,9 @@ from ._cgroup import create as create_cgroup
 from ._orphans import KILL_WAIT, STATES, reap, start_time, stat, strays
 from ._orphans import SHIMS as _SHIMS
 from ._shim import descendants, kill_sessions, live_threads, signal_process
-from ._supervisor import (
-    _PR_SET_CHILD_SUBREAPER,
-    _SHIM,
-    SHIM_START_WAIT,
-    ProcessGroup,
-    _prctl,
-    _shim_setup,
-    _use_shim,
-    exit_status,
-)
+from ._supervisor import _PR_SET_CHILD_SUBREAPER, _SHIM, SHIM_START_WAIT, ProcessGroup, _prctl, _shim_setup, exit_status
 
-__all__ = ["ProcessTree", "start_cmd"]
+__all__ = ["ProcessTree"]
 
 log = logging.getLogger("aioelect.cli")
 
@@ -403,14 +394,3 @@ class ProcessTree(ProcessGroup):
                         await anyio.sleep(_POLL)
         if not _SHIMS and _prctl is not None:
             _prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
-
-
-async def start_cmd(argv: Sequence[str], env: Mapping[str, str], *, hold: Sequence[int] = ()) -> ProcessGroup:
-    """Start CMD: under the shim as a :class:`ProcessTree` on Linux, elsewhere as a bare
-    :class:`~aioelect.cli._supervisor.ProcessGroup`; FileNotFoundError or another OSError if it cannot be executed.
-
-    ``hold``: descriptors the shim keeps a duplicate of until CMD's whole tree is gone (Linux only).
-    """
-    if _use_shim():
-        return await ProcessTree.start_tree(argv, env, hold=hold)
-    return await ProcessGroup.start(argv, env)
