@@ -1,4 +1,4 @@
-"""Red team: an etcd campaign cancelled at any moment takes only rows of its table and leaves no key behind."""
+"""An etcd campaign cancelled at any moment takes only rows of its table and leaves no key behind."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Red-team checks of the layering, the typed timing and the strict checker: what users and the suites rely on.
+"""What users and the suites rely on whatever the module layout: public names, the wheel, pickles, the old-library
+runs of the adversary; and the strict overlap rule of the fault suites.
 
 Each test states one property that must hold; a failure is a finding, not a flaky server.
 """
