@@ -13,6 +13,8 @@ import anyio
 import pytest
 
 from aioelect import EtcdElector, LossKind
+from aioelect.backends.etcd._backend import EtcdBackend
+from aioelect.core._elector import backend_of
 
 from .backends import Follower
 from .faults import Candidates, check_invariants
@@ -354,3 +356,42 @@ async def test_cluster_member_killed_election_goes_on(etcd_cluster: EtcdCluster,
     assert time.monotonic() - released < 1.0
     assert lead_b.held and await a.leader() == "cand-b"
     await follower.close()
+
+
+#: Rounds of concurrent candidacy checks, each cancelled 0 to 3 ms after it was sent.
+CHECK_ROUNDS = 300
+
+
+async def test_candidacy_checks_cancelled_mid_flight_leave_etcd_running(fresh_etcd: EtcdServer) -> None:
+    """A campaign's read cancelled while etcd serves it (a timeout, a task cancelled) must not take the server
+    down: etcd 3.5.0 to 3.5.4 panics when the client of a read-only transaction goes away while it is applied
+    (etcd-io/etcd#14110), so a campaign never sends one. The waiting candidate's check (is our key still
+    standing, and which key is before it) is cancelled at every moment of its flight, 20 at a time."""
+    name = unique()
+    leader = EtcdElector(fresh_etcd.endpoints, name=name, identity="leader", ttl=5)
+    waiting = EtcdElector(fresh_etcd.endpoints, name=name, identity="waiting", ttl=5)
+    try:
+        lead = await leader.acquire()
+        backend = backend_of(waiting)
+        assert isinstance(backend, EtcdBackend)
+        session = await backend.leases.live()
+        key = backend.prefix + f"{session.lease_id:x}".encode()
+        revision, predecessor, _ = await backend._put_candidate(session, key, b"waiting")
+        assert predecessor is not None and (await backend._check(session, key, revision))[0] == predecessor
+
+        async def check_cancelled_after(delay: float) -> None:
+            with anyio.move_on_after(delay):
+                await backend._check(session, key, revision)
+
+        rounds = 0
+        while rounds < CHECK_ROUNDS and fresh_etcd.running:
+            async with anyio.create_task_group() as tg:
+                for i in range(20):
+                    tg.start_soon(check_cancelled_after, 0.003 * ((rounds + i) % 7) / 7)
+            rounds += 1
+        assert fresh_etcd.running, f"etcd {fresh_etcd.binary_version} died after {rounds} rounds of checks"
+        assert (await backend._check(session, key, revision))[0] == predecessor
+        await lead.release()
+    finally:
+        await waiting.aclose()
+        await leader.aclose()
