@@ -516,9 +516,9 @@ async def test_keepalives_of_every_session_share_one_long_lived_stream(fresh_etc
 
 async def test_a_handoff_costs_three_transactions_one_range_and_no_lease_request(fresh_etcd: EtcdServer) -> None:
     """Two candidates passing leadership back and forth: campaign (put + predecessor read) and resign are one
-    transaction each, a check (key stands + predecessor read) one more only when the wait's watch cannot tell (see
-    test_etcd_handover.py); one Range (the handover note every grant passes), no LeaseGrant/LeaseRevoke per
-    leadership."""
+    transaction each; one Range (the handover note every grant passes); a check (key stands + predecessor read,
+    one or two Ranges, never a read-only transaction) only when the wait's watch cannot tell (see
+    test_etcd_handover.py); no LeaseGrant/LeaseRevoke per leadership."""
     name = unique()
     electors = [EtcdElector(fresh_etcd.endpoints, name=name, identity=f"c{i}", ttl=TTL) for i in range(2)]
     tokens: list[int] = []
@@ -551,10 +551,12 @@ async def test_a_handoff_costs_three_transactions_one_range_and_no_lease_request
     log = logging.getLogger("aioelect.test")
     log.warning("etcd ping-pong: %d leaderships (%d handoffs) in %.2fs: %s", leaderships, handoffs, took, changes)
     assert handoffs >= leaderships // 2, holders
-    assert changes.get("started:Range", 0) == leaderships, changes  # the handover note, once per grant
+    checks = changes.get("started:Range", 0) - leaderships  # beyond the handover note, read once per grant
+    assert checks >= 0, changes
     assert changes.get("started:LeaseGrant", 0) == 0 and changes.get("started:LeaseRevoke", 0) == 0, changes
-    # 2 to 3 per leadership; a few more when a watch shortcut reads again.
-    assert changes.get("started:Txn", 0) <= 3.5 * leaderships, changes
+    assert changes.get("started:Txn", 0) <= 2 * leaderships, changes  # the campaign's put and the resign
+    # 2 to 3 requests per leadership beside the note; a few more when a watch shortcut reads again.
+    assert changes.get("started:Txn", 0) + checks <= 3.5 * leaderships, changes
     assert await leases(fresh_etcd) == []
 
 

@@ -454,36 +454,41 @@ class Election(Backend):
         return revision, predecessor, read_at
 
     async def _check(self, session: Session, key: bytes, revision: int) -> tuple[bytes | None, int]:
-        """Whether our key still stands under our lease *and* which key was created just before it, in one read.
+        """Whether our key still stands under our lease *and* which key was created just before it, as of one revision.
 
         Returns (that key or None, the revision read at); raises
         :class:`SessionEnded` if our key went with our lease, ``KeyLost`` if
-        it went otherwise.
+        it went otherwise. Plain reads, never a read-only transaction: etcd
+        3.5.0 to 3.5.4 panics when the client of one goes away while it is
+        applied (etcd-io/etcd#14110), and a campaign's request can always be
+        cancelled. The leader is read first: when it is our key (the usual
+        answer once our predecessor went) that read is the whole check;
+        otherwise our key and the one before it are read at its revision.
         """
-        request = rpc.TxnRequest(
-            compare=[
-                rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.CREATE, key=key, create_revision=revision),
-                rpc.Compare(result=rpc.Compare.EQUAL, target=rpc.Compare.LEASE, key=key, lease=session.lease_id),
-            ],
-            success=[
-                rpc.RequestOp(request_range=self._last_created(before=revision, limit=1)),
-                rpc.RequestOp(request_range=self._first_request()),
-            ],
-        )
-        reply = await self.conn.call(
-            "check candidacy",
-            lambda ch: ch.kv.Txn(request, metadata=ch.metadata),
+        first = await self._read("check candidacy", self._first_request())
+        read_at = int(first.header.revision)
+        leader = self._own(first.kvs)
+        if leader and bytes(leader[0].key) == key:
+            mine, predecessor = leader[0], None
+        else:
+            request = self._last_created(before=revision + 1, limit=2)  # ours, then the one before it
+            request.revision = read_at
+            kvs = self._own((await self._read("check candidacy", request)).kvs)
+            mine = kvs[0] if kvs and bytes(kvs[0].key) == key else None
+            predecessor = bytes(kvs[1].key) if mine is not None and len(kvs) > 1 else None
+        if mine is None or int(mine.create_revision) != revision or int(mine.lease) != session.lease_id:
+            await session.keepalive()  # raises SessionEnded if the key went with our lease
+            raise KeyLost()
+        self._saw(leader, key, revision, predecessor, read_at)
+        return predecessor, read_at
+
+    async def _read(self, what: str, request: rpc.RangeRequest) -> Any:
+        return await self.conn.call(
+            what,
+            lambda ch: ch.kv.Range(request, metadata=ch.metadata),
             timeout=self.request_timeout,
             lane=Lane.CAMPAIGN,
         )
-        if not reply.succeeded:
-            await session.keepalive()  # raises SessionEnded if the key went with our lease
-            raise KeyLost()
-        kvs = self._own(reply.responses[0].response_range.kvs)
-        predecessor = bytes(kvs[0].key) if kvs else None
-        leader = self._own(reply.responses[1].response_range.kvs)
-        self._saw(leader, key, revision, predecessor, int(reply.header.revision))
-        return predecessor, int(reply.header.revision)
 
     async def _wait_turn(
         self, predecessor: bytes, read_at: int, *, shortcut: bool, ours: tuple[bytes, int, int] | None = None
