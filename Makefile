@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 BACKEND ?=
 PYTEST_ARGS ?=
 # The etcd suites that run a second time, on etcd 3.5 (`-k etcd` keeps the etcd cases of the shared files).
-ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_faults.py tests/test_etcd_handover.py tests/test_etcd_session.py \
+ETCD35_TESTS := tests/test_etcd.py tests/test_etcd_check.py tests/test_etcd_faults.py tests/test_etcd_handover.py tests/test_etcd_session.py \
 	tests/test_contract.py tests/test_security_etcd.py tests/test_harness.py tests/test_harness_etcd.py
 # The interpreter matrix (noxfile.py) skips a Python it cannot find; in CI a missing one fails the run.
 CI_TRUE := $(filter true 1 yes,$(shell echo '$(CI)' | tr A-Z a-z))
