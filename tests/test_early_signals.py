@@ -9,6 +9,7 @@ PROGRAM = """\
 import os, signal, sys
 from aioelect import _early
 signal.signal(signal.SIGUSR2, signal.SIG_IGN)   # ignored before: stays ignored
+signal.signal(signal.SIGHUP, signal.SIG_DFL)    # default before (not inherited: nohup ignores it), default after
 _early.hold()
 os.kill(os.getpid(), signal.SIGTERM)            # a stop signal while starting: kept
 os.kill(os.getpid(), signal.SIGUSR2)            # ignored: dropped as before
