@@ -21,6 +21,7 @@ from aioelect.backends.etcd._election import KeyLost
 from aioelect.backends.etcd._failures import SessionEnded, Transient
 from aioelect.core._elector import backend_of
 
+from .backends import Follower
 from .harness import EtcdServer
 from .test_etcd import unique
 
@@ -297,6 +298,7 @@ async def test_a_campaign_whose_check_meets_a_compaction_retries_and_leads(etcd:
     assert isinstance(cb, EtcdBackend)
     read = cb._read
     compactions = 0
+    follower_c: Follower | None = None
 
     async def compacting(what: str, request: Any) -> Any:
         nonlocal compactions
@@ -310,7 +312,7 @@ async def test_a_campaign_whose_check_meets_a_compaction_retries_and_leads(etcd:
         lead_a = await a.acquire()
         task_b = asyncio.get_running_loop().create_task(b.acquire())
         await asyncio.sleep(0.3)
-        task_c = asyncio.get_running_loop().create_task(c.acquire())
+        follower_c = Follower(c)  # holds the leadership in its own task: it ends with the task that acquired it
         await asyncio.sleep(0.3)
         cb._read = compacting  # type: ignore[method-assign]
         task_b.cancel()  # B withdraws: C's predecessor is gone, C checks
@@ -319,14 +321,14 @@ async def test_a_campaign_whose_check_meets_a_compaction_retries_and_leads(etcd:
         with anyio.fail_after(15):
             while compactions < 2:
                 await asyncio.sleep(0.05)
-        assert not task_c.done(), "C led while A leads"
+        assert not follower_c.won.is_set(), "C led while A leads"
         assert lead_a.held and await a.leader() == "a"
         await lead_a.release()
-        with anyio.fail_after(15):
-            lead_c = await task_c
+        lead_c = await follower_c.wait(15)
         assert lead_c.held and await c.leader() == "c"
-        await lead_c.release()
     finally:
+        if follower_c is not None:
+            await follower_c.close()
         for e in (a, b, c):
             await e.aclose()
 
@@ -344,6 +346,7 @@ async def test_the_leader_deleted_between_the_two_reads_neither_hangs_nor_leads_
     read = cb._read
     deleted: list[int] = []
     a_key = b""
+    follower_c: Follower | None = None
 
     async def deleting(what: str, request: Any) -> Any:
         reply = await read(what, request)
@@ -356,21 +359,21 @@ async def test_the_leader_deleted_between_the_two_reads_neither_hangs_nor_leads_
         a_key = ab.prefix + f"{(await ab.leases.live()).lease_id:x}".encode()
         task_b = asyncio.get_running_loop().create_task(b.acquire())
         await asyncio.sleep(0.3)
-        task_c = asyncio.get_running_loop().create_task(c.acquire())
+        follower_c = Follower(c)  # holds the leadership in its own task: it ends with the task that acquired it
         await asyncio.sleep(0.3)
         cb._read = deleting  # type: ignore[method-assign]
         task_b.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task_b
-        with anyio.fail_after(10):
-            lead_c = await task_c
+        lead_c = await follower_c.wait(10)
         assert deleted, "the leader read never ran"
         with anyio.fail_after(10):
             while lead_a.held:
                 await asyncio.sleep(0.05)
         assert lead_c.held and await c.leader() == "c"
-        await lead_c.release()
     finally:
+        if follower_c is not None:
+            await follower_c.close()
         for e in (a, b, c):
             await e.aclose()
 
